@@ -1,0 +1,56 @@
+use bytes::Bytes;
+use std::time::SystemTime;
+
+/// One committed outbox row, as read from the database log (or claimed by a poller).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutboxEvent {
+    /// The row's primary key; every write-back addresses the row by it.
+    pub id: i64,
+    /// Globally unique id of the message, set by the application.
+    pub message_id: String,
+    /// The kind of event, e.g. `order.created`; used by the topic template.
+    pub message_type: String,
+    /// The business key: events of one key keep their order.
+    pub biz_key: String,
+    /// The Kafka record key: the value of the configured key column (`biz_key` unless
+    /// configured otherwise).
+    pub key: Bytes,
+    /// Destination topic set on the row; `None` means "use the topic template".
+    pub topic: Option<String>,
+    /// The payload bytes as stored (JSON text for `jsonb`, raw bytes for `bytea`).
+    pub payload: Bytes,
+    /// Extra record headers from the row's `headers` JSON object, in the object's order.
+    pub headers: Vec<(String, Bytes)>,
+    /// `created_at` as the database renders it (ISO 8601 with offset).
+    pub created_at: String,
+    /// Failed publish attempts so far (0 for a fresh row).
+    pub retry_count: i32,
+    /// Attempts allowed before the row becomes MANUAL_REQUIRED.
+    pub max_retry_count: i32,
+    /// When the transaction that inserted the row committed, when the log says so.
+    pub commit_time: Option<SystemTime>,
+}
+
+/// Where the outbox lives and which column is the Kafka key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutboxLayout {
+    /// Outbox table name, optionally schema-qualified (`public.outbox`).
+    pub outbox_table: String,
+    /// Inbox table name, optionally schema-qualified.
+    pub inbox_table: String,
+    /// Checkpoint table name, optionally schema-qualified.
+    pub checkpoint_table: String,
+    /// Column whose value becomes the Kafka record key.
+    pub key_column: String,
+}
+
+impl Default for OutboxLayout {
+    fn default() -> Self {
+        Self {
+            outbox_table: "outbox".into(),
+            inbox_table: "inbox".into(),
+            checkpoint_table: "outboxd_checkpoint".into(),
+            key_column: "biz_key".into(),
+        }
+    }
+}

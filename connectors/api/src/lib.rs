@@ -1,0 +1,26 @@
+//! The contract between the outboxd core and a database connector.
+//!
+//! A connector is three things for one database engine:
+//!
+//! - a [`ChangeStream`]: the log tail, yielding **committed** transactions that inserted
+//!   outbox rows, each with the log [`Position`] of its commit;
+//! - an [`OutboxStore`]: the SQL side — status write-back and the checkpoint row;
+//! - administration (`init`, `check`) in the engine's own crate, reported with
+//!   [`CheckReport`].
+//!
+//! The core never names an engine and a connector never names Kafka: everything that
+//! crosses this boundary is defined here.
+
+mod check;
+mod error;
+mod event;
+mod position;
+mod store;
+mod stream;
+
+pub use check::{CheckLine, CheckReport, CheckStatus};
+pub use error::{ConnectorError, ErrorKind};
+pub use event::{OutboxEvent, OutboxLayout};
+pub use position::{BinlogPosition, Lsn, ParsePositionError, Position};
+pub use store::{Delivered, DeliveryFailure, OutboxStore, WriteBack};
+pub use stream::{ChangeItem, ChangeStream, CommittedTransaction};

@@ -1,0 +1,58 @@
+use std::future::Future;
+use std::time::Duration;
+
+use crate::{ConnectorError, Position};
+
+/// A row whose record Kafka acknowledged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Delivered {
+    /// Outbox row id.
+    pub id: i64,
+    /// Partition the record landed in.
+    pub partition: i32,
+    /// Offset of the record in that partition.
+    pub offset: i64,
+}
+
+/// A row whose record could not be delivered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeliveryFailure {
+    /// Outbox row id.
+    pub id: i64,
+    /// The broker's or client's error, stored in `last_error`.
+    pub error: String,
+    /// Delay until the row is due for a retry (`next_retry_time = now + retry_delay`).
+    pub retry_delay: Duration,
+}
+
+/// One durable write-back: statuses and, optionally, the checkpoint.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WriteBack<'a> {
+    /// Rows to mark SUCCESS with `sent_at = now()` and where they landed.
+    pub delivered: &'a [Delivered],
+    /// Rows to mark FAILED (or MANUAL_REQUIRED when `retry_count + 1` reaches
+    /// `max_retry_count`), with `last_error` and `next_retry_time`.
+    pub failed: &'a [DeliveryFailure],
+    /// The position up to which every event is now delivered or failed and written back.
+    pub checkpoint: Option<&'a Position>,
+}
+
+/// The SQL side of a connector: the outbox row is the source of truth.
+pub trait OutboxStore: Send + Sync {
+    /// Applies `batch` in **one** database transaction: the status updates and the
+    /// checkpoint row commit together or not at all. Durable when it returns `Ok`.
+    ///
+    /// Idempotent, so a batch replayed after a crash is harmless: SUCCESS is written only
+    /// to rows in INIT or FAILED, FAILED only to rows in INIT, and the checkpoint never
+    /// moves backward. Each statement covers the whole batch (one round trip per kind of
+    /// update, never one per row).
+    fn write_back(
+        &self,
+        batch: WriteBack<'_>,
+    ) -> impl Future<Output = Result<(), ConnectorError>> + Send;
+
+    /// The last checkpoint written by [`OutboxStore::write_back`] for this pipeline.
+    fn load_checkpoint(
+        &self,
+    ) -> impl Future<Output = Result<Option<Position>, ConnectorError>> + Send;
+}

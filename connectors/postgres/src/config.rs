@@ -1,0 +1,79 @@
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// How to use TLS on the SQL and replication connections (libpq's `sslmode`, the subset
+/// that does not verify certificates; `verify-full` belongs in a later version).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SslMode {
+    /// Plain TCP.
+    Disable,
+    /// TLS when the server offers it, plain TCP otherwise.
+    #[default]
+    Prefer,
+    /// TLS or fail.
+    Require,
+}
+
+/// `[source]` of a PostgreSQL pipeline (`kind = "postgres"`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PostgresConfig {
+    /// Server host name or address.
+    #[serde(default = "default_host")]
+    pub host: String,
+    /// Server port.
+    #[serde(default = "default_port")]
+    pub port: u16,
+    /// Role to connect as; needs the REPLICATION attribute (or superuser).
+    pub user: String,
+    /// Password; the `OUTBOXD_SOURCE_PASSWORD` environment variable overrides it.
+    #[serde(default)]
+    pub password: Option<String>,
+    /// Database holding the outbox table.
+    pub database: String,
+    /// TLS mode.
+    #[serde(default)]
+    pub sslmode: SslMode,
+    /// Logical replication slot; default `outboxd_<pipeline name>`.
+    #[serde(default)]
+    pub slot: Option<String>,
+    /// Publication on the outbox table; default `outboxd_<pipeline name>`.
+    #[serde(default)]
+    pub publication: Option<String>,
+    /// How often a standby status update is sent even when the server does not ask.
+    #[serde(default = "default_status_interval", with = "humantime_serde")]
+    pub status_interval: Duration,
+    /// Time allowed to establish a connection.
+    #[serde(default = "default_connect_timeout", with = "humantime_serde")]
+    pub connect_timeout: Duration,
+}
+
+fn default_host() -> String {
+    "127.0.0.1".into()
+}
+
+fn default_port() -> u16 {
+    5432
+}
+
+fn default_status_interval() -> Duration {
+    Duration::from_secs(10)
+}
+
+fn default_connect_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+impl PostgresConfig {
+    /// The replication slot name for pipeline `pipeline`.
+    pub fn slot_name(&self, pipeline: &str) -> String {
+        self.slot.clone().unwrap_or_else(|| format!("outboxd_{pipeline}"))
+    }
+
+    /// The publication name for pipeline `pipeline`.
+    pub fn publication_name(&self, pipeline: &str) -> String {
+        self.publication.clone().unwrap_or_else(|| format!("outboxd_{pipeline}"))
+    }
+}

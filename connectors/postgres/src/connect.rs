@@ -1,0 +1,164 @@
+use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
+use outboxd_connector::{CheckReport, ConnectorError, OutboxLayout};
+use postgres_openssl::MakeTlsConnector;
+use tokio_postgres::config::SslMode as PgSslMode;
+
+use crate::store::PgOutboxStore;
+use crate::stream::PgChangeStream;
+use crate::{admin, PostgresConfig, SslMode};
+
+/// Everything outboxd does with one PostgreSQL pipeline, from its configuration.
+#[derive(Clone, Debug)]
+pub struct PostgresConnector {
+    pub(crate) config: PostgresConfig,
+    pub(crate) pipeline: String,
+    pub(crate) layout: OutboxLayout,
+}
+
+impl PostgresConnector {
+    /// Validates names and builds the connector; connects to nothing yet.
+    pub fn new(
+        config: PostgresConfig,
+        pipeline: &str,
+        layout: OutboxLayout,
+    ) -> Result<Self, ConnectorError> {
+        let connector = Self { config, pipeline: pipeline.to_owned(), layout };
+        for (what, name) in [
+            ("replication slot", connector.slot()),
+            ("publication", connector.publication()),
+        ] {
+            // Slot names are restricted by the server to [a-z0-9_]{1,63}; we hold the
+            // publication to the same rule so both can be written without quoting.
+            let valid = !name.is_empty()
+                && name.len() <= 63
+                && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+            if !valid {
+                return Err(ConnectorError::definite(format!(
+                    "{what} name `{name}` is invalid: use 1 to 63 characters of a-z, 0-9 and _ \
+                     (set `source.slot` / `source.publication`, or a pipeline name of that form)"
+                )));
+            }
+        }
+        Ok(connector)
+    }
+
+    /// The replication slot this pipeline reads.
+    pub fn slot(&self) -> String {
+        self.config.slot_name(&self.pipeline)
+    }
+
+    /// The publication this pipeline subscribes to.
+    pub fn publication(&self) -> String {
+        self.config.publication_name(&self.pipeline)
+    }
+
+    /// The pipeline name (checkpoint row key).
+    pub fn pipeline(&self) -> &str {
+        &self.pipeline
+    }
+
+    /// The configured tables and key column.
+    pub fn layout(&self) -> &OutboxLayout {
+        &self.layout
+    }
+
+    /// The source configuration.
+    pub fn config(&self) -> &PostgresConfig {
+        &self.config
+    }
+
+    /// `outboxd init`: creates what is missing (tables, publication, slot) and says what
+    /// it created. Idempotent.
+    pub async fn init(&self) -> Result<Vec<String>, ConnectorError> {
+        admin::init(self).await
+    }
+
+    /// `outboxd check`: one line per prerequisite, with the fix for each failure.
+    pub async fn check(&self) -> CheckReport {
+        admin::check(self).await
+    }
+
+    /// Opens the SQL side (status write-back, checkpoint).
+    pub async fn open_store(&self) -> Result<PgOutboxStore, ConnectorError> {
+        PgOutboxStore::open(self).await
+    }
+
+    /// Opens the replication stream at the slot's confirmed position. Returns a
+    /// transient error while another reader holds the slot.
+    pub async fn open_stream(&self) -> Result<PgChangeStream, ConnectorError> {
+        PgChangeStream::open(self).await
+    }
+
+    /// An ordinary SQL connection (its connection task is spawned on the runtime).
+    pub async fn sql_client(&self) -> Result<tokio_postgres::Client, ConnectorError> {
+        let mut pg = tokio_postgres::Config::new();
+        pg.host(&self.config.host)
+            .port(self.config.port)
+            .user(&self.config.user)
+            .dbname(&self.config.database)
+            .application_name("outboxd")
+            .connect_timeout(self.config.connect_timeout)
+            .ssl_mode(match self.config.sslmode {
+                SslMode::Disable => PgSslMode::Disable,
+                SslMode::Prefer => PgSslMode::Prefer,
+                SslMode::Require => PgSslMode::Require,
+            });
+        if let Some(password) = &self.config.password {
+            pg.password(password);
+        }
+        let (client, connection) = pg.connect(tls_connector()?).await.map_err(|e| {
+            classify_pg_error(&e, &format!("connecting to PostgreSQL at {}", self.endpoint()))
+                .with_source(e)
+        })?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "PostgreSQL SQL connection closed");
+            }
+        });
+        Ok(client)
+    }
+
+    /// `host:port/database`, for messages.
+    pub(crate) fn endpoint(&self) -> String {
+        format!("{}:{}/{}", self.config.host, self.config.port, self.config.database)
+    }
+}
+
+/// TLS without certificate verification: `sslmode` prefer/require only promise
+/// encryption, as in libpq.
+pub(crate) fn tls_connector() -> Result<MakeTlsConnector, ConnectorError> {
+    let mut builder = SslConnector::builder(SslMethod::tls_client())
+        .map_err(|e| ConnectorError::definite("cannot initialise OpenSSL").with_source(e))?;
+    builder.set_verify(SslVerifyMode::NONE);
+    Ok(MakeTlsConnector::new(builder.build()))
+}
+
+/// Classifies a tokio-postgres error by SQLSTATE: connection-level trouble and
+/// concurrency conflicts are transient, everything else (auth, missing objects,
+/// privileges, bad data) is definite.
+pub(crate) fn classify_pg_error(e: &tokio_postgres::Error, context: &str) -> ConnectorError {
+    let message = match e.as_db_error() {
+        Some(db) => format!("{context}: {} (SQLSTATE {})", db.message(), db.code().code()),
+        None => format!("{context}: {e}"),
+    };
+    let transient = match e.code() {
+        // 08: connection exception, 40: transaction rollback (serialization, deadlock),
+        // 53: insufficient resources, 57P01-03: admin/crash shutdown, cannot connect now,
+        // 55006: object in use (e.g. the slot is active for another reader).
+        Some(code) => {
+            let c = code.code();
+            c.starts_with("08")
+                || c.starts_with("40")
+                || c.starts_with("53")
+                || c.starts_with("57P")
+                || c == "55006"
+        }
+        // No SQLSTATE: I/O error, closed connection, timeout.
+        None => e.is_closed() || e.as_db_error().is_none(),
+    };
+    if transient {
+        ConnectorError::transient(message)
+    } else {
+        ConnectorError::definite(message)
+    }
+}
