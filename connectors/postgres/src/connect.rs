@@ -154,7 +154,7 @@ pub(crate) fn classify_pg_error(e: &tokio_postgres::Error, context: &str) -> Con
                 || c == "55006"
         }
         // No SQLSTATE: I/O error, closed connection, timeout.
-        None => e.is_closed() || e.as_db_error().is_none(),
+        None => true,
     };
     if transient {
         ConnectorError::transient(message)
