@@ -5,13 +5,15 @@
 //! - a [`ChangeStream`]: the log tail, yielding **committed** transactions that inserted
 //!   outbox rows, each with the log [`Position`] of its commit;
 //! - an [`OutboxStore`]: the SQL side — status write-back and the checkpoint row;
-//! - administration (`init`, `check`) in the engine's own crate, reported with
-//!   [`CheckReport`].
+//! - administration (`init`, `check`), reported with [`CheckReport`];
+//!
+//! tied together by a [`Connector`], which the core opens and reopens.
 //!
 //! The core never names an engine and a connector never names Kafka: everything that
 //! crosses this boundary is defined here.
 
 mod check;
+mod connector;
 mod error;
 mod event;
 mod position;
@@ -19,6 +21,7 @@ mod store;
 mod stream;
 
 pub use check::{CheckLine, CheckReport, CheckStatus};
+pub use connector::Connector;
 pub use error::{ConnectorError, ErrorKind};
 pub use event::{OutboxEvent, OutboxLayout};
 pub use position::{BinlogPosition, Lsn, ParsePositionError, Position};

@@ -1,5 +1,5 @@
 use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
-use outboxd_connector::{CheckReport, ConnectorError, OutboxLayout};
+use outboxd_connector::{CheckReport, Connector, ConnectorError, OutboxLayout};
 use postgres_openssl::MakeTlsConnector;
 use tokio_postgres::config::SslMode as PgSslMode;
 
@@ -121,6 +121,31 @@ impl PostgresConnector {
     /// `host:port/database`, for messages.
     pub(crate) fn endpoint(&self) -> String {
         format!("{}:{}/{}", self.config.host, self.config.port, self.config.database)
+    }
+}
+
+impl Connector for PostgresConnector {
+    type Stream = PgChangeStream;
+    type Store = PgOutboxStore;
+
+    async fn init(&self) -> Result<Vec<String>, ConnectorError> {
+        PostgresConnector::init(self).await
+    }
+
+    async fn check(&self) -> CheckReport {
+        PostgresConnector::check(self).await
+    }
+
+    async fn open_stream(&self) -> Result<PgChangeStream, ConnectorError> {
+        PostgresConnector::open_stream(self).await
+    }
+
+    async fn open_store(&self) -> Result<PgOutboxStore, ConnectorError> {
+        PostgresConnector::open_store(self).await
+    }
+
+    fn describe(&self) -> String {
+        format!("postgres {} slot {}", self.endpoint(), self.slot())
     }
 }
 

@@ -1,0 +1,33 @@
+use std::future::Future;
+
+use crate::{ChangeStream, CheckReport, ConnectorError, OutboxStore};
+
+/// One database engine's side of a pipeline, built from its configuration.
+///
+/// The core opens a fresh stream and store after every transient failure, so opening
+/// must be cheap to retry and must not change anything on the server except what
+/// `init` is documented to create.
+pub trait Connector: Send + Sync {
+    /// The log tail.
+    type Stream: ChangeStream;
+    /// The SQL side.
+    type Store: OutboxStore;
+
+    /// Creates what is missing (tables, publication or equivalent, slot) and returns one
+    /// line per object saying whether it was created or already there. Idempotent.
+    fn init(&self) -> impl Future<Output = Result<Vec<String>, ConnectorError>> + Send;
+
+    /// One line per prerequisite of `run`, each failure with its fix. Never fails as a
+    /// whole: unreachable servers are reported as lines.
+    fn check(&self) -> impl Future<Output = CheckReport> + Send;
+
+    /// Opens the log tail at the last confirmed position. A transient error means
+    /// "try again later", e.g. while another outboxd holds the slot.
+    fn open_stream(&self) -> impl Future<Output = Result<Self::Stream, ConnectorError>> + Send;
+
+    /// Opens the SQL side.
+    fn open_store(&self) -> impl Future<Output = Result<Self::Store, ConnectorError>> + Send;
+
+    /// A short description for logs, e.g. `postgres 127.0.0.1:5432/app slot outboxd_orders`.
+    fn describe(&self) -> String;
+}
