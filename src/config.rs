@@ -1,0 +1,369 @@
+//! The TOML configuration: typed, `deny_unknown_fields`, validated before anything
+//! connects, with environment overrides for secrets.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use outboxd_connector::OutboxLayout;
+use outboxd_postgres::PostgresConfig;
+use serde::Deserialize;
+
+/// Environment variable that overrides `source.password`.
+pub const ENV_SOURCE_PASSWORD: &str = "OUTBOXD_SOURCE_PASSWORD";
+/// Environment variable that sets the librdkafka option `sasl.password`.
+pub const ENV_KAFKA_SASL_PASSWORD: &str = "OUTBOXD_KAFKA_SASL_PASSWORD";
+/// Environment variable that overrides `kafka.bootstrap_servers`.
+pub const ENV_KAFKA_BOOTSTRAP_SERVERS: &str = "OUTBOXD_KAFKA_BOOTSTRAP_SERVERS";
+
+/// A configuration file that cannot be used, with the reason.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The path given.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The TOML is malformed or has unknown or missing keys.
+    #[error("invalid config file {path}: {message}")]
+    Parse {
+        /// The path given.
+        path: String,
+        /// What the parser said, with line and column.
+        message: String,
+    },
+    /// The values do not make sense together.
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+/// The whole configuration file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// `[pipeline]`: the name of this source → Kafka pipeline.
+    pub pipeline: PipelineConfig,
+    /// `[source]`: the database to tail.
+    pub source: SourceConfig,
+    /// `[outbox]`: table names and the key column.
+    #[serde(default)]
+    pub outbox: OutboxConfig,
+    /// `[kafka]`: the producer.
+    pub kafka: KafkaConfig,
+    /// `[delivery]`: in-flight bounds, write-back batching, shutdown.
+    #[serde(default)]
+    pub delivery: DeliveryConfig,
+    /// `[retry]`: backoff of failed rows.
+    #[serde(default)]
+    pub retry: RetryConfig,
+}
+
+/// `[pipeline]`
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineConfig {
+    /// Names the checkpoint row and, by default, the slot and publication
+    /// (`outboxd_<name>`). Lower-case letters, digits and `_`.
+    pub name: String,
+}
+
+/// `[source]`, selected by `kind`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum SourceConfig {
+    /// PostgreSQL logical replication (pgoutput).
+    Postgres(PostgresConfig),
+}
+
+/// `[outbox]`
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutboxConfig {
+    /// Outbox table, optionally schema-qualified.
+    pub table: String,
+    /// Inbox table, optionally schema-qualified.
+    pub inbox_table: String,
+    /// Checkpoint table, optionally schema-qualified.
+    pub checkpoint_table: String,
+    /// Column whose value is the Kafka record key.
+    pub key_column: String,
+}
+
+impl Default for OutboxConfig {
+    fn default() -> Self {
+        let layout = OutboxLayout::default();
+        Self {
+            table: layout.outbox_table,
+            inbox_table: layout.inbox_table,
+            checkpoint_table: layout.checkpoint_table,
+            key_column: layout.key_column,
+        }
+    }
+}
+
+impl OutboxConfig {
+    /// The layout handed to connectors.
+    pub fn layout(&self) -> OutboxLayout {
+        OutboxLayout {
+            outbox_table: self.table.clone(),
+            inbox_table: self.inbox_table.clone(),
+            checkpoint_table: self.checkpoint_table.clone(),
+            key_column: self.key_column.clone(),
+        }
+    }
+}
+
+/// `[kafka]`
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// `host:port[,host:port…]`; `OUTBOXD_KAFKA_BOOTSTRAP_SERVERS` overrides it.
+    pub bootstrap_servers: String,
+    /// Topic for rows whose `topic` column is NULL. Placeholders: `{message_type}`,
+    /// `{pipeline}`.
+    #[serde(default = "default_topic_template")]
+    pub topic_template: String,
+    /// How long librdkafka keeps retrying one record before the row is marked FAILED.
+    #[serde(default = "default_message_timeout", with = "humantime_serde")]
+    pub message_timeout: Duration,
+    /// Any librdkafka producer option (`compression.type`, `security.protocol`,
+    /// `sasl.mechanism`, …). Options that would weaken the delivery guarantee are
+    /// rejected.
+    #[serde(default)]
+    pub options: BTreeMap<String, String>,
+}
+
+fn default_topic_template() -> String {
+    "outbox.{message_type}".into()
+}
+
+fn default_message_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+
+/// `[delivery]`
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeliveryConfig {
+    /// Records handed to Kafka and not yet acknowledged, at most. Reading the log pauses
+    /// at this bound.
+    pub max_in_flight: usize,
+    /// Acknowledged rows written back in one statement, at most.
+    pub writeback_batch: usize,
+    /// How long an acknowledged row may wait for its batch to fill.
+    #[serde(with = "humantime_serde")]
+    pub writeback_interval: Duration,
+    /// On SIGTERM/SIGINT, how long in-flight deliveries may take to finish.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_deadline: Duration,
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> Self {
+        Self {
+            max_in_flight: 10_000,
+            writeback_batch: 1_000,
+            writeback_interval: Duration::from_millis(5),
+            shutdown_deadline: Duration::from_secs(30),
+        }
+    }
+}
+
+/// `[retry]`: `next_retry_time = now + min(base * 2^retry_count, cap) + random(0..jitter)`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    /// Delay after the first failure.
+    #[serde(with = "humantime_serde")]
+    pub base: Duration,
+    /// Longest delay between attempts.
+    #[serde(with = "humantime_serde")]
+    pub cap: Duration,
+    /// Random extra delay, so failed rows of one burst do not retry in lockstep.
+    #[serde(with = "humantime_serde")]
+    pub jitter: Duration,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self {
+            base: Duration::from_secs(1),
+            cap: Duration::from_secs(300),
+            jitter: Duration::from_millis(500),
+        }
+    }
+}
+
+impl Config {
+    /// Reads, applies environment overrides and validates `path`.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let mut config = Self::parse(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => {
+                ConfigError::Parse { path: path.display().to_string(), message }
+            }
+            other => other,
+        })?;
+        config.apply_env(|name| std::env::var(name).ok());
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parses TOML text without environment overrides or validation.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text)
+            .map_err(|e| ConfigError::Parse { path: "<text>".into(), message: e.to_string() })
+    }
+
+    /// Applies the environment overrides for secrets and endpoints.
+    pub fn apply_env(&mut self, var: impl Fn(&str) -> Option<String>) {
+        if let Some(password) = var(ENV_SOURCE_PASSWORD) {
+            match &mut self.source {
+                SourceConfig::Postgres(pg) => pg.password = Some(password),
+            }
+        }
+        if let Some(password) = var(ENV_KAFKA_SASL_PASSWORD) {
+            self.kafka.options.insert("sasl.password".into(), password);
+        }
+        if let Some(servers) = var(ENV_KAFKA_BOOTSTRAP_SERVERS) {
+            self.kafka.bootstrap_servers = servers;
+        }
+    }
+
+    /// Checks what serde cannot: names, bounds, and librdkafka options that would
+    /// weaken the delivery guarantee.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let name = &self.pipeline.name;
+        let valid_name = !name.is_empty()
+            && name.len() <= 48
+            && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if !valid_name {
+            return Err(ConfigError::Invalid(format!(
+                "pipeline.name `{name}` must be 1 to 48 characters of a-z, 0-9 and _ \
+                 (it names the replication slot and publication)"
+            )));
+        }
+        if self.kafka.bootstrap_servers.trim().is_empty() {
+            return Err(ConfigError::Invalid("kafka.bootstrap_servers is empty".into()));
+        }
+        crate::kafka::TopicTemplate::parse(&self.kafka.topic_template)
+            .map_err(ConfigError::Invalid)?;
+        crate::kafka::validate_options(&self.kafka.options).map_err(ConfigError::Invalid)?;
+        let d = &self.delivery;
+        if d.max_in_flight == 0 || d.max_in_flight > 1_000_000 {
+            return Err(ConfigError::Invalid(
+                "delivery.max_in_flight must be between 1 and 1000000".into(),
+            ));
+        }
+        if d.writeback_batch == 0 || d.writeback_batch > 50_000 {
+            return Err(ConfigError::Invalid(
+                "delivery.writeback_batch must be between 1 and 50000".into(),
+            ));
+        }
+        if self.retry.base.is_zero() || self.retry.cap < self.retry.base {
+            return Err(ConfigError::Invalid(
+                "retry.base must be above zero and retry.cap at least retry.base".into(),
+            ));
+        }
+        for (key, value) in [
+            ("outbox.table", &self.outbox.table),
+            ("outbox.inbox_table", &self.outbox.inbox_table),
+            ("outbox.checkpoint_table", &self.outbox.checkpoint_table),
+            ("outbox.key_column", &self.outbox.key_column),
+        ] {
+            if value.trim().is_empty() || value.contains('"') {
+                return Err(ConfigError::Invalid(format!(
+                    "{key} `{value}` must be a non-empty name without double quotes"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+        [pipeline]
+        name = "orders"
+        [source]
+        kind = "postgres"
+        user = "outboxd"
+        database = "app"
+        [kafka]
+        bootstrap_servers = "127.0.0.1:9092"
+    "#;
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let config = Config::parse(MINIMAL).unwrap();
+        config.validate().unwrap();
+        assert_eq!(config.kafka.topic_template, "outbox.{message_type}");
+        assert_eq!(config.outbox.table, "outbox");
+        assert_eq!(config.delivery.max_in_flight, 10_000);
+        let SourceConfig::Postgres(pg) = &config.source;
+        assert_eq!(pg.port, 5432);
+        assert_eq!(pg.slot_name("orders"), "outboxd_orders");
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_with_their_name() {
+        let text = MINIMAL.replace("database = \"app\"", "database = \"app\"\nslots = \"x\"");
+        let err = Config::parse(&text).unwrap_err().to_string();
+        assert!(err.contains("slots"), "{err}");
+        let text = format!("{MINIMAL}\n[kafka2]\nx = 1\n");
+        assert!(Config::parse(&text).unwrap_err().to_string().contains("kafka2"));
+    }
+
+    #[test]
+    fn durations_are_typed() {
+        let text = format!("{MINIMAL}\n[delivery]\nwriteback_interval = \"20ms\"\n");
+        let config = Config::parse(&text).unwrap();
+        assert_eq!(config.delivery.writeback_interval, Duration::from_millis(20));
+        let text = format!("{MINIMAL}\n[delivery]\nwriteback_interval = \"soon\"\n");
+        assert!(Config::parse(&text).is_err());
+    }
+
+    #[test]
+    fn environment_overrides_secrets() {
+        let mut config = Config::parse(MINIMAL).unwrap();
+        config.apply_env(|name| match name {
+            ENV_SOURCE_PASSWORD => Some("s3cret".into()),
+            ENV_KAFKA_SASL_PASSWORD => Some("k3y".into()),
+            _ => None,
+        });
+        let SourceConfig::Postgres(pg) = &config.source;
+        assert_eq!(pg.password.as_deref(), Some("s3cret"));
+        assert_eq!(config.kafka.options["sasl.password"], "k3y");
+    }
+
+    #[test]
+    fn weakening_kafka_options_are_config_errors() {
+        for (key, value) in [("enable.idempotence", "false"), ("acks", "1")] {
+            let text = format!("{MINIMAL}\n[kafka.options]\n\"{key}\" = \"{value}\"\n");
+            let err = Config::parse(&text).unwrap().validate().unwrap_err().to_string();
+            assert!(err.contains(key), "{err}");
+        }
+        let text = format!("{MINIMAL}\n[kafka.options]\n\"compression.type\" = \"zstd\"\n");
+        Config::parse(&text).unwrap().validate().unwrap();
+    }
+
+    #[test]
+    fn bad_names_and_bounds_are_rejected() {
+        let text = MINIMAL.replace("name = \"orders\"", "name = \"Orders-1\"");
+        assert!(Config::parse(&text).unwrap().validate().is_err());
+        let text = format!("{MINIMAL}\n[delivery]\nmax_in_flight = 0\n");
+        assert!(Config::parse(&text).unwrap().validate().is_err());
+        let text = MINIMAL.replace("[kafka]", "[kafka]\ntopic_template = \"t.{nope}\"");
+        let err = Config::parse(&text).unwrap().validate().unwrap_err().to_string();
+        assert!(err.contains("{nope}"), "{err}");
+    }
+}

@@ -1,0 +1,405 @@
+//! Source → Kafka → write-back → checkpoint.
+//!
+//! One session reads committed transactions from a [`ChangeStream`], hands each outbox
+//! event to the [`Publisher`], and, as acknowledgements come back, writes the rows'
+//! statuses back in batches. The log position is confirmed only past the longest prefix
+//! of transactions whose every event is acknowledged (or marked FAILED) **and** written
+//! back: that is what makes delivery at-least-once across crashes.
+//!
+//! [`run`] wraps sessions in a loop that reconnects after transient errors (including
+//! "another outboxd holds the slot", which is how a standby takes over) and stops on
+//! definite ones or on shutdown.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::future::BoxFuture;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use outboxd_connector::{
+    ChangeItem, ChangeStream, CommittedTransaction, Connector, ConnectorError, Delivered,
+    DeliveryFailure, OutboxStore, Position, WriteBack,
+};
+use tokio::sync::watch;
+use tokio::time::sleep_until;
+
+use crate::config::{DeliveryConfig, RetryConfig};
+use crate::kafka::{DeliveryOutcome, PendingDelivery, Publisher};
+use crate::retry::next_retry_delay;
+
+/// Counters of a running pipeline, shared with status reporting and metrics.
+#[derive(Debug, Default)]
+pub struct PipelineStats {
+    /// Events acknowledged by Kafka and written back SUCCESS.
+    pub published: AtomicU64,
+    /// Events written back FAILED or MANUAL_REQUIRED.
+    pub failed: AtomicU64,
+    /// Committed transactions read from the log.
+    pub transactions: AtomicU64,
+    /// Events read from the log and not yet written back.
+    pub in_flight: AtomicU64,
+    /// The last position confirmed to the source.
+    pub confirmed: Mutex<Option<Position>>,
+}
+
+/// What a pipeline needs besides its connector and publisher.
+#[derive(Clone, Debug)]
+pub struct PipelineSettings {
+    /// In-flight bounds, batching, shutdown deadline.
+    pub delivery: DeliveryConfig,
+    /// Backoff of failed rows.
+    pub retry: RetryConfig,
+}
+
+/// Why a pipeline stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    /// The database side failed for good; the message says what to do.
+    #[error(transparent)]
+    Source(#[from] ConnectorError),
+    /// The Kafka producer became unusable.
+    #[error("the Kafka producer failed fatally: {0}; outboxd stops so a restart gets a fresh producer")]
+    ProducerFatal(String),
+}
+
+impl PipelineError {
+    fn is_transient(&self) -> bool {
+        matches!(self, PipelineError::Source(e) if e.is_transient())
+    }
+}
+
+/// Runs the pipeline until `shutdown` turns true (returns `Ok`) or a definite error.
+///
+/// Transient errors (connection lost, slot held by another reader, database restarting)
+/// are logged and retried with backoff; events in flight at that moment are drained and
+/// written back first, and anything unconfirmed is read again from the log.
+pub async fn run<C: Connector>(
+    connector: &C,
+    publisher: &Publisher,
+    settings: &PipelineSettings,
+    stats: &Arc<PipelineStats>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), PipelineError> {
+    let mut backoff = Backoff::new();
+    tracing::info!(source = %connector.describe(), "pipeline starting");
+    while !*shutdown.borrow() {
+        let session = async {
+            let store = connector.open_store().await?;
+            let mut stream = connector.open_stream().await?;
+            tracing::info!(source = %connector.describe(), "streaming");
+            let mut session = Session::new(&store, publisher, settings, stats);
+            session.run(&mut stream, &mut shutdown, &mut backoff).await
+        };
+        match session.await {
+            Ok(()) => return Ok(()),
+            Err(e) if e.is_transient() => {
+                let delay = backoff.next_delay();
+                tracing::warn!(error = %e, retry_in = ?delay, "source unavailable; retrying");
+                wait_or_shutdown(delay, &mut shutdown).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+async fn wait_or_shutdown(delay: Duration, shutdown: &mut watch::Receiver<bool>) {
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => {}
+        _ = shutdown.wait_for(|stop| *stop) => {}
+    }
+}
+
+/// Exponential backoff for reconnects: 250 ms doubling to 10 s, reset once streaming.
+struct Backoff {
+    next: Duration,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(250);
+    const MAX: Duration = Duration::from_secs(10);
+
+    fn new() -> Self {
+        Self { next: Self::FIRST }
+    }
+
+    fn next_delay(&mut self) -> Duration {
+        let delay = self.next;
+        self.next = (self.next * 2).min(Self::MAX);
+        delay
+    }
+
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
+}
+
+/// A log position and how many of its events still await write-back.
+struct Slot {
+    position: Position,
+    unwritten: usize,
+}
+
+/// The result of one record, tagged with where it belongs.
+struct Completed {
+    seq: u64,
+    id: i64,
+    retry_count: i32,
+    message_id: String,
+    outcome: DeliveryOutcome,
+}
+
+/// Records handed to Kafka whose outcome is not yet known.
+type Deliveries = FuturesUnordered<BoxFuture<'static, Completed>>;
+
+async fn track(
+    seq: u64,
+    id: i64,
+    retry_count: i32,
+    message_id: String,
+    pending: PendingDelivery,
+) -> Completed {
+    let outcome = pending.outcome().await;
+    Completed { seq, id, retry_count, message_id, outcome }
+}
+
+/// One connected session: the in-flight window and the write-back batch.
+struct Session<'a, O> {
+    store: &'a O,
+    publisher: &'a Publisher,
+    settings: &'a PipelineSettings,
+    stats: &'a PipelineStats,
+    /// Log positions read and not yet confirmed, in log order.
+    slots: VecDeque<Slot>,
+    /// Sequence number of `slots[0]`.
+    first_seq: u64,
+    /// Events sent and not yet written back.
+    in_flight: usize,
+    delivered: Vec<Delivered>,
+    failed: Vec<DeliveryFailure>,
+    /// Sequence numbers of the slots the batch's rows belong to, one per row.
+    batch_seqs: Vec<u64>,
+    batch_started: Option<Instant>,
+    last_confirmed: Option<Position>,
+    fatal: Option<String>,
+}
+
+impl<'a, O: OutboxStore> Session<'a, O> {
+    fn new(
+        store: &'a O,
+        publisher: &'a Publisher,
+        settings: &'a PipelineSettings,
+        stats: &'a PipelineStats,
+    ) -> Self {
+        Self {
+            store,
+            publisher,
+            settings,
+            stats,
+            slots: VecDeque::new(),
+            first_seq: 0,
+            in_flight: 0,
+            delivered: Vec::new(),
+            failed: Vec::new(),
+            batch_seqs: Vec::new(),
+            batch_started: None,
+            last_confirmed: None,
+            fatal: None,
+        }
+    }
+
+    async fn run<S: ChangeStream>(
+        &mut self,
+        stream: &mut S,
+        shutdown: &mut watch::Receiver<bool>,
+        backoff: &mut Backoff,
+    ) -> Result<(), PipelineError> {
+        let mut deliveries = Deliveries::new();
+        let mut stopping_at: Option<Instant> = None;
+        let mut stream_error: Option<ConnectorError> = None;
+        let far_future = Instant::now() + Duration::from_secs(86_400 * 365);
+
+        loop {
+            let reading = stopping_at.is_none()
+                && stream_error.is_none()
+                && self.fatal.is_none()
+                && self.in_flight < self.settings.delivery.max_in_flight;
+            let flush_at = self
+                .batch_started
+                .map_or(far_future, |t| t + self.settings.delivery.writeback_interval);
+
+            tokio::select! {
+                biased;
+                _ = shutdown.wait_for(|stop| *stop), if stopping_at.is_none() => {
+                    tracing::info!(
+                        in_flight = self.in_flight,
+                        "shutting down: draining in-flight deliveries"
+                    );
+                    stopping_at = Some(Instant::now() + self.settings.delivery.shutdown_deadline);
+                }
+                Some(done) = deliveries.next(), if !deliveries.is_empty() => {
+                    self.complete(done);
+                    if self.batch_seqs.len() >= self.settings.delivery.writeback_batch {
+                        self.flush(stream).await?;
+                    }
+                }
+                _ = sleep_until(flush_at.into()), if self.batch_started.is_some() => {
+                    self.flush(stream).await?;
+                }
+                item = stream.next(), if reading => match item {
+                    Ok(ChangeItem::Transaction(tx)) => {
+                        backoff.reset();
+                        let seq = self.push_slot(tx.commit_position.clone(), tx.events.len());
+                        self.stats.transactions.fetch_add(1, Ordering::Relaxed);
+                        self.send_transaction(seq, tx, &mut deliveries).await;
+                    }
+                    Ok(ChangeItem::Progress(position)) => {
+                        backoff.reset();
+                        self.push_slot(position, 0);
+                        if self.batch_started.is_none() {
+                            self.flush(stream).await?;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, in_flight = self.in_flight, "log stream failed; draining in-flight deliveries");
+                        stopping_at = Some(Instant::now() + self.settings.delivery.shutdown_deadline);
+                        stream_error = Some(e);
+                    }
+                },
+                _ = sleep_until(stopping_at.unwrap_or(far_future).into()), if stopping_at.is_some() => {
+                    tracing::warn!(
+                        unacknowledged = deliveries.len(),
+                        "shutdown deadline passed; their rows stay INIT and are sent again on restart"
+                    );
+                    break;
+                }
+            }
+
+            let draining = stopping_at.is_some() || self.fatal.is_some();
+            if draining && deliveries.is_empty() {
+                break;
+            }
+        }
+
+        self.flush(stream).await?;
+        if let Some(error) = self.fatal.take() {
+            return Err(PipelineError::ProducerFatal(error));
+        }
+        match stream_error {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+
+    fn push_slot(&mut self, position: Position, events: usize) -> u64 {
+        let seq = self.first_seq + self.slots.len() as u64;
+        self.slots.push_back(Slot { position, unwritten: events });
+        self.in_flight += events;
+        self.stats.in_flight.store(self.in_flight as u64, Ordering::Relaxed);
+        seq
+    }
+
+    async fn send_transaction(
+        &mut self,
+        seq: u64,
+        tx: CommittedTransaction,
+        deliveries: &mut Deliveries,
+    ) {
+        for event in tx.events {
+            let pending = self.publisher.send(&event).await;
+            let (id, retry_count) = (event.id, event.retry_count);
+            deliveries.push(Box::pin(track(seq, id, retry_count, event.message_id, pending)));
+        }
+    }
+
+    fn complete(&mut self, done: Completed) {
+        match done.outcome {
+            DeliveryOutcome::Acked { partition, offset } => {
+                self.delivered.push(Delivered { id: done.id, partition, offset });
+            }
+            DeliveryOutcome::Failed { error, fatal } => {
+                tracing::warn!(
+                    id = done.id,
+                    message_id = %done.message_id,
+                    %error,
+                    "delivery failed; the row becomes FAILED and is retried later"
+                );
+                if fatal && self.fatal.is_none() {
+                    self.fatal = Some(error.clone());
+                }
+                let retry_delay = next_retry_delay(&self.settings.retry, done.retry_count);
+                self.failed.push(DeliveryFailure { id: done.id, error, retry_delay });
+            }
+        }
+        self.batch_seqs.push(done.seq);
+        self.batch_started.get_or_insert_with(Instant::now);
+    }
+
+    /// Writes the batch back with the checkpoint it completes, then confirms that
+    /// position to the source. Transient store errors are retried a few times before
+    /// the session gives up (and the rows are read again from the log).
+    async fn flush<S: ChangeStream>(&mut self, stream: &mut S) -> Result<(), PipelineError> {
+        for seq in self.batch_seqs.drain(..) {
+            // Every seq in the batch belongs to a slot still queued: slots leave the queue
+            // only once all their events are written back.
+            let index = (seq - self.first_seq) as usize;
+            if let Some(slot) = self.slots.get_mut(index) {
+                slot.unwritten -= 1;
+            }
+        }
+        let done_prefix = self.slots.iter().take_while(|s| s.unwritten == 0).count();
+        let checkpoint = done_prefix.checked_sub(1).map(|i| self.slots[i].position.clone());
+        let checkpoint = checkpoint.filter(|p| self.last_confirmed.as_ref() < Some(p));
+
+        if !self.delivered.is_empty() || !self.failed.is_empty() {
+            let batch = WriteBack {
+                delivered: &self.delivered,
+                failed: &self.failed,
+                checkpoint: checkpoint.as_ref(),
+            };
+            write_back_with_retries(self.store, batch).await?;
+            let written = self.delivered.len() + self.failed.len();
+            self.in_flight -= written;
+            self.stats.in_flight.store(self.in_flight as u64, Ordering::Relaxed);
+            self.stats.published.fetch_add(self.delivered.len() as u64, Ordering::Relaxed);
+            self.stats.failed.fetch_add(self.failed.len() as u64, Ordering::Relaxed);
+            self.delivered.clear();
+            self.failed.clear();
+        }
+        self.batch_started = None;
+
+        self.slots.drain(..done_prefix);
+        self.first_seq += done_prefix as u64;
+        if let Some(position) = checkpoint {
+            stream.confirm(&position).await?;
+            tracing::debug!(%position, "confirmed");
+            if let Ok(mut confirmed) = self.stats.confirmed.lock() {
+                *confirmed = Some(position.clone());
+            }
+            self.last_confirmed = Some(position);
+        }
+        Ok(())
+    }
+}
+
+async fn write_back_with_retries<O: OutboxStore>(
+    store: &O,
+    batch: WriteBack<'_>,
+) -> Result<(), ConnectorError> {
+    const ATTEMPTS: u32 = 5;
+    let mut delay = Duration::from_millis(100);
+    let mut attempt = 1;
+    loop {
+        match store.write_back(batch).await {
+            Ok(()) => return Ok(()),
+            Err(e) if e.is_transient() && attempt < ATTEMPTS => {
+                tracing::warn!(error = %e, attempt, "status write-back failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}

@@ -1,0 +1,427 @@
+//! Shared harness of the end-to-end tests: real PostgreSQL and Kafka started by
+//! `scripts/services`, the real `outboxd` binary, names unique per test so tests run in
+//! parallel. Nothing here is mocked.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::TopicPartitionList;
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}
+
+/// Where the services are (`scripts/services env` prints these variables).
+pub struct Services {
+    pub pg_host: String,
+    pub pg_port: u16,
+    pub pg_user: String,
+    pub pg_password: String,
+    pub pg_database: String,
+    pub kafka: String,
+}
+
+impl Services {
+    pub fn from_env() -> Self {
+        Self {
+            pg_host: env_or("OUTBOXD_TEST_PG_HOST", "127.0.0.1"),
+            pg_port: env_or("OUTBOXD_TEST_PG_PORT", "55432").parse().expect("OUTBOXD_TEST_PG_PORT"),
+            pg_user: env_or("OUTBOXD_TEST_PG_USER", "outboxd"),
+            pg_password: env_or("OUTBOXD_TEST_PG_PASSWORD", "outboxd"),
+            pg_database: env_or("OUTBOXD_TEST_PG_DATABASE", "outboxd"),
+            kafka: env_or("OUTBOXD_TEST_KAFKA", "127.0.0.1:39092"),
+        }
+    }
+
+    pub fn pg_conn_string(&self) -> String {
+        format!(
+            "host={} port={} user={} password={} dbname={}",
+            self.pg_host, self.pg_port, self.pg_user, self.pg_password, self.pg_database
+        )
+    }
+}
+
+/// Polls `condition` until it returns `Some` or `timeout` passes.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut condition: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = condition().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One test's pipeline: its own outbox table, slot, publication, topic and config file.
+pub struct TestPipeline {
+    pub services: Services,
+    pub name: String,
+    pub table: String,
+    pub topic: String,
+    pub partitions: i32,
+    pub config_path: PathBuf,
+    pub dir: PathBuf,
+}
+
+impl TestPipeline {
+    /// Creates the topic and writes the config; `extra` is appended to the TOML.
+    pub async fn new(prefix: &str, partitions: i32, extra: &str) -> Self {
+        let services = Services::from_env();
+        let suffix: u32 = rand::thread_rng().gen_range(100_000..999_999);
+        let name = format!("{prefix}_{suffix}");
+        let table = format!("outbox_{name}");
+        let topic = format!("it.{name}");
+        let dir = std::env::temp_dir().join(format!("outboxd-it-{name}"));
+        std::fs::create_dir_all(&dir).expect("create test dir");
+        let config_path = dir.join("outboxd.toml");
+        let config = format!(
+            r#"
+[pipeline]
+name = "{name}"
+
+[source]
+kind = "postgres"
+host = "{host}"
+port = {port}
+user = "{user}"
+password = "{password}"
+database = "{database}"
+sslmode = "disable"
+status_interval = "1s"
+
+[outbox]
+table = "{table}"
+checkpoint_table = "outboxd_checkpoint"
+
+[kafka]
+bootstrap_servers = "{kafka}"
+topic_template = "{topic}"
+message_timeout = "10s"
+{extra}
+"#,
+            host = services.pg_host,
+            port = services.pg_port,
+            user = services.pg_user,
+            password = services.pg_password,
+            database = services.pg_database,
+            kafka = services.kafka,
+        );
+        std::fs::write(&config_path, config).expect("write config");
+        let pipeline = Self { services, name, table, topic, partitions, config_path, dir };
+        pipeline.create_topic(&pipeline.topic, partitions).await;
+        pipeline
+    }
+
+    pub async fn create_topic(&self, topic: &str, partitions: i32) {
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", &self.services.kafka)
+            .create()
+            .expect("admin client");
+        let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+        let results = admin
+            .create_topics([&new], &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))))
+            .await
+            .expect("create topic");
+        for result in results {
+            if let Err((topic, code)) = result {
+                panic!("creating topic {topic}: {code:?}");
+            }
+        }
+    }
+
+    pub async fn sql(&self) -> tokio_postgres::Client {
+        let (client, connection) =
+            tokio_postgres::connect(&self.services.pg_conn_string(), tokio_postgres::NoTls)
+                .await
+                .expect("connect to the test PostgreSQL (is `scripts/services start` running?)");
+        tokio::spawn(connection);
+        client
+    }
+
+    /// Runs an outboxd subcommand to completion.
+    pub fn outboxd(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_outboxd"))
+            .args(args)
+            .arg("--config")
+            .arg(&self.config_path)
+            .env("OUTBOXD_LOG", "info")
+            .output()
+            .expect("run outboxd")
+    }
+
+    pub fn init(&self) {
+        let out = self.outboxd(&["init"]);
+        assert!(
+            out.status.success(),
+            "outboxd init failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Starts `outboxd run` in the background; its log goes to `<dir>/<log_name>`.
+    pub fn spawn_run(&self, log_name: &str) -> Daemon {
+        let log = std::fs::File::create(self.dir.join(log_name)).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_outboxd"))
+            .args(["run", "--config"])
+            .arg(&self.config_path)
+            .env("OUTBOXD_LOG", "info,outboxd=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn outboxd run");
+        Daemon { child: Some(child), log: self.dir.join(log_name) }
+    }
+
+    /// Inserts one outbox row per (biz_key, seq) in the given client's current context.
+    pub async fn insert_events(
+        &self,
+        client: &tokio_postgres::Client,
+        rows: &[(String, u32)],
+        run_tag: &str,
+    ) {
+        for (key, seq) in rows {
+            self.insert_event(client, key, *seq, run_tag).await;
+        }
+    }
+
+    pub async fn insert_event(
+        &self,
+        client: &tokio_postgres::Client,
+        key: &str,
+        seq: u32,
+        run_tag: &str,
+    ) {
+        let sql = format!(
+            "INSERT INTO \"{}\" (message_id, message_type, biz_key, payload, headers) \
+             VALUES ($1, $2, $3, $4::text::jsonb, $5::text::jsonb)",
+            self.table
+        );
+        let message_id = format!("{run_tag}-{key}-{seq}");
+        let message_type = format!("order.step{seq}");
+        let payload = format!(r#"{{"key":"{key}","seq":{seq}}}"#);
+        let headers = format!(r#"{{"seq":"{seq}","trace":"t-{key}"}}"#);
+        client
+            .execute(&sql, &[&message_id, &message_type, &key, &payload, &headers])
+            .await
+            .expect("insert outbox row");
+    }
+
+    /// Rows by status.
+    pub async fn status_counts(&self) -> HashMap<String, i64> {
+        let client = self.sql().await;
+        let rows = client
+            .query(
+                &format!("SELECT status, count(*) FROM \"{}\" GROUP BY status", self.table),
+                &[],
+            )
+            .await
+            .expect("count statuses");
+        rows.iter().map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1))).collect()
+    }
+
+    /// Drops what the test created on the server side.
+    pub async fn cleanup(&self) {
+        let client = self.sql().await;
+        let slot = format!("outboxd_{}", self.name);
+        let _ = client
+            .execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                 WHERE slot_name = $1 AND active_pid IS NOT NULL",
+                &[&slot],
+            )
+            .await;
+        // The walsender may take a moment to let go of the slot.
+        for _ in 0..50 {
+            let dropped = client
+                .execute(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                     WHERE slot_name = $1 AND NOT active",
+                    &[&slot],
+                )
+                .await;
+            let remaining = client
+                .query_one("SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", &[&slot])
+                .await
+                .map(|r| r.get::<_, i64>(0))
+                .unwrap_or(0);
+            if dropped.is_ok() && remaining == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let _ = client.batch_execute(&format!("DROP PUBLICATION IF EXISTS outboxd_{}", self.name)).await;
+        let _ = client.batch_execute(&format!("DROP TABLE IF EXISTS \"{}\"", self.table)).await;
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A running `outboxd run`; killed on drop.
+pub struct Daemon {
+    child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl Daemon {
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill(); // SIGKILL
+            let _ = child.wait();
+        }
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("daemon already stopped");
+        let pid = child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().expect("kill -TERM");
+        child.wait().expect("wait for outboxd")
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        match &mut self.child {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// One consumed record.
+#[derive(Clone, Debug)]
+pub struct Record {
+    pub key: String,
+    pub payload: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub headers: HashMap<String, String>,
+}
+
+/// Reads every partition of `topic` from the beginning until `expected` records (or
+/// more) have been seen and the topic has been quiet for `settle`, or `timeout` passes.
+pub fn consume_all(
+    kafka: &str,
+    topic: &str,
+    partitions: i32,
+    expected: usize,
+    timeout: Duration,
+) -> Vec<Record> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka)
+        .set("group.id", format!("it-{topic}-{}", rand::thread_rng().gen::<u32>()))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()
+        .expect("consumer");
+    let mut assignment = TopicPartitionList::new();
+    for p in 0..partitions {
+        assignment
+            .add_partition_offset(topic, p, rdkafka::Offset::Beginning)
+            .expect("assignment");
+    }
+    consumer.assign(&assignment).expect("assign");
+    let deadline = Instant::now() + timeout;
+    let settle = Duration::from_millis(1500);
+    let mut last_record = Instant::now();
+    let mut records = Vec::new();
+    while Instant::now() < deadline {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                let mut headers = HashMap::new();
+                if let Some(h) = m.headers() {
+                    for header in h.iter() {
+                        let value = header.value.map(|v| String::from_utf8_lossy(v).into_owned());
+                        headers.insert(header.key.to_owned(), value.unwrap_or_default());
+                    }
+                }
+                records.push(Record {
+                    key: String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
+                    payload: String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned(),
+                    partition: m.partition(),
+                    offset: m.offset(),
+                    headers,
+                });
+                last_record = Instant::now();
+            }
+            Some(Err(e)) => panic!("consumer error: {e}"),
+            None => {
+                if records.len() >= expected && last_record.elapsed() > settle {
+                    break;
+                }
+            }
+        }
+    }
+    records
+}
+
+/// Kafka's Java client `murmur2` (the default partitioner's hash), written from its
+/// published algorithm, to check that outboxd puts keys where Java would.
+pub fn java_murmur2(data: &[u8]) -> i32 {
+    const SEED: u32 = 0x9747_b28c;
+    const M: u32 = 0x5bd1_e995;
+    const R: u32 = 24;
+    let length = data.len() as u32;
+    let mut h: u32 = SEED ^ length;
+    let chunks = data.chunks_exact(4);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        let mut k = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> R;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M);
+        h ^= k;
+    }
+    match tail.len() {
+        3 => {
+            h ^= u32::from(tail[2]) << 16;
+            h ^= u32::from(tail[1]) << 8;
+            h ^= u32::from(tail[0]);
+            h = h.wrapping_mul(M);
+        }
+        2 => {
+            h ^= u32::from(tail[1]) << 8;
+            h ^= u32::from(tail[0]);
+            h = h.wrapping_mul(M);
+        }
+        1 => {
+            h ^= u32::from(tail[0]);
+            h = h.wrapping_mul(M);
+        }
+        _ => {}
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    h as i32
+}
+
+/// The partition Java's default partitioner picks for a keyed record.
+pub fn java_partition(key: &str, partitions: i32) -> i32 {
+    (java_murmur2(key.as_bytes()) & 0x7fff_ffff) % partitions
+}
