@@ -62,7 +62,10 @@ async fn check<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i
     for line in &report {
         println!("{line}");
     }
-    let failures = report.iter().filter(|l| l.status == CheckStatus::Fail).count();
+    let failures = report
+        .iter()
+        .filter(|l| l.status == CheckStatus::Fail)
+        .count();
     if failures > 0 {
         println!("{failures} check(s) failed");
         return Ok(1);
@@ -74,8 +77,10 @@ async fn check<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i
 async fn run<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i32> {
     let publisher =
         Publisher::new(&config.kafka, &config.pipeline.name).map_err(anyhow::Error::msg)?;
-    let settings =
-        PipelineSettings { delivery: config.delivery.clone(), retry: config.retry.clone() };
+    let settings = PipelineSettings {
+        delivery: config.delivery.clone(),
+        retry: config.retry.clone(),
+    };
     let stats = Arc::new(PipelineStats::default());
     let (stop, shutdown) = watch::channel(false);
     tokio::spawn(stop_on_signals(stop));
@@ -94,9 +99,10 @@ async fn run<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i32
 /// First SIGTERM/SIGINT: graceful stop (drain, write back, checkpoint). Second: exit now.
 async fn stop_on_signals(stop: watch::Sender<bool>) {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) =
-        (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
-    else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         tracing::error!("cannot install signal handlers; stop outboxd with SIGKILL");
         return;
     };

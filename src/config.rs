@@ -205,9 +205,10 @@ impl Config {
             source,
         })?;
         let mut config = Self::parse(&text).map_err(|e| match e {
-            ConfigError::Parse { message, .. } => {
-                ConfigError::Parse { path: path.display().to_string(), message }
-            }
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.display().to_string(),
+                message,
+            },
             other => other,
         })?;
         config.apply_env(|name| std::env::var(name).ok());
@@ -217,8 +218,10 @@ impl Config {
 
     /// Parses TOML text without environment overrides or validation.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
-        toml::from_str(text)
-            .map_err(|e| ConfigError::Parse { path: "<text>".into(), message: e.to_string() })
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: "<text>".into(),
+            message: e.to_string(),
+        })
     }
 
     /// Applies the environment overrides for secrets and endpoints.
@@ -242,7 +245,9 @@ impl Config {
         let name = &self.pipeline.name;
         let valid_name = !name.is_empty()
             && name.len() <= 48
-            && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
         if !valid_name {
             return Err(ConfigError::Invalid(format!(
                 "pipeline.name `{name}` must be 1 to 48 characters of a-z, 0-9 and _ \
@@ -250,7 +255,9 @@ impl Config {
             )));
         }
         if self.kafka.bootstrap_servers.trim().is_empty() {
-            return Err(ConfigError::Invalid("kafka.bootstrap_servers is empty".into()));
+            return Err(ConfigError::Invalid(
+                "kafka.bootstrap_servers is empty".into(),
+            ));
         }
         crate::kafka::TopicTemplate::parse(&self.kafka.topic_template)
             .map_err(ConfigError::Invalid)?;
@@ -320,14 +327,20 @@ mod tests {
         let err = Config::parse(&text).unwrap_err().to_string();
         assert!(err.contains("slots"), "{err}");
         let text = format!("{MINIMAL}\n[kafka2]\nx = 1\n");
-        assert!(Config::parse(&text).unwrap_err().to_string().contains("kafka2"));
+        assert!(Config::parse(&text)
+            .unwrap_err()
+            .to_string()
+            .contains("kafka2"));
     }
 
     #[test]
     fn durations_are_typed() {
         let text = format!("{MINIMAL}\n[delivery]\nwriteback_interval = \"20ms\"\n");
         let config = Config::parse(&text).unwrap();
-        assert_eq!(config.delivery.writeback_interval, Duration::from_millis(20));
+        assert_eq!(
+            config.delivery.writeback_interval,
+            Duration::from_millis(20)
+        );
         let text = format!("{MINIMAL}\n[delivery]\nwriteback_interval = \"soon\"\n");
         assert!(Config::parse(&text).is_err());
     }
@@ -349,7 +362,11 @@ mod tests {
     fn weakening_kafka_options_are_config_errors() {
         for (key, value) in [("enable.idempotence", "false"), ("acks", "1")] {
             let text = format!("{MINIMAL}\n[kafka.options]\n\"{key}\" = \"{value}\"\n");
-            let err = Config::parse(&text).unwrap().validate().unwrap_err().to_string();
+            let err = Config::parse(&text)
+                .unwrap()
+                .validate()
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(key), "{err}");
         }
         let text = format!("{MINIMAL}\n[kafka.options]\n\"compression.type\" = \"zstd\"\n");
@@ -363,7 +380,11 @@ mod tests {
         let text = format!("{MINIMAL}\n[delivery]\nmax_in_flight = 0\n");
         assert!(Config::parse(&text).unwrap().validate().is_err());
         let text = MINIMAL.replace("[kafka]", "[kafka]\ntopic_template = \"t.{nope}\"");
-        let err = Config::parse(&text).unwrap().validate().unwrap_err().to_string();
+        let err = Config::parse(&text)
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("{nope}"), "{err}");
     }
 }

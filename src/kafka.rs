@@ -52,7 +52,9 @@ pub(crate) fn validate_options(options: &BTreeMap<String, String>) -> Result<(),
             _ => None,
         };
         if let Some(why) = conflict {
-            return Err(format!("kafka.options.\"{key}\" = \"{value}\" is not allowed: {why}"));
+            return Err(format!(
+                "kafka.options.\"{key}\" = \"{value}\" is not allowed: {why}"
+            ));
         }
         if let Some((_, typed)) = OWNED_OPTIONS.iter().find(|(k, _)| k == key) {
             return Err(format!(
@@ -85,9 +87,9 @@ impl TopicTemplate {
             if open > 0 {
                 parts.push(TemplatePart::Literal(rest[..open].to_owned()));
             }
-            let close = rest[open..].find('}').ok_or_else(|| {
-                format!("kafka.topic_template `{template}` has an unclosed `{{`")
-            })?;
+            let close = rest[open..]
+                .find('}')
+                .ok_or_else(|| format!("kafka.topic_template `{template}` has an unclosed `{{`"))?;
             let name = &rest[open + 1..open + close];
             parts.push(match name {
                 "message_type" => TemplatePart::MessageType,
@@ -168,12 +170,20 @@ impl Publisher {
         for (key, value) in SAFE_DEFAULTS {
             client.set(*key, *value);
         }
-        let timeout_ms = config.message_timeout.as_millis().clamp(1, i32::MAX as u128);
+        let timeout_ms = config
+            .message_timeout
+            .as_millis()
+            .clamp(1, i32::MAX as u128);
         client.set("bootstrap.servers", &config.bootstrap_servers);
         client.set("message.timeout.ms", timeout_ms.to_string());
-        let producer: FutureProducer =
-            client.create().map_err(|e| format!("cannot create the Kafka producer: {e}"))?;
-        Ok(Self { producer, template, pipeline: pipeline.to_owned() })
+        let producer: FutureProducer = client
+            .create()
+            .map_err(|e| format!("cannot create the Kafka producer: {e}"))?;
+        Ok(Self {
+            producer,
+            template,
+            pipeline: pipeline.to_owned(),
+        })
     }
 
     /// The topic an event goes to: its own `topic` column, else the template.
@@ -189,12 +199,27 @@ impl Publisher {
     pub async fn send(&self, event: &OutboxEvent) -> PendingDelivery {
         let topic = self.topic_for(event);
         let mut headers = OwnedHeaders::new_with_capacity(4 + event.headers.len())
-            .insert(Header { key: "message_id", value: Some(event.message_id.as_bytes()) })
-            .insert(Header { key: "message_type", value: Some(event.message_type.as_bytes()) })
-            .insert(Header { key: "biz_key", value: Some(event.biz_key.as_bytes()) })
-            .insert(Header { key: "created_at", value: Some(event.created_at.as_bytes()) });
+            .insert(Header {
+                key: "message_id",
+                value: Some(event.message_id.as_bytes()),
+            })
+            .insert(Header {
+                key: "message_type",
+                value: Some(event.message_type.as_bytes()),
+            })
+            .insert(Header {
+                key: "biz_key",
+                value: Some(event.biz_key.as_bytes()),
+            })
+            .insert(Header {
+                key: "created_at",
+                value: Some(event.created_at.as_bytes()),
+            });
         for (key, value) in &event.headers {
-            headers = headers.insert(Header { key: key.as_str(), value: Some(value.as_ref()) });
+            headers = headers.insert(Header {
+                key: key.as_str(),
+                value: Some(value.as_ref()),
+            });
         }
         let mut record = FutureRecord::to(&topic)
             .key(event.key.as_ref())
@@ -265,9 +290,10 @@ impl PendingDelivery {
         match self {
             PendingDelivery::Done(outcome) => outcome,
             PendingDelivery::InFlight(future) => match future.await {
-                Ok(Ok(delivery)) => {
-                    DeliveryOutcome::Acked { partition: delivery.partition, offset: delivery.offset }
-                }
+                Ok(Ok(delivery)) => DeliveryOutcome::Acked {
+                    partition: delivery.partition,
+                    offset: delivery.offset,
+                },
                 Ok(Err((e, _message))) => failed_outcome(&e),
                 Err(_canceled) => DeliveryOutcome::Failed {
                     error: "the Kafka producer was shut down before the record was acknowledged"
@@ -281,7 +307,10 @@ impl PendingDelivery {
 
 fn failed_outcome(e: &KafkaError) -> DeliveryOutcome {
     let fatal = matches!(e.rdkafka_error_code(), Some(RDKafkaErrorCode::Fatal));
-    DeliveryOutcome::Failed { error: e.to_string(), fatal }
+    DeliveryOutcome::Failed {
+        error: e.to_string(),
+        fatal,
+    }
 }
 
 #[cfg(test)]
@@ -294,9 +323,14 @@ mod tests {
         assert_eq!(t.render("order.created", "p"), "outbox.order.created");
         let t = TopicTemplate::parse("{pipeline}-events").unwrap();
         assert_eq!(t.render("x", "orders"), "orders-events");
-        assert_eq!(TopicTemplate::parse("fixed").unwrap().render("x", "p"), "fixed");
+        assert_eq!(
+            TopicTemplate::parse("fixed").unwrap().render("x", "p"),
+            "fixed"
+        );
         assert!(TopicTemplate::parse("a.{message_type").is_err());
-        assert!(TopicTemplate::parse("a.{biz}").unwrap_err().contains("{biz}"));
+        assert!(TopicTemplate::parse("a.{biz}")
+            .unwrap_err()
+            .contains("{biz}"));
         assert!(TopicTemplate::parse("").is_err());
     }
 

@@ -59,7 +59,9 @@ pub enum PipelineError {
     #[error(transparent)]
     Source(#[from] ConnectorError),
     /// The Kafka producer became unusable.
-    #[error("the Kafka producer failed fatally: {0}; outboxd stops so a restart gets a fresh producer")]
+    #[error(
+        "the Kafka producer failed fatally: {0}; outboxd stops so a restart gets a fresh producer"
+    )]
     ProducerFatal(String),
 }
 
@@ -161,7 +163,13 @@ async fn track(
     pending: PendingDelivery,
 ) -> Completed {
     let outcome = pending.outcome().await;
-    Completed { seq, id, retry_count, message_id, outcome }
+    Completed {
+        seq,
+        id,
+        retry_count,
+        message_id,
+        outcome,
+    }
 }
 
 /// One connected session: the in-flight window and the write-back batch.
@@ -225,9 +233,9 @@ impl<'a, O: OutboxStore> Session<'a, O> {
                 && stream_error.is_none()
                 && self.fatal.is_none()
                 && self.in_flight < self.settings.delivery.max_in_flight;
-            let flush_at = self
-                .batch_started
-                .map_or(far_future, |t| t + self.settings.delivery.writeback_interval);
+            let flush_at = self.batch_started.map_or(far_future, |t| {
+                t + self.settings.delivery.writeback_interval
+            });
 
             tokio::select! {
                 biased;
@@ -294,9 +302,14 @@ impl<'a, O: OutboxStore> Session<'a, O> {
 
     fn push_slot(&mut self, position: Position, events: usize) -> u64 {
         let seq = self.first_seq + self.slots.len() as u64;
-        self.slots.push_back(Slot { position, unwritten: events });
+        self.slots.push_back(Slot {
+            position,
+            unwritten: events,
+        });
         self.in_flight += events;
-        self.stats.in_flight.store(self.in_flight as u64, Ordering::Relaxed);
+        self.stats
+            .in_flight
+            .store(self.in_flight as u64, Ordering::Relaxed);
         seq
     }
 
@@ -309,14 +322,24 @@ impl<'a, O: OutboxStore> Session<'a, O> {
         for event in tx.events {
             let pending = self.publisher.send(&event).await;
             let (id, retry_count) = (event.id, event.retry_count);
-            deliveries.push(Box::pin(track(seq, id, retry_count, event.message_id, pending)));
+            deliveries.push(Box::pin(track(
+                seq,
+                id,
+                retry_count,
+                event.message_id,
+                pending,
+            )));
         }
     }
 
     fn complete(&mut self, done: Completed) {
         match done.outcome {
             DeliveryOutcome::Acked { partition, offset } => {
-                self.delivered.push(Delivered { id: done.id, partition, offset });
+                self.delivered.push(Delivered {
+                    id: done.id,
+                    partition,
+                    offset,
+                });
             }
             DeliveryOutcome::Failed { error, fatal } => {
                 tracing::warn!(
@@ -329,7 +352,11 @@ impl<'a, O: OutboxStore> Session<'a, O> {
                     self.fatal = Some(error.clone());
                 }
                 let retry_delay = next_retry_delay(&self.settings.retry, done.retry_count);
-                self.failed.push(DeliveryFailure { id: done.id, error, retry_delay });
+                self.failed.push(DeliveryFailure {
+                    id: done.id,
+                    error,
+                    retry_delay,
+                });
             }
         }
         self.batch_seqs.push(done.seq);
@@ -349,7 +376,9 @@ impl<'a, O: OutboxStore> Session<'a, O> {
             }
         }
         let done_prefix = self.slots.iter().take_while(|s| s.unwritten == 0).count();
-        let checkpoint = done_prefix.checked_sub(1).map(|i| self.slots[i].position.clone());
+        let checkpoint = done_prefix
+            .checked_sub(1)
+            .map(|i| self.slots[i].position.clone());
         let checkpoint = checkpoint.filter(|p| self.last_confirmed.as_ref() < Some(p));
 
         if !self.delivered.is_empty() || !self.failed.is_empty() {
@@ -361,9 +390,15 @@ impl<'a, O: OutboxStore> Session<'a, O> {
             write_back_with_retries(self.store, batch).await?;
             let written = self.delivered.len() + self.failed.len();
             self.in_flight -= written;
-            self.stats.in_flight.store(self.in_flight as u64, Ordering::Relaxed);
-            self.stats.published.fetch_add(self.delivered.len() as u64, Ordering::Relaxed);
-            self.stats.failed.fetch_add(self.failed.len() as u64, Ordering::Relaxed);
+            self.stats
+                .in_flight
+                .store(self.in_flight as u64, Ordering::Relaxed);
+            self.stats
+                .published
+                .fetch_add(self.delivered.len() as u64, Ordering::Relaxed);
+            self.stats
+                .failed
+                .fetch_add(self.failed.len() as u64, Ordering::Relaxed);
             self.delivered.clear();
             self.failed.clear();
         }

@@ -51,7 +51,10 @@ mod tests {
         assert_eq!(backoff_delay(&p, 10, 0.999_999).as_millis(), 60_499);
         for _ in 0..100 {
             let d = next_retry_delay(&p, 2);
-            assert!(d >= Duration::from_secs(4) && d < Duration::from_millis(4500), "{d:?}");
+            assert!(
+                d >= Duration::from_secs(4) && d < Duration::from_millis(4500),
+                "{d:?}"
+            );
         }
     }
 }

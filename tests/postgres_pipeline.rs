@@ -14,7 +14,11 @@ fn seqs_by_key(records: &[Record]) -> BTreeMap<String, Vec<u32>> {
     sorted.sort_by_key(|r| (r.partition, r.offset));
     let mut by_key: BTreeMap<String, Vec<u32>> = BTreeMap::new();
     for r in sorted {
-        let seq = r.headers.get("seq").and_then(|s| s.parse().ok()).expect("seq header");
+        let seq = r
+            .headers
+            .get("seq")
+            .and_then(|s| s.parse().ok())
+            .expect("seq header");
         by_key.entry(r.key.clone()).or_default().push(seq);
     }
     by_key
@@ -27,7 +31,10 @@ fn murmur2_matches_the_java_client() {
     assert_eq!(java_murmur2(b"foobar"), -790_332_482);
     assert_eq!(java_murmur2(b"a-little-bit-long-string"), -985_981_536);
     assert_eq!(java_murmur2(b"a-little-bit-longer-string"), -1_486_304_829);
-    assert_eq!(java_murmur2(b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8"), -58_897_971);
+    assert_eq!(
+        java_murmur2(b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8"),
+        -58_897_971
+    );
     assert_eq!(java_murmur2(b"abc"), 479_470_107);
 }
 
@@ -88,16 +95,39 @@ async fn concurrent_writers_arrive_in_key_order_where_java_would_put_them() {
     }
     let total = WRITERS * KEYS_PER_WRITER * EVENTS_PER_KEY as usize;
 
-    let records = consume_all(&p.services.kafka, &p.topic, p.partitions, total, Duration::from_secs(60));
-    assert!(daemon.is_running(), "outboxd exited:\n{}", daemon.log_text());
-    assert_eq!(records.len(), total, "every event exactly once in a clean run");
+    let records = consume_all(
+        &p.services.kafka,
+        &p.topic,
+        p.partitions,
+        total,
+        Duration::from_secs(60),
+    );
+    assert!(
+        daemon.is_running(),
+        "outboxd exited:\n{}",
+        daemon.log_text()
+    );
+    assert_eq!(
+        records.len(),
+        total,
+        "every event exactly once in a clean run"
+    );
 
     for r in &records {
-        assert_eq!(r.partition, java_partition(&r.key, p.partitions), "key {} partition", r.key);
+        assert_eq!(
+            r.partition,
+            java_partition(&r.key, p.partitions),
+            "key {} partition",
+            r.key
+        );
         assert_eq!(r.headers.get("biz_key"), Some(&r.key));
         assert!(r.headers.contains_key("message_id") && r.headers.contains_key("created_at"));
         assert!(r.headers["message_type"].starts_with("order.step"));
-        assert!(r.payload.contains(&format!("\"key\": \"{}\"", r.key)), "payload {}", r.payload);
+        assert!(
+            r.payload.contains(&format!("\"key\": \"{}\"", r.key)),
+            "payload {}",
+            r.payload
+        );
     }
     let by_key = seqs_by_key(&records);
     assert_eq!(by_key.len(), WRITERS * KEYS_PER_WRITER);
@@ -116,7 +146,10 @@ async fn concurrent_writers_arrive_in_key_order_where_java_would_put_them() {
     let client = p.sql().await;
     let landed: HashMap<(i32, i64), String> = client
         .query(
-            &format!("SELECT kafka_partition, kafka_offset, message_id, sent_at IS NOT NULL FROM \"{}\"", p.table),
+            &format!(
+                "SELECT kafka_partition, kafka_offset, message_id, sent_at IS NOT NULL FROM \"{}\"",
+                p.table
+            ),
             &[],
         )
         .await
@@ -128,18 +161,28 @@ async fn concurrent_writers_arrive_in_key_order_where_java_would_put_them() {
         })
         .collect();
     for r in &records {
-        assert_eq!(landed.get(&(r.partition, r.offset)), r.headers.get("message_id"));
+        assert_eq!(
+            landed.get(&(r.partition, r.offset)),
+            r.headers.get("message_id")
+        );
     }
 
     // The checkpoint row and the slot caught up.
     let checkpoint: String = client
-        .query_one("SELECT position FROM outboxd_checkpoint WHERE pipeline = $1", &[&p.name])
+        .query_one(
+            "SELECT position FROM outboxd_checkpoint WHERE pipeline = $1",
+            &[&p.name],
+        )
         .await
         .expect("checkpoint row")
         .get(0);
     assert!(checkpoint.starts_with("lsn:"), "{checkpoint}");
 
-    assert!(daemon.terminate().success(), "graceful stop exits 0:\n{}", daemon.log_text());
+    assert!(
+        daemon.terminate().success(),
+        "graceful stop exits 0:\n{}",
+        daemon.log_text()
+    );
     p.cleanup().await;
 }
 
@@ -157,9 +200,16 @@ async fn rolled_back_transactions_publish_nothing() {
              VALUES ($1, 'order.created', $2, '{{}}', $3::text::jsonb)",
             p.table
         );
-        tx.execute(&sql, &[&format!("rolled-{seq}"), &format!("ghost-{seq}"), &format!(r#"{{"seq":"{seq}"}}"#)])
-            .await
-            .expect("insert");
+        tx.execute(
+            &sql,
+            &[
+                &format!("rolled-{seq}"),
+                &format!("ghost-{seq}"),
+                &format!(r#"{{"seq":"{seq}"}}"#),
+            ],
+        )
+        .await
+        .expect("insert");
     }
     tx.rollback().await.expect("rollback");
     // A committed marker after the rolled-back work: once it arrives, anything the
@@ -205,25 +255,42 @@ async fn kill_9_mid_stream_loses_nothing() {
         })
     };
     let table = p.table.clone();
-    wait_for("some rows published before the kill", Duration::from_secs(30), || async {
-        let row = client
-            .query_one(&format!("SELECT count(*) FROM \"{table}\" WHERE status = 'SUCCESS'"), &[])
-            .await
-            .ok()?;
-        (row.get::<_, i64>(0) >= 100).then_some(())
-    })
+    wait_for(
+        "some rows published before the kill",
+        Duration::from_secs(30),
+        || async {
+            let row = client
+                .query_one(
+                    &format!("SELECT count(*) FROM \"{table}\" WHERE status = 'SUCCESS'"),
+                    &[],
+                )
+                .await
+                .ok()?;
+            (row.get::<_, i64>(0) >= 100).then_some(())
+        },
+    )
     .await;
     daemon.kill9();
     let restarted = p.spawn_run("run-2.log");
     writer.await.expect("writer");
     let total = (KEYS * PER_KEY) as usize;
 
-    wait_for("all rows SUCCESS after restart", Duration::from_secs(60), || async {
-        let counts = p.status_counts().await;
-        (counts.get("SUCCESS").copied() == Some(total as i64)).then_some(())
-    })
+    wait_for(
+        "all rows SUCCESS after restart",
+        Duration::from_secs(60),
+        || async {
+            let counts = p.status_counts().await;
+            (counts.get("SUCCESS").copied() == Some(total as i64)).then_some(())
+        },
+    )
     .await;
-    let records = consume_all(&p.services.kafka, &p.topic, p.partitions, total, Duration::from_secs(60));
+    let records = consume_all(
+        &p.services.kafka,
+        &p.topic,
+        p.partitions,
+        total,
+        Duration::from_secs(60),
+    );
     let by_key = seqs_by_key(&records);
     let mut duplicates = 0;
     for (key, seqs) in &by_key {
@@ -238,7 +305,10 @@ async fn kill_9_mid_stream_loses_nothing() {
             }
         }
         let expected: Vec<u32> = (1..=PER_KEY).collect();
-        assert_eq!(seen, expected, "key {key}: every event, first occurrences in order");
+        assert_eq!(
+            seen, expected,
+            "key {key}: every event, first occurrences in order"
+        );
     }
     println!(
         "kill -9 test: {} events committed, {} records in Kafka, {duplicates} duplicates after the restart",
@@ -258,49 +328,62 @@ async fn idle_outbox_does_not_hold_back_the_slot() {
     let slot = format!("outboxd_{}", p.name);
     let other = format!("busy_{}", p.name);
     client
-        .batch_execute(&format!("CREATE TABLE \"{other}\" (id bigserial PRIMARY KEY, v text)"))
+        .batch_execute(&format!(
+            "CREATE TABLE \"{other}\" (id bigserial PRIMARY KEY, v text)"
+        ))
         .await
         .expect("create busy table");
 
-    let confirmed = |client: &tokio_postgres::Client| {
-        let slot = slot.clone();
-        async move {
-            client
-                .query_one(
-                    "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
-                    &[&slot],
-                )
-                .await
-                .ok()
-                .and_then(|r| r.get::<_, Option<String>>(0))
-        }
-    };
     // Wait until streaming has begun.
     wait_for("slot active", Duration::from_secs(30), || async {
         let row = client
-            .query_one("SELECT active FROM pg_replication_slots WHERE slot_name = $1", &[&slot])
+            .query_one(
+                "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
             .await
             .ok()?;
         row.get::<_, bool>(0).then_some(())
     })
     .await;
-    let start_lsn: String = client.query_one("SELECT pg_current_wal_lsn()::text", &[]).await.expect("lsn").get(0);
+    let start_lsn: String = client
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .expect("lsn")
+        .get(0);
 
     // Other tables write a lot; the outbox stays idle.
     for i in 0..200 {
         client
-            .execute(&format!("INSERT INTO \"{other}\" (v) VALUES ($1)"), &[&format!("row {i} {}", "x".repeat(200))])
+            .execute(
+                &format!("INSERT INTO \"{other}\" (v) VALUES ($1)"),
+                &[&format!("row {i} {}", "x".repeat(200))],
+            )
             .await
             .expect("busy insert");
     }
-    let moved = wait_for("confirmed_flush_lsn passes the busy writes", Duration::from_secs(30), || async {
-        let lsn = confirmed(&client).await?;
-        let row = client
-            .query_one("SELECT $1::text::pg_lsn >= $2::text::pg_lsn", &[&lsn, &start_lsn])
+    let moved = wait_for(
+        "confirmed_flush_lsn passes the busy writes",
+        Duration::from_secs(30),
+        || async {
+            let lsn: String = client
+            .query_one(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
             .await
-            .ok()?;
-        row.get::<_, bool>(0).then_some(lsn)
-    })
+            .ok()?
+            .get::<_, Option<String>>(0)?;
+            let row = client
+                .query_one(
+                    "SELECT $1::text::pg_lsn >= $2::text::pg_lsn",
+                    &[&lsn, &start_lsn],
+                )
+                .await
+                .ok()?;
+            row.get::<_, bool>(0).then_some(lsn)
+        },
+    )
     .await;
     println!("confirmed_flush_lsn moved to {moved} (busy writes began at {start_lsn})");
     let outbox_rows: i64 = client
@@ -309,7 +392,10 @@ async fn idle_outbox_does_not_hold_back_the_slot() {
         .expect("count")
         .get(0);
     assert_eq!(outbox_rows, 0);
-    client.batch_execute(&format!("DROP TABLE \"{other}\"")).await.expect("drop busy table");
+    client
+        .batch_execute(&format!("DROP TABLE \"{other}\""))
+        .await
+        .expect("drop busy table");
     p.cleanup().await;
 }
 
@@ -327,18 +413,28 @@ async fn a_standby_waits_for_the_slot_and_takes_over() {
 
     let mut second = p.spawn_run("second.log");
     // The second instance keeps waiting while the first holds the slot.
-    wait_for("the standby to report that the slot is busy", Duration::from_secs(30), || async {
-        let log = second.log_text();
-        log.contains("retrying").then_some(())
-    })
+    wait_for(
+        "the standby to report that the slot is busy",
+        Duration::from_secs(30),
+        || async {
+            let log = second.log_text();
+            log.contains("retrying").then_some(())
+        },
+    )
     .await;
-    assert!(second.is_running(), "the standby keeps waiting:\n{}", second.log_text());
+    assert!(
+        second.is_running(),
+        "the standby keeps waiting:\n{}",
+        second.log_text()
+    );
 
     first.kill9();
     p.insert_event(&client, "k", 2, "b").await;
-    wait_for("the standby publishes after the takeover", Duration::from_secs(60), || async {
-        (p.status_counts().await.get("SUCCESS").copied() == Some(2)).then_some(())
-    })
+    wait_for(
+        "the standby publishes after the takeover",
+        Duration::from_secs(60),
+        || async { (p.status_counts().await.get("SUCCESS").copied() == Some(2)).then_some(()) },
+    )
     .await;
     let records = consume_all(&p.services.kafka, &p.topic, 1, 2, Duration::from_secs(30));
     let seqs: Vec<u32> = seqs_by_key(&records).remove("k").unwrap_or_default();
@@ -367,7 +463,10 @@ fn bad_config_is_reported_with_the_key_at_fault() {
             .expect("run outboxd");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "case {i}: {stderr}");
-        assert!(stderr.contains(needle), "case {i}: expected `{needle}` in: {stderr}");
+        assert!(
+            stderr.contains(needle),
+            "case {i}: expected `{needle}` in: {stderr}"
+        );
     }
     let missing = std::process::Command::new(env!("CARGO_BIN_EXE_outboxd"))
         .args(["run", "--config", "/nonexistent/outboxd.toml"])
@@ -382,7 +481,11 @@ async fn check_reports_every_item_and_init_is_idempotent() {
     let p = TestPipeline::new("check", 1, "").await;
     let before = p.outboxd(&["check"]);
     let text = String::from_utf8_lossy(&before.stdout);
-    assert_eq!(before.status.code(), Some(1), "check fails before init:\n{text}");
+    assert_eq!(
+        before.status.code(),
+        Some(1),
+        "check fails before init:\n{text}"
+    );
     assert!(text.contains("fix:"), "failures carry their fix:\n{text}");
 
     p.init();

@@ -35,7 +35,9 @@ impl Services {
     pub fn from_env() -> Self {
         Self {
             pg_host: env_or("OUTBOXD_TEST_PG_HOST", "127.0.0.1"),
-            pg_port: env_or("OUTBOXD_TEST_PG_PORT", "55432").parse().expect("OUTBOXD_TEST_PG_PORT"),
+            pg_port: env_or("OUTBOXD_TEST_PG_PORT", "55432")
+                .parse()
+                .expect("OUTBOXD_TEST_PG_PORT"),
             pg_user: env_or("OUTBOXD_TEST_PG_USER", "outboxd"),
             pg_password: env_or("OUTBOXD_TEST_PG_PASSWORD", "outboxd"),
             pg_database: env_or("OUTBOXD_TEST_PG_DATABASE", "outboxd"),
@@ -62,7 +64,10 @@ where
         if let Some(value) = condition().await {
             return value;
         }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -122,7 +127,15 @@ message_timeout = "10s"
             kafka = services.kafka,
         );
         std::fs::write(&config_path, config).expect("write config");
-        let pipeline = Self { services, name, table, topic, partitions, config_path, dir };
+        let pipeline = Self {
+            services,
+            name,
+            table,
+            topic,
+            partitions,
+            config_path,
+            dir,
+        };
         pipeline.create_topic(&pipeline.topic, partitions).await;
         pipeline
     }
@@ -134,7 +147,10 @@ message_timeout = "10s"
             .expect("admin client");
         let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
         let results = admin
-            .create_topics([&new], &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))))
+            .create_topics(
+                [&new],
+                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+            )
             .await
             .expect("create topic");
         for result in results {
@@ -186,7 +202,10 @@ message_timeout = "10s"
             .stderr(log)
             .spawn()
             .expect("spawn outboxd run");
-        Daemon { child: Some(child), log: self.dir.join(log_name) }
+        Daemon {
+            child: Some(child),
+            log: self.dir.join(log_name),
+        }
     }
 
     /// Inserts one outbox row per (biz_key, seq) in the given client's current context.
@@ -218,7 +237,10 @@ message_timeout = "10s"
         let payload = format!(r#"{{"key":"{key}","seq":{seq}}}"#);
         let headers = format!(r#"{{"seq":"{seq}","trace":"t-{key}"}}"#);
         client
-            .execute(&sql, &[&message_id, &message_type, &key, &payload, &headers])
+            .execute(
+                &sql,
+                &[&message_id, &message_type, &key, &payload, &headers],
+            )
             .await
             .expect("insert outbox row");
     }
@@ -228,12 +250,17 @@ message_timeout = "10s"
         let client = self.sql().await;
         let rows = client
             .query(
-                &format!("SELECT status, count(*) FROM \"{}\" GROUP BY status", self.table),
+                &format!(
+                    "SELECT status, count(*) FROM \"{}\" GROUP BY status",
+                    self.table
+                ),
                 &[],
             )
             .await
             .expect("count statuses");
-        rows.iter().map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1))).collect()
+        rows.iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)))
+            .collect()
     }
 
     /// Drops what the test created on the server side.
@@ -257,7 +284,10 @@ message_timeout = "10s"
                 )
                 .await;
             let remaining = client
-                .query_one("SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", &[&slot])
+                .query_one(
+                    "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1",
+                    &[&slot],
+                )
                 .await
                 .map(|r| r.get::<_, i64>(0))
                 .unwrap_or(0);
@@ -266,8 +296,12 @@ message_timeout = "10s"
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let _ = client.batch_execute(&format!("DROP PUBLICATION IF EXISTS outboxd_{}", self.name)).await;
-        let _ = client.batch_execute(&format!("DROP TABLE IF EXISTS \"{}\"", self.table)).await;
+        let _ = client
+            .batch_execute(&format!("DROP PUBLICATION IF EXISTS outboxd_{}", self.name))
+            .await;
+        let _ = client
+            .batch_execute(&format!("DROP TABLE IF EXISTS \"{}\"", self.table))
+            .await;
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -290,7 +324,10 @@ impl Daemon {
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         let mut child = self.child.take().expect("daemon already stopped");
         let pid = child.id().to_string();
-        Command::new("kill").args(["-TERM", &pid]).status().expect("kill -TERM");
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill -TERM");
         child.wait().expect("wait for outboxd")
     }
 
@@ -333,7 +370,10 @@ pub fn consume_all(
 ) -> Vec<Record> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", kafka)
-        .set("group.id", format!("it-{topic}-{}", rand::thread_rng().gen::<u32>()))
+        .set(
+            "group.id",
+            format!("it-{topic}-{}", rand::thread_rng().gen::<u32>()),
+        )
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
         .create()
@@ -355,7 +395,9 @@ pub fn consume_all(
                 let mut headers = HashMap::new();
                 if let Some(h) = m.headers() {
                     for header in h.iter() {
-                        let value = header.value.map(|v| String::from_utf8_lossy(v).into_owned());
+                        let value = header
+                            .value
+                            .map(|v| String::from_utf8_lossy(v).into_owned());
                         headers.insert(header.key.to_owned(), value.unwrap_or_default());
                     }
                 }

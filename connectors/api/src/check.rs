@@ -28,11 +28,20 @@ pub struct CheckLine {
 impl CheckLine {
     /// A passing check.
     pub fn ok(item: impl Into<String>, detail: impl Into<String>) -> Self {
-        Self { item: item.into(), status: CheckStatus::Ok, detail: detail.into(), fix: None }
+        Self {
+            item: item.into(),
+            status: CheckStatus::Ok,
+            detail: detail.into(),
+            fix: None,
+        }
     }
 
     /// A check that needs attention but does not stop `run`.
-    pub fn warn(item: impl Into<String>, detail: impl Into<String>, fix: impl Into<String>) -> Self {
+    pub fn warn(
+        item: impl Into<String>,
+        detail: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Self {
         Self {
             item: item.into(),
             status: CheckStatus::Warn,
@@ -42,7 +51,11 @@ impl CheckLine {
     }
 
     /// A failing check, with its fix.
-    pub fn fail(item: impl Into<String>, detail: impl Into<String>, fix: impl Into<String>) -> Self {
+    pub fn fail(
+        item: impl Into<String>,
+        detail: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Self {
         Self {
             item: item.into(),
             status: CheckStatus::Fail,

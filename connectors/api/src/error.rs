@@ -29,12 +29,20 @@ pub struct ConnectorError {
 impl ConnectorError {
     /// A transient error: retry with backoff.
     pub fn transient(message: impl Into<String>) -> Self {
-        Self { kind: ErrorKind::Transient, message: message.into(), source: None }
+        Self {
+            kind: ErrorKind::Transient,
+            message: message.into(),
+            source: None,
+        }
     }
 
     /// A definite error: stop and tell the operator.
     pub fn definite(message: impl Into<String>) -> Self {
-        Self { kind: ErrorKind::Definite, message: message.into(), source: None }
+        Self {
+            kind: ErrorKind::Definite,
+            message: message.into(),
+            source: None,
+        }
     }
 
     /// Attaches the underlying cause (shown after the message).
@@ -71,6 +79,8 @@ impl fmt::Display for ConnectorError {
 
 impl StdError for ConnectorError {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.source.as_deref().map(|s| s as &(dyn StdError + 'static))
+        self.source
+            .as_deref()
+            .map(|s| s as &(dyn StdError + 'static))
     }
 }

@@ -89,7 +89,11 @@ impl FromStr for Position {
             let offset = parts.next().and_then(|o| o.parse().ok());
             if let (false, Some(offset)) = (file.is_empty(), offset) {
                 let gtid_set = parts.next().filter(|g| !g.is_empty()).map(str::to_owned);
-                return Ok(Position::Binlog(BinlogPosition { file: file.into(), offset, gtid_set }));
+                return Ok(Position::Binlog(BinlogPosition {
+                    file: file.into(),
+                    offset,
+                    gtid_set,
+                }));
             }
         }
         Err(ParsePositionError(format!(
@@ -118,7 +122,11 @@ mod tests {
 
     #[test]
     fn positions_round_trip_and_order() {
-        for text in ["lsn:0/16B3748", "binlog:mysql-bin.000042:1234", "binlog:b.000001:4:0-1-42"] {
+        for text in [
+            "lsn:0/16B3748",
+            "binlog:mysql-bin.000042:1234",
+            "binlog:b.000001:4:0-1-42",
+        ] {
             let pos: Position = text.parse().unwrap();
             assert_eq!(pos.to_string(), text);
         }

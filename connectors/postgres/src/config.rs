@@ -69,11 +69,15 @@ fn default_connect_timeout() -> Duration {
 impl PostgresConfig {
     /// The replication slot name for pipeline `pipeline`.
     pub fn slot_name(&self, pipeline: &str) -> String {
-        self.slot.clone().unwrap_or_else(|| format!("outboxd_{pipeline}"))
+        self.slot
+            .clone()
+            .unwrap_or_else(|| format!("outboxd_{pipeline}"))
     }
 
     /// The publication name for pipeline `pipeline`.
     pub fn publication_name(&self, pipeline: &str) -> String {
-        self.publication.clone().unwrap_or_else(|| format!("outboxd_{pipeline}"))
+        self.publication
+            .clone()
+            .unwrap_or_else(|| format!("outboxd_{pipeline}"))
     }
 }

@@ -22,7 +22,11 @@ impl PostgresConnector {
         pipeline: &str,
         layout: OutboxLayout,
     ) -> Result<Self, ConnectorError> {
-        let connector = Self { config, pipeline: pipeline.to_owned(), layout };
+        let connector = Self {
+            config,
+            pipeline: pipeline.to_owned(),
+            layout,
+        };
         for (what, name) in [
             ("replication slot", connector.slot()),
             ("publication", connector.publication()),
@@ -31,7 +35,9 @@ impl PostgresConnector {
             // publication to the same rule so both can be written without quoting.
             let valid = !name.is_empty()
                 && name.len() <= 63
-                && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
             if !valid {
                 return Err(ConnectorError::definite(format!(
                     "{what} name `{name}` is invalid: use 1 to 63 characters of a-z, 0-9 and _ \
@@ -107,8 +113,11 @@ impl PostgresConnector {
             pg.password(password);
         }
         let (client, connection) = pg.connect(tls_connector()?).await.map_err(|e| {
-            classify_pg_error(&e, &format!("connecting to PostgreSQL at {}", self.endpoint()))
-                .with_source(e)
+            classify_pg_error(
+                &e,
+                &format!("connecting to PostgreSQL at {}", self.endpoint()),
+            )
+            .with_source(e)
         })?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
@@ -120,7 +129,10 @@ impl PostgresConnector {
 
     /// `host:port/database`, for messages.
     pub(crate) fn endpoint(&self) -> String {
-        format!("{}:{}/{}", self.config.host, self.config.port, self.config.database)
+        format!(
+            "{}:{}/{}",
+            self.config.host, self.config.port, self.config.database
+        )
     }
 }
 
@@ -163,7 +175,11 @@ pub(crate) fn tls_connector() -> Result<MakeTlsConnector, ConnectorError> {
 /// privileges, bad data) is definite.
 pub(crate) fn classify_pg_error(e: &tokio_postgres::Error, context: &str) -> ConnectorError {
     let message = match e.as_db_error() {
-        Some(db) => format!("{context}: {} (SQLSTATE {})", db.message(), db.code().code()),
+        Some(db) => format!(
+            "{context}: {} (SQLSTATE {})",
+            db.message(),
+            db.code().code()
+        ),
         None => format!("{context}: {e}"),
     };
     let transient = match e.code() {
