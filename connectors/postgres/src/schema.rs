@@ -1,0 +1,208 @@
+//! The SQL of `schemas/postgres/*.sql`, rendered for the configured table names, and the
+//! quoting every other SQL statement of this crate uses for configured names.
+//!
+//! The files are written for `psql -v name=value -f file.sql`; `init` runs the same text:
+//! psql meta-command lines (starting with `\`) and whole-line comments are dropped and each
+//! `:"variable"` becomes the quoted identifier from the [`OutboxLayout`].
+
+use outboxd_connector::OutboxLayout;
+
+const OUTBOX_SQL: &str = include_str!("../../../schemas/postgres/outbox.sql");
+const INBOX_SQL: &str = include_str!("../../../schemas/postgres/inbox.sql");
+const CHECKPOINT_SQL: &str = include_str!("../../../schemas/postgres/checkpoint.sql");
+
+/// `name` as a quoted SQL identifier: `order"s` → `"order""s"`. Names are taken literally,
+/// so `Outbox` stays upper-case.
+pub(crate) fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// A configured table name, optionally schema-qualified (`app.outbox`), split in two.
+pub(crate) fn split_qualified(name: &str) -> (Option<&str>, &str) {
+    match name.split_once('.') {
+        Some((schema, table)) => (Some(schema), table),
+        None => (None, name),
+    }
+}
+
+/// A configured table name quoted for SQL: `app.outbox` → `"app"."outbox"`,
+/// `outbox` → `"outbox"`.
+pub(crate) fn qualified(name: &str) -> String {
+    match split_qualified(name) {
+        (Some(schema), table) => format!("{}.{}", quote_ident(schema), quote_ident(table)),
+        (None, table) => quote_ident(table),
+    }
+}
+
+/// The table's name without its schema, the stem of its index names.
+pub(crate) fn base_name(name: &str) -> &str {
+    split_qualified(name).1
+}
+
+/// The name of the outbox's retry index (`<table>_retry_due_idx`).
+pub(crate) fn outbox_retry_index(layout: &OutboxLayout) -> String {
+    format!("{}_retry_due_idx", base_name(&layout.outbox_table))
+}
+
+/// The name of the inbox's claim index (`<table>_claim_idx`).
+pub(crate) fn inbox_claim_index(layout: &OutboxLayout) -> String {
+    format!("{}_claim_idx", base_name(&layout.inbox_table))
+}
+
+/// One table's DDL, rendered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct TableDdl {
+    /// The configured (unquoted) table name.
+    pub(crate) table: String,
+    /// Index names created next to it (unqualified; indexes live in the table's schema).
+    pub(crate) indexes: Vec<String>,
+    /// The statements, ready for a simple-query `batch_execute`.
+    pub(crate) sql: String,
+}
+
+/// The DDL of the outbox, inbox and checkpoint tables for `layout`, in that order.
+pub(crate) fn render_all(layout: &OutboxLayout) -> Vec<TableDdl> {
+    let retry_index = outbox_retry_index(layout);
+    let claim_index = inbox_claim_index(layout);
+    let vars: [(&str, String); 5] = [
+        ("outbox_table", qualified(&layout.outbox_table)),
+        ("outbox_retry_index", quote_ident(&retry_index)),
+        ("inbox_table", qualified(&layout.inbox_table)),
+        ("inbox_claim_index", quote_ident(&claim_index)),
+        ("checkpoint_table", qualified(&layout.checkpoint_table)),
+    ];
+    vec![
+        TableDdl {
+            table: layout.outbox_table.clone(),
+            indexes: vec![retry_index],
+            sql: render(OUTBOX_SQL, &vars),
+        },
+        TableDdl {
+            table: layout.inbox_table.clone(),
+            indexes: vec![claim_index],
+            sql: render(INBOX_SQL, &vars),
+        },
+        TableDdl {
+            table: layout.checkpoint_table.clone(),
+            indexes: Vec::new(),
+            sql: render(CHECKPOINT_SQL, &vars),
+        },
+    ]
+}
+
+/// Renders a psql script: drops meta-command and whole-line comment lines, substitutes
+/// `:"var"` with the value from `vars`. Unknown variables are left as they are (the
+/// server then rejects the statement; the unit tests make sure none are left).
+fn render(script: &str, vars: &[(&str, String)]) -> String {
+    let mut out = String::with_capacity(script.len());
+    for line in script.lines() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with('\\') || trimmed.starts_with("--") {
+            continue;
+        }
+        let mut rest = line;
+        while let Some(at) = rest.find(":\"") {
+            out.push_str(&rest[..at]);
+            let after = &rest[at + 2..];
+            let replaced = after.find('"').and_then(|end| {
+                let name = &after[..end];
+                let value = vars.iter().find(|(var, _)| *var == name)?;
+                Some((value.1.as_str(), end))
+            });
+            match replaced {
+                Some((value, end)) => {
+                    out.push_str(value);
+                    rest = &after[end + 1..];
+                }
+                None => {
+                    out.push_str(":\"");
+                    rest = after;
+                }
+            }
+        }
+        out.push_str(rest);
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(outbox: &str, inbox: &str, checkpoint: &str) -> OutboxLayout {
+        OutboxLayout {
+            outbox_table: outbox.into(),
+            inbox_table: inbox.into(),
+            checkpoint_table: checkpoint.into(),
+            key_column: "biz_key".into(),
+        }
+    }
+
+    #[test]
+    fn quotes_identifiers_and_qualified_names() {
+        assert_eq!(quote_ident("outbox"), "\"outbox\"");
+        assert_eq!(quote_ident("Out\"box"), "\"Out\"\"box\"");
+        assert_eq!(qualified("outbox"), "\"outbox\"");
+        assert_eq!(qualified("app.outbox"), "\"app\".\"outbox\"");
+        assert_eq!(base_name("app.outbox"), "outbox");
+        assert_eq!(split_qualified("app.outbox"), (Some("app"), "outbox"));
+    }
+
+    #[test]
+    fn renders_default_layout() {
+        let ddl = render_all(&OutboxLayout::default());
+        assert_eq!(ddl.len(), 3);
+        let outbox = &ddl[0].sql;
+        assert!(
+            outbox.contains("CREATE TABLE IF NOT EXISTS \"outbox\" ("),
+            "{outbox}"
+        );
+        assert!(
+            outbox.contains("CREATE INDEX IF NOT EXISTS \"outbox_retry_due_idx\""),
+            "{outbox}"
+        );
+        assert!(
+            outbox.contains("ON \"outbox\" (next_retry_time, id)"),
+            "{outbox}"
+        );
+        assert_eq!(ddl[0].indexes, ["outbox_retry_due_idx"]);
+        assert!(ddl[1]
+            .sql
+            .contains("CREATE TABLE IF NOT EXISTS \"inbox\" ("));
+        assert!(ddl[1]
+            .sql
+            .contains("CREATE INDEX IF NOT EXISTS \"inbox_claim_idx\""));
+        assert!(ddl[2]
+            .sql
+            .contains("CREATE TABLE IF NOT EXISTS \"outboxd_checkpoint\" ("));
+    }
+
+    #[test]
+    fn renders_schema_qualified_layout_without_leftovers() {
+        let ddl = render_all(&layout("app.orders_outbox", "app.Inbox", "ops.ckpt"));
+        let outbox = &ddl[0].sql;
+        assert!(outbox.contains("CREATE TABLE IF NOT EXISTS \"app\".\"orders_outbox\" ("));
+        assert!(outbox.contains("\"orders_outbox_retry_due_idx\""));
+        assert!(outbox.contains("ON \"app\".\"orders_outbox\" (next_retry_time, id)"));
+        assert!(ddl[1].sql.contains("\"app\".\"Inbox\""));
+        assert!(ddl[1].sql.contains("\"Inbox_claim_idx\""));
+        assert!(ddl[2].sql.contains("\"ops\".\"ckpt\""));
+        for table in &ddl {
+            assert!(!table.sql.contains(":\""), "variable left in {}", table.sql);
+            assert!(!table.sql.lines().any(|l| l.trim_start().starts_with('\\')));
+            // The column definitions survive, inline comments included.
+            assert!(table.sql.contains("PRIMARY KEY"));
+        }
+        assert!(outbox.contains("WITH (fillfactor = 80)"));
+    }
+
+    #[test]
+    fn render_keeps_unknown_variables_and_plain_colons() {
+        let vars = [("t", "\"x\"".to_string())];
+        assert_eq!(
+            render("\\set t y\nSELECT 1::int FROM :\"t\", :\"u\";", &vars),
+            "SELECT 1::int FROM \"x\", :\"u\";\n"
+        );
+    }
+}

@@ -1,0 +1,345 @@
+//! `init` and `check` against a real server.
+
+mod support_store;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use outboxd_connector::{CheckLine, CheckReport, CheckStatus};
+use support_store::{unique, Fixture, PgEnv};
+
+fn line<'a>(report: &'a CheckReport, item: &str) -> &'a CheckLine {
+    report
+        .iter()
+        .find(|l| l.item == item)
+        .unwrap_or_else(|| panic!("no `{item}` line in\n{}", render(report)))
+}
+
+fn render(report: &CheckReport) -> String {
+    report
+        .iter()
+        .map(|l| l.to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn assert_fail(report: &CheckReport, item: &str, fix_contains: &str) {
+    let l = line(report, item);
+    assert_eq!(l.status, CheckStatus::Fail, "{}", render(report));
+    let fix = l.fix.as_deref().unwrap_or_default();
+    assert!(
+        fix.contains(fix_contains),
+        "fix of `{item}` lacks `{fix_contains}`: {fix}"
+    );
+}
+
+fn assert_no_fail(report: &CheckReport) {
+    assert!(
+        report.iter().all(|l| l.status != CheckStatus::Fail),
+        "{}",
+        render(report)
+    );
+}
+
+#[tokio::test]
+async fn init_creates_everything_and_is_idempotent() {
+    let fx = Fixture::new("ad_init").await;
+    let created = fx.connector.init().await.expect("init");
+    let text = created.join("\n");
+    let layout = fx.connector.layout();
+    for expected in [
+        format!("created schema {}", fx.schema),
+        format!("created table {}", layout.outbox_table),
+        format!("created table {}", layout.inbox_table),
+        format!("created table {}", layout.checkpoint_table),
+        format!("created publication {}", fx.connector.publication()),
+        format!("created replication slot {}", fx.connector.slot()),
+    ] {
+        assert!(
+            text.contains(&expected),
+            "`{expected}` missing from:\n{text}"
+        );
+    }
+
+    let again = fx.connector.init().await.expect("second init");
+    assert_eq!(again.len(), 5, "{again:?}");
+    assert!(
+        again.iter().all(|l| l.contains("nothing to do")),
+        "{again:?}"
+    );
+
+    let report = fx.connector.check().await;
+    assert_no_fail(&report);
+    for item in [
+        "connection",
+        "wal_level",
+        "role",
+        "outbox table",
+        "outbox payload",
+        "outbox indexes",
+        "publication",
+        "replication slot",
+        "slot lag",
+        "slot reader",
+        "checkpoint table",
+    ] {
+        assert_eq!(
+            line(&report, item).status,
+            CheckStatus::Ok,
+            "{}",
+            render(&report)
+        );
+    }
+
+    // The index the schema ships keeps the SUCCESS write-back HOT; one on status does not.
+    fx.client
+        .batch_execute(&format!(
+            "CREATE INDEX ON {} (id) WHERE status = 'INIT'",
+            fx.outbox()
+        ))
+        .await
+        .expect("bad index");
+    let report = fx.connector.check().await;
+    assert_eq!(
+        line(&report, "outbox indexes").status,
+        CheckStatus::Warn,
+        "{}",
+        render(&report)
+    );
+}
+
+#[tokio::test]
+async fn check_reports_each_missing_object_with_its_fix() {
+    let fx = Fixture::new("ad_miss").await;
+    let report = fx.connector.check().await;
+    assert_eq!(line(&report, "connection").status, CheckStatus::Ok);
+    assert_fail(&report, "outbox table", "outboxd init");
+    assert_fail(&report, "publication", "CREATE PUBLICATION");
+    assert_fail(
+        &report,
+        "replication slot",
+        "pg_create_logical_replication_slot",
+    );
+    assert_fail(&report, "checkpoint table", "outboxd init");
+
+    fx.connector.init().await.expect("init");
+    assert_no_fail(&fx.connector.check().await);
+
+    // Missing publication.
+    let publication = fx.connector.publication();
+    fx.client
+        .batch_execute(&format!("DROP PUBLICATION \"{publication}\""))
+        .await
+        .expect("drop");
+    let report = fx.connector.check().await;
+    assert_fail(&report, "publication", "CREATE PUBLICATION");
+    assert_eq!(line(&report, "replication slot").status, CheckStatus::Ok);
+
+    // A publication that also streams updates: check fails, init refuses and says how to fix.
+    fx.client
+        .batch_execute(&format!(
+            "CREATE PUBLICATION \"{publication}\" FOR TABLE {}",
+            fx.outbox()
+        ))
+        .await
+        .expect("publication for all operations");
+    let report = fx.connector.check().await;
+    assert_fail(&report, "publication", "publish = 'insert'");
+    let err = fx
+        .connector
+        .init()
+        .await
+        .expect_err("init must refuse the publication");
+    assert!(!err.is_transient());
+    assert!(err.to_string().contains("publish = 'insert'"), "{err}");
+    fx.client
+        .batch_execute(&format!(
+            "ALTER PUBLICATION \"{publication}\" SET (publish = 'insert')"
+        ))
+        .await
+        .expect("fix publication");
+    assert_no_fail(&fx.connector.check().await);
+
+    // Missing slot.
+    fx.client
+        .execute("SELECT pg_drop_replication_slot($1)", &[&fx.slot])
+        .await
+        .expect("drop slot");
+    let report = fx.connector.check().await;
+    assert_fail(&report, "replication slot", "outboxd init");
+    assert_eq!(line(&report, "publication").status, CheckStatus::Ok);
+
+    // Missing outbox table (and the slot is recreated by init meanwhile).
+    fx.connector.init().await.expect("init recreates the slot");
+    fx.client
+        .batch_execute(&format!("DROP TABLE {}", fx.outbox()))
+        .await
+        .expect("drop table");
+    let report = fx.connector.check().await;
+    assert_fail(&report, "outbox table", "outboxd init");
+}
+
+#[tokio::test]
+async fn check_reports_a_missing_column() {
+    let fx = Fixture::new("ad_col").await;
+    fx.connector.init().await.expect("init");
+    fx.client
+        .batch_execute(&format!(
+            "ALTER TABLE {} DROP COLUMN kafka_offset",
+            fx.outbox()
+        ))
+        .await
+        .expect("drop column");
+    let report = fx.connector.check().await;
+    assert_fail(&report, "outbox table", "ADD COLUMN");
+    assert!(line(&report, "outbox table")
+        .detail
+        .contains("kafka_offset"));
+}
+
+/// A throwaway PostgreSQL cluster in a temp dir owned by the `postgres` OS user (when the
+/// tests run as root), stopped and removed on drop, also after a panic.
+struct TempCluster {
+    bin: PathBuf,
+    dir: PathBuf,
+    port: u16,
+}
+
+impl TempCluster {
+    fn start(bin: &Path, settings: &[&str]) -> Self {
+        let dir = std::env::temp_dir().join(unique("outboxd_pg"));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let cluster = Self {
+            bin: bin.to_owned(),
+            dir,
+            port,
+        };
+        if is_root() {
+            run(Command::new("chown")
+                .arg("postgres:postgres")
+                .arg(&cluster.dir));
+        }
+        let data = cluster.dir.join("data");
+        run(cluster.command("initdb").arg("-D").arg(&data).args([
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "--no-sync",
+        ]));
+        let mut options = format!(
+            "-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c fsync=off",
+            cluster.dir.display()
+        );
+        for s in settings {
+            options.push_str(&format!(" -c {s}"));
+        }
+        run(cluster
+            .command("pg_ctl")
+            .arg("-D")
+            .arg(&data)
+            .arg("-l")
+            .arg(cluster.dir.join("log"))
+            .args(["-o", &options, "-w", "start"]));
+        cluster
+    }
+
+    /// `bin/<program>`, run as the postgres user when we are root (initdb refuses root).
+    fn command(&self, program: &str) -> Command {
+        let path = self.bin.join(program);
+        if is_root() {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(path);
+            c
+        } else {
+            Command::new(path)
+        }
+    }
+
+    fn env(&self) -> PgEnv {
+        PgEnv {
+            host: "127.0.0.1".into(),
+            port: self.port,
+            user: "postgres".into(),
+            password: String::new(),
+            database: "postgres".into(),
+        }
+    }
+}
+
+impl Drop for TempCluster {
+    fn drop(&mut self) {
+        let _ = self
+            .command("pg_ctl")
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .args(["-m", "immediate", "-w", "stop"])
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+fn run(command: &mut Command) {
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("{command:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{command:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Needs `OUTBOXD_PG_BIN` (e.g. /usr/lib/postgresql/15/bin); skipped without it.
+#[tokio::test]
+async fn wal_level_replica_is_reported_and_init_refuses() {
+    let Ok(bin) = std::env::var("OUTBOXD_PG_BIN") else {
+        eprintln!("skipped: set OUTBOXD_PG_BIN to a directory with initdb and pg_ctl");
+        return;
+    };
+    let cluster = TempCluster::start(Path::new(&bin), &["wal_level=replica"]);
+    let fx = Fixture::with_env(cluster.env(), "ad_wal").await;
+
+    let report = fx.connector.check().await;
+    assert_fail(&report, "wal_level", "wal_level = logical");
+    assert!(line(&report, "wal_level").detail.contains("replica"));
+
+    let err = fx
+        .connector
+        .init()
+        .await
+        .expect_err("init needs wal_level=logical");
+    assert!(!err.is_transient(), "{err}");
+    let message = err.to_string();
+    assert!(
+        message.contains("wal_level") && message.contains("restart PostgreSQL"),
+        "{message}"
+    );
+    // Nothing was created before the refusal.
+    let exists: bool = fx
+        .client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&fx.outbox()])
+        .await
+        .expect("lookup")
+        .get(0);
+    assert!(
+        !exists,
+        "init created tables although it could not create the slot"
+    );
+    drop(fx);
+    drop(cluster);
+}

@@ -1,0 +1,187 @@
+//! Shared by tests/store.rs and tests/admin.rs: a uniquely named set of tables, publication
+//! and slot on the test PostgreSQL (`OUTBOXD_TEST_PG_*`, see `scripts/services env`),
+//! removed again when the fixture is dropped, also after a panic.
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use outboxd_connector::OutboxLayout;
+use outboxd_postgres::{PostgresConfig, PostgresConnector, SslMode};
+use tokio_postgres::{Client, NoTls};
+
+/// Where the test server is.
+#[derive(Clone, Debug)]
+pub struct PgEnv {
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    pub password: String,
+    pub database: String,
+}
+
+impl PgEnv {
+    pub fn from_env() -> Self {
+        let var = |name: &str, default: &str| {
+            std::env::var(format!("OUTBOXD_TEST_PG_{name}")).unwrap_or_else(|_| default.into())
+        };
+        Self {
+            host: var("HOST", "127.0.0.1"),
+            port: var("PORT", "55432")
+                .parse()
+                .expect("OUTBOXD_TEST_PG_PORT is a port number"),
+            user: var("USER", "outboxd"),
+            password: var("PASSWORD", "outboxd"),
+            database: var("DATABASE", "outboxd"),
+        }
+    }
+
+    pub fn config(&self) -> PostgresConfig {
+        PostgresConfig {
+            host: self.host.clone(),
+            port: self.port,
+            user: self.user.clone(),
+            password: Some(self.password.clone()),
+            database: self.database.clone(),
+            sslmode: SslMode::Disable,
+            slot: None,
+            publication: None,
+            status_interval: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+
+    pub async fn client(&self) -> Client {
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host(&self.host)
+            .port(self.port)
+            .user(&self.user)
+            .password(&self.password)
+            .dbname(&self.database);
+        let (client, connection) = config.connect(NoTls).await.unwrap_or_else(|e| {
+            panic!(
+                "cannot connect to the test PostgreSQL at {}:{} ({e}); start it with \
+                 `scripts/services start postgres` and `eval \"$(scripts/services env)\"`",
+                self.host, self.port
+            )
+        });
+        tokio::spawn(connection);
+        client
+    }
+}
+
+/// A name no other test (or test run) uses: lower-case, digits and `_`.
+pub fn unique(prefix: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}_{}_{nanos:x}_{n}", std::process::id())
+}
+
+/// One test's schema (holding outbox, inbox and checkpoint tables), publication and slot.
+pub struct Fixture {
+    pub env: PgEnv,
+    pub schema: String,
+    pub slot: String,
+    pub connector: PostgresConnector,
+    pub client: Client,
+}
+
+impl Fixture {
+    pub async fn new(prefix: &str) -> Self {
+        Self::with_env(PgEnv::from_env(), prefix).await
+    }
+
+    pub async fn with_env(env: PgEnv, prefix: &str) -> Self {
+        let name = unique(prefix);
+        let schema = format!("t_{name}");
+        let layout = OutboxLayout {
+            outbox_table: format!("{schema}.outbox"),
+            inbox_table: format!("{schema}.inbox"),
+            checkpoint_table: format!("{schema}.outboxd_checkpoint"),
+            key_column: "biz_key".into(),
+        };
+        let mut config = env.config();
+        config.slot = Some(name.clone());
+        config.publication = Some(name.clone());
+        let connector = PostgresConnector::new(config, &name, layout).expect("valid names");
+        let client = env.client().await;
+        Self {
+            env,
+            schema,
+            slot: name,
+            connector,
+            client,
+        }
+    }
+
+    /// `"t_…"."outbox"`.
+    pub fn outbox(&self) -> String {
+        format!("\"{}\".outbox", self.schema)
+    }
+
+    pub fn checkpoint_table(&self) -> String {
+        format!("\"{}\".outboxd_checkpoint", self.schema)
+    }
+
+    /// Inserts `n` outbox rows and returns their ids.
+    pub async fn insert_rows(&self, n: i32, max_retry_count: i32) -> Vec<i64> {
+        let sql = format!(
+            "INSERT INTO {} (message_id, message_type, biz_key, payload, max_retry_count) \
+             SELECT 'm-' || gen_random_uuid(), 'order.created', 'k-' || gen_random_uuid(), \
+             jsonb_build_object('n', g), $2 FROM generate_series(1, $1) g RETURNING id",
+            self.outbox()
+        );
+        let rows = self
+            .client
+            .query(&sql, &[&n, &max_retry_count])
+            .await
+            .expect("insert rows");
+        let mut ids: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
+        ids.sort_unstable();
+        ids
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let (env, schema, slot) = (self.env.clone(), self.schema.clone(), self.slot.clone());
+        // Async cleanup from a sync Drop (also during a panic): a thread with its own runtime.
+        let cleanup = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async move {
+                let client = env.client().await;
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                loop {
+                    let dropped = client
+                        .execute(
+                            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                             WHERE slot_name = $1",
+                            &[&slot],
+                        )
+                        .await;
+                    // An active slot (a stream still closing) cannot be dropped yet.
+                    if dropped.is_ok() || std::time::Instant::now() > deadline {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                let _ = client
+                    .batch_execute(&format!("DROP PUBLICATION IF EXISTS \"{slot}\""))
+                    .await;
+                let _ = client
+                    .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+                    .await;
+            });
+        });
+        let _ = cleanup.join();
+    }
+}
