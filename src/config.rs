@@ -388,3 +388,16 @@ mod tests {
         assert!(err.contains("{nope}"), "{err}");
     }
 }
+
+#[cfg(test)]
+mod example_tests {
+    use super::*;
+
+    /// The documented example must stay a valid config.
+    #[test]
+    fn example_config_is_valid() {
+        let text = include_str!("../examples/outboxd.toml");
+        let config = Config::parse(text).unwrap();
+        config.validate().unwrap();
+    }
+}
