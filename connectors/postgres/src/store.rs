@@ -107,6 +107,14 @@ impl PgOutboxStore {
 
     async fn connect(&self) -> Result<Conn, ConnectorError> {
         let client = self.connector.sql_client().await?;
+        // The checkpoint (and, after it, the slot's confirmed position) may only move once
+        // the statuses are durable: with synchronous_commit = off a crash could lose a
+        // committed write-back. Stronger settings (remote_apply, …) are kept.
+        let durable = "DO $$ BEGIN IF current_setting('synchronous_commit') = 'off' THEN \
+                       PERFORM set_config('synchronous_commit', 'on', false); END IF; END $$";
+        client.batch_execute(durable).await.map_err(|e| {
+            classify_pg_error(&e, "setting synchronous_commit for the write-back").with_source(e)
+        })?;
         let success_types = [Type::INT8_ARRAY, Type::INT4_ARRAY, Type::INT8_ARRAY];
         let failed_types = [Type::INT8_ARRAY, Type::TEXT_ARRAY, Type::INT8_ARRAY];
         let checkpoint_types = [Type::TEXT, Type::TEXT];

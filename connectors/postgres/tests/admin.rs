@@ -70,6 +70,7 @@ async fn init_creates_everything_and_is_idempotent() {
     );
 
     let report = fx.connector.check().await;
+    eprintln!("{text}\n{}\n{}", again.join("\n"), render(&report));
     assert_no_fail(&report);
     for item in [
         "connection",
