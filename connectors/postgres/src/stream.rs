@@ -73,7 +73,8 @@ impl PgChangeStream {
         // 0/0: the server starts at the slot's confirmed_flush_lsn.
         let stream = conn
             .start_logical_replication(&slot, Lsn(0), &publication)
-            .await?;
+            .await
+            .map_err(|e| with_fix(e, &slot))?;
         tracing::info!(%slot, %publication, confirmed_flush = %confirmed_flush, "replication stream open");
 
         let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
@@ -201,6 +202,25 @@ async fn check_slot(connector: &PostgresConnector, slot: &str) -> Result<Lsn, Co
     Ok(confirmed)
 }
 
+/// Adds the operator's fix to server errors about a missing or unusable slot or
+/// publication (they can appear at START_REPLICATION or at the first change decoded).
+fn with_fix(e: ConnectorError, slot: &str) -> ConnectorError {
+    let m = e.message();
+    let fix = if m.contains("SQLSTATE 42704") {
+        // undefined_object: the slot or publication was dropped.
+        "run `outboxd init --config <file>` to create it (or `outboxd recover --config <file>` \
+         if the slot was dropped)"
+    } else if m.contains("SQLSTATE 55000") && m.contains("slot") {
+        // object_not_in_prerequisite_state: the slot was invalidated (WAL removed).
+        "the slot is no longer usable: run `outboxd recover --config <file>` to recreate it and \
+         rescan INIT/FAILED rows"
+    } else {
+        return e;
+    };
+    tracing::debug!(%slot, error = %e, "replication error needs the operator");
+    ConnectorError::definite(format!("{m}: {fix}"))
+}
+
 /// Standby status updates: what the core confirmed, when it is due.
 struct Reporter {
     confirmed: watch::Receiver<Lsn>,
@@ -291,7 +311,8 @@ impl Task {
             let status_at = self.reporter.deadline();
             tokio::select! {
                 message = self.stream.recv() => {
-                    if let Err(Closed) = self.handle(message?).await? {
+                    let message = message.map_err(|e| with_fix(e, &self.slot))?;
+                    if let Err(Closed) = self.handle(message).await? {
                         return Ok(Closed);
                     }
                 }
@@ -484,7 +505,14 @@ struct OpenTransaction {
 
 impl Decoder {
     fn new(outbox_table: &str, key_column: &str) -> Self {
-        let unquote = |s: &str| s.trim().trim_matches('"').to_owned();
+        // As SQL reads names: quoted ones keep their case, bare ones fold to lower case.
+        let unquote = |s: &str| {
+            let s = s.trim();
+            match s.strip_prefix('"').and_then(|s| s.strip_suffix('"')) {
+                Some(quoted) => quoted.replace("\"\"", "\""),
+                None => s.to_lowercase(),
+            }
+        };
         let (schema, table) = match outbox_table.split_once('.') {
             Some((schema, table)) => (unquote(schema), unquote(table)),
             None => ("public".to_owned(), unquote(outbox_table)),
@@ -828,6 +856,16 @@ mod tests {
         );
         assert!(parse_headers("[1]").is_none());
         assert!(parse_headers("{").is_none());
+    }
+
+    #[test]
+    fn outbox_names_fold_like_sql() {
+        let d = Decoder::new("Outbox", "biz_key");
+        assert_eq!((d.schema.as_str(), d.table.as_str()), ("public", "outbox"));
+        let d = Decoder::new("\"App\".\"Out\"\"box\"", "biz_key");
+        assert_eq!((d.schema.as_str(), d.table.as_str()), ("App", "Out\"box"));
+        let d = Decoder::new("app.outbox", "biz_key");
+        assert_eq!((d.schema.as_str(), d.table.as_str()), ("app", "outbox"));
     }
 
     #[test]

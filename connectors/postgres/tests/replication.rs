@@ -440,6 +440,37 @@ async fn missing_slot_is_definite_and_busy_slot_is_transient() {
     f.cleanup(Some(stream)).await;
 }
 
+#[tokio::test]
+async fn dropped_publication_is_definite_and_names_the_fix() {
+    let f = Fixture::new("nopub").await;
+    f.sql
+        .batch_execute(&format!("DROP PUBLICATION {}", f.slot))
+        .await
+        .unwrap();
+    let mut stream = f.connector.open_stream().await.unwrap();
+    f.insert("np-1", "k").await;
+    let err = loop {
+        match timeout(DEADLINE, stream.next())
+            .await
+            .expect("no error in time")
+        {
+            Ok(ChangeItem::Progress(_)) => {}
+            Ok(other) => panic!("unexpected {other:?}"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.kind(), ErrorKind::Definite, "{err}");
+    assert!(err.message().contains("outboxd init"), "{err}");
+    f.sql
+        .batch_execute(&format!(
+            "CREATE PUBLICATION {} FOR TABLE {}",
+            f.slot, f.outbox
+        ))
+        .await
+        .unwrap();
+    f.cleanup(Some(stream)).await;
+}
+
 async fn identify(cfg: PostgresConfig) -> bool {
     let mut conn = ReplicationConnection::connect(&cfg).await.unwrap();
     let tls = conn.is_tls();
