@@ -401,6 +401,38 @@ async fn idle_outbox_reports_progress_and_confirming_it_moves_the_slot() {
 }
 
 #[tokio::test]
+async fn a_backlog_larger_than_the_channel_arrives_in_commit_order() {
+    let f = Fixture::new("backlog").await;
+    let n = 3000;
+    f.sql
+        .batch_execute(&format!(
+            "DO $$ BEGIN FOR i IN 1..{n} LOOP
+               INSERT INTO {t} (message_id, message_type, biz_key, payload)
+                 VALUES ('bk-' || i, 'bk', 'k' || i, '{{}}');
+               COMMIT;
+             END LOOP; END $$",
+            t = f.outbox
+        ))
+        .await
+        .unwrap();
+    let mut stream = f.connector.open_stream().await.unwrap();
+    let mut last = Position::Lsn(Lsn(0));
+    for i in 1..=n {
+        let txn = next_transaction(&mut stream).await;
+        assert_eq!(txn.events.len(), 1);
+        assert_eq!(txn.events[0].message_id, format!("bk-{i}"));
+        assert!(txn.commit_position > last);
+        last = txn.commit_position;
+        if i % 1000 == 0 {
+            stream.confirm(&last).await.unwrap();
+        }
+    }
+    let Position::Lsn(lsn) = last else { panic!() };
+    f.wait_confirmed_at_least(lsn).await;
+    f.cleanup(Some(stream)).await;
+}
+
+#[tokio::test]
 async fn bytea_payload_is_published_as_raw_bytes() {
     let f = Fixture::with_payload("bytea", "bytea").await;
     let mut stream = f.connector.open_stream().await.unwrap();
