@@ -940,7 +940,7 @@ async fn execute(client: &Client, sql: &str, context: &str) -> Result<(), Connec
     client
         .batch_execute(sql)
         .await
-        .map_err(|e| classify_pg_error(&e, context).with_source(e))
+        .map_err(|e| classify_pg_error(&e, context))
 }
 
 async fn query(
@@ -952,7 +952,7 @@ async fn query(
     client
         .query(sql, params)
         .await
-        .map_err(|e| classify_pg_error(&e, context).with_source(e))
+        .map_err(|e| classify_pg_error(&e, context))
 }
 
 async fn query_opt(
@@ -964,7 +964,7 @@ async fn query_opt(
     client
         .query_opt(sql, params)
         .await
-        .map_err(|e| classify_pg_error(&e, context).with_source(e))
+        .map_err(|e| classify_pg_error(&e, context))
 }
 
 async fn query_one(
@@ -976,7 +976,7 @@ async fn query_one(
     client
         .query_one(sql, params)
         .await
-        .map_err(|e| classify_pg_error(&e, context).with_source(e))
+        .map_err(|e| classify_pg_error(&e, context))
 }
 
 fn get<'a, T: tokio_postgres::types::FromSql<'a>>(

@@ -117,7 +117,6 @@ impl PostgresConnector {
                 &e,
                 &format!("connecting to PostgreSQL at {}", self.endpoint()),
             )
-            .with_source(e)
         })?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
@@ -175,12 +174,29 @@ pub(crate) fn tls_connector() -> Result<MakeTlsConnector, ConnectorError> {
 /// privileges, bad data) is definite.
 pub(crate) fn classify_pg_error(e: &tokio_postgres::Error, context: &str) -> ConnectorError {
     let message = match e.as_db_error() {
-        Some(db) => format!(
-            "{context}: {} (SQLSTATE {})",
-            db.message(),
-            db.code().code()
-        ),
-        None => format!("{context}: {e}"),
+        Some(db) => {
+            let mut m = format!(
+                "{context}: {} (SQLSTATE {})",
+                db.message(),
+                db.code().code()
+            );
+            if let Some(detail) = db.detail() {
+                m.push_str(&format!("; detail: {detail}"));
+            }
+            if let Some(hint) = db.hint() {
+                m.push_str(&format!("; hint: {hint}"));
+            }
+            m
+        }
+        // tokio-postgres nests its errors; the root cause is the informative part
+        // ("Connection refused", "password authentication failed", ...).
+        None => {
+            let mut root: &dyn std::error::Error = e;
+            while let Some(next) = root.source() {
+                root = next;
+            }
+            format!("{context}: {root}")
+        }
     };
     let transient = match e.code() {
         // 08: connection exception, 40: transaction rollback (serialization, deadlock),

@@ -113,7 +113,7 @@ impl PgOutboxStore {
         let durable = "DO $$ BEGIN IF current_setting('synchronous_commit') = 'off' THEN \
                        PERFORM set_config('synchronous_commit', 'on', false); END IF; END $$";
         client.batch_execute(durable).await.map_err(|e| {
-            classify_pg_error(&e, "setting synchronous_commit for the write-back").with_source(e)
+            classify_pg_error(&e, "setting synchronous_commit for the write-back")
         })?;
         let success_types = [Type::INT8_ARRAY, Type::INT4_ARRAY, Type::INT8_ARRAY];
         let failed_types = [Type::INT8_ARRAY, Type::TEXT_ARRAY, Type::INT8_ARRAY];
@@ -168,7 +168,7 @@ impl PgOutboxStore {
                 self.connector.layout.checkpoint_table,
                 self.connector.endpoint()
             );
-            classify_pg_error(&e, &context).with_source(e)
+            classify_pg_error(&e, &context)
         })
     }
 
@@ -245,7 +245,7 @@ impl OutboxStore for PgOutboxStore {
                 self.connector.layout.outbox_table,
                 self.connector.endpoint()
             );
-            classify_pg_error(&e, &context).with_source(e)
+            classify_pg_error(&e, &context)
         })
     }
 
@@ -259,7 +259,7 @@ impl OutboxStore for PgOutboxStore {
             .await
             .map_err(|e| {
                 let context = format!("reading the checkpoint from {table}");
-                classify_pg_error(&e, &context).with_source(e)
+                classify_pg_error(&e, &context)
             })?;
         let Some(row) = row else { return Ok(None) };
         let text: String = row.try_get(0).map_err(|e| {

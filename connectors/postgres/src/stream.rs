@@ -155,7 +155,7 @@ async fn check_slot(connector: &PostgresConnector, slot: &str) -> Result<Lsn, Co
             &[&slot],
         )
         .await
-        .map_err(|e| crate::connect::classify_pg_error(&e, &context).with_source(e))?;
+        .map_err(|e| crate::connect::classify_pg_error(&e, &context))?;
     let Some(row) = row else {
         return Err(ConnectorError::definite(format!(
             "replication slot `{slot}` does not exist: run `outboxd init --config <file>` (or \
