@@ -1,6 +1,6 @@
 use std::future::Future;
 
-use crate::{ChangeStream, CheckReport, ConnectorError, OutboxStore};
+use crate::{ChangeStream, CheckReport, ConnectorError, OutboxAdmin, OutboxStore};
 
 /// One database engine's side of a pipeline, built from its configuration.
 ///
@@ -10,8 +10,8 @@ use crate::{ChangeStream, CheckReport, ConnectorError, OutboxStore};
 pub trait Connector: Send + Sync {
     /// The log tail.
     type Stream: ChangeStream;
-    /// The SQL side.
-    type Store: OutboxStore;
+    /// The SQL side: the pipeline's write-back and claims, and the operator's actions.
+    type Store: OutboxStore + OutboxAdmin;
 
     /// Creates what is missing (tables, publication or equivalent, slot) and returns one
     /// line per object saying whether it was created or already there. Idempotent.
@@ -27,6 +27,12 @@ pub trait Connector: Send + Sync {
 
     /// Opens the SQL side.
     fn open_store(&self) -> impl Future<Output = Result<Self::Store, ConnectorError>> + Send;
+
+    /// `outboxd recover`: starts the log afresh at the server's current position
+    /// (PostgreSQL: drops and recreates the slot; MySQL: records the current binlog
+    /// position as the checkpoint). The caller then publishes every INIT row, so nothing
+    /// written while the log position was lost is skipped. Returns what it did.
+    fn reset_log_position(&self) -> impl Future<Output = Result<String, ConnectorError>> + Send;
 
     /// A short description for logs, e.g. `postgres 127.0.0.1:5432/app slot outboxd_orders`.
     fn describe(&self) -> String;

@@ -12,7 +12,9 @@
 //! The core never names an engine and a connector never names Kafka: everything that
 //! crosses this boundary is defined here.
 
+mod admin;
 mod check;
+mod claim;
 mod connector;
 mod error;
 mod event;
@@ -20,7 +22,12 @@ mod position;
 mod store;
 mod stream;
 
+pub use admin::{JanitorAction, OutboxAdmin, RetrySelector, StatusCount, StatusSummary};
 pub use check::{CheckLine, CheckReport, CheckStatus};
+pub use claim::{
+    ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack, ParkedEvent, ReapPolicy,
+    ReapReport, RetrySchedule,
+};
 pub use connector::Connector;
 pub use error::{ConnectorError, ErrorKind};
 pub use event::{OutboxEvent, OutboxLayout};

@@ -1,7 +1,12 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::{ConnectorError, Position};
+use std::collections::HashSet;
+
+use crate::{
+    ClaimRequest, ClaimedEvent, ClaimedWriteBack, ConnectorError, ParkedEvent, Position,
+    ReapPolicy, ReapReport, RetrySchedule,
+};
 
 /// A row whose record Kafka acknowledged.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,6 +38,9 @@ pub struct WriteBack<'a> {
     /// Rows to mark FAILED (or MANUAL_REQUIRED when `retry_count + 1` reaches
     /// `max_retry_count`), with `last_error` and `next_retry_time`.
     pub failed: &'a [DeliveryFailure],
+    /// Rows parked by strict ordering → FAILED, due now, `retry_count` unchanged,
+    /// `last_error` = the reason; only rows still INIT.
+    pub parked: &'a [ParkedEvent],
     /// The position up to which every event is now delivered or failed and written back.
     pub checkpoint: Option<&'a Position>,
 }
@@ -55,4 +63,38 @@ pub trait OutboxStore: Send + Sync {
     fn load_checkpoint(
         &self,
     ) -> impl Future<Output = Result<Option<Position>, ConnectorError>> + Send;
+
+    /// Claims rows in one short transaction (`… ORDER BY id LIMIT n FOR UPDATE SKIP
+    /// LOCKED`, then PROCESSING with `claimed_at = now()` and a fresh token). Rows locked
+    /// by another worker are skipped, so two workers never claim the same row at once.
+    fn claim(
+        &self,
+        request: ClaimRequest,
+    ) -> impl Future<Output = Result<Vec<ClaimedEvent>, ConnectorError>> + Send;
+
+    /// Writes back claimed rows in one transaction, each only while its claim token still
+    /// matches. Returns how many rows were updated (the others lost their claim).
+    fn complete_claimed(
+        &self,
+        batch: ClaimedWriteBack<'_>,
+    ) -> impl Future<Output = Result<u64, ConnectorError>> + Send;
+
+    /// Returns PROCESSING rows claimed longer ago than `policy.claim_timeout` to FAILED
+    /// (retry_count + 1, next_retry_time = now + retry_delay, claim cleared, last_error
+    /// says why) or to MANUAL_REQUIRED at max_retry_count.
+    fn reap(
+        &self,
+        policy: ReapPolicy,
+    ) -> impl Future<Output = Result<ReapReport, ConnectorError>> + Send;
+
+    /// When the retry worker and the reaper next have work, read from the rows (served by
+    /// the `next_retry_time` index, cheap however large the table).
+    fn retry_schedule(&self) -> impl Future<Output = Result<RetrySchedule, ConnectorError>> + Send;
+
+    /// Of `keys` (all keys when `None`), those with a row in FAILED, PROCESSING or
+    /// MANUAL_REQUIRED: the keys strict ordering holds back.
+    fn blocked_keys(
+        &self,
+        keys: Option<&[String]>,
+    ) -> impl Future<Output = Result<HashSet<String>, ConnectorError>> + Send;
 }
