@@ -1,0 +1,621 @@
+//! `outboxd init` and `outboxd check` for MySQL and MariaDB.
+//!
+//! `init` creates the tables that are missing (and missing retry/claim indexes of existing
+//! ones) and, when the pipeline has no checkpoint yet, records the server's current binlog
+//! position as its checkpoint, so the first `run` starts there. It never alters a column or
+//! moves an existing checkpoint.
+//!
+//! `check` says, one line per prerequisite, whether `run` will work and what to do if not.
+
+use mysql_async::prelude::Queryable;
+use mysql_async::Conn;
+use outboxd_connector::{CheckLine, CheckReport, ConnectorError, Position};
+
+use crate::connect::{execute, int, query, query_first, text_or_empty};
+use crate::schema::{self, qualified, quote_ident, split_qualified, sql_string, table_ident};
+use crate::server::{self, ServerInfo};
+use crate::store::{checkpoint_sql, load_checkpoint};
+use crate::stream::lock_holder;
+use crate::MysqlConnector;
+
+/// Columns the stream reads and the write-back writes; the key column is added to these.
+const REQUIRED_COLUMNS: &[&str] = &[
+    "id",
+    "message_id",
+    "message_type",
+    "biz_key",
+    "payload",
+    "status",
+    "retry_count",
+    "max_retry_count",
+    "next_retry_time",
+    "last_error",
+    "created_at",
+    "updated_at",
+    "sent_at",
+    "kafka_partition",
+    "kafka_offset",
+];
+
+const PAYLOAD_TYPES: &[&str] = &[
+    "json",
+    "longtext",
+    "mediumtext",
+    "text",
+    "longblob",
+    "mediumblob",
+    "blob",
+    "varchar",
+    "varbinary",
+];
+
+const BINLOG_FIX: &str = "in the server's configuration ([mysqld] / [mariadbd]) set log_bin, \
+    binlog_format = ROW, binlog_row_image = FULL and a server_id, then restart the server";
+
+/// `outboxd init`: see the module documentation.
+pub(crate) async fn init(c: &MysqlConnector) -> Result<Vec<String>, ConnectorError> {
+    let mut conn = c.sql_conn().await?;
+    let server = server::info(&mut conn).await?;
+    // Refuse before changing anything when there is no binlog to start from.
+    let log_bin = server::variable(&mut conn, "log_bin")
+        .await?
+        .unwrap_or_default();
+    if !is_on(&log_bin) {
+        return Err(ConnectorError::definite(format!(
+            "the binary log is off on {} (log_bin = {log_bin}); {BINLOG_FIX}",
+            c.endpoint()
+        )));
+    }
+    let layout = c.layout();
+    let mut report = Vec::new();
+
+    // Databases of qualified tables.
+    let mut databases: Vec<String> = Vec::new();
+    for table in [
+        &layout.outbox_table,
+        &layout.inbox_table,
+        &layout.checkpoint_table,
+    ] {
+        if let (Some(db), _) = split_qualified(table) {
+            if !databases.contains(&db) {
+                databases.push(db);
+            }
+        }
+    }
+    for db in databases {
+        let sql = format!(
+            "SELECT 1 FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = {}",
+            sql_string(&db)
+        );
+        if query_first(&mut conn, &sql, "looking up databases")
+            .await?
+            .is_none()
+        {
+            let sql = format!(
+                "CREATE DATABASE IF NOT EXISTS {} CHARACTER SET utf8mb4",
+                quote_ident(&db)
+            );
+            execute(&mut conn, &sql, &format!("creating database {db}")).await?;
+            report.push(format!("created database {db}"));
+        }
+    }
+
+    let outbox_existed = table_exists(&mut conn, c, &layout.outbox_table).await?;
+    for ddl in schema::render_all(layout) {
+        if !table_exists(&mut conn, c, &ddl.table).await? {
+            execute(
+                &mut conn,
+                &ddl.sql,
+                &format!("creating table {}", ddl.table),
+            )
+            .await?;
+            report.push(format!("created table {}", ddl.table));
+            continue;
+        }
+        let mut created = false;
+        for (index, columns) in &ddl.indexes {
+            if !index_exists(&mut conn, c, &ddl.table, index).await? {
+                let sql = format!(
+                    "ALTER TABLE {} ADD INDEX {} ({columns})",
+                    qualified(&ddl.table),
+                    quote_ident(index)
+                );
+                execute(&mut conn, &sql, &format!("creating index {index}")).await?;
+                report.push(format!(
+                    "created index {index} on existing table {}",
+                    ddl.table
+                ));
+                created = true;
+            }
+        }
+        if !created {
+            report.push(format!("table {}: exists, nothing to do", ddl.table));
+        }
+    }
+
+    // The starting checkpoint.
+    let pipeline = c.pipeline();
+    match load_checkpoint(&mut conn, c).await? {
+        Some(position) => report.push(format!(
+            "checkpoint of pipeline {pipeline}: exists at {position}, nothing to do"
+        )),
+        None => {
+            let position = Position::Binlog(server::current_position(&mut conn, &server).await?);
+            let sql = checkpoint_sql(&qualified(&layout.checkpoint_table), pipeline, &position);
+            execute(&mut conn, &sql, "recording the starting checkpoint").await?;
+            report.push(format!(
+                "recorded checkpoint {position} for pipeline {pipeline}: the first run starts there"
+            ));
+            if outbox_existed {
+                let sql = format!(
+                    "SELECT COUNT(*) FROM {} WHERE status = 'INIT'",
+                    qualified(&layout.outbox_table)
+                );
+                let row = query_first(&mut conn, &sql, "counting INIT rows").await?;
+                let count = row.map(|r| int(&r, 0)).transpose()?.flatten().unwrap_or(0);
+                if count > 0 {
+                    report.push(format!(
+                        "note: {count} rows of {} are in INIT from before the checkpoint; run \
+                         `outboxd recover` to publish them",
+                        layout.outbox_table
+                    ));
+                }
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// `outboxd recover`: records the server's current binlog position as the checkpoint,
+/// whatever the row said (the caller then publishes every INIT row).
+pub(crate) async fn reset_log_position(c: &MysqlConnector) -> Result<String, ConnectorError> {
+    let mut conn = c.sql_conn().await?;
+    let server = server::info(&mut conn).await?;
+    let position = Position::Binlog(server::current_position(&mut conn, &server).await?);
+    let table = qualified(&c.layout().checkpoint_table);
+    let sql = format!(
+        "INSERT INTO {table} (pipeline, position, updated_at) VALUES ({pipeline}, {value}, NOW(6)) \
+         ON DUPLICATE KEY UPDATE position = {value}, updated_at = NOW(6)",
+        pipeline = sql_string(c.pipeline()),
+        value = sql_string(&position.to_string()),
+    );
+    execute(&mut conn, &sql, "resetting the checkpoint").await?;
+    Ok(format!(
+        "checkpoint of pipeline {} reset to the server's current position {position}",
+        c.pipeline()
+    ))
+}
+
+/// `outboxd check`: see the module documentation. Stops after the connection line when the
+/// server cannot be reached.
+pub(crate) async fn check(c: &MysqlConnector) -> CheckReport {
+    let mut report = Vec::new();
+    let mut conn = match c.sql_conn().await {
+        Ok(conn) => conn,
+        Err(e) => {
+            report.push(CheckLine::fail(
+                "connection",
+                e.to_string(),
+                "check host, port, user, password, database and sslmode in [source], and that \
+                 the user may connect from this host",
+            ));
+            return report;
+        }
+    };
+    let server = match server::info(&mut conn).await {
+        Ok(server) => server,
+        Err(e) => {
+            report.push(failed_query("connection", &e));
+            return report;
+        }
+    };
+    let flavor = if server.mariadb { "MariaDB" } else { "MySQL" };
+    report.push(CheckLine::ok(
+        "connection",
+        format!("{flavor} {} at {}", server.version, c.endpoint()),
+    ));
+
+    push(
+        &mut report,
+        "log_bin",
+        check_setting(&mut conn, "log_bin", &["ON", "1"], BINLOG_FIX).await,
+    );
+    push(
+        &mut report,
+        "binlog_format",
+        check_setting(
+            &mut conn,
+            "binlog_format",
+            &["ROW"],
+            "SET GLOBAL binlog_format = 'ROW' and set binlog_format = ROW in the server's \
+             configuration (sessions that started before keep their format until they reconnect)",
+        )
+        .await,
+    );
+    push(
+        &mut report,
+        "binlog_row_image",
+        check_setting(
+            &mut conn,
+            "binlog_row_image",
+            &["FULL"],
+            "SET GLOBAL binlog_row_image = 'FULL' and set it in the server's configuration",
+        )
+        .await,
+    );
+    push(
+        &mut report,
+        "binlog_row_metadata",
+        check_row_metadata(&mut conn).await,
+    );
+    push(&mut report, "gtid", check_gtid(&mut conn, &server).await);
+    push(
+        &mut report,
+        "server_id",
+        check_server_id(&mut conn, c, &server).await,
+    );
+    push(
+        &mut report,
+        "grants",
+        check_grants(&mut conn, &server).await,
+    );
+    match check_outbox(&mut conn, c).await {
+        Ok(lines) => report.extend(lines),
+        Err(e) => report.push(failed_query("outbox table", &e)),
+    }
+    match check_checkpoint(&mut conn, c, &server).await {
+        Ok(lines) => report.extend(lines),
+        Err(e) => report.push(failed_query("checkpoint", &e)),
+    }
+    push(&mut report, "pipeline lock", check_lock(&mut conn, c).await);
+    report
+}
+
+fn push(report: &mut CheckReport, item: &str, line: Result<CheckLine, ConnectorError>) {
+    report.push(line.unwrap_or_else(|e| failed_query(item, &e)));
+}
+
+fn failed_query(item: &str, e: &ConnectorError) -> CheckLine {
+    CheckLine::fail(item, format!("could not check: {e}"), "see the error above")
+}
+
+fn is_on(value: &str) -> bool {
+    value.eq_ignore_ascii_case("ON") || value == "1"
+}
+
+async fn check_setting(
+    conn: &mut Conn,
+    name: &str,
+    good: &[&str],
+    fix: &str,
+) -> Result<CheckLine, ConnectorError> {
+    let value = server::variable(conn, name).await?;
+    Ok(match value {
+        Some(v) if good.iter().any(|g| v.eq_ignore_ascii_case(g)) => CheckLine::ok(name, v),
+        Some(v) => CheckLine::fail(
+            name,
+            format!("{v} (outboxd needs {})", good[0]),
+            fix.to_owned(),
+        ),
+        None => CheckLine::fail(name, "not set on this server", fix.to_owned()),
+    })
+}
+
+async fn check_row_metadata(conn: &mut Conn) -> Result<CheckLine, ConnectorError> {
+    Ok(match server::variable(conn, "binlog_row_metadata").await? {
+        Some(v) if v.eq_ignore_ascii_case("FULL") => CheckLine::ok(
+            "binlog_row_metadata",
+            "FULL: the binlog names the outbox columns",
+        ),
+        Some(v) => CheckLine::warn(
+            "binlog_row_metadata",
+            format!(
+                "{v}: column names come from information_schema, which is exact unless the \
+                 outbox's columns are dropped or reordered while outboxd is behind"
+            ),
+            "SET GLOBAL binlog_row_metadata = 'FULL' (and in the server's configuration)",
+        ),
+        None => CheckLine::ok(
+            "binlog_row_metadata",
+            "not supported by this server; column names come from information_schema",
+        ),
+    })
+}
+
+async fn check_gtid(conn: &mut Conn, server: &ServerInfo) -> Result<CheckLine, ConnectorError> {
+    if server.mariadb {
+        let pos = server::variable(conn, "gtid_binlog_pos")
+            .await?
+            .unwrap_or_default();
+        return Ok(CheckLine::ok(
+            "gtid",
+            format!("MariaDB GTIDs, gtid_binlog_pos {pos:?}; checkpoints carry them"),
+        ));
+    }
+    Ok(match server::variable(conn, "gtid_mode").await? {
+        Some(mode) if mode.to_ascii_uppercase().starts_with("ON") => CheckLine::ok(
+            "gtid",
+            format!("gtid_mode {mode}; checkpoints carry the executed GTID set"),
+        ),
+        Some(mode) => CheckLine::ok(
+            "gtid",
+            format!("gtid_mode {mode}; checkpoints use binlog file and position only"),
+        ),
+        None => CheckLine::ok("gtid", "no GTIDs; checkpoints use file and position only"),
+    })
+}
+
+async fn check_server_id(
+    conn: &mut Conn,
+    c: &MysqlConnector,
+    server: &ServerInfo,
+) -> Result<CheckLine, ConnectorError> {
+    let ours = c.config().server_id;
+    let own = server::variable(conn, "server_id")
+        .await?
+        .unwrap_or_default();
+    if own == ours.to_string() {
+        return Ok(CheckLine::fail(
+            "server_id",
+            format!("source.server_id {ours} is the server's own server_id"),
+            "set source.server_id to a number no server or replica in this topology uses",
+        ));
+    }
+    let listing = if server.mariadb {
+        "SHOW SLAVE HOSTS"
+    } else {
+        "SHOW REPLICAS"
+    };
+    let rows = match conn.query::<mysql_async::Row, _>(listing).await {
+        Ok(rows) => rows,
+        Err(mysql_async::Error::Server(e)) if e.code == 1064 && !server.mariadb => {
+            query(conn, "SHOW SLAVE HOSTS", "listing replicas").await?
+        }
+        Err(mysql_async::Error::Server(e)) => {
+            return Ok(CheckLine::warn(
+                "server_id",
+                format!(
+                    "{ours}; could not list the server's replicas: {}",
+                    e.message
+                ),
+                "grant REPLICATION MASTER ADMIN (MariaDB) / REPLICATION SLAVE to check for a \
+                 clash, or make sure no replica uses this server_id",
+            ))
+        }
+        Err(e) => return Err(crate::connect::classify(&e, "listing replicas")),
+    };
+    let mut clash = None;
+    for row in &rows {
+        if int(row, 0)? == Some(i64::from(ours)) {
+            clash = Some(text_or_empty(row, 1)?);
+        }
+    }
+    Ok(match clash {
+        None => CheckLine::ok(
+            "server_id",
+            format!(
+                "{ours}, not used by the {} registered replica(s)",
+                rows.len()
+            ),
+        ),
+        Some(host) => {
+            let locked = lock_holder(conn, c).await?.is_some();
+            if locked {
+                CheckLine::ok(
+                    "server_id",
+                    format!("{ours} is registered (by the outboxd running this pipeline)"),
+                )
+            } else {
+                CheckLine::fail(
+                    "server_id",
+                    format!("{ours} is already used by a replica registered from `{host}`"),
+                    "set source.server_id to a number no server or replica uses: the server \
+                     disconnects one of two replicas with the same id",
+                )
+            }
+        }
+    })
+}
+
+async fn check_grants(conn: &mut Conn, server: &ServerInfo) -> Result<CheckLine, ConnectorError> {
+    let rows = query(conn, "SHOW GRANTS", "reading the user's grants").await?;
+    let mut grants = String::new();
+    for row in &rows {
+        grants.push_str(&text_or_empty(row, 0)?.to_ascii_uppercase());
+        grants.push('\n');
+    }
+    let global = |privilege: &str| {
+        grants.lines().any(|l| {
+            l.contains(" ON *.* ")
+                && (l.contains(privilege) || l.starts_with("GRANT ALL PRIVILEGES ON *.*"))
+        })
+    };
+    let slave = global("REPLICATION SLAVE") || global("REPLICATION REPLICA");
+    // MariaDB 10.5+ renamed REPLICATION CLIENT to BINLOG MONITOR; SUPER covers both.
+    let client = global("REPLICATION CLIENT") || global("BINLOG MONITOR") || global("SUPER");
+    let mut missing = Vec::new();
+    if !slave {
+        missing.push("REPLICATION SLAVE");
+    }
+    if !client {
+        missing.push(if server.mariadb {
+            "BINLOG MONITOR"
+        } else {
+            "REPLICATION CLIENT"
+        });
+    }
+    Ok(if missing.is_empty() {
+        CheckLine::ok("grants", "REPLICATION SLAVE and REPLICATION CLIENT")
+    } else {
+        CheckLine::fail(
+            "grants",
+            format!("the user lacks {}", missing.join(" and ")),
+            format!(
+                "GRANT {} ON *.* TO <user>; (as an administrator)",
+                missing.join(", ")
+            ),
+        )
+    })
+}
+
+async fn check_outbox(
+    conn: &mut Conn,
+    c: &MysqlConnector,
+) -> Result<Vec<CheckLine>, ConnectorError> {
+    let layout = c.layout();
+    let table = &layout.outbox_table;
+    let (db, name) = table_ident(table, &c.config().database);
+    let sql = format!(
+        "SELECT COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = {} \
+         AND TABLE_NAME = {} ORDER BY ORDINAL_POSITION",
+        sql_string(&db),
+        sql_string(&name)
+    );
+    let rows = query(conn, &sql, "reading the outbox columns").await?;
+    if rows.is_empty() {
+        return Ok(vec![CheckLine::fail(
+            "outbox table",
+            format!("{table} does not exist"),
+            "run `outboxd init`, or create it with schemas/mysql/outbox.sql",
+        )]);
+    }
+    let mut columns = Vec::with_capacity(rows.len());
+    for row in &rows {
+        columns.push((
+            text_or_empty(row, 0)?,
+            text_or_empty(row, 1)?.to_ascii_lowercase(),
+        ));
+    }
+    let mut required: Vec<&str> = REQUIRED_COLUMNS.to_vec();
+    if !required.contains(&layout.key_column.as_str()) {
+        required.push(&layout.key_column);
+    }
+    let missing: Vec<&str> = required
+        .into_iter()
+        .filter(|r| !columns.iter().any(|(c, _)| c.eq_ignore_ascii_case(r)))
+        .collect();
+    let mut lines = Vec::new();
+    if missing.is_empty() {
+        lines.push(CheckLine::ok(
+            "outbox table",
+            format!("{table}, all required columns present"),
+        ));
+    } else {
+        lines.push(CheckLine::fail(
+            "outbox table",
+            format!("{table} lacks column(s) {}", missing.join(", ")),
+            format!(
+                "add them as in schemas/mysql/outbox.sql (ALTER TABLE {} ADD COLUMN …), or set \
+                 the key column in the config",
+                qualified(table)
+            ),
+        ));
+    }
+    if let Some((_, ty)) = columns.iter().find(|(c, _)| c == "payload") {
+        if PAYLOAD_TYPES.contains(&ty.as_str()) {
+            lines.push(CheckLine::ok("outbox payload", ty.clone()));
+        } else {
+            lines.push(CheckLine::fail(
+                "outbox payload",
+                format!("payload is {ty}"),
+                "declare payload as JSON or LONGBLOB (or a text type)",
+            ));
+        }
+    }
+    Ok(lines)
+}
+
+async fn check_checkpoint(
+    conn: &mut Conn,
+    c: &MysqlConnector,
+    server: &ServerInfo,
+) -> Result<Vec<CheckLine>, ConnectorError> {
+    let table = &c.layout().checkpoint_table;
+    if !table_exists(conn, c, table).await? {
+        return Ok(vec![CheckLine::fail(
+            "checkpoint table",
+            format!("{table} does not exist"),
+            "run `outboxd init`, or create it with schemas/mysql/checkpoint.sql",
+        )]);
+    }
+    let mut lines = vec![CheckLine::ok("checkpoint table", table.clone())];
+    let pipeline = c.pipeline();
+    match load_checkpoint(conn, c).await? {
+        None => lines.push(CheckLine::fail(
+            "checkpoint",
+            format!("pipeline {pipeline} has no checkpoint yet"),
+            "run `outboxd init`: it records the current binlog position as the start",
+        )),
+        Some(Position::Binlog(b)) => {
+            let shown = Position::Binlog(b.clone());
+            match server::check_available(conn, server, &b, pipeline).await {
+                Ok(()) => lines.push(CheckLine::ok(
+                    "checkpoint",
+                    format!("{shown}, its binlog is on the server"),
+                )),
+                Err(e) if !e.is_transient() => lines.push(CheckLine::fail(
+                    "checkpoint",
+                    format!("{shown}: {}", e.message()),
+                    "run `outboxd recover --config <file>` to rescan INIT rows",
+                )),
+                Err(e) => return Err(e),
+            }
+        }
+        Some(other) => lines.push(CheckLine::fail(
+            "checkpoint",
+            format!("{other} is not a binlog position"),
+            "delete the row and run `outboxd init`",
+        )),
+    }
+    Ok(lines)
+}
+
+async fn check_lock(conn: &mut Conn, c: &MysqlConnector) -> Result<CheckLine, ConnectorError> {
+    Ok(match lock_holder(conn, c).await? {
+        Some(id) => CheckLine::warn(
+            "pipeline lock",
+            format!("{} is held by connection {id}", c.lock_name()),
+            "another outboxd runs this pipeline; a second one waits until it stops",
+        ),
+        None => CheckLine::ok("pipeline lock", format!("{} is free", c.lock_name())),
+    })
+}
+
+async fn table_exists(
+    conn: &mut Conn,
+    c: &MysqlConnector,
+    table: &str,
+) -> Result<bool, ConnectorError> {
+    let (db, name) = table_ident(table, &c.config().database);
+    let sql = format!(
+        "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = {} AND TABLE_NAME = {}",
+        sql_string(&db),
+        sql_string(&name)
+    );
+    Ok(
+        query_first(conn, &sql, &format!("looking up table {table}"))
+            .await?
+            .is_some(),
+    )
+}
+
+async fn index_exists(
+    conn: &mut Conn,
+    c: &MysqlConnector,
+    table: &str,
+    index: &str,
+) -> Result<bool, ConnectorError> {
+    let (db, name) = table_ident(table, &c.config().database);
+    let sql = format!(
+        "SELECT 1 FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = {} AND TABLE_NAME = {} \
+         AND INDEX_NAME = {} LIMIT 1",
+        sql_string(&db),
+        sql_string(&name),
+        sql_string(index)
+    );
+    Ok(
+        query_first(conn, &sql, &format!("looking up index {index}"))
+            .await?
+            .is_some(),
+    )
+}

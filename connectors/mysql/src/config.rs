@@ -1,0 +1,67 @@
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// How to use TLS on the SQL and binlog connections (the subset of libpq-style modes that
+/// does not verify certificates; verification belongs in a later version).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SslMode {
+    /// Plain TCP.
+    Disable,
+    /// TLS when the server offers it, plain TCP otherwise.
+    #[default]
+    Prefer,
+    /// TLS or fail.
+    Require,
+}
+
+/// `[source]` of a MySQL 8 or MariaDB pipeline (`kind = "mysql"`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MysqlConfig {
+    /// Server host name or address.
+    #[serde(default = "default_host")]
+    pub host: String,
+    /// Server port.
+    #[serde(default = "default_port")]
+    pub port: u16,
+    /// User to connect as; needs REPLICATION SLAVE and REPLICATION CLIENT (MariaDB 10.5+:
+    /// BINLOG MONITOR too) and read/write on the outbox and checkpoint tables.
+    pub user: String,
+    /// Password; the `OUTBOXD_SOURCE_PASSWORD` environment variable overrides it.
+    #[serde(default)]
+    pub password: Option<String>,
+    /// Database holding the outbox table (tables that are not qualified live here).
+    pub database: String,
+    /// The replica server id outboxd registers with. Must differ from the server's own
+    /// `server_id` and from every other replica's: the server disconnects an older replica
+    /// when a new one registers with the same id.
+    pub server_id: u32,
+    /// TLS mode.
+    #[serde(default)]
+    pub sslmode: SslMode,
+    /// Time allowed to establish a connection.
+    #[serde(default = "default_connect_timeout", with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Heartbeat period asked of the server while the binlog is idle; a stream that hears
+    /// nothing for three periods (plus a margin) is treated as broken and reopened.
+    #[serde(default = "default_heartbeat", with = "humantime_serde")]
+    pub heartbeat: Duration,
+}
+
+fn default_host() -> String {
+    "127.0.0.1".into()
+}
+
+fn default_port() -> u16 {
+    3306
+}
+
+fn default_connect_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+fn default_heartbeat() -> Duration {
+    Duration::from_secs(5)
+}

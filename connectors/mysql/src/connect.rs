@@ -1,0 +1,313 @@
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Opts, OptsBuilder, Row, SslOpts, Value};
+use outboxd_connector::{CheckReport, Connector, ConnectorError, OutboxLayout};
+
+use crate::schema::{split_qualified, table_ident};
+use crate::store::MysqlOutboxStore;
+use crate::stream::MysqlChangeStream;
+use crate::{admin, MysqlConfig, SslMode};
+
+/// Everything outboxd does with one MySQL or MariaDB pipeline, from its configuration.
+#[derive(Clone, Debug)]
+pub struct MysqlConnector {
+    pub(crate) config: MysqlConfig,
+    pub(crate) pipeline: String,
+    pub(crate) layout: OutboxLayout,
+}
+
+impl MysqlConnector {
+    /// Validates the configuration and builds the connector; connects to nothing yet.
+    pub fn new(
+        config: MysqlConfig,
+        pipeline: &str,
+        layout: OutboxLayout,
+    ) -> Result<Self, ConnectorError> {
+        if config.server_id == 0 {
+            return Err(ConnectorError::definite(
+                "source.server_id must be a non-zero replica id, unique among the server's \
+                 replicas and different from the server's own server_id",
+            ));
+        }
+        if pipeline.is_empty() || pipeline.len() > 48 {
+            return Err(ConnectorError::definite(format!(
+                "pipeline name `{pipeline}` must be 1 to 48 characters"
+            )));
+        }
+        for (what, name) in [
+            ("outbox.table", &layout.outbox_table),
+            ("outbox.inbox_table", &layout.inbox_table),
+            ("outbox.checkpoint_table", &layout.checkpoint_table),
+        ] {
+            let (db, table) = split_qualified(name);
+            let too_long = |s: &str| s.is_empty() || s.chars().count() > 64;
+            if too_long(&table) || db.as_deref().is_some_and(too_long) {
+                return Err(ConnectorError::definite(format!(
+                    "{what} `{name}`: MySQL names are 1 to 64 characters"
+                )));
+            }
+        }
+        Ok(Self {
+            config,
+            pipeline: pipeline.to_owned(),
+            layout,
+        })
+    }
+
+    /// The pipeline name (checkpoint row key, lock name).
+    pub fn pipeline(&self) -> &str {
+        &self.pipeline
+    }
+
+    /// The configured tables and key column.
+    pub fn layout(&self) -> &OutboxLayout {
+        &self.layout
+    }
+
+    /// The source configuration.
+    pub fn config(&self) -> &MysqlConfig {
+        &self.config
+    }
+
+    /// The name of the `GET_LOCK` lock that admits one stream per pipeline.
+    pub fn lock_name(&self) -> String {
+        format!("outboxd:{}", self.pipeline)
+    }
+
+    /// `(database, table)` of the outbox.
+    pub(crate) fn outbox_ident(&self) -> (String, String) {
+        table_ident(&self.layout.outbox_table, &self.config.database)
+    }
+
+    /// `outboxd init`: creates the tables and records the starting position. Idempotent.
+    pub async fn init(&self) -> Result<Vec<String>, ConnectorError> {
+        admin::init(self).await
+    }
+
+    /// `outboxd check`: one line per prerequisite, with the fix for each failure.
+    pub async fn check(&self) -> CheckReport {
+        admin::check(self).await
+    }
+
+    /// Opens the SQL side (status write-back, checkpoint).
+    pub async fn open_store(&self) -> Result<MysqlOutboxStore, ConnectorError> {
+        MysqlOutboxStore::open(self).await
+    }
+
+    /// Opens the binlog stream at the checkpoint. Returns a transient error while another
+    /// outboxd holds this pipeline.
+    pub async fn open_stream(&self) -> Result<MysqlChangeStream, ConnectorError> {
+        MysqlChangeStream::open(self).await
+    }
+
+    /// An ordinary SQL connection in UTC with utf8mb4.
+    pub async fn sql_conn(&self) -> Result<Conn, ConnectorError> {
+        // TLS without certificate verification: `prefer` and `require` promise encryption
+        // only, as libpq's modes of the same names.
+        let tls = || {
+            SslOpts::default()
+                .with_danger_accept_invalid_certs(true)
+                .with_danger_skip_domain_validation(true)
+        };
+        match self.config.sslmode {
+            SslMode::Disable => self.connect(None).await,
+            SslMode::Require => self.connect(Some(tls())).await,
+            SslMode::Prefer => match self.connect(Some(tls())).await {
+                Err(e) if e.message().contains("SSL") => {
+                    tracing::debug!(error = %e, "server offers no TLS; connecting without");
+                    self.connect(None).await
+                }
+                other => other,
+            },
+        }
+    }
+
+    async fn connect(&self, ssl: Option<SslOpts>) -> Result<Conn, ConnectorError> {
+        let context = format!("connecting to MySQL at {}", self.endpoint());
+        let opts: Opts = OptsBuilder::default()
+            .ip_or_hostname(self.config.host.clone())
+            .tcp_port(self.config.port)
+            .user(Some(self.config.user.clone()))
+            .pass(self.config.password.clone())
+            .db_name(Some(self.config.database.clone()))
+            .prefer_socket(false)
+            .tcp_nodelay(true)
+            .stmt_cache_size(Some(32))
+            .ssl_opts(ssl)
+            .setup(vec!["SET NAMES utf8mb4, time_zone = '+00:00'"])
+            .into();
+        match tokio::time::timeout(self.config.connect_timeout, Conn::new(opts)).await {
+            Ok(result) => result.map_err(|e| classify(&e, &context).with_source(e)),
+            Err(_) => Err(ConnectorError::transient(format!(
+                "{context}: timed out after {:?}",
+                self.config.connect_timeout
+            ))),
+        }
+    }
+
+    /// `host:port/database`, for messages.
+    pub(crate) fn endpoint(&self) -> String {
+        format!(
+            "{}:{}/{}",
+            self.config.host, self.config.port, self.config.database
+        )
+    }
+}
+
+impl Connector for MysqlConnector {
+    type Stream = MysqlChangeStream;
+    type Store = MysqlOutboxStore;
+
+    async fn init(&self) -> Result<Vec<String>, ConnectorError> {
+        MysqlConnector::init(self).await
+    }
+
+    async fn check(&self) -> CheckReport {
+        MysqlConnector::check(self).await
+    }
+
+    async fn open_stream(&self) -> Result<MysqlChangeStream, ConnectorError> {
+        MysqlConnector::open_stream(self).await
+    }
+
+    async fn open_store(&self) -> Result<MysqlOutboxStore, ConnectorError> {
+        MysqlConnector::open_store(self).await
+    }
+
+    async fn reset_log_position(&self) -> Result<String, ConnectorError> {
+        admin::reset_log_position(self).await
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "mysql {} server_id {} pipeline {}",
+            self.endpoint(),
+            self.config.server_id,
+            self.pipeline
+        )
+    }
+}
+
+/// Classifies a `mysql_async` error: broken connections, server shutdown, lock waits and
+/// deadlocks, too many connections are transient; everything else (access denied, missing
+/// tables or columns, privileges, bad data) is definite.
+pub(crate) fn classify(e: &mysql_async::Error, context: &str) -> ConnectorError {
+    match e {
+        mysql_async::Error::Server(server) => {
+            let message = format!(
+                "{context}: {} (error {}, SQLSTATE {})",
+                server.message, server.code, server.state
+            );
+            let transient = server.state.starts_with("08")
+                || server.state == "40001"
+                || matches!(
+                    server.code,
+                    // too many connections, out of resources, shutdown in progress,
+                    // query interrupted, lock wait timeout, deadlock, connection killed,
+                    // net read/write errors and timeouts, read-only during a failover,
+                    // idle client disconnected (MySQL 8).
+                    1040 | 1041
+                        | 1053
+                        | 1077
+                        | 1078
+                        | 1079
+                        | 1080
+                        | 1152
+                        | 1153
+                        | 1158
+                        | 1159
+                        | 1160
+                        | 1161
+                        | 1205
+                        | 1213
+                        | 1290
+                        | 1317
+                        | 1836
+                        | 1927
+                        | 3024
+                        | 4031
+                );
+            if transient {
+                ConnectorError::transient(message)
+            } else {
+                ConnectorError::definite(message)
+            }
+        }
+        mysql_async::Error::Url(_) => ConnectorError::definite(format!("{context}: {e}")),
+        mysql_async::Error::Driver(
+            mysql_async::DriverError::UnknownAuthPlugin { .. }
+            | mysql_async::DriverError::MysqlOldPasswordDisabled
+            | mysql_async::DriverError::CleartextPluginDisabled
+            | mysql_async::DriverError::NoClientSslFlagFromServer,
+        ) => ConnectorError::definite(format!("{context}: {e}")),
+        // I/O, TLS, closed connection.
+        _ => ConnectorError::transient(format!("{context}: {e}")),
+    }
+}
+
+/// Runs `sql` (one or more statements) and drops any results.
+pub(crate) async fn execute(
+    conn: &mut Conn,
+    sql: &str,
+    context: &str,
+) -> Result<(), ConnectorError> {
+    conn.query_drop(sql)
+        .await
+        .map_err(|e| classify(&e, context).with_source(e))
+}
+
+/// The rows of `sql`.
+pub(crate) async fn query(
+    conn: &mut Conn,
+    sql: &str,
+    context: &str,
+) -> Result<Vec<Row>, ConnectorError> {
+    conn.query::<Row, _>(sql)
+        .await
+        .map_err(|e| classify(&e, context).with_source(e))
+}
+
+/// The first row of `sql`, if any.
+pub(crate) async fn query_first(
+    conn: &mut Conn,
+    sql: &str,
+    context: &str,
+) -> Result<Option<Row>, ConnectorError> {
+    conn.query_first::<Row, _>(sql)
+        .await
+        .map_err(|e| classify(&e, context).with_source(e))
+}
+
+/// Column `at` of `row` as text (`None` for NULL); numbers are rendered in decimal.
+pub(crate) fn text(row: &Row, at: usize) -> Result<Option<String>, ConnectorError> {
+    match row.as_ref(at) {
+        Some(Value::NULL) => Ok(None),
+        Some(Value::Bytes(b)) => String::from_utf8(b.clone()).map(Some).map_err(|_| {
+            ConnectorError::definite(format!(
+                "unexpected answer from MySQL: column {at} is not UTF-8"
+            ))
+        }),
+        Some(Value::Int(i)) => Ok(Some(i.to_string())),
+        Some(Value::UInt(u)) => Ok(Some(u.to_string())),
+        Some(other) => Ok(Some(other.as_sql(true).trim_matches('\'').to_owned())),
+        None => Err(ConnectorError::definite(format!(
+            "unexpected answer from MySQL: no column {at}"
+        ))),
+    }
+}
+
+/// Column `at` of `row` as an integer (`None` for NULL).
+pub(crate) fn int(row: &Row, at: usize) -> Result<Option<i64>, ConnectorError> {
+    match text(row, at)? {
+        None => Ok(None),
+        Some(t) => t.trim().parse().map(Some).map_err(|_| {
+            ConnectorError::definite(format!(
+                "unexpected answer from MySQL: column {at} = `{t}` is not an integer"
+            ))
+        }),
+    }
+}
+
+/// Column `at` of `row` as text, NULL read as the empty string.
+pub(crate) fn text_or_empty(row: &Row, at: usize) -> Result<String, ConnectorError> {
+    Ok(text(row, at)?.unwrap_or_default())
+}

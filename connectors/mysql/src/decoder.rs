@@ -1,0 +1,1004 @@
+//! Assembles committed outbox transactions from binlog events. A pure state machine (no
+//! I/O): [`crate::stream`] feeds it the events of the replication stream, the unit tests
+//! feed it events captured from a real MariaDB server.
+//!
+//! - Transactions are delimited by their GTID event (MySQL `GTID`/`ANONYMOUS_GTID`,
+//!   MariaDB's own), `BEGIN`, and `XID` or a `COMMIT` query; a `ROLLBACK` query or an
+//!   `XA PREPARE` drops what was collected. Only a commit yields rows.
+//! - Table maps of other tables are remembered by table id only; their rows events are
+//!   skipped after reading the 6-byte table id. Update and delete rows events (the
+//!   status write-backs among them) are never decoded.
+//! - Column names come from the table map when the server logs them
+//!   (`binlog_row_metadata = FULL`), otherwise from `information_schema`, through
+//!   [`Decoded::NeedColumns`]; they are cached with the table's shape (its column types) and
+//!   looked up again when the shape changes or a DDL statement names the outbox table.
+//! - The position is the binlog file and the end offset of the last event that closed a
+//!   transaction (or stood between transactions), with the GTID state executed up to it.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use mysql_async::binlog::events::{
+    Event, EventData, GtidEvent, OptionalMetadataField, QueryEvent, RotateEvent, TableMapEvent,
+};
+use mysql_async::binlog::row::BinlogRow;
+use mysql_async::binlog::value::BinlogValue;
+use mysql_async::binlog::{BinlogChecksumAlg, EventType};
+use mysql_async::consts::ColumnType;
+use mysql_async::Value;
+use outboxd_connector::{
+    BinlogPosition, CommittedTransaction, ConnectorError, OutboxEvent, Position,
+};
+
+use crate::gtid::{uuid_text, Gtid, GtidState, MariaDbGtidPos};
+
+/// MariaDB event types mysql_common does not know.
+const MARIADB_GTID_EVENT: u8 = 162;
+const MARIADB_GTID_LIST_EVENT: u8 = 163;
+/// MySQL 8.0.26+: heartbeat with a 64-bit position.
+const HEARTBEAT_LOG_EVENT_V2: u8 = 0x29;
+/// MariaDB GTID event flag: a statement without BEGIN/COMMIT (DDL) follows.
+const MARIADB_FL_STANDALONE: u8 = 1;
+
+/// What one event amounts to.
+#[derive(Debug)]
+pub(crate) enum Decoded {
+    /// Nothing to report (inside a transaction, or a table map).
+    Nothing,
+    /// Between transactions, the position moved (a transaction without outbox rows
+    /// committed, a rotation, a DDL statement): a progress candidate.
+    Boundary,
+    /// A committed transaction with outbox rows.
+    Transaction(CommittedTransaction),
+    /// The server's heartbeat: the binlog is idle.
+    Heartbeat,
+    /// The outbox's column names are needed: look them up, hand them to
+    /// [`Decoder::provide_columns`] and give the decoder the same event again.
+    NeedColumns,
+}
+
+/// The outbox columns by name, from `information_schema` (ordinal order), with the shape
+/// (column types of the table map) they were last matched against.
+#[derive(Debug)]
+struct CachedNames {
+    names: Vec<String>,
+    shape: Option<Vec<u8>>,
+}
+
+enum TableEntry {
+    Other,
+    Outbox(Box<OutboxTable>),
+}
+
+struct OutboxTable {
+    /// The table map event's bytes, to recognise a repeat cheaply.
+    raw: Vec<u8>,
+    tme: TableMapEvent<'static>,
+    columns: OutboxColumns,
+}
+
+/// A transaction being read.
+#[derive(Default)]
+struct Group {
+    events: Vec<OutboxEvent>,
+    gtid: Option<Gtid>,
+    /// Opened by BEGIN (or a MariaDB GTID that implies it): ends at XID/COMMIT. Otherwise
+    /// the next statement is standalone and ends it.
+    has_begin: bool,
+}
+
+/// The binlog → outbox transaction state machine of one stream.
+pub(crate) struct Decoder {
+    outbox_db: String,
+    outbox_table: String,
+    key_column: String,
+    tables: HashMap<u64, TableEntry>,
+    names: Option<CachedNames>,
+    file: String,
+    offset: u64,
+    gtid: Option<GtidState>,
+    group: Option<Group>,
+    /// End offset of the last MySQL transaction payload event: the events inside it carry
+    /// no position of their own.
+    payload_end: u64,
+}
+
+impl fmt::Debug for Decoder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Decoder")
+            .field("outbox", &self.table_name())
+            .field("position", &self.position())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Decoder {
+    /// A decoder for the outbox `db`.`table` starting at `start` (whose GTID state, when
+    /// known, is kept up to date).
+    pub(crate) fn new(
+        outbox_db: &str,
+        outbox_table: &str,
+        key_column: &str,
+        start: &BinlogPosition,
+        gtid: Option<GtidState>,
+    ) -> Self {
+        Self {
+            outbox_db: outbox_db.to_owned(),
+            outbox_table: outbox_table.to_owned(),
+            key_column: key_column.to_owned(),
+            tables: HashMap::new(),
+            names: None,
+            file: start.file.clone(),
+            offset: start.offset,
+            gtid,
+            group: None,
+            payload_end: 0,
+        }
+    }
+
+    /// `db.table` of the outbox, for messages.
+    pub(crate) fn table_name(&self) -> String {
+        format!("{}.{}", self.outbox_db, self.outbox_table)
+    }
+
+    /// `(database, table)` of the outbox.
+    pub(crate) fn outbox(&self) -> (&str, &str) {
+        (&self.outbox_db, &self.outbox_table)
+    }
+
+    /// True while inside a transaction.
+    pub(crate) fn in_transaction(&self) -> bool {
+        self.group.is_some()
+    }
+
+    /// The last position between transactions, where a stream can resume.
+    pub(crate) fn position(&self) -> BinlogPosition {
+        BinlogPosition {
+            file: self.file.clone(),
+            offset: self.offset,
+            gtid_set: self.gtid.as_ref().map(ToString::to_string),
+        }
+    }
+
+    /// The outbox's column names in ordinal order, from `information_schema`.
+    pub(crate) fn provide_columns(&mut self, names: Vec<String>) {
+        self.names = Some(CachedNames { names, shape: None });
+    }
+
+    /// Handles one event.
+    pub(crate) fn handle(&mut self, event: &Event) -> Result<Decoded, ConnectorError> {
+        let header = event.header();
+        let end = u64::from(header.log_pos());
+        let kind = header.event_type_raw();
+        const WRITE_V1: u8 = EventType::WRITE_ROWS_EVENT_V1 as u8;
+        const WRITE_V2: u8 = EventType::WRITE_ROWS_EVENT as u8;
+        const TABLE_MAP: u8 = EventType::TABLE_MAP_EVENT as u8;
+        const QUERY: u8 = EventType::QUERY_EVENT as u8;
+        const XID: u8 = EventType::XID_EVENT as u8;
+        const GTID: u8 = EventType::GTID_EVENT as u8;
+        const GTID_TAGGED: u8 = EventType::GTID_TAGGED_LOG_EVENT as u8;
+        const ANONYMOUS_GTID: u8 = EventType::ANONYMOUS_GTID_EVENT as u8;
+        const ROTATE: u8 = EventType::ROTATE_EVENT as u8;
+        const PAYLOAD: u8 = EventType::TRANSACTION_PAYLOAD_EVENT as u8;
+        const HEARTBEAT: u8 = EventType::HEARTBEAT_EVENT as u8;
+        const XA_PREPARE: u8 = EventType::XA_PREPARE_LOG_EVENT as u8;
+        const UPDATE_V1: u8 = EventType::UPDATE_ROWS_EVENT_V1 as u8;
+        const DELETE_V1: u8 = EventType::DELETE_ROWS_EVENT_V1 as u8;
+        const UPDATE_V2: u8 = EventType::UPDATE_ROWS_EVENT as u8;
+        const DELETE_V2: u8 = EventType::DELETE_ROWS_EVENT as u8;
+        const PARTIAL_UPDATE: u8 = EventType::PARTIAL_UPDATE_ROWS_EVENT as u8;
+        match kind {
+            WRITE_V1 | WRITE_V2 => self.write_rows(event),
+            UPDATE_V1 | DELETE_V1 | UPDATE_V2 | DELETE_V2 | PARTIAL_UPDATE => Ok(Decoded::Nothing),
+            TABLE_MAP => self.table_map(event),
+            QUERY => self.query(event, end),
+            XID => Ok(self.commit(end, header.timestamp())),
+            GTID | GTID_TAGGED => {
+                let gtid = event.read_event::<GtidEvent>().map_err(|e| self.bad(e))?;
+                let tag = gtid.tag().map(|t| t.as_str().to_ascii_lowercase());
+                self.group = Some(Group {
+                    gtid: Some(Gtid::MySql {
+                        uuid: uuid_text(&gtid.sid()),
+                        tag,
+                        gno: gtid.gno(),
+                    }),
+                    ..Group::default()
+                });
+                Ok(Decoded::Nothing)
+            }
+            ANONYMOUS_GTID => {
+                self.group = Some(Group::default());
+                Ok(Decoded::Nothing)
+            }
+            MARIADB_GTID_EVENT => {
+                let (gtid, flags) = parse_mariadb_gtid(event.data(), header.server_id())
+                    .ok_or_else(|| self.bad("short MariaDB GTID event"))?;
+                self.group = Some(Group {
+                    gtid: Some(gtid),
+                    has_begin: flags & MARIADB_FL_STANDALONE == 0,
+                    ..Group::default()
+                });
+                Ok(Decoded::Nothing)
+            }
+            MARIADB_GTID_LIST_EVENT => {
+                // The state at the start of a binlog file: authoritative when we have none.
+                if self.gtid.is_none() && self.group.is_none() {
+                    if let Some(list) = parse_mariadb_gtid_list(event.data()) {
+                        self.gtid = Some(GtidState::MariaDb(list));
+                    }
+                }
+                Ok(self.advance(end))
+            }
+            ROTATE => {
+                let rotate = event.read_event::<RotateEvent>().map_err(|e| self.bad(e))?;
+                let name = rotate.name().into_owned();
+                if name != self.file {
+                    // Table ids are only unique within one server run, which a file never
+                    // spans; drop what the old file taught us.
+                    self.tables.clear();
+                }
+                self.file = name;
+                self.offset = rotate.position();
+                Ok(Decoded::Boundary)
+            }
+            PAYLOAD => {
+                self.payload_end = end;
+                Ok(Decoded::Nothing)
+            }
+            HEARTBEAT | HEARTBEAT_LOG_EVENT_V2 => Ok(Decoded::Heartbeat),
+            XA_PREPARE => {
+                // The rows of an XA transaction commit later, in a statement of their own;
+                // outboxd does not follow XA transactions into the outbox.
+                if let Some(group) = self.group.take() {
+                    if !group.events.is_empty() {
+                        return Err(ConnectorError::definite(format!(
+                            "an XA transaction inserted into outbox `{}`: outboxd does not \
+                             support XA transactions on the outbox; insert outbox rows in \
+                             ordinary transactions",
+                            self.table_name()
+                        )));
+                    }
+                    self.apply_gtid(group.gtid.as_ref());
+                }
+                Ok(self.advance(end))
+            }
+            _ => {
+                if self.group.is_some() {
+                    return Ok(Decoded::Nothing);
+                }
+                Ok(self.advance(end))
+            }
+        }
+    }
+
+    /// Moves the resume position to `end` (between transactions only, never backward in a
+    /// file; artificial events with position 0 do not move it).
+    fn advance(&mut self, end: u64) -> Decoded {
+        if end > self.offset {
+            self.offset = end;
+            Decoded::Boundary
+        } else {
+            Decoded::Nothing
+        }
+    }
+
+    fn apply_gtid(&mut self, gtid: Option<&Gtid>) {
+        if let (Some(state), Some(gtid)) = (self.gtid.as_mut(), gtid) {
+            state.add(gtid);
+        }
+    }
+
+    fn commit(&mut self, end: u64, timestamp: u32) -> Decoded {
+        let end = if end > 0 { end } else { self.payload_end };
+        let group = self.group.take().unwrap_or_default();
+        self.apply_gtid(group.gtid.as_ref());
+        if end > self.offset {
+            self.offset = end;
+        }
+        if group.events.is_empty() {
+            return Decoded::Boundary;
+        }
+        let commit_time =
+            SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(u64::from(timestamp)));
+        let mut events = group.events;
+        for event in &mut events {
+            event.commit_time = commit_time;
+        }
+        Decoded::Transaction(CommittedTransaction {
+            commit_position: Position::Binlog(self.position()),
+            commit_time,
+            events,
+        })
+    }
+
+    fn query(&mut self, event: &Event, end: u64) -> Result<Decoded, ConnectorError> {
+        let query = event.read_event::<QueryEvent>().map_err(|e| self.bad(e))?;
+        let text = query.query_raw();
+        let trimmed = trim_ascii(text);
+        if trimmed.eq_ignore_ascii_case(b"BEGIN") || starts_with_ci(trimmed, b"XA START") {
+            match &mut self.group {
+                Some(group) => group.has_begin = true,
+                None => {
+                    self.group = Some(Group {
+                        has_begin: true,
+                        ..Group::default()
+                    })
+                }
+            }
+            return Ok(Decoded::Nothing);
+        }
+        if trimmed.eq_ignore_ascii_case(b"COMMIT") {
+            return Ok(self.commit(end, event.header().timestamp()));
+        }
+        if trimmed.eq_ignore_ascii_case(b"ROLLBACK") {
+            // Logged for transactions that also changed non-transactional tables: what
+            // they inserted into the outbox never happened.
+            let group = self.group.take().unwrap_or_default();
+            self.apply_gtid(group.gtid.as_ref());
+            return Ok(self.advance(end));
+        }
+        let mentions_outbox = contains_ci(text, self.outbox_table.as_bytes());
+        match &self.group {
+            Some(group) if group.has_begin => {
+                if mentions_outbox
+                    && !starts_with_ci(trimmed, b"XA END")
+                    && !starts_with_ci(trimmed, b"SAVEPOINT")
+                {
+                    return Err(ConnectorError::definite(format!(
+                        "the binlog holds a statement, not row events, for outbox `{}` \
+                         (binlog_format is not ROW for that session?): set binlog_format = ROW \
+                         globally, then run `outboxd recover --config <file>`",
+                        self.table_name()
+                    )));
+                }
+                Ok(Decoded::Nothing)
+            }
+            _ => {
+                // A statement of its own: DDL, or XA COMMIT/ROLLBACK.
+                let group = self.group.take().unwrap_or_default();
+                self.apply_gtid(group.gtid.as_ref());
+                if mentions_outbox {
+                    tracing::debug!(outbox = %self.table_name(), "DDL on the outbox: its columns are read again");
+                    self.names = None;
+                    self.tables.retain(|_, t| matches!(t, TableEntry::Other));
+                }
+                Ok(self.advance(end))
+            }
+        }
+    }
+
+    fn table_map(&mut self, event: &Event) -> Result<Decoded, ConnectorError> {
+        let data = event.data();
+        let id = table_id(data).ok_or_else(|| self.bad("short table map event"))?;
+        match self.tables.get(&id) {
+            Some(TableEntry::Other) => return Ok(Decoded::Nothing),
+            Some(TableEntry::Outbox(t)) if t.raw == data => return Ok(Decoded::Nothing),
+            _ => {}
+        }
+        let tme = event
+            .read_event::<TableMapEvent>()
+            .map_err(|e| self.bad(e))?;
+        if tme.database_name_raw() != self.outbox_db.as_bytes()
+            || !tme
+                .table_name_raw()
+                .eq_ignore_ascii_case(self.outbox_table.as_bytes())
+        {
+            self.tables.insert(id, TableEntry::Other);
+            return Ok(Decoded::Nothing);
+        }
+        if !checksum_ok(event) {
+            return Err(self.checksum_error());
+        }
+        let count = usize::try_from(tme.columns_count()).unwrap_or(usize::MAX);
+        let mut shape = Vec::with_capacity(count.min(4096));
+        for i in 0..count {
+            let ty = tme.get_column_type(i).ok().flatten().ok_or_else(|| {
+                self.bad(format!("column {i} of the table map has an unknown type"))
+            })?;
+            shape.push(ty as u8);
+        }
+        let logged_names = logged_column_names(&tme);
+        let names: Vec<String> = match logged_names {
+            Some(names) if names.len() == count => names,
+            _ => match &mut self.names {
+                Some(cached) if cached.shape.as_ref().is_none_or(|s| *s == shape) => {
+                    if cached.names.len() < count {
+                        return Err(ConnectorError::definite(format!(
+                            "outbox `{}.{}` has {} columns in the binlog but {} in \
+                             information_schema (a column was dropped since?): set \
+                             binlog_row_metadata = FULL so the binlog names its columns, then \
+                             restart outboxd",
+                            self.outbox_db,
+                            self.outbox_table,
+                            count,
+                            cached.names.len()
+                        )));
+                    }
+                    cached.shape = Some(shape.clone());
+                    cached.names[..count].to_vec()
+                }
+                _ => return Ok(Decoded::NeedColumns),
+            },
+        };
+        let columns = OutboxColumns::new(&names, &shape, &self.table_name(), &self.key_column)?;
+        tracing::debug!(outbox = %self.table_name(), table_id = id, columns = count, "outbox table map");
+        self.tables.insert(
+            id,
+            TableEntry::Outbox(Box::new(OutboxTable {
+                raw: data.to_vec(),
+                tme: tme.into_owned(),
+                columns,
+            })),
+        );
+        Ok(Decoded::Nothing)
+    }
+
+    fn write_rows(&mut self, event: &Event) -> Result<Decoded, ConnectorError> {
+        let id = table_id(event.data()).ok_or_else(|| self.bad("short rows event"))?;
+        let table = match self.tables.get(&id) {
+            Some(TableEntry::Outbox(table)) => table,
+            // Other tables, or a table whose map we have not seen (impossible within a
+            // transaction, which always repeats its table maps).
+            _ => return Ok(Decoded::Nothing),
+        };
+        if !checksum_ok(event) {
+            return Err(self.checksum_error());
+        }
+        let table_name = self.table_name();
+        let data = event.read_data().map_err(|e| self.bad(e))?;
+        let Some(EventData::RowsEvent(rows_event)) = data else {
+            return Err(self.bad("a write rows event that is not one"));
+        };
+        let image = rows_event.columns_after_image();
+        // Value index of each table column in the row image (rows carry only the columns
+        // of the image, in table order).
+        let mut value_index = vec![None; table.columns.count];
+        if let Some(image) = image {
+            let mut next = 0;
+            for (column, slot) in value_index.iter_mut().enumerate() {
+                if image.get(column).is_some_and(|bit| *bit) {
+                    *slot = Some(next);
+                    next += 1;
+                }
+            }
+        }
+        let mut events = Vec::new();
+        for row in rows_event.rows(&table.tme) {
+            let (_, after) = row.map_err(|e| {
+                ConnectorError::definite(format!(
+                    "cannot decode a row inserted into outbox `{table_name}`"
+                ))
+                .with_source(e)
+            })?;
+            let Some(after) = after else { continue };
+            let row = RowView {
+                row: &after,
+                index: &value_index,
+                table: &table_name,
+            };
+            if let Some(event) = to_event(&row, &table.columns)? {
+                events.push(event);
+            }
+        }
+        let group = self.group.get_or_insert_with(|| Group {
+            has_begin: true,
+            ..Group::default()
+        });
+        group.events.extend(events);
+        Ok(Decoded::Nothing)
+    }
+
+    fn bad(&self, e: impl fmt::Display) -> ConnectorError {
+        ConnectorError::definite(format!(
+            "cannot decode the binlog at {}:{} (outbox `{}`): {e}",
+            self.file,
+            self.offset,
+            self.table_name()
+        ))
+    }
+
+    fn checksum_error(&self) -> ConnectorError {
+        ConnectorError::transient(format!(
+            "binlog event checksum mismatch after {}:{}; reading it again",
+            self.file, self.offset
+        ))
+    }
+}
+
+/// The 6-byte table id that starts table map and rows events (binlog v4).
+fn table_id(data: &[u8]) -> Option<u64> {
+    let b = data.get(..6)?;
+    Some(u64::from_le_bytes([
+        b[0], b[1], b[2], b[3], b[4], b[5], 0, 0,
+    ]))
+}
+
+/// CRC32 of the event as sent, when the stream carries checksums.
+fn checksum_ok(event: &Event) -> bool {
+    let footer = event.footer();
+    if !footer.get_checksum_enabled() {
+        return true;
+    }
+    match (footer.get_checksum_alg(), event.checksum()) {
+        (Ok(Some(alg @ BinlogChecksumAlg::BINLOG_CHECKSUM_ALG_CRC32)), Some(sum)) => {
+            u32::from_le_bytes(sum) == event.calc_checksum(alg)
+        }
+        _ => true,
+    }
+}
+
+/// Column names the server wrote into the table map (`binlog_row_metadata = FULL`).
+fn logged_column_names(tme: &TableMapEvent<'_>) -> Option<Vec<String>> {
+    for field in tme.iter_optional_meta() {
+        if let Ok(OptionalMetadataField::ColumnName(names)) = field {
+            let names: Result<Vec<String>, _> = names
+                .iter_names()
+                .map(|n| n.map(|n| n.name().into_owned()))
+                .collect();
+            return names.ok();
+        }
+    }
+    None
+}
+
+/// MariaDB GTID event: seq_no u64, domain_id u32, flags u8, …
+fn parse_mariadb_gtid(data: &[u8], server: u32) -> Option<(Gtid, u8)> {
+    let seq = u64::from_le_bytes(data.get(0..8)?.try_into().ok()?);
+    let domain = u32::from_le_bytes(data.get(8..12)?.try_into().ok()?);
+    let flags = *data.get(12)?;
+    Some((
+        Gtid::MariaDb {
+            domain,
+            server,
+            seq,
+        },
+        flags,
+    ))
+}
+
+/// MariaDB GTID list event: count (low 28 bits) then (domain u32, server u32, seq u64)s.
+fn parse_mariadb_gtid_list(data: &[u8]) -> Option<MariaDbGtidPos> {
+    let count = u32::from_le_bytes(data.get(0..4)?.try_into().ok()?) & 0x0fff_ffff;
+    let mut pos = MariaDbGtidPos::default();
+    for i in 0..usize::try_from(count).ok()? {
+        let at = 4 + i * 16;
+        let entry = data.get(at..at + 16)?;
+        let domain = u32::from_le_bytes(entry[0..4].try_into().ok()?);
+        let server = u32::from_le_bytes(entry[4..8].try_into().ok()?);
+        let seq = u64::from_le_bytes(entry[8..16].try_into().ok()?);
+        pos.domains.insert(domain, (server, seq));
+    }
+    Some(pos)
+}
+
+fn trim_ascii(b: &[u8]) -> &[u8] {
+    let start = b
+        .iter()
+        .position(|c| !c.is_ascii_whitespace())
+        .unwrap_or(b.len());
+    let end = b
+        .iter()
+        .rposition(|c| !c.is_ascii_whitespace())
+        .map_or(start, |e| e + 1);
+    &b[start..end.max(start)]
+}
+
+fn starts_with_ci(text: &[u8], prefix: &[u8]) -> bool {
+    text.get(..prefix.len())
+        .is_some_and(|p| p.eq_ignore_ascii_case(prefix))
+}
+
+fn contains_ci(haystack: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty()
+        && haystack
+            .windows(needle.len())
+            .any(|w| w.eq_ignore_ascii_case(needle))
+}
+
+/// Where each outbox column is, with what it needs to be read.
+#[derive(Clone, Debug)]
+struct OutboxColumns {
+    count: usize,
+    id: usize,
+    message_id: usize,
+    message_type: usize,
+    biz_key: usize,
+    key: usize,
+    topic: Option<usize>,
+    payload: usize,
+    headers: Option<usize>,
+    created_at: usize,
+    status: usize,
+    retry_count: usize,
+    max_retry_count: usize,
+}
+
+impl OutboxColumns {
+    fn new(
+        names: &[String],
+        shape: &[u8],
+        table: &str,
+        key_column: &str,
+    ) -> Result<Self, ConnectorError> {
+        let find = |name: &str| names.iter().position(|c| c.eq_ignore_ascii_case(name));
+        let required = |name: &str| {
+            find(name).ok_or_else(|| {
+                ConnectorError::definite(format!(
+                    "outbox table `{table}` has no column `{name}` (see schemas/mysql/outbox.sql)"
+                ))
+            })
+        };
+        let is = |i: usize, kinds: &[ColumnType]| {
+            shape
+                .get(i)
+                .is_some_and(|t| kinds.iter().any(|k| *k as u8 == *t))
+        };
+        let expect = |name: &str, kinds: &[ColumnType], what: &str| {
+            let i = required(name)?;
+            if is(i, kinds) {
+                Ok(i)
+            } else {
+                Err(ConnectorError::definite(format!(
+                    "outbox table `{table}`: column `{name}` is not {what} in the binlog's \
+                     table map (were the column names read for another version of the table? \
+                     set binlog_row_metadata = FULL)"
+                )))
+            }
+        };
+        use ColumnType::*;
+        let ints = [
+            MYSQL_TYPE_TINY,
+            MYSQL_TYPE_SHORT,
+            MYSQL_TYPE_INT24,
+            MYSQL_TYPE_LONG,
+            MYSQL_TYPE_LONGLONG,
+        ];
+        let strings = [
+            MYSQL_TYPE_VARCHAR,
+            MYSQL_TYPE_VAR_STRING,
+            MYSQL_TYPE_STRING,
+            MYSQL_TYPE_BLOB,
+            MYSQL_TYPE_TINY_BLOB,
+            MYSQL_TYPE_MEDIUM_BLOB,
+            MYSQL_TYPE_LONG_BLOB,
+            MYSQL_TYPE_JSON,
+            MYSQL_TYPE_ENUM,
+        ];
+        let times = [
+            MYSQL_TYPE_TIMESTAMP2,
+            MYSQL_TYPE_TIMESTAMP,
+            MYSQL_TYPE_DATETIME2,
+            MYSQL_TYPE_DATETIME,
+        ];
+        Ok(Self {
+            count: shape.len(),
+            id: expect("id", &ints, "an integer")?,
+            message_id: expect("message_id", &strings, "a string")?,
+            message_type: expect("message_type", &strings, "a string")?,
+            biz_key: expect("biz_key", &strings, "a string")?,
+            key: required(key_column)?,
+            topic: find("topic"),
+            payload: expect("payload", &strings, "JSON, a string or a blob")?,
+            headers: find("headers"),
+            created_at: expect("created_at", &times, "a TIMESTAMP or DATETIME")?,
+            status: expect("status", &strings, "a string")?,
+            retry_count: expect("retry_count", &ints, "an integer")?,
+            max_retry_count: expect("max_retry_count", &ints, "an integer")?,
+        })
+    }
+}
+
+/// One inserted row, addressed by table column.
+struct RowView<'a> {
+    row: &'a BinlogRow,
+    index: &'a [Option<usize>],
+    table: &'a str,
+}
+
+impl RowView<'_> {
+    fn value(&self, column: usize, name: &str) -> Result<&BinlogValue<'_>, ConnectorError> {
+        self.index
+            .get(column)
+            .copied()
+            .flatten()
+            .and_then(|i| self.row.as_ref(i))
+            .ok_or_else(|| {
+                ConnectorError::definite(format!(
+                    "outbox `{}`: the binlog row lacks column `{name}`: set binlog_row_image = FULL",
+                    self.table
+                ))
+            })
+    }
+
+    /// The column as bytes: strings and blobs as stored, JSON as JSON text, numbers in
+    /// decimal; `None` for NULL.
+    fn bytes(&self, column: usize, name: &str) -> Result<Option<Bytes>, ConnectorError> {
+        match self.value(column, name)? {
+            BinlogValue::Value(Value::NULL) => Ok(None),
+            BinlogValue::Value(Value::Bytes(b)) => Ok(Some(Bytes::copy_from_slice(b))),
+            BinlogValue::Value(Value::Int(i)) => Ok(Some(Bytes::from(i.to_string()))),
+            BinlogValue::Value(Value::UInt(u)) => Ok(Some(Bytes::from(u.to_string()))),
+            BinlogValue::Jsonb(json) => {
+                let json = serde_json::Value::try_from(json.clone()).map_err(|e| {
+                    ConnectorError::definite(format!(
+                        "outbox `{}`: column `{name}` holds JSON that cannot be rendered",
+                        self.table
+                    ))
+                    .with_source(e)
+                })?;
+                Ok(Some(Bytes::from(json.to_string())))
+            }
+            other => Err(ConnectorError::definite(format!(
+                "outbox `{}`: column `{name}` has an unexpected value {other:?}",
+                self.table
+            ))),
+        }
+    }
+
+    fn text(&self, column: usize, name: &str) -> Result<Option<String>, ConnectorError> {
+        self.bytes(column, name)?
+            .map(|b| {
+                String::from_utf8(b.to_vec()).map_err(|_| {
+                    ConnectorError::definite(format!(
+                        "outbox `{}`: column `{name}` is not UTF-8",
+                        self.table
+                    ))
+                })
+            })
+            .transpose()
+    }
+
+    fn not_null(&self, column: usize, name: &str) -> Result<String, ConnectorError> {
+        self.text(column, name)?.ok_or_else(|| {
+            ConnectorError::definite(format!(
+                "outbox `{}`: column `{name}` is NULL in an insert",
+                self.table
+            ))
+        })
+    }
+
+    fn int(&self, column: usize, name: &str) -> Result<i64, ConnectorError> {
+        match self.value(column, name)? {
+            BinlogValue::Value(Value::Int(i)) => Ok(*i),
+            BinlogValue::Value(Value::UInt(u)) => i64::try_from(*u).map_err(|_| self.range(name)),
+            _ => {
+                let text = self.not_null(column, name)?;
+                text.parse().map_err(|_| {
+                    ConnectorError::definite(format!(
+                        "outbox `{}`: column `{name}` = `{text}` is not an integer",
+                        self.table
+                    ))
+                })
+            }
+        }
+    }
+
+    fn int32(&self, column: usize, name: &str) -> Result<i32, ConnectorError> {
+        i32::try_from(self.int(column, name)?).map_err(|_| self.range(name))
+    }
+
+    fn range(&self, name: &str) -> ConnectorError {
+        ConnectorError::definite(format!(
+            "outbox `{}`: column `{name}` is out of range",
+            self.table
+        ))
+    }
+
+    /// TIMESTAMP as ISO 8601 in UTC (`+00:00`); DATETIME as ISO 8601 without offset.
+    fn time(&self, column: usize, name: &str) -> Result<String, ConnectorError> {
+        match self.value(column, name)? {
+            BinlogValue::Value(Value::Date(y, mo, d, h, mi, s, us)) => Ok(format!(
+                "{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}{}",
+                fraction(*us)
+            )),
+            BinlogValue::Value(Value::Int(secs)) => Ok(iso8601_utc(*secs, 0)),
+            BinlogValue::Value(Value::Bytes(b)) => {
+                // TIMESTAMP2: `seconds[.micros]` since the epoch.
+                let text = std::str::from_utf8(b).unwrap_or_default();
+                let (secs, micros) = text.split_once('.').unwrap_or((text, "0"));
+                match (secs.parse::<i64>(), micros.parse::<u32>()) {
+                    (Ok(secs), Ok(micros)) => Ok(iso8601_utc(secs, micros)),
+                    _ => Err(ConnectorError::definite(format!(
+                        "outbox `{}`: column `{name}` = `{text}` is not a timestamp",
+                        self.table
+                    ))),
+                }
+            }
+            other => Err(ConnectorError::definite(format!(
+                "outbox `{}`: column `{name}` has an unexpected value {other:?}",
+                self.table
+            ))),
+        }
+    }
+}
+
+/// One inserted outbox row as an event; `None` when its status is not INIT.
+fn to_event(row: &RowView<'_>, c: &OutboxColumns) -> Result<Option<OutboxEvent>, ConnectorError> {
+    if row.text(c.status, "status")?.as_deref() != Some("INIT") {
+        return Ok(None);
+    }
+    let headers = match c
+        .headers
+        .map(|i| row.text(i, "headers"))
+        .transpose()?
+        .flatten()
+    {
+        Some(json) => parse_headers(&json).unwrap_or_else(|| {
+            tracing::warn!(
+                table = row.table,
+                "outbox `headers` is not a JSON object; publishing without headers"
+            );
+            Vec::new()
+        }),
+        None => Vec::new(),
+    };
+    Ok(Some(OutboxEvent {
+        id: row.int(c.id, "id")?,
+        message_id: row.not_null(c.message_id, "message_id")?,
+        message_type: row.not_null(c.message_type, "message_type")?,
+        biz_key: row.not_null(c.biz_key, "biz_key")?,
+        key: row.bytes(c.key, "key column")?.unwrap_or_default(),
+        topic: c.topic.map(|i| row.text(i, "topic")).transpose()?.flatten(),
+        payload: row.bytes(c.payload, "payload")?.unwrap_or_default(),
+        headers,
+        created_at: row.time(c.created_at, "created_at")?,
+        retry_count: row.int32(c.retry_count, "retry_count")?,
+        max_retry_count: row.int32(c.max_retry_count, "max_retry_count")?,
+        commit_time: None,
+    }))
+}
+
+fn fraction(micros: u32) -> String {
+    if micros == 0 {
+        String::new()
+    } else {
+        format!(".{micros:06}")
+    }
+}
+
+/// Seconds since the epoch as `2026-05-09T07:30:00.123456+00:00`.
+fn iso8601_utc(secs: i64, micros: u32) -> String {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}{}+00:00",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        fraction(micros)
+    )
+}
+
+/// Days since 1970-01-01 → (year, month, day), proleptic Gregorian (H. Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    // d in 1..=31 and m in 1..=12 by construction.
+    (
+        y,
+        u32::try_from(m).unwrap_or(1),
+        u32::try_from(d).unwrap_or(1),
+    )
+}
+
+/// A JSON object as record headers, in the object's order: strings as their text, other
+/// values as JSON text. `None` when it is not an object.
+fn parse_headers(json: &str) -> Option<Vec<(String, Bytes)>> {
+    struct Ordered(Vec<(String, serde_json::Value)>);
+
+    impl<'de> serde::Deserialize<'de> for Ordered {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct Visitor;
+            impl<'de> serde::de::Visitor<'de> for Visitor {
+                type Value = Ordered;
+                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str("a JSON object")
+                }
+                fn visit_map<A: serde::de::MapAccess<'de>>(
+                    self,
+                    mut map: A,
+                ) -> Result<Ordered, A::Error> {
+                    let mut entries = Vec::new();
+                    while let Some(entry) = map.next_entry()? {
+                        entries.push(entry);
+                    }
+                    Ok(Ordered(entries))
+                }
+            }
+            d.deserialize_map(Visitor)
+        }
+    }
+
+    let Ordered(entries) = serde_json::from_str(json).ok()?;
+    Some(
+        entries
+            .into_iter()
+            .map(|(name, value)| {
+                let bytes = match value {
+                    serde_json::Value::String(s) => Bytes::from(s),
+                    other => Bytes::from(other.to_string()),
+                };
+                (name, bytes)
+            })
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iso8601_of_epoch_seconds() {
+        assert_eq!(iso8601_utc(0, 0), "1970-01-01T00:00:00+00:00");
+        assert_eq!(
+            iso8601_utc(1_778_311_800, 123_456),
+            "2026-05-09T07:30:00.123456+00:00"
+        );
+        assert_eq!(iso8601_utc(951_782_400, 0), "2000-02-29T00:00:00+00:00");
+        assert_eq!(iso8601_utc(-1, 0), "1969-12-31T23:59:59+00:00");
+    }
+
+    #[test]
+    fn headers_keep_order() {
+        let h = parse_headers(r#"{"z": "1", "a": 2}"#).unwrap();
+        assert_eq!(h[0], ("z".to_owned(), Bytes::from_static(b"1")));
+        assert_eq!(h[1], ("a".to_owned(), Bytes::from_static(b"2")));
+        assert!(parse_headers("[1]").is_none());
+    }
+
+    #[test]
+    fn byte_helpers() {
+        assert_eq!(trim_ascii(b"  BEGIN\n"), b"BEGIN");
+        assert_eq!(trim_ascii(b"   "), b"");
+        assert!(contains_ci(
+            b"ALTER TABLE `Outbox_x` ADD c INT",
+            b"outbox_x"
+        ));
+        assert!(!contains_ci(b"ALTER TABLE other", b"outbox"));
+        assert!(starts_with_ci(b"xa start 'a'", b"XA START"));
+        assert_eq!(table_id(&[1, 2, 0, 0, 0, 0, 9]), Some(0x0201));
+        assert_eq!(table_id(&[1, 2]), None);
+    }
+
+    #[test]
+    fn mariadb_gtid_events_parse() {
+        let mut data = 42u64.to_le_bytes().to_vec();
+        data.extend(7u32.to_le_bytes());
+        data.push(MARIADB_FL_STANDALONE);
+        let (gtid, flags) = parse_mariadb_gtid(&data, 3).unwrap();
+        assert_eq!(
+            gtid,
+            Gtid::MariaDb {
+                domain: 7,
+                server: 3,
+                seq: 42
+            }
+        );
+        assert_eq!(flags, MARIADB_FL_STANDALONE);
+        assert!(parse_mariadb_gtid(&data[..10], 3).is_none());
+
+        let mut list = 2u32.to_le_bytes().to_vec();
+        for (d, s, n) in [(0u32, 1u32, 9u64), (1, 2, 3)] {
+            list.extend(d.to_le_bytes());
+            list.extend(s.to_le_bytes());
+            list.extend(n.to_le_bytes());
+        }
+        assert_eq!(
+            parse_mariadb_gtid_list(&list).unwrap().to_string(),
+            "0-1-9,1-2-3"
+        );
+        assert!(parse_mariadb_gtid_list(&list[..20]).is_none());
+    }
+}

@@ -1,0 +1,531 @@
+//! The MySQL/MariaDB [`ChangeStream`]: the binlog read as a replica, decoded with
+//! [`crate::decoder`], filtered to committed inserts into the outbox table.
+//!
+//! [`MysqlChangeStream::open`] takes the pipeline's lock (`GET_LOCK('outboxd:<pipeline>')`
+//! on a connection held for the life of the stream), reads the checkpoint row, checks that
+//! the server still has its binlog, and asks for the binlog from there. A spawned task owns
+//! both connections and feeds a bounded channel, so [`ChangeStream::next`] is cancel-safe;
+//! when the core falls behind the task stops reading (backpressure).
+//!
+//! On MySQL the checkpoint row is the authority (there is no slot): the core writes it with
+//! every status write-back, and [`ChangeStream::confirm`] persists positions the core only
+//! confirms (progress past other tables' transactions, rotations) at most every
+//! [`PERSIST_INTERVAL`], so an idle outbox never leaves the checkpoint in a binlog file the
+//! server may purge. The checkpoint never moves backward.
+
+use std::fmt;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use mysql_async::{BinlogStream, BinlogStreamRequest, Conn};
+use outboxd_connector::{BinlogPosition, ChangeItem, ChangeStream, ConnectorError, Position};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::connect::{classify, execute, int, query, query_first, text_or_empty};
+use crate::decoder::{Decoded, Decoder};
+use crate::gtid::GtidState;
+use crate::schema::{qualified, sql_string};
+use crate::server::{self, ServerInfo};
+use crate::store::{checkpoint_sql, load_checkpoint};
+use crate::MysqlConnector;
+
+/// Items buffered between the socket task and the core.
+const CHANNEL_CAPACITY: usize = 1024;
+/// Progress items are sent at most this often.
+const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
+/// A confirmed position is written to the checkpoint row at most this often.
+pub const PERSIST_INTERVAL: Duration = Duration::from_secs(5);
+/// The lock connection is checked this often.
+const PING_INTERVAL: Duration = Duration::from_secs(15);
+/// MariaDB replica capability: GTID events as they are (MARIA_SLAVE_CAPABILITY_GTID).
+const MARIADB_SLAVE_CAPABILITY_GTID: u32 = 4;
+
+type Item = Result<ChangeItem, ConnectorError>;
+
+/// The change stream of one MySQL pipeline. Dropping it stops reading and releases the
+/// pipeline's lock.
+pub struct MysqlChangeStream {
+    rx: mpsc::Receiver<Item>,
+    confirmed: watch::Sender<Option<BinlogPosition>>,
+    task: JoinHandle<()>,
+    pipeline: String,
+    start: BinlogPosition,
+}
+
+impl fmt::Debug for MysqlChangeStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MysqlChangeStream")
+            .field("pipeline", &self.pipeline)
+            .field("start", &self.start)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MysqlChangeStream {
+    /// Takes the pipeline lock, checks the checkpoint against the server and starts the
+    /// binlog stream there.
+    pub(crate) async fn open(connector: &MysqlConnector) -> Result<Self, ConnectorError> {
+        let pipeline = connector.pipeline().to_owned();
+        let mut lock = connector.sql_conn().await?;
+        acquire_lock(&mut lock, connector).await?;
+
+        let server = server::info(&mut lock).await?;
+        check_row_format(&mut lock, connector).await?;
+        let start = match load_checkpoint(&mut lock, connector).await? {
+            Some(Position::Binlog(b)) => b,
+            _ => {
+                return Err(ConnectorError::definite(format!(
+                    "pipeline `{pipeline}` has no checkpoint in {}: run `outboxd init --config \
+                     <file>` (it records the position to start from)",
+                    connector.layout().checkpoint_table
+                )))
+            }
+        };
+        server::check_available(&mut lock, &server, &start, &pipeline).await?;
+        let gtid = initial_gtid(&mut lock, &server, &start).await?;
+
+        let (db, table) = connector.outbox_ident();
+        let decoder = Decoder::new(&db, &table, &connector.layout().key_column, &start, gtid);
+        let binlog = start_binlog(connector, &server, &start).await?;
+        tracing::info!(
+            %pipeline,
+            server = %server.version,
+            position = %Position::Binlog(start.clone()),
+            "binlog stream open"
+        );
+
+        let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
+        let (confirmed, confirmed_rx) = watch::channel(None);
+        let heartbeat = connector.config().heartbeat;
+        let task = Task {
+            binlog,
+            lock,
+            decoder,
+            tx,
+            confirmed: confirmed_rx,
+            checkpoint_table: qualified(&connector.layout().checkpoint_table),
+            pipeline: pipeline.clone(),
+            persisted: start.clone(),
+            last_persist_at: Instant::now(),
+            persist_due: None,
+            last_emitted: start.clone(),
+            progress_pending: false,
+            last_progress_at: None,
+            idle_timeout: heartbeat * 3 + Duration::from_secs(5),
+            last_heard: Instant::now(),
+            last_ping: Instant::now(),
+        };
+        let task = tokio::spawn(task.run());
+        Ok(Self {
+            rx,
+            confirmed,
+            task,
+            pipeline,
+            start,
+        })
+    }
+
+    /// Where this stream started (the checkpoint it resumed from).
+    pub fn start(&self) -> &BinlogPosition {
+        &self.start
+    }
+}
+
+impl Drop for MysqlChangeStream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl ChangeStream for MysqlChangeStream {
+    async fn next(&mut self) -> Result<ChangeItem, ConnectorError> {
+        // mpsc::Receiver::recv is cancel-safe, so this is too.
+        match self.rx.recv().await {
+            Some(item) => item,
+            None => Err(ConnectorError::transient(format!(
+                "the binlog stream of pipeline `{}` has ended",
+                self.pipeline
+            ))),
+        }
+    }
+
+    async fn confirm(&mut self, position: &Position) -> Result<(), ConnectorError> {
+        let Position::Binlog(position) = position else {
+            return Err(ConnectorError::definite(format!(
+                "position `{position}` is not a binlog position (pipeline `{}`)",
+                self.pipeline
+            )));
+        };
+        self.confirmed.send_if_modified(|current| {
+            let advance = current.as_ref().is_none_or(|c| position > c);
+            if advance {
+                *current = Some(position.clone());
+            }
+            advance
+        });
+        Ok(())
+    }
+}
+
+/// `GET_LOCK('outboxd:<pipeline>', 0)` on `conn`: a transient error names the holder.
+async fn acquire_lock(conn: &mut Conn, connector: &MysqlConnector) -> Result<(), ConnectorError> {
+    let name = sql_string(&connector.lock_name());
+    let pipeline = connector.pipeline();
+    let context = format!("taking the lock of pipeline `{pipeline}`");
+    let row = query_first(conn, &format!("SELECT GET_LOCK({name}, 0)"), &context).await?;
+    if row.as_ref().map(|r| int(r, 0)).transpose()?.flatten() == Some(1) {
+        return Ok(());
+    }
+    let holder = query_first(conn, &format!("SELECT IS_USED_LOCK({name})"), &context)
+        .await?
+        .map(|r| int(&r, 0))
+        .transpose()?
+        .flatten()
+        .map_or_else(|| "?".to_owned(), |id| id.to_string());
+    Err(ConnectorError::transient(format!(
+        "pipeline `{pipeline}` is held by another outboxd (connection id {holder}); waiting"
+    )))
+}
+
+/// Row events are all outboxd can read: refuse other formats before streaming.
+async fn check_row_format(
+    conn: &mut Conn,
+    connector: &MysqlConnector,
+) -> Result<(), ConnectorError> {
+    let format = server::variable(conn, "binlog_format")
+        .await?
+        .unwrap_or_default();
+    if !format.eq_ignore_ascii_case("ROW") {
+        return Err(ConnectorError::definite(format!(
+            "binlog_format is `{format}` on {}: outboxd reads row events only; SET GLOBAL \
+             binlog_format = 'ROW' (and in the server's configuration), then run `outboxd \
+             recover --config <file>` for rows written meanwhile",
+            connector.endpoint()
+        )));
+    }
+    Ok(())
+}
+
+/// The GTID state at `start`: the checkpoint's, or on MariaDB the server's
+/// `BINLOG_GTID_POS` of that coordinate.
+async fn initial_gtid(
+    conn: &mut Conn,
+    server: &ServerInfo,
+    start: &BinlogPosition,
+) -> Result<Option<GtidState>, ConnectorError> {
+    if let Some(state) = start
+        .gtid_set
+        .as_deref()
+        .and_then(|g| GtidState::parse(g, server.mariadb))
+    {
+        return Ok(Some(state));
+    }
+    if server.mariadb {
+        let pos = server::mariadb_gtid_at(conn, &start.file, start.offset).await?;
+        return Ok(pos.and_then(|p| GtidState::parse(&p, true)));
+    }
+    Ok(None)
+}
+
+/// Registers as a replica and asks for the binlog from `start`.
+async fn start_binlog(
+    connector: &MysqlConnector,
+    server: &ServerInfo,
+    start: &BinlogPosition,
+) -> Result<BinlogStream, ConnectorError> {
+    let mut conn = connector.sql_conn().await?;
+    let heartbeat_ns = u64::try_from(connector.config().heartbeat.as_nanos())
+        .unwrap_or(u64::MAX)
+        .max(1_000_000);
+    let mut setup = format!("SET @master_heartbeat_period = {heartbeat_ns}");
+    if server.mariadb {
+        setup.push_str(&format!(
+            "; SET @mariadb_slave_capability = {MARIADB_SLAVE_CAPABILITY_GTID}"
+        ));
+    }
+    execute(&mut conn, &setup, "preparing the binlog connection").await?;
+    let request = BinlogStreamRequest::new(connector.config().server_id)
+        .with_filename(start.file.as_bytes())
+        .with_pos(start.offset);
+    conn.get_binlog_stream(request)
+        .await
+        .map_err(|e| stream_error(&e, start, connector.pipeline()))
+}
+
+/// Classifies an error of the binlog connection; 1236 (the server cannot send the binlog
+/// asked for) is definite and names the fix.
+fn stream_error(e: &mysql_async::Error, at: &BinlogPosition, pipeline: &str) -> ConnectorError {
+    if let mysql_async::Error::Server(server) = e {
+        if server.code == 1236 {
+            let m = &server.message;
+            if m.contains("same server") || m.contains("server_id") || m.contains("server_uuid") {
+                return ConnectorError::definite(format!(
+                    "the server dropped the binlog stream of pipeline `{pipeline}`: {m}; give \
+                     each outboxd pipeline and each replica its own `source.server_id`"
+                ));
+            }
+            return ConnectorError::definite(format!(
+                "the server cannot send the binlog of pipeline `{pipeline}` after {}:{}: {m}; \
+                 if that binlog was purged, run `outboxd recover --config <file>` to rescan \
+                 INIT rows",
+                at.file, at.offset
+            ));
+        }
+    }
+    // classify() puts the server's message into ours.
+    classify(e, &format!("reading the binlog of pipeline `{pipeline}`"))
+}
+
+/// The outbox's column names in ordinal order.
+async fn load_columns(
+    conn: &mut Conn,
+    db: &str,
+    table: &str,
+) -> Result<Vec<String>, ConnectorError> {
+    let sql = format!(
+        "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = {} AND \
+         TABLE_NAME = {} ORDER BY ORDINAL_POSITION",
+        sql_string(db),
+        sql_string(table)
+    );
+    let rows = query(conn, &sql, &format!("reading the columns of {db}.{table}")).await?;
+    rows.iter().map(|r| text_or_empty(r, 0)).collect()
+}
+
+/// What ends the task without an error to report.
+struct Closed;
+
+/// The task that owns the binlog and lock connections.
+struct Task {
+    binlog: BinlogStream,
+    lock: Conn,
+    decoder: Decoder,
+    tx: mpsc::Sender<Item>,
+    confirmed: watch::Receiver<Option<BinlogPosition>>,
+    checkpoint_table: String,
+    pipeline: String,
+    /// The checkpoint row's position as far as this stream knows.
+    persisted: BinlogPosition,
+    last_persist_at: Instant,
+    persist_due: Option<Instant>,
+    /// Position of the last item sent; progress never goes backward.
+    last_emitted: BinlogPosition,
+    /// The decoder passed a boundary not yet reported as progress.
+    progress_pending: bool,
+    last_progress_at: Option<Instant>,
+    idle_timeout: Duration,
+    last_heard: Instant,
+    last_ping: Instant,
+}
+
+impl Task {
+    async fn run(mut self) {
+        let error = match self.run_inner().await {
+            Ok(Closed) => return,
+            Err(e) => e,
+        };
+        tracing::debug!(pipeline = %self.pipeline, error = %error, "binlog stream failed");
+        let _ = self.tx.send(Err(error)).await;
+    }
+
+    async fn run_inner(&mut self) -> Result<Closed, ConnectorError> {
+        loop {
+            let progress_at = (self.progress_pending && !self.decoder.in_transaction())
+                .then(|| self.progress_allowed_at());
+            let silent_at = self.last_heard + self.idle_timeout;
+            let ping_at = self.last_ping + PING_INTERVAL;
+            tokio::select! {
+                event = self.binlog.next() => {
+                    let event = match event {
+                        Some(Ok(event)) => event,
+                        Some(Err(e)) => {
+                            return Err(stream_error(&e, &self.decoder.position(), &self.pipeline));
+                        }
+                        None => {
+                            return Err(ConnectorError::transient(format!(
+                                "the server ended the binlog stream of pipeline `{}`",
+                                self.pipeline
+                            )));
+                        }
+                    };
+                    self.last_heard = Instant::now();
+                    if let Err(Closed) = self.on_event(&event).await? {
+                        return Ok(Closed);
+                    }
+                    // Time spent waiting for the core is not the server's silence.
+                    self.last_heard = Instant::now();
+                }
+                changed = self.confirmed.changed() => {
+                    if changed.is_err() {
+                        return Ok(Closed);
+                    }
+                    self.on_confirm();
+                }
+                () = sleep_until_opt(self.persist_due) => self.persist().await?,
+                () = sleep_until_opt(progress_at) => {
+                    if let Err(Closed) = self.emit_progress().await {
+                        return Ok(Closed);
+                    }
+                }
+                () = tokio::time::sleep_until(silent_at) => {
+                    return Err(ConnectorError::transient(format!(
+                        "no binlog event or heartbeat from the server for {:?} (pipeline `{}`); \
+                         reconnecting",
+                        self.idle_timeout, self.pipeline
+                    )));
+                }
+                () = tokio::time::sleep_until(ping_at) => {
+                    self.last_ping = Instant::now();
+                    execute(&mut self.lock, "DO 1", &format!(
+                        "checking the connection that holds the lock of pipeline `{}`",
+                        self.pipeline
+                    )).await?;
+                }
+            }
+        }
+    }
+
+    /// Feeds one event to the decoder; `Ok(Err(Closed))` when the receiver is gone.
+    async fn on_event(
+        &mut self,
+        event: &mysql_async::binlog::events::Event,
+    ) -> Result<Result<(), Closed>, ConnectorError> {
+        loop {
+            match self.decoder.handle(event)? {
+                Decoded::NeedColumns => {
+                    let (db, table) = self.decoder.outbox();
+                    let (db, table) = (db.to_owned(), table.to_owned());
+                    let names = load_columns(&mut self.lock, &db, &table).await?;
+                    tracing::debug!(outbox = %self.decoder.table_name(), columns = names.len(), "outbox columns read from information_schema");
+                    self.decoder.provide_columns(names);
+                }
+                Decoded::Nothing | Decoded::Heartbeat => return Ok(Ok(())),
+                Decoded::Boundary => {
+                    if self.decoder.position() > self.last_emitted {
+                        self.progress_pending = true;
+                        if self.progress_allowed_at() <= Instant::now() {
+                            return Ok(self.emit_progress().await);
+                        }
+                    }
+                    return Ok(Ok(()));
+                }
+                Decoded::Transaction(txn) => {
+                    if let Position::Binlog(b) = &txn.commit_position {
+                        tracing::debug!(pipeline = %self.pipeline, position = %txn.commit_position, events = txn.events.len(), "outbox transaction");
+                        self.last_emitted = b.clone();
+                    }
+                    self.progress_pending = false;
+                    return Ok(self.emit(ChangeItem::Transaction(txn)).await);
+                }
+            }
+        }
+    }
+
+    fn progress_allowed_at(&self) -> Instant {
+        self.last_progress_at
+            .map_or_else(Instant::now, |at| at + PROGRESS_INTERVAL)
+    }
+
+    async fn emit_progress(&mut self) -> Result<(), Closed> {
+        self.progress_pending = false;
+        let position = self.decoder.position();
+        if position <= self.last_emitted {
+            return Ok(());
+        }
+        self.last_emitted = position.clone();
+        self.last_progress_at = Some(Instant::now());
+        self.emit(ChangeItem::Progress(Position::Binlog(position)))
+            .await
+    }
+
+    /// Sends `item` to the core, waiting for room; confirmations keep being recorded and
+    /// persisted meanwhile.
+    async fn emit(&mut self, item: ChangeItem) -> Result<(), Closed> {
+        loop {
+            let (confirmed, persist) = tokio::select! {
+                permit = self.tx.reserve() => {
+                    let permit = permit.map_err(|_| Closed)?;
+                    permit.send(Ok(item));
+                    return Ok(());
+                }
+                changed = self.confirmed.changed() => {
+                    changed.map_err(|_| Closed)?;
+                    (true, false)
+                }
+                () = sleep_until_opt(self.persist_due) => (false, true),
+            };
+            if confirmed {
+                self.on_confirm();
+            }
+            if persist {
+                if let Err(e) = self.persist().await {
+                    // Report it in order, after the item.
+                    let _ = self.tx.send(Ok(item)).await;
+                    let _ = self.tx.send(Err(e)).await;
+                    return Err(Closed);
+                }
+            }
+        }
+    }
+
+    /// The core confirmed something: schedule a checkpoint write (rate-limited).
+    fn on_confirm(&mut self) {
+        let advanced = self
+            .confirmed
+            .borrow_and_update()
+            .as_ref()
+            .is_some_and(|p| *p > self.persisted);
+        if advanced && self.persist_due.is_none() {
+            self.persist_due = Some(Instant::now().max(self.last_persist_at + PERSIST_INTERVAL));
+        }
+    }
+
+    /// Writes the confirmed position to the checkpoint row (which never moves backward).
+    async fn persist(&mut self) -> Result<(), ConnectorError> {
+        self.persist_due = None;
+        let Some(position) = self.confirmed.borrow().clone() else {
+            return Ok(());
+        };
+        if position <= self.persisted {
+            return Ok(());
+        }
+        let sql = checkpoint_sql(
+            &self.checkpoint_table,
+            &self.pipeline,
+            &Position::Binlog(position.clone()),
+        );
+        execute(
+            &mut self.lock,
+            &sql,
+            &format!("writing the checkpoint of pipeline `{}`", self.pipeline),
+        )
+        .await?;
+        tracing::debug!(pipeline = %self.pipeline, position = %Position::Binlog(position.clone()), "checkpoint persisted");
+        self.persisted = position;
+        self.last_persist_at = Instant::now();
+        self.last_ping = Instant::now();
+        Ok(())
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Used by `check` and tests: whether `conn` can see the lock taken.
+pub(crate) async fn lock_holder(
+    conn: &mut Conn,
+    connector: &MysqlConnector,
+) -> Result<Option<i64>, ConnectorError> {
+    let sql = format!(
+        "SELECT IS_USED_LOCK({})",
+        sql_string(&connector.lock_name())
+    );
+    let row = query_first(conn, &sql, "looking up the pipeline lock").await?;
+    Ok(row.map(|r| int(&r, 0)).transpose()?.flatten())
+}

@@ -1,0 +1,228 @@
+//! The binlog stream and the store against a real MariaDB (`scripts/services`).
+
+mod support;
+
+use std::time::Duration;
+
+use mysql_async::prelude::Queryable;
+use outboxd_connector::{ChangeItem, ChangeStream, Delivered, OutboxStore, Position, WriteBack};
+use support::{next_transaction, Fixture};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committed_inserts_arrive_once_and_rollbacks_never() {
+    let f = Fixture::new("st_commit");
+    let report = f.connector.init().await.expect("init");
+    println!("{}", report.join("\n"));
+    let store = f.connector.open_store().await.expect("store");
+    let mut stream = f.connector.open_stream().await.expect("stream");
+    let mut sql = f.sql().await;
+
+    sql.query_drop(format!(
+        "START TRANSACTION; {}; {}; COMMIT",
+        f.insert_sql("k1", 1, "a"),
+        f.insert_sql("k1", 2, "a")
+    ))
+    .await
+    .expect("commit two");
+    sql.query_drop(format!(
+        "START TRANSACTION; {}; ROLLBACK",
+        f.insert_sql("ghost", 1, "r")
+    ))
+    .await
+    .expect("rollback");
+    sql.query_drop(f.insert_sql("k2", 1, "b"))
+        .await
+        .expect("autocommit");
+
+    let first = next_transaction(&mut stream, Duration::from_secs(10)).await;
+    assert_eq!(first.events.len(), 2);
+    let e = &first.events[0];
+    assert_eq!(e.message_id, "a-k1-1");
+    assert_eq!(e.biz_key, "k1");
+    assert_eq!(&e.key[..], b"k1");
+    assert_eq!(e.topic, None);
+    assert_eq!(&e.payload[..], br#"{"key": "k1", "seq": 1}"#);
+    assert_eq!(e.headers[0].0, "seq");
+    assert_eq!(e.retry_count, 0);
+    assert_eq!(e.max_retry_count, 10);
+    assert!(e.created_at.ends_with("+00:00"), "{}", e.created_at);
+    assert!(first.commit_time.is_some());
+    let second = next_transaction(&mut stream, Duration::from_secs(10)).await;
+    assert_eq!(second.events.len(), 1);
+    assert_eq!(
+        second.events[0].biz_key, "k2",
+        "the rolled-back row never appears"
+    );
+    assert!(second.commit_position > first.commit_position);
+    let Position::Binlog(b) = &second.commit_position else {
+        panic!("{:?}", second.commit_position)
+    };
+    assert!(b.gtid_set.is_some(), "MariaDB GTIDs ride along: {b:?}");
+
+    let delivered: Vec<Delivered> = first
+        .events
+        .iter()
+        .chain(&second.events)
+        .enumerate()
+        .map(|(i, e)| Delivered {
+            id: e.id,
+            partition: 0,
+            offset: i as i64,
+        })
+        .collect();
+    store
+        .write_back(WriteBack {
+            delivered: &delivered,
+            checkpoint: Some(&second.commit_position),
+            ..WriteBack::default()
+        })
+        .await
+        .expect("write back");
+    assert_eq!(
+        store.load_checkpoint().await.expect("checkpoint"),
+        Some(second.commit_position.clone())
+    );
+    // Backward never.
+    store
+        .write_back(WriteBack {
+            checkpoint: Some(&first.commit_position),
+            ..WriteBack::default()
+        })
+        .await
+        .expect("older checkpoint");
+    assert_eq!(
+        store.load_checkpoint().await.expect("checkpoint"),
+        Some(second.commit_position.clone())
+    );
+    let statuses: Vec<(String, i64)> = sql
+        .query(format!(
+            "SELECT status, COUNT(*) FROM `{}` GROUP BY status",
+            f.table
+        ))
+        .await
+        .expect("statuses");
+    assert_eq!(statuses, [("SUCCESS".to_owned(), 3)]);
+
+    // Our own status updates are not events.
+    sql.query_drop(f.insert_sql("k3", 1, "c"))
+        .await
+        .expect("insert");
+    let third = next_transaction(&mut stream, Duration::from_secs(10)).await;
+    assert_eq!(third.events[0].biz_key, "k3");
+    drop(stream);
+    f.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_stream_waits_for_the_lock() {
+    let f = Fixture::new("st_lock");
+    f.connector.init().await.expect("init");
+    let first = f.connector.open_stream().await.expect("first stream");
+    let err = f.connector.open_stream().await.expect_err("second stream");
+    assert!(err.is_transient(), "{err}");
+    assert!(
+        err.message()
+            .contains("held by another outboxd (connection id"),
+        "{err}"
+    );
+    drop(first);
+    // The lock goes with the connection.
+    let mut opened = None;
+    for _ in 0..100 {
+        match f.connector.open_stream().await {
+            Ok(s) => {
+                opened = Some(s);
+                break;
+            }
+            Err(e) if e.is_transient() => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(
+        opened.is_some(),
+        "takes over after the first stream is dropped"
+    );
+    f.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn columns_added_mid_stream_keep_working() {
+    let f = Fixture::new("st_ddl");
+    f.connector.init().await.expect("init");
+    let mut stream = f.connector.open_stream().await.expect("stream");
+    let mut sql = f.sql().await;
+    sql.query_drop(f.insert_sql("k", 1, "a"))
+        .await
+        .expect("insert");
+    sql.query_drop(format!(
+        "ALTER TABLE `{}` ADD COLUMN tenant VARCHAR(32) NULL AFTER id",
+        f.table
+    ))
+    .await
+    .expect("alter");
+    sql.query_drop(format!(
+        "INSERT INTO `{}` (tenant, message_id, message_type, biz_key, payload) \
+         VALUES ('t1', 'a-k-2', 'order.step2', 'k', '{{}}')",
+        f.table
+    ))
+    .await
+    .expect("insert after alter");
+    let one = next_transaction(&mut stream, Duration::from_secs(10)).await;
+    assert_eq!(one.events[0].message_id, "a-k-1");
+    let two = next_transaction(&mut stream, Duration::from_secs(10)).await;
+    assert_eq!(two.events[0].message_id, "a-k-2");
+    assert_eq!(&two.events[0].payload[..], b"{}");
+    drop(stream);
+    f.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirmed_progress_reaches_the_checkpoint_row() {
+    let f = Fixture::new("st_progress");
+    f.connector.init().await.expect("init");
+    let store = f.connector.open_store().await.expect("store");
+    let start = store
+        .load_checkpoint()
+        .await
+        .expect("load")
+        .expect("init recorded one");
+    let mut stream = f.connector.open_stream().await.expect("stream");
+    let mut sql = f.sql().await;
+    let other = format!("busy_{}", f.name);
+    sql.query_drop(format!(
+        "CREATE TABLE `{other}` (id INT PRIMARY KEY, v TEXT)"
+    ))
+    .await
+    .expect("create");
+    for i in 0..20 {
+        sql.query_drop(format!("INSERT INTO `{other}` VALUES ({i}, 'x')"))
+            .await
+            .expect("busy insert");
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let progress = loop {
+        assert!(std::time::Instant::now() < deadline, "no progress item");
+        match tokio::time::timeout(Duration::from_secs(5), stream.next()).await {
+            Ok(Ok(ChangeItem::Progress(p))) if p > start => break p,
+            Ok(Ok(ChangeItem::Transaction(t))) => panic!("no outbox rows were written: {t:?}"),
+            Ok(Err(e)) => panic!("{e}"),
+            _ => {}
+        }
+    };
+    stream.confirm(&progress).await.expect("confirm");
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let now = store.load_checkpoint().await.expect("load").expect("row");
+        if now >= progress {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "checkpoint stayed at {now}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(stream);
+    let _ = sql.query_drop(format!("DROP TABLE `{other}`")).await;
+    f.cleanup().await;
+}
