@@ -9,6 +9,7 @@
 -- instead: outboxd publishes the bytes as stored either way.
 \if :{?outbox_table} \else \set outbox_table outbox \endif
 \if :{?outbox_retry_index} \else \set outbox_retry_index outbox_retry_due_idx \endif
+\if :{?outbox_key_retry_index} \else \set outbox_key_retry_index outbox_key_retry_idx \endif
 
 CREATE TABLE IF NOT EXISTS :"outbox_table" (
     id               bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -41,3 +42,12 @@ CREATE TABLE IF NOT EXISTS :"outbox_table" (
 -- a non-HOT update.
 CREATE INDEX IF NOT EXISTS :"outbox_retry_index"
     ON :"outbox_table" (next_retry_time, id) WHERE next_retry_time IS NOT NULL;
+
+-- Every row in FAILED, PROCESSING or MANUAL_REQUIRED has next_retry_time set (outboxd
+-- keeps it so; set it too when you change a status by hand), so both partial indexes hold
+-- exactly the rows in trouble, however many SUCCESS rows the table keeps.
+--
+-- Serves strict per-key ordering: "is an earlier event of this biz_key FAILED, PROCESSING
+-- or MANUAL_REQUIRED?" (`biz_key = ? AND id < ? AND next_retry_time IS NOT NULL`).
+CREATE INDEX IF NOT EXISTS :"outbox_key_retry_index"
+    ON :"outbox_table" (biz_key, id) WHERE next_retry_time IS NOT NULL;

@@ -6,6 +6,13 @@
 //! publication or slot that does not fit is reported with the SQL that fixes it.
 //!
 //! `check` says, one line per prerequisite, whether `run` will work and what to do if not.
+//!
+//! In poll mode (`source.mode = "poll"`) `init` creates the tables and poll mode's index of
+//! INIT rows, and no publication or slot: poll mode is for servers where log access is
+//! not granted.
+//!
+//! `reset_log_position` is the log half of `outboxd recover`: the slot dropped and created
+//! again at the server's current position.
 
 use outboxd_connector::{CheckLine, CheckReport, ConnectorError, OutboxLayout};
 use tokio_postgres::types::ToSql;
@@ -31,6 +38,8 @@ const REQUIRED_COLUMNS: &[&str] = &[
     "retry_count",
     "max_retry_count",
     "next_retry_time",
+    "claimed_at",
+    "claim_token",
     "last_error",
     "created_at",
     "updated_at",
@@ -60,7 +69,10 @@ const WAL_LEVEL_FIX: &str = "set wal_level = logical in postgresql.conf \
 
 /// `outboxd init`: see the module documentation. Returns one line per item, saying what was
 /// created or that there was nothing to do.
-pub(crate) async fn init(c: &PostgresConnector) -> Result<Vec<String>, ConnectorError> {
+pub(crate) async fn init(
+    c: &PostgresConnector,
+    poll_mode: bool,
+) -> Result<Vec<String>, ConnectorError> {
     let client = c.sql_client().await?;
     let layout = c.layout();
     let slot_name = c.slot();
@@ -68,8 +80,12 @@ pub(crate) async fn init(c: &PostgresConnector) -> Result<Vec<String>, Connector
     let mut report = Vec::new();
 
     // Refuse before changing anything when the slot cannot be created anyway.
-    let slot = slot_info(&client, &slot_name, 0).await?;
-    if slot.is_none() {
+    let slot = if poll_mode {
+        None
+    } else {
+        slot_info(&client, &slot_name, 0).await?
+    };
+    if slot.is_none() && !poll_mode {
         let wal_level = setting(&client, "wal_level").await?;
         if wal_level != "logical" {
             return Err(ConnectorError::definite(format!(
@@ -136,36 +152,26 @@ pub(crate) async fn init(c: &PostgresConnector) -> Result<Vec<String>, Connector
         }
     }
 
-    // Publication.
-    let outbox = table_ident(&client, layout).await?.ok_or_else(|| {
-        ConnectorError::definite(format!("table {} vanished", layout.outbox_table))
-    })?;
-    match publication_info(&client, &publication).await? {
-        None => {
-            let sql = create_publication_sql(&publication, layout);
-            execute(
-                &client,
-                &sql,
-                &format!("creating publication {publication}"),
-            )
-            .await?;
-            report.push(format!(
-                "created publication {publication} for inserts into {}",
-                layout.outbox_table
-            ));
-        }
-        Some(info) => {
-            let problems = info.problems(&outbox);
-            if !problems.is_empty() {
-                return Err(ConnectorError::definite(format!(
-                    "publication `{publication}` exists but {}; outboxd leaves it alone. Fix: {}",
-                    problems.join(" and "),
-                    info.fix_sql(&publication, layout)
-                )));
+    if poll_mode {
+        let ddl = schema::render_poll_index(layout);
+        for index in &ddl.indexes {
+            if relation_exists(&client, &index_name(&ddl.table, index)).await? {
+                report.push(format!("index {index}: exists, nothing to do"));
+            } else {
+                execute(&client, &ddl.sql, &format!("creating index {index}")).await?;
+                report.push(format!(
+                    "created index {index} on {} (poll mode: finds INIT rows; makes the SUCCESS \
+                     write-back a non-HOT update, see schemas/postgres/outbox_poll.sql)",
+                    ddl.table
+                ));
             }
-            report.push(format!("publication {publication}: exists, nothing to do"));
         }
+        report.push("poll mode: no publication or replication slot needed".to_owned());
+        return Ok(report);
     }
+
+    // Publication.
+    report.push(ensure_publication(&client, layout, &publication).await?);
 
     // Replication slot.
     match slot {
@@ -212,6 +218,111 @@ pub(crate) async fn init(c: &PostgresConnector) -> Result<Vec<String>, Connector
         }
     }
     Ok(report)
+}
+
+/// Creates the publication when it is missing; refuses (with the fixing SQL) one that
+/// does not fit. Returns what it did.
+async fn ensure_publication(
+    client: &Client,
+    layout: &OutboxLayout,
+    publication: &str,
+) -> Result<String, ConnectorError> {
+    let outbox = table_ident(client, layout).await?.ok_or_else(|| {
+        ConnectorError::definite(format!(
+            "table {} does not exist: run `outboxd init --config <file>`",
+            layout.outbox_table
+        ))
+    })?;
+    match publication_info(client, publication).await? {
+        None => {
+            let sql = create_publication_sql(publication, layout);
+            execute(client, &sql, &format!("creating publication {publication}")).await?;
+            Ok(format!(
+                "created publication {publication} for inserts into {}",
+                layout.outbox_table
+            ))
+        }
+        Some(info) => {
+            let problems = info.problems(&outbox);
+            if !problems.is_empty() {
+                return Err(ConnectorError::definite(format!(
+                    "publication `{publication}` exists but {}; outboxd leaves it alone. Fix: {}",
+                    problems.join(" and "),
+                    info.fix_sql(publication, layout)
+                )));
+            }
+            Ok(format!("publication {publication}: exists, nothing to do"))
+        }
+    }
+}
+
+/// The log half of `outboxd recover`: drops the pipeline's slot (whatever its state, also
+/// invalidated) unless a reader holds it, makes sure the publication exists, and creates
+/// the slot again at the server's current WAL position. Returns what it did, one sentence.
+///
+/// Everything committed before the new slot's consistent point is not in its log: the
+/// caller publishes the INIT rows by scanning the table.
+pub(crate) async fn reset_log_position(c: &PostgresConnector) -> Result<String, ConnectorError> {
+    let client = c.sql_client().await?;
+    let layout = c.layout();
+    let slot_name = c.slot();
+    let publication = c.publication();
+    let in_use = |pid: &str| {
+        ConnectorError::definite(format!(
+            "replication slot `{slot_name}` is in use by server process {pid} (another outboxd \
+             running on this pipeline?): stop the running outboxd first, then run \
+             `outboxd recover --config <file>` again"
+        ))
+    };
+
+    let row = query_one(
+        &client,
+        "SELECT current_setting('server_version_num')::int",
+        &[],
+        "reading the server version",
+    )
+    .await?;
+    let version: i32 = get(&row, 0)?;
+    let mut said = Vec::new();
+    match slot_info(&client, &slot_name, version).await? {
+        Some(slot) => {
+            if let Some(pid) = slot.active_pid {
+                return Err(in_use(&pid.to_string()));
+            }
+            let dropped = client
+                .execute("SELECT pg_drop_replication_slot($1)", &[&slot_name])
+                .await;
+            if let Err(e) = dropped {
+                // 55006: it became active since we looked.
+                if e.code().map(|c| c.code()) == Some("55006") {
+                    return Err(in_use("(just started)"));
+                }
+                let context = format!("dropping replication slot {slot_name}");
+                return Err(classify_pg_error(&e, &context));
+            }
+            said.push(format!(
+                "dropped replication slot {slot_name} (confirmed at {}, wal_status {})",
+                slot.confirmed_flush.as_deref().unwrap_or("none"),
+                slot.wal_status.as_deref().unwrap_or("unknown"),
+            ));
+        }
+        None => said.push(format!("replication slot {slot_name} did not exist")),
+    }
+    // The publication before the slot: a slot created first cannot decode the changes
+    // made before its publication existed.
+    said.push(ensure_publication(&client, layout, &publication).await?);
+    let row = query_one(
+        &client,
+        "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+        &[&slot_name],
+        &format!("creating replication slot {slot_name}"),
+    )
+    .await?;
+    let lsn: String = get(&row, 0)?;
+    said.push(format!(
+        "created replication slot {slot_name} (pgoutput) at {lsn}"
+    ));
+    Ok(said.join("; "))
 }
 
 /// `outboxd check`: see the module documentation. Stops after the connection line when

@@ -76,7 +76,19 @@ impl PostgresConnector {
     /// `outboxd init`: creates what is missing (tables, publication, slot) and says what
     /// it created. Idempotent.
     pub async fn init(&self) -> Result<Vec<String>, ConnectorError> {
-        admin::init(self).await
+        admin::init(self, false).await
+    }
+
+    /// `outboxd init` for a source mode: with `poll_mode`, the tables and poll mode's index
+    /// of INIT rows, and no publication or slot; otherwise as [`Self::init`]. Idempotent.
+    pub async fn init_with(&self, poll_mode: bool) -> Result<Vec<String>, ConnectorError> {
+        admin::init(self, poll_mode).await
+    }
+
+    /// `outboxd recover`, log half: drops the slot (refusing while a reader holds it) and
+    /// creates it again at the current WAL position; says what it did.
+    pub async fn reset_log_position(&self) -> Result<String, ConnectorError> {
+        admin::reset_log_position(self).await
     }
 
     /// `outboxd check`: one line per prerequisite, with the fix for each failure.
@@ -153,6 +165,10 @@ impl Connector for PostgresConnector {
 
     async fn open_store(&self) -> Result<PgOutboxStore, ConnectorError> {
         PostgresConnector::open_store(self).await
+    }
+
+    async fn reset_log_position(&self) -> Result<String, ConnectorError> {
+        PostgresConnector::reset_log_position(self).await
     }
 
     fn describe(&self) -> String {

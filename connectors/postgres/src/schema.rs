@@ -10,6 +10,7 @@ use outboxd_connector::OutboxLayout;
 const OUTBOX_SQL: &str = include_str!("../../../schemas/postgres/outbox.sql");
 const INBOX_SQL: &str = include_str!("../../../schemas/postgres/inbox.sql");
 const CHECKPOINT_SQL: &str = include_str!("../../../schemas/postgres/checkpoint.sql");
+const OUTBOX_POLL_SQL: &str = include_str!("../../../schemas/postgres/outbox_poll.sql");
 
 /// `name` as a quoted SQL identifier: `order"s` → `"order""s"`. Names are taken literally,
 /// so `Outbox` stays upper-case.
@@ -44,6 +45,16 @@ pub(crate) fn outbox_retry_index(layout: &OutboxLayout) -> String {
     format!("{}_retry_due_idx", base_name(&layout.outbox_table))
 }
 
+/// The name of the outbox's strict-ordering index (`<table>_key_retry_idx`).
+pub(crate) fn outbox_key_retry_index(layout: &OutboxLayout) -> String {
+    format!("{}_key_retry_idx", base_name(&layout.outbox_table))
+}
+
+/// The name of poll mode's index of INIT rows (`<table>_poll_idx`).
+pub(crate) fn outbox_poll_index(layout: &OutboxLayout) -> String {
+    format!("{}_poll_idx", base_name(&layout.outbox_table))
+}
+
 /// The name of the inbox's claim index (`<table>_claim_idx`).
 pub(crate) fn inbox_claim_index(layout: &OutboxLayout) -> String {
     format!("{}_claim_idx", base_name(&layout.inbox_table))
@@ -63,18 +74,13 @@ pub(crate) struct TableDdl {
 /// The DDL of the outbox, inbox and checkpoint tables for `layout`, in that order.
 pub(crate) fn render_all(layout: &OutboxLayout) -> Vec<TableDdl> {
     let retry_index = outbox_retry_index(layout);
+    let key_retry_index = outbox_key_retry_index(layout);
     let claim_index = inbox_claim_index(layout);
-    let vars: [(&str, String); 5] = [
-        ("outbox_table", qualified(&layout.outbox_table)),
-        ("outbox_retry_index", quote_ident(&retry_index)),
-        ("inbox_table", qualified(&layout.inbox_table)),
-        ("inbox_claim_index", quote_ident(&claim_index)),
-        ("checkpoint_table", qualified(&layout.checkpoint_table)),
-    ];
+    let vars = variables(layout);
     vec![
         TableDdl {
             table: layout.outbox_table.clone(),
-            indexes: vec![retry_index],
+            indexes: vec![retry_index, key_retry_index],
             sql: render(OUTBOX_SQL, &vars),
         },
         TableDdl {
@@ -87,6 +93,35 @@ pub(crate) fn render_all(layout: &OutboxLayout) -> Vec<TableDdl> {
             indexes: Vec::new(),
             sql: render(CHECKPOINT_SQL, &vars),
         },
+    ]
+}
+
+/// Poll mode's index of INIT rows (see `schemas/postgres/outbox_poll.sql` for why it is
+/// optional).
+pub(crate) fn render_poll_index(layout: &OutboxLayout) -> TableDdl {
+    TableDdl {
+        table: layout.outbox_table.clone(),
+        indexes: vec![outbox_poll_index(layout)],
+        sql: render(OUTBOX_POLL_SQL, &variables(layout)),
+    }
+}
+
+/// The values of the scripts' `:"variables"`.
+fn variables(layout: &OutboxLayout) -> Vec<(&'static str, String)> {
+    vec![
+        ("outbox_table", qualified(&layout.outbox_table)),
+        (
+            "outbox_retry_index",
+            quote_ident(&outbox_retry_index(layout)),
+        ),
+        (
+            "outbox_key_retry_index",
+            quote_ident(&outbox_key_retry_index(layout)),
+        ),
+        ("outbox_poll_index", quote_ident(&outbox_poll_index(layout))),
+        ("inbox_table", qualified(&layout.inbox_table)),
+        ("inbox_claim_index", quote_ident(&inbox_claim_index(layout))),
+        ("checkpoint_table", qualified(&layout.checkpoint_table)),
     ]
 }
 
@@ -166,7 +201,14 @@ mod tests {
             outbox.contains("ON \"outbox\" (next_retry_time, id)"),
             "{outbox}"
         );
-        assert_eq!(ddl[0].indexes, ["outbox_retry_due_idx"]);
+        assert_eq!(
+            ddl[0].indexes,
+            ["outbox_retry_due_idx", "outbox_key_retry_idx"]
+        );
+        assert!(
+            outbox.contains("ON \"outbox\" (biz_key, id) WHERE next_retry_time IS NOT NULL"),
+            "{outbox}"
+        );
         assert!(ddl[1]
             .sql
             .contains("CREATE TABLE IF NOT EXISTS \"inbox\" ("));
@@ -195,6 +237,16 @@ mod tests {
             assert!(table.sql.contains("PRIMARY KEY"));
         }
         assert!(outbox.contains("WITH (fillfactor = 80)"));
+        let poll = render_poll_index(&layout("app.orders_outbox", "i", "c"));
+        assert_eq!(poll.indexes, ["orders_outbox_poll_idx"]);
+        assert!(
+            poll.sql.contains(
+                "CREATE INDEX IF NOT EXISTS \"orders_outbox_poll_idx\"\n    ON \"app\".\"orders_outbox\" (id) WHERE status = 'INIT'"
+            ),
+            "{}",
+            poll.sql
+        );
+        assert!(!poll.sql.contains(":\""));
     }
 
     #[test]

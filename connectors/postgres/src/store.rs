@@ -1,19 +1,33 @@
-//! The PostgreSQL [`OutboxStore`]: status write-back and the checkpoint row.
+//! The PostgreSQL [`OutboxStore`]: status write-back, the checkpoint row, and the claims,
+//! write-backs and reaper of the retry worker and of poll mode.
 //!
-//! Every write-back is one transaction of at most three statements, each covering the
-//! whole batch through `unnest` of arrays, pipelined on one connection. The SUCCESS
-//! update changes no indexed column of the shipped schema (`next_retry_time` stays NULL
-//! for a row that never failed), so PostgreSQL can do it as a HOT update.
+//! Every write-back is one transaction whose statements each cover the whole batch
+//! through `unnest` of arrays, pipelined on one connection. The SUCCESS update changes no
+//! indexed column of the shipped schema (`next_retry_time` stays NULL for a row that never
+//! failed), so PostgreSQL can do it as a HOT update.
+//!
+//! Invariant kept by every statement here and in [`crate::operator`]: a row in FAILED,
+//! PROCESSING or MANUAL_REQUIRED has `next_retry_time` set, so the partial indexes
+//! `WHERE next_retry_time IS NOT NULL` hold exactly the rows "in trouble" and serve the
+//! retry schedule, the reaper, strict ordering and `blocked_keys`, however many SUCCESS
+//! rows the table holds. (A MANUAL_REQUIRED row keeps the `next_retry_time` of its last
+//! failure; it is never claimed, its status says so.)
 
-use std::time::Duration;
+use std::collections::HashSet;
+use std::time::{Duration, SystemTime};
 
-use outboxd_connector::{ConnectorError, OutboxStore, Position, WriteBack};
-use tokio::sync::Mutex;
+use bytes::Bytes;
+use outboxd_connector::{
+    ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack, ConnectorError,
+    OutboxEvent, OutboxStore, Position, ReapPolicy, ReapReport, RetrySchedule, WriteBack,
+};
+use tokio::sync::{Mutex, MutexGuard};
 use tokio_postgres::types::Type;
-use tokio_postgres::{Client, Statement};
+use tokio_postgres::{Client, Row, Statement};
 
 use crate::connect::classify_pg_error;
-use crate::schema::qualified;
+use crate::schema::{qualified, quote_ident};
+use crate::stream::{headers_from_json, iso8601};
 use crate::PostgresConnector;
 
 /// `last_error` is cut to this many characters: a broker error is short, a stack of
@@ -24,70 +38,64 @@ const MAX_ERROR_CHARS: usize = 2000;
 /// arithmetic cannot overflow.
 const MAX_DELAY_MS: i64 = 10 * 365 * 24 * 3600 * 1000;
 
+/// In strict poll mode, the window of INIT rows looked at per claim, as a multiple of
+/// the claim's limit: rows locked by a concurrent claimer are skipped, and the window
+/// leaves room for the next ones.
+const POLL_WINDOW_FACTOR: i64 = 4;
+
+/// The statuses that hold back later events of a key under strict ordering.
+const BLOCKING: &str = "('FAILED', 'PROCESSING', 'MANUAL_REQUIRED')";
+
 /// The SQL side of one PostgreSQL pipeline.
 ///
 /// Holds one connection; when it breaks, the failing call returns a transient error and
 /// the next call reconnects (and prepares the statements again).
 #[derive(Debug)]
 pub struct PgOutboxStore {
-    connector: PostgresConnector,
-    sql: Sql,
+    pub(crate) connector: PostgresConnector,
     conn: Mutex<Option<Conn>>,
 }
 
-/// The statement texts, built once from the configured names.
+/// The live connection and its prepared statements.
 #[derive(Debug)]
-struct Sql {
-    success: String,
-    failed: String,
-    checkpoint: String,
-    load_checkpoint: String,
-}
-
-#[derive(Debug)]
-struct Conn {
-    client: Client,
+pub(crate) struct Conn {
+    pub(crate) client: Client,
+    /// How the event columns are read (bytea or text key and payload).
+    pub(crate) shape: RowShape,
+    /// `SELECT <event columns> FROM outbox o` (no WHERE), for the operator's scans.
+    pub(crate) event_select: String,
     success: Statement,
     failed: Statement,
+    parked: Statement,
     checkpoint: Statement,
     load_checkpoint: Statement,
+    /// Indexed by `[poll as usize][strict as usize]`.
+    claim: [[Statement; 2]; 2],
+    complete_success: Statement,
+    complete_failed: Statement,
+    reap: Statement,
+    schedule: Statement,
+    blocked_all: Statement,
+    blocked_some: Statement,
 }
 
-impl Sql {
-    fn new(connector: &PostgresConnector) -> Self {
-        let outbox = qualified(&connector.layout.outbox_table);
-        let checkpoint = qualified(&connector.layout.checkpoint_table);
-        Self {
-            // Leaves next_retry_time alone unless it is set (a FAILED row retried): for a
-            // fresh row NULL → NULL is no change, which keeps the update HOT.
-            success: format!(
-                "UPDATE {outbox} AS o SET status = 'SUCCESS', sent_at = now(), updated_at = now(), \
-                 kafka_partition = d.partition, kafka_offset = d.kafka_offset, \
-                 last_error = NULL, next_retry_time = NULL \
-                 FROM unnest($1::bigint[], $2::int[], $3::bigint[]) AS d(id, partition, kafka_offset) \
-                 WHERE o.id = d.id AND o.status IN ('INIT', 'FAILED')"
-            ),
-            failed: format!(
-                "UPDATE {outbox} AS o SET retry_count = o.retry_count + 1, \
-                 next_retry_time = now() + f.delay_ms * interval '1 millisecond', \
-                 last_error = f.error, updated_at = now(), \
-                 status = CASE WHEN o.retry_count + 1 >= o.max_retry_count \
-                          THEN 'MANUAL_REQUIRED' ELSE 'FAILED' END \
-                 FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS f(id, error, delay_ms) \
-                 WHERE o.id = f.id AND o.status = 'INIT'"
-            ),
-            // Never backward: LSNs compare as pg_lsn (text order is wrong for 9/… vs 10/…);
-            // other forms are replaced as they come.
-            checkpoint: format!(
-                "INSERT INTO {checkpoint} AS t (pipeline, position, updated_at) \
-                 VALUES ($1, $2, now()) \
-                 ON CONFLICT (pipeline) DO UPDATE SET position = EXCLUDED.position, updated_at = now() \
-                 WHERE CASE WHEN left(t.position, 4) = 'lsn:' AND left(EXCLUDED.position, 4) = 'lsn:' \
-                       THEN pg_lsn(substr(t.position, 5)) <= pg_lsn(substr(EXCLUDED.position, 5)) \
-                       ELSE true END"
-            ),
-            load_checkpoint: format!("SELECT position FROM {checkpoint} WHERE pipeline = $1"),
-        }
+/// Whether the key and payload columns are `bytea` (read as raw bytes) or text-like
+/// (read as their text output, as the replication stream does).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RowShape {
+    key_bytea: bool,
+    payload_bytea: bool,
+}
+
+/// The connection, locked for one operation (see [`PgOutboxStore::lock`]).
+pub(crate) struct Locked<'a>(MutexGuard<'a, Option<Conn>>);
+
+impl Locked<'_> {
+    /// The connection; always present once [`PgOutboxStore::lock`] returned.
+    pub(crate) fn conn(&mut self) -> Result<&mut Conn, ConnectorError> {
+        self.0
+            .as_mut()
+            .ok_or_else(|| ConnectorError::transient("no PostgreSQL connection"))
     }
 }
 
@@ -97,7 +105,6 @@ impl PgOutboxStore {
     pub(crate) async fn open(connector: &PostgresConnector) -> Result<Self, ConnectorError> {
         let store = Self {
             connector: connector.clone(),
-            sql: Sql::new(connector),
             conn: Mutex::new(None),
         };
         let conn = store.connect().await?;
@@ -105,51 +112,146 @@ impl PgOutboxStore {
         Ok(store)
     }
 
+    /// The connection for one operation, reconnecting when the previous one broke.
+    pub(crate) async fn lock(&self) -> Result<Locked<'_>, ConnectorError> {
+        let mut slot = self.conn.lock().await;
+        if slot.as_ref().is_some_and(|c| c.client.is_closed()) {
+            *slot = None;
+        }
+        if slot.is_none() {
+            *slot = Some(self.connect().await?);
+        }
+        Ok(Locked(slot))
+    }
+
+    /// The outbox table as configured, for messages.
+    pub(crate) fn table(&self) -> &str {
+        &self.connector.layout.outbox_table
+    }
+
+    /// Maps a database error to a [`ConnectorError`] naming the table and server.
+    pub(crate) fn error(&self, e: &tokio_postgres::Error, what: &str) -> ConnectorError {
+        let context = format!(
+            "{what} ({} on {})",
+            self.connector.layout.outbox_table,
+            self.connector.endpoint()
+        );
+        classify_pg_error(e, &context)
+    }
+
     async fn connect(&self) -> Result<Conn, ConnectorError> {
         let client = self.connector.sql_client().await?;
         // The checkpoint (and, after it, the slot's confirmed position) may only move once
         // the statuses are durable: with synchronous_commit = off a crash could lose a
         // committed write-back. Stronger settings (remote_apply, …) are kept.
-        let durable = "DO $$ BEGIN IF current_setting('synchronous_commit') = 'off' THEN \
-                       PERFORM set_config('synchronous_commit', 'on', false); END IF; END $$";
-        client.batch_execute(durable).await.map_err(|e| {
-            classify_pg_error(&e, "setting synchronous_commit for the write-back")
-        })?;
-        let success_types = [Type::INT8_ARRAY, Type::INT4_ARRAY, Type::INT8_ARRAY];
-        let failed_types = [Type::INT8_ARRAY, Type::TEXT_ARRAY, Type::INT8_ARRAY];
-        let checkpoint_types = [Type::TEXT, Type::TEXT];
-        let (success, failed, checkpoint, load_checkpoint) = futures_util::try_join!(
-            self.prepare(
-                &client,
+        // DateStyle and TimeZone as on the replication connection, so a claimed row's
+        // `created_at` reads exactly as the stream renders it.
+        let session = "DO $$ BEGIN IF current_setting('synchronous_commit') = 'off' THEN \
+                       PERFORM set_config('synchronous_commit', 'on', false); END IF; END $$; \
+                       SET DateStyle = ISO; SET TimeZone = 'UTC'";
+        client
+            .batch_execute(session)
+            .await
+            .map_err(|e| classify_pg_error(&e, "setting synchronous_commit for the write-back"))?;
+        let row = client
+            .query_one("SELECT current_setting('server_version_num')::int", &[])
+            .await
+            .map_err(|e| classify_pg_error(&e, "reading the server version"))?;
+        let version: i32 = get(&row, 0)?;
+
+        let layout = &self.connector.layout;
+        let outbox = qualified(&layout.outbox_table);
+        let key = quote_ident(&layout.key_column);
+        let probe = format!("SELECT o.{key}, o.payload FROM {outbox} o WHERE false");
+        let probe = self.prepare(&client, "outbox columns", &probe, &[]).await?;
+        let is_bytea = |i: usize| probe.columns().get(i).map(|c| c.type_()) == Some(&Type::BYTEA);
+        let shape = RowShape {
+            key_bytea: is_bytea(0),
+            payload_bytea: is_bytea(1),
+        };
+        let checkpoint = qualified(&layout.checkpoint_table);
+        let sql = Sql::new(&outbox, &checkpoint, &event_columns(&key, shape), version);
+
+        let int8s = Type::INT8_ARRAY;
+        let texts = Type::TEXT_ARRAY;
+        let statements: Vec<(&str, &str, Vec<Type>)> = vec![
+            (
                 "SUCCESS write-back",
-                &self.sql.success,
-                &success_types
+                &sql.success,
+                vec![int8s.clone(), Type::INT4_ARRAY, int8s.clone()],
             ),
-            self.prepare(
-                &client,
+            (
                 "FAILED write-back",
-                &self.sql.failed,
-                &failed_types
+                &sql.failed,
+                vec![int8s.clone(), texts.clone(), int8s.clone()],
             ),
-            self.prepare(
-                &client,
-                "checkpoint",
-                &self.sql.checkpoint,
-                &checkpoint_types
+            (
+                "parked write-back",
+                &sql.parked,
+                vec![int8s.clone(), texts.clone()],
             ),
-            self.prepare(
-                &client,
-                "checkpoint read",
-                &self.sql.load_checkpoint,
-                &[Type::TEXT]
+            ("checkpoint", &sql.checkpoint, vec![Type::TEXT, Type::TEXT]),
+            ("checkpoint read", &sql.load_checkpoint, vec![Type::TEXT]),
+            ("retry claim", &sql.claim[0][0], vec![Type::INT8]),
+            ("strict retry claim", &sql.claim[0][1], vec![Type::INT8]),
+            ("poll claim", &sql.claim[1][0], vec![Type::INT8]),
+            (
+                "strict poll claim",
+                &sql.claim[1][1],
+                vec![Type::INT8, Type::INT8],
             ),
-        )?;
+            (
+                "claimed SUCCESS write-back",
+                &sql.complete_success,
+                vec![
+                    int8s.clone(),
+                    Type::INT4_ARRAY,
+                    int8s.clone(),
+                    texts.clone(),
+                ],
+            ),
+            (
+                "claimed FAILED write-back",
+                &sql.complete_failed,
+                vec![int8s.clone(), texts.clone(), int8s.clone(), texts.clone()],
+            ),
+            (
+                "reaper",
+                &sql.reap,
+                vec![Type::INT8, Type::INT8, Type::TEXT],
+            ),
+            ("retry schedule", &sql.schedule, vec![]),
+            ("blocked keys", &sql.blocked_all, vec![]),
+            ("blocked keys", &sql.blocked_some, vec![texts]),
+        ];
+        let prepared = futures_util::future::try_join_all(
+            statements
+                .iter()
+                .map(|(what, text, types)| self.prepare(&client, what, text, types)),
+        )
+        .await?;
+        let [success, failed, parked, checkpoint, load_checkpoint, claim_due, claim_due_strict, claim_poll, claim_poll_strict, complete_success, complete_failed, reap, schedule, blocked_all, blocked_some] =
+            <[Statement; 15]>::try_from(prepared)
+                .map_err(|_| ConnectorError::definite("internal: statement count mismatch"))?;
         Ok(Conn {
             client,
+            shape,
+            event_select: sql.event_select,
             success,
             failed,
+            parked,
             checkpoint,
             load_checkpoint,
+            claim: [
+                [claim_due, claim_due_strict],
+                [claim_poll, claim_poll_strict],
+            ],
+            complete_success,
+            complete_failed,
+            reap,
+            schedule,
+            blocked_all,
+            blocked_some,
         })
     }
 
@@ -172,18 +274,6 @@ impl PgOutboxStore {
         })
     }
 
-    /// The live connection, reconnecting when the previous one broke.
-    async fn conn<'a>(&self, slot: &'a mut Option<Conn>) -> Result<&'a mut Conn, ConnectorError> {
-        if slot.as_ref().is_some_and(|c| c.client.is_closed()) {
-            *slot = None;
-        }
-        if slot.is_none() {
-            *slot = Some(self.connect().await?);
-        }
-        slot.as_mut()
-            .ok_or_else(|| ConnectorError::transient("no PostgreSQL connection"))
-    }
-
     async fn write_back_on(
         conn: &mut Conn,
         batch: WriteBack<'_>,
@@ -199,6 +289,8 @@ impl PgOutboxStore {
         let f_ids: Vec<i64> = failed.iter().map(|f| f.id).collect();
         let f_errors: Vec<String> = failed.iter().map(|f| truncate(&f.error)).collect();
         let f_delays: Vec<i64> = failed.iter().map(|f| delay_ms(f.retry_delay)).collect();
+        let p_ids: Vec<i64> = batch.parked.iter().map(|p| p.id).collect();
+        let p_reasons: Vec<String> = batch.parked.iter().map(|p| truncate(&p.reason)).collect();
         let position = batch.checkpoint.map(Position::to_string);
 
         let tx = conn.client.transaction().await?;
@@ -218,40 +310,108 @@ impl PgOutboxStore {
             tx.execute(&conn.failed, &[&f_ids, &f_errors, &f_delays])
                 .await
         };
+        let park = async {
+            if p_ids.is_empty() {
+                return Ok(0);
+            }
+            tx.execute(&conn.parked, &[&p_ids, &p_reasons]).await
+        };
         let checkpoint = async {
             match &position {
                 Some(position) => tx.execute(&conn.checkpoint, &[&pipeline, position]).await,
                 None => Ok(0),
             }
         };
-        futures_util::try_join!(success, fail, checkpoint)?;
+        futures_util::try_join!(success, fail, park, checkpoint)?;
         tx.commit().await
+    }
+
+    async fn claim_on(
+        conn: &mut Conn,
+        request: ClaimRequest,
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        let limit = i64::try_from(request.limit).unwrap_or(i64::MAX);
+        let poll = request.scope == ClaimScope::NewAndDueFailed;
+        let statement = &conn.claim[usize::from(poll)][usize::from(request.strict_order)];
+        let tx = conn.client.transaction().await?;
+        let rows = if poll && request.strict_order {
+            let window = limit.saturating_mul(POLL_WINDOW_FACTOR);
+            tx.query(statement, &[&limit, &window]).await?
+        } else {
+            tx.query(statement, &[&limit]).await?
+        };
+        tx.commit().await?;
+        Ok(rows)
+    }
+
+    async fn complete_on(
+        conn: &mut Conn,
+        batch: ClaimedWriteBack<'_>,
+    ) -> Result<u64, tokio_postgres::Error> {
+        let d = batch.delivered;
+        let d_ids: Vec<i64> = d.iter().map(|(x, _)| x.id).collect();
+        let d_parts: Vec<i32> = d.iter().map(|(x, _)| x.partition).collect();
+        let d_offsets: Vec<i64> = d.iter().map(|(x, _)| x.offset).collect();
+        let d_tokens: Vec<&str> = d.iter().map(|(_, t)| t.0.as_str()).collect();
+        let f = batch.failed;
+        let f_ids: Vec<i64> = f.iter().map(|(x, _)| x.id).collect();
+        let f_errors: Vec<String> = f.iter().map(|(x, _)| truncate(&x.error)).collect();
+        let f_delays: Vec<i64> = f.iter().map(|(x, _)| delay_ms(x.retry_delay)).collect();
+        let f_tokens: Vec<&str> = f.iter().map(|(_, t)| t.0.as_str()).collect();
+
+        let tx = conn.client.transaction().await?;
+        let success = async {
+            if d_ids.is_empty() {
+                return Ok(0);
+            }
+            tx.execute(
+                &conn.complete_success,
+                &[&d_ids, &d_parts, &d_offsets, &d_tokens],
+            )
+            .await
+        };
+        let fail = async {
+            if f_ids.is_empty() {
+                return Ok(0);
+            }
+            tx.execute(
+                &conn.complete_failed,
+                &[&f_ids, &f_errors, &f_delays, &f_tokens],
+            )
+            .await
+        };
+        let (s, f) = futures_util::try_join!(success, fail)?;
+        tx.commit().await?;
+        Ok(s + f)
     }
 }
 
 impl OutboxStore for PgOutboxStore {
     async fn write_back(&self, batch: WriteBack<'_>) -> Result<(), ConnectorError> {
-        if batch.delivered.is_empty() && batch.failed.is_empty() && batch.checkpoint.is_none() {
+        if batch.delivered.is_empty()
+            && batch.failed.is_empty()
+            && batch.parked.is_empty()
+            && batch.checkpoint.is_none()
+        {
             return Ok(());
         }
-        let mut slot = self.conn.lock().await;
-        let conn = self.conn(&mut slot).await?;
+        let mut locked = self.lock().await?;
+        let conn = locked.conn()?;
         let result = Self::write_back_on(conn, batch, &self.connector.pipeline).await;
         result.map_err(|e| {
-            let context = format!(
-                "writing back {} delivered and {} failed outbox rows to {} on {}",
+            let what = format!(
+                "writing back {} delivered, {} failed and {} parked outbox rows",
                 batch.delivered.len(),
                 batch.failed.len(),
-                self.connector.layout.outbox_table,
-                self.connector.endpoint()
+                batch.parked.len(),
             );
-            classify_pg_error(&e, &context)
+            self.error(&e, &what)
         })
     }
 
     async fn load_checkpoint(&self) -> Result<Option<Position>, ConnectorError> {
-        let mut slot = self.conn.lock().await;
-        let conn = self.conn(&mut slot).await?;
+        let mut locked = self.lock().await?;
+        let conn = locked.conn()?;
         let table = &self.connector.layout.checkpoint_table;
         let row = conn
             .client
@@ -265,27 +425,397 @@ impl OutboxStore for PgOutboxStore {
         let text: String = row.try_get(0).map_err(|e| {
             ConnectorError::definite(format!("reading the checkpoint from {table}")).with_source(e)
         })?;
-        text.parse().map(Some).map_err(|e| {
-            ConnectorError::definite(format!(
-                "the checkpoint of pipeline `{}` in {table} is corrupt; delete the row to \
-                 resume from the replication slot's position",
-                self.connector.pipeline
-            ))
-            .with_source(e)
+        parse_checkpoint(&text, table, &self.connector.pipeline).map(Some)
+    }
+
+    async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedEvent>, ConnectorError> {
+        if request.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut locked = self.lock().await?;
+        let conn = locked.conn()?;
+        let rows = Self::claim_on(conn, request)
+            .await
+            .map_err(|e| self.error(&e, "claiming outbox rows"))?;
+        let mut claimed = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let event = event_from_row(row, conn.shape, self.table())?;
+            let token: String = get(row, EVENT_COLUMNS)?;
+            claimed.push(ClaimedEvent {
+                event,
+                claim_token: ClaimToken(token),
+            });
+        }
+        // UPDATE … RETURNING has no order; callers publish in id order.
+        claimed.sort_by_key(|c| c.event.id);
+        Ok(claimed)
+    }
+
+    async fn complete_claimed(&self, batch: ClaimedWriteBack<'_>) -> Result<u64, ConnectorError> {
+        if batch.delivered.is_empty() && batch.failed.is_empty() {
+            return Ok(0);
+        }
+        let mut locked = self.lock().await?;
+        let conn = locked.conn()?;
+        Self::complete_on(conn, batch).await.map_err(|e| {
+            let what = format!(
+                "writing back {} delivered and {} failed claimed rows",
+                batch.delivered.len(),
+                batch.failed.len()
+            );
+            self.error(&e, &what)
         })
+    }
+
+    async fn reap(&self, policy: ReapPolicy) -> Result<ReapReport, ConnectorError> {
+        let reason = format!(
+            "claim expired after {} (worker stopped while publishing)",
+            format_duration(policy.claim_timeout)
+        );
+        let mut locked = self.lock().await?;
+        let conn = locked.conn()?;
+        let timeout = delay_ms(policy.claim_timeout);
+        let delay = delay_ms(policy.retry_delay);
+        let rows = conn
+            .client
+            .query(&conn.reap, &[&timeout, &delay, &reason])
+            .await
+            .map_err(|e| self.error(&e, "returning expired claims to FAILED"))?;
+        let mut report = ReapReport::default();
+        for row in &rows {
+            let status: String = get(row, 0)?;
+            if status == "MANUAL_REQUIRED" {
+                report.manual_required += 1;
+            } else {
+                report.failed += 1;
+            }
+        }
+        Ok(report)
+    }
+
+    async fn retry_schedule(&self) -> Result<RetrySchedule, ConnectorError> {
+        let mut locked = self.lock().await?;
+        let conn = locked.conn()?;
+        let row = conn
+            .client
+            .query_one(&conn.schedule, &[])
+            .await
+            .map_err(|e| self.error(&e, "reading the retry schedule"))?;
+        Ok(RetrySchedule {
+            next_due: get::<Option<SystemTime>>(&row, 0)?,
+            oldest_claim: get::<Option<SystemTime>>(&row, 1)?,
+        })
+    }
+
+    async fn blocked_keys(
+        &self,
+        keys: Option<&[String]>,
+    ) -> Result<HashSet<String>, ConnectorError> {
+        if keys.is_some_and(<[String]>::is_empty) {
+            return Ok(HashSet::new());
+        }
+        let mut locked = self.lock().await?;
+        let conn = locked.conn()?;
+        let rows = match keys {
+            Some(keys) => conn.client.query(&conn.blocked_some, &[&keys]).await,
+            None => conn.client.query(&conn.blocked_all, &[]).await,
+        }
+        .map_err(|e| self.error(&e, "reading the keys held back by failed rows"))?;
+        rows.iter().map(|row| get::<String>(row, 0)).collect()
     }
 }
 
+/// The statement texts for one outbox table.
+struct Sql {
+    event_select: String,
+    success: String,
+    failed: String,
+    parked: String,
+    checkpoint: String,
+    load_checkpoint: String,
+    claim: [[String; 2]; 2],
+    complete_success: String,
+    complete_failed: String,
+    reap: String,
+    schedule: String,
+    blocked_all: String,
+    blocked_some: String,
+}
+
+/// How many columns [`event_columns`] selects; a claim's token follows them.
+const EVENT_COLUMNS: usize = 11;
+
+/// The columns an event is built from, for table alias `o`, in the order
+/// [`event_from_row`] reads them. Text-like key and payload are read as their text output
+/// (what the replication stream sees), `bytea` ones as raw bytes.
+fn event_columns(key: &str, shape: RowShape) -> String {
+    let key = if shape.key_bytea {
+        format!("o.{key}")
+    } else {
+        format!("o.{key}::text")
+    };
+    let payload = if shape.payload_bytea {
+        "o.payload"
+    } else {
+        "o.payload::text"
+    };
+    format!(
+        "o.id, o.message_id::text, o.message_type::text, o.biz_key::text, {key}, \
+         o.topic::text, {payload}, o.headers::text, o.created_at::text, o.retry_count::int, \
+         o.max_retry_count::int"
+    )
+}
+
+/// One row of [`event_columns`] as an event, exactly as the replication stream builds
+/// it (without a commit time).
+pub(crate) fn event_from_row(
+    row: &Row,
+    shape: RowShape,
+    table: &str,
+) -> Result<OutboxEvent, ConnectorError> {
+    let bytes = |at: usize, bytea: bool| -> Result<Bytes, ConnectorError> {
+        Ok(if bytea {
+            get::<Option<Vec<u8>>>(row, at)?.map_or_else(Bytes::new, Bytes::from)
+        } else {
+            get::<Option<String>>(row, at)?.map_or_else(Bytes::new, Bytes::from)
+        })
+    };
+    let headers: Option<String> = get(row, 7)?;
+    let created_at: String = get(row, 8)?;
+    Ok(OutboxEvent {
+        id: get(row, 0)?,
+        message_id: get(row, 1)?,
+        message_type: get(row, 2)?,
+        biz_key: get(row, 3)?,
+        key: bytes(4, shape.key_bytea)?,
+        topic: get(row, 5)?,
+        payload: bytes(6, shape.payload_bytea)?,
+        headers: headers_from_json(headers.as_deref(), table),
+        created_at: iso8601(&created_at),
+        retry_count: get(row, 9)?,
+        max_retry_count: get(row, 10)?,
+        commit_time: None,
+    })
+}
+
+impl Sql {
+    /// `version` is `server_version_num`: `gen_random_uuid()` is built in from 13 on.
+    fn new(outbox: &str, checkpoint: &str, columns: &str, version: i32) -> Self {
+        let token = if version >= 130_000 {
+            "gen_random_uuid()"
+        } else {
+            "md5(random()::text || clock_timestamp()::text || o.id::text)::uuid"
+        };
+        let next_retry = |delay: &str| format!("now() + {delay} * interval '1 millisecond'");
+        let failed_status = "CASE WHEN o.retry_count + 1 >= o.max_retry_count \
+                             THEN 'MANUAL_REQUIRED' ELSE 'FAILED' END";
+        let claim = |poll: bool, strict: bool| claim_sql(outbox, columns, token, poll, strict);
+        Self {
+            event_select: format!("SELECT {columns} FROM {outbox} o"),
+            // Leaves next_retry_time alone unless it is set (a FAILED row retried): for a
+            // fresh row NULL → NULL is no change, which keeps the update HOT.
+            success: format!(
+                "UPDATE {outbox} AS o SET status = 'SUCCESS', sent_at = now(), updated_at = now(), \
+                 kafka_partition = d.partition, kafka_offset = d.kafka_offset, \
+                 last_error = NULL, next_retry_time = NULL \
+                 FROM unnest($1::bigint[], $2::int[], $3::bigint[]) AS d(id, partition, kafka_offset) \
+                 WHERE o.id = d.id AND o.status IN ('INIT', 'FAILED')"
+            ),
+            failed: format!(
+                "UPDATE {outbox} AS o SET retry_count = o.retry_count + 1, \
+                 next_retry_time = {}, last_error = f.error, updated_at = now(), \
+                 status = {failed_status} \
+                 FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS f(id, error, delay_ms) \
+                 WHERE o.id = f.id AND o.status = 'INIT'",
+                next_retry("f.delay_ms")
+            ),
+            parked: format!(
+                "UPDATE {outbox} AS o SET status = 'FAILED', next_retry_time = now(), \
+                 last_error = p.reason, updated_at = now() \
+                 FROM unnest($1::bigint[], $2::text[]) AS p(id, reason) \
+                 WHERE o.id = p.id AND o.status = 'INIT'"
+            ),
+            // Never backward: LSNs compare as pg_lsn (text order is wrong for 9/… vs 10/…);
+            // other forms are replaced as they come.
+            checkpoint: format!(
+                "INSERT INTO {checkpoint} AS t (pipeline, position, updated_at) \
+                 VALUES ($1, $2, now()) \
+                 ON CONFLICT (pipeline) DO UPDATE SET position = EXCLUDED.position, updated_at = now() \
+                 WHERE CASE WHEN left(t.position, 4) = 'lsn:' AND left(EXCLUDED.position, 4) = 'lsn:' \
+                       THEN pg_lsn(substr(t.position, 5)) <= pg_lsn(substr(EXCLUDED.position, 5)) \
+                       ELSE true END"
+            ),
+            load_checkpoint: format!("SELECT position FROM {checkpoint} WHERE pipeline = $1"),
+            claim: [
+                [claim(false, false), claim(false, true)],
+                [claim(true, false), claim(true, true)],
+            ],
+            complete_success: format!(
+                "UPDATE {outbox} AS o SET status = 'SUCCESS', sent_at = now(), updated_at = now(), \
+                 kafka_partition = d.partition, kafka_offset = d.kafka_offset, \
+                 last_error = NULL, next_retry_time = NULL, claimed_at = NULL, claim_token = NULL \
+                 FROM unnest($1::bigint[], $2::int[], $3::bigint[], $4::text[]) \
+                 AS d(id, partition, kafka_offset, token) \
+                 WHERE o.id = d.id AND o.claim_token = d.token::uuid AND o.status = 'PROCESSING'"
+            ),
+            complete_failed: format!(
+                "UPDATE {outbox} AS o SET retry_count = o.retry_count + 1, \
+                 next_retry_time = {}, last_error = f.error, updated_at = now(), \
+                 claimed_at = NULL, claim_token = NULL, status = {failed_status} \
+                 FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[]) \
+                 AS f(id, error, delay_ms, token) \
+                 WHERE o.id = f.id AND o.claim_token = f.token::uuid AND o.status = 'PROCESSING'",
+                next_retry("f.delay_ms")
+            ),
+            // SKIP LOCKED: a row being written back by its worker right now is not stale.
+            reap: format!(
+                "UPDATE {outbox} AS o SET retry_count = o.retry_count + 1, \
+                 next_retry_time = {}, last_error = $3, updated_at = now(), \
+                 claimed_at = NULL, claim_token = NULL, status = {failed_status} \
+                 WHERE o.id IN (SELECT e.id FROM {outbox} e WHERE e.next_retry_time IS NOT NULL \
+                 AND e.status = 'PROCESSING' AND e.claimed_at < now() - $1 * interval '1 millisecond' \
+                 FOR UPDATE OF e SKIP LOCKED) \
+                 RETURNING o.status",
+                next_retry("$2")
+            ),
+            schedule: format!(
+                "SELECT (SELECT min(next_retry_time) FROM {outbox} \
+                         WHERE next_retry_time IS NOT NULL AND status = 'FAILED'), \
+                        (SELECT min(claimed_at) FROM {outbox} \
+                         WHERE next_retry_time IS NOT NULL AND status = 'PROCESSING')"
+            ),
+            blocked_all: format!(
+                "SELECT DISTINCT biz_key::text FROM {outbox} \
+                 WHERE next_retry_time IS NOT NULL AND status IN {BLOCKING}"
+            ),
+            blocked_some: format!(
+                "SELECT DISTINCT biz_key::text FROM {outbox} \
+                 WHERE next_retry_time IS NOT NULL AND status IN {BLOCKING} \
+                 AND biz_key = ANY($1::text[])"
+            ),
+        }
+    }
+}
+
+/// The claim statement. `$1` is the limit; strict poll mode also takes `$2`, the window.
+///
+/// - Due FAILED rows: `status = 'FAILED' AND next_retry_time <= now()`, served by the
+///   retry index.
+/// - Poll mode adds INIT rows (served by the optional poll index). The two kinds are
+///   selected and locked separately, each `ORDER BY id LIMIT $1`, so each uses its index,
+///   then the lowest `$1` ids of both are claimed (the other locked rows are released at
+///   commit, milliseconds later).
+/// - Strict: a row is taken only when no lower id of its key is FAILED, PROCESSING or
+///   MANUAL_REQUIRED (served by the key index on the same rows) and, in poll mode, none
+///   is INIT. For INIT rows that last test looks at a window of the lowest INIT ids
+///   without locking them: the first row of each key in the window has no earlier INIT
+///   row, also when another claimer holds that earlier row's lock.
+///
+/// Claimed rows get `next_retry_time = COALESCE(next_retry_time, now())`, so a PROCESSING
+/// row claimed from INIT is in the partial indexes too.
+fn claim_sql(outbox: &str, columns: &str, token: &str, poll: bool, strict: bool) -> String {
+    let not_blocked = if strict {
+        format!(
+            "AND NOT EXISTS (SELECT 1 FROM {outbox} e WHERE e.biz_key = o.biz_key \
+             AND e.id < o.id AND e.next_retry_time IS NOT NULL AND e.status IN {BLOCKING})"
+        )
+    } else {
+        String::new()
+    };
+    let due_failed = "o.status = 'FAILED' AND o.next_retry_time <= now()";
+    let lock = "ORDER BY o.id LIMIT $1 FOR UPDATE OF o SKIP LOCKED";
+    let ctes = match (poll, strict) {
+        (false, _) => {
+            format!("c AS (SELECT o.id FROM {outbox} o WHERE {due_failed} {not_blocked} {lock})")
+        }
+        (true, false) => format!(
+            "i AS (SELECT o.id FROM {outbox} o WHERE o.status = 'INIT' {lock}), \
+             f AS (SELECT o.id FROM {outbox} o WHERE {due_failed} {lock}), \
+             c AS (SELECT id FROM i UNION ALL SELECT id FROM f ORDER BY id LIMIT $1)"
+        ),
+        (true, true) => format!(
+            "w AS MATERIALIZED (SELECT o.id, o.biz_key FROM {outbox} o \
+               WHERE o.status = 'INIT' ORDER BY o.id LIMIT $2), \
+             first AS (SELECT id FROM (SELECT id, row_number() OVER \
+               (PARTITION BY biz_key ORDER BY id) AS n FROM w) r WHERE n = 1), \
+             i AS (SELECT o.id FROM {outbox} o WHERE o.id IN (SELECT id FROM first) \
+               AND o.status = 'INIT' {not_blocked} {lock}), \
+             f AS (SELECT o.id FROM {outbox} o WHERE {due_failed} {not_blocked} \
+               AND NOT EXISTS (SELECT 1 FROM {outbox} e WHERE e.biz_key = o.biz_key \
+               AND e.id < o.id AND e.status = 'INIT') {lock}), \
+             c AS (SELECT id FROM i UNION ALL SELECT id FROM f ORDER BY id LIMIT $1)"
+        ),
+    };
+    format!(
+        "WITH {ctes} \
+         UPDATE {outbox} AS o SET status = 'PROCESSING', claimed_at = now(), \
+         claim_token = {token}, updated_at = now(), \
+         next_retry_time = COALESCE(o.next_retry_time, now()) \
+         FROM c WHERE o.id = c.id \
+         RETURNING {columns}, o.claim_token::text"
+    )
+}
+
+/// Parses a checkpoint row's position.
+pub(crate) fn parse_checkpoint(
+    text: &str,
+    table: &str,
+    pipeline: &str,
+) -> Result<Position, ConnectorError> {
+    text.parse().map_err(|e| {
+        ConnectorError::definite(format!(
+            "the checkpoint of pipeline `{pipeline}` in {table} is corrupt; delete the row to \
+             resume from the replication slot's position"
+        ))
+        .with_source(e)
+    })
+}
+
+/// A column of a row we selected ourselves; a mismatch is a definite error.
+pub(crate) fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
+    row: &'a Row,
+    at: usize,
+) -> Result<T, ConnectorError> {
+    row.try_get(at).map_err(|e| {
+        ConnectorError::definite(format!("unexpected answer from PostgreSQL (column {at})"))
+            .with_source(e)
+    })
+}
+
 /// At most [`MAX_ERROR_CHARS`] characters of `error`, cut on a character boundary.
-fn truncate(error: &str) -> String {
+pub(crate) fn truncate(error: &str) -> String {
     match error.char_indices().nth(MAX_ERROR_CHARS) {
         Some((at, _)) => error[..at].to_owned(),
         None => error.to_owned(),
     }
 }
 
-fn delay_ms(delay: Duration) -> i64 {
+pub(crate) fn delay_ms(delay: Duration) -> i64 {
     i64::try_from(delay.as_millis()).map_or(MAX_DELAY_MS, |ms| ms.min(MAX_DELAY_MS))
+}
+
+/// `90s` → `1m30s`, `1500ms` → `1.5s`: short, for messages stored in `last_error`.
+pub(crate) fn format_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    if ms % 1000 != 0 && ms < 60_000 {
+        return format!("{:.1}s", d.as_secs_f64());
+    }
+    let secs = d.as_secs();
+    let (h, m, s) = (secs / 3600, secs / 60 % 60, secs % 60);
+    let mut out = String::new();
+    if h > 0 {
+        out.push_str(&format!("{h}h"));
+    }
+    if m > 0 {
+        out.push_str(&format!("{m}m"));
+    }
+    if s > 0 || out.is_empty() {
+        out.push_str(&format!("{s}s"));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -304,5 +834,30 @@ mod tests {
     fn clamps_delays() {
         assert_eq!(delay_ms(Duration::from_millis(1500)), 1500);
         assert_eq!(delay_ms(Duration::from_secs(u64::MAX)), MAX_DELAY_MS);
+    }
+
+    #[test]
+    fn formats_durations_shortly() {
+        assert_eq!(format_duration(Duration::from_millis(250)), "250ms");
+        assert_eq!(format_duration(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(format_duration(Duration::from_secs(30)), "30s");
+        assert_eq!(format_duration(Duration::from_secs(90)), "1m30s");
+        assert_eq!(format_duration(Duration::from_secs(3600)), "1h");
+        assert_eq!(format_duration(Duration::from_secs(0)), "0ms");
+    }
+
+    #[test]
+    fn claim_statements_lock_only_the_outbox_rows_they_take() {
+        let cols = event_columns("\"biz_key\"", RowShape::default());
+        for poll in [false, true] {
+            for strict in [false, true] {
+                let sql = claim_sql("\"outbox\"", &cols, "gen_random_uuid()", poll, strict);
+                assert!(sql.contains("FOR UPDATE OF o SKIP LOCKED"), "{sql}");
+                assert!(sql.contains("COALESCE(o.next_retry_time, now())"), "{sql}");
+                assert_eq!(sql.contains("'INIT'"), poll, "{sql}");
+                assert_eq!(sql.contains("NOT EXISTS"), strict, "{sql}");
+                assert_eq!(sql.contains("$2"), poll && strict, "{sql}");
+            }
+        }
     }
 }

@@ -674,16 +674,8 @@ fn to_event(
     if text(c.status, "status")?.as_deref() != Some("INIT") {
         return Ok(None);
     }
-    let headers = match c.headers.map(|i| text(i, "headers")).transpose()?.flatten() {
-        Some(json) => parse_headers(&json).unwrap_or_else(|| {
-            tracing::warn!(
-                table,
-                "outbox `headers` is not a JSON object; publishing without headers"
-            );
-            Vec::new()
-        }),
-        None => Vec::new(),
-    };
+    let headers = c.headers.map(|i| text(i, "headers")).transpose()?.flatten();
+    let headers = headers_from_json(headers.as_deref(), table);
     Ok(Some(OutboxEvent {
         id: number(c.id, "id")?,
         message_id: not_null(c.message_id, "message_id")?,
@@ -700,8 +692,24 @@ fn to_event(
     }))
 }
 
+/// The row's `headers` column (JSON text) as record headers; a value that is not a JSON
+/// object is logged and ignored. Shared with the store's claims, so a claimed row is
+/// published with the headers the stream would give it.
+pub(crate) fn headers_from_json(json: Option<&str>, table: &str) -> Vec<(String, Bytes)> {
+    match json {
+        Some(json) => parse_headers(json).unwrap_or_else(|| {
+            tracing::warn!(
+                table,
+                "outbox `headers` is not a JSON object; publishing without headers"
+            );
+            Vec::new()
+        }),
+        None => Vec::new(),
+    }
+}
+
 /// `2026-05-09 07:30:00.123+00` (DateStyle ISO) → `2026-05-09T07:30:00.123+00`.
-fn iso8601(text: &str) -> String {
+pub(crate) fn iso8601(text: &str) -> String {
     match text.split_once(' ') {
         Some((date, time)) if date.len() == 10 => format!("{date}T{time}"),
         _ => text.to_owned(),

@@ -69,6 +69,10 @@ fn outbox_ddl(table: &str) -> String {
         .join("\n")
         .replace(":\"outbox_table\"", table)
         .replace(":\"outbox_retry_index\"", &format!("{table}_retry_idx"))
+        .replace(
+            ":\"outbox_key_retry_index\"",
+            &format!("{table}_key_retry_idx"),
+        )
 }
 
 /// A test's own outbox, other table, publication and slot.

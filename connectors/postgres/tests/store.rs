@@ -71,6 +71,7 @@ async fn write_back_moves_rows_through_the_state_machine() {
     let batch = WriteBack {
         delivered: &delivered,
         failed: &failed,
+        parked: &[],
         checkpoint: None,
     };
     store.write_back(batch).await.expect("write back");
@@ -144,6 +145,7 @@ async fn write_back_moves_rows_through_the_state_machine() {
         .write_back(WriteBack {
             delivered: &delivered,
             failed: &late_failure,
+            parked: &[],
             checkpoint: None,
         })
         .await
@@ -178,6 +180,7 @@ async fn write_back_moves_rows_through_the_state_machine() {
         .write_back(WriteBack {
             delivered: &d,
             failed: &f,
+            parked: &[],
             checkpoint: None,
         })
         .await
@@ -209,6 +212,7 @@ async fn checkpoint_never_moves_backward_and_commits_with_statuses() {
         .write_back(WriteBack {
             delivered: &delivered,
             failed: &[],
+            parked: &[],
             checkpoint: Some(&p9),
         })
         .await
@@ -290,6 +294,7 @@ async fn success_write_back_is_a_hot_update() {
             .write_back(WriteBack {
                 delivered: &d,
                 failed: &[],
+                parked: &[],
                 checkpoint: Some(&position),
             })
             .await

@@ -1,0 +1,288 @@
+//! The operator's actions on a PostgreSQL outbox ([`OutboxAdmin`]): `outboxd status`,
+//! `retry`, `park`, `resolve`, `janitor`, and the INIT scan of `outboxd recover`.
+//!
+//! Each action is one short transaction. Those that make rows due again or release a key
+//! (`retry`, `resolve`) also `NOTIFY` the pipeline's [`retry_channel`] in the same
+//! transaction, so a running outboxd listening there can wake its retry worker at once
+//! instead of at its next idle check.
+
+use std::time::{Duration, SystemTime};
+
+use outboxd_connector::{
+    ConnectorError, JanitorAction, OutboxAdmin, OutboxEvent, Position, RetrySelector, StatusCount,
+    StatusSummary,
+};
+
+use crate::schema::qualified;
+use crate::store::{delay_ms, event_from_row, get, parse_checkpoint, truncate, PgOutboxStore};
+
+/// PostgreSQL's longest identifier (NAMEDATALEN - 1), in bytes.
+const MAX_IDENTIFIER_BYTES: usize = 63;
+
+/// The `LISTEN`/`NOTIFY` channel of a pipeline: `outboxd_<pipeline>`, cut to PostgreSQL's
+/// 63-byte identifier limit on a character boundary. `outboxd retry` and `outboxd
+/// resolve` notify it (payload `retry` or `resolve`) when they changed a row. Listen with
+/// the name quoted: `LISTEN "outboxd_orders"`.
+pub fn retry_channel(pipeline: &str) -> String {
+    let mut channel = format!("outboxd_{pipeline}");
+    if channel.len() > MAX_IDENTIFIER_BYTES {
+        let mut at = MAX_IDENTIFIER_BYTES;
+        while !channel.is_char_boundary(at) {
+            at -= 1;
+        }
+        channel.truncate(at);
+    }
+    channel
+}
+
+impl PgOutboxStore {
+    /// Runs one UPDATE of a single row (or a selection) and, when it changed rows and
+    /// `notify` is set, notifies the retry channel, in one transaction.
+    async fn update_and_notify(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        notify: Option<&str>,
+        what: &str,
+    ) -> Result<u64, ConnectorError> {
+        let channel = retry_channel(&self.connector.pipeline);
+        let mut locked = self.lock().await?;
+        let conn = locked.conn()?;
+        let result = async {
+            let tx = conn.client.transaction().await?;
+            let changed = tx.execute(sql, params).await?;
+            if let (Some(payload), true) = (notify, changed > 0) {
+                tx.execute("SELECT pg_notify($1, $2)", &[&channel, &payload])
+                    .await?;
+            }
+            tx.commit().await?;
+            Ok(changed)
+        }
+        .await;
+        result.map_err(|e: tokio_postgres::Error| self.error(&e, what))
+    }
+}
+
+impl OutboxAdmin for PgOutboxStore {
+    async fn status_summary(&self) -> Result<StatusSummary, ConnectorError> {
+        let outbox = qualified(self.table());
+        let checkpoint_table = &self.connector.layout.checkpoint_table;
+        let mut locked = self.lock().await?;
+        let conn = locked.conn()?;
+        let client = &conn.client;
+
+        let counts = format!(
+            "SELECT status::text, message_type::text, count(*), min(created_at) FROM {outbox} \
+             GROUP BY 1, 2 ORDER BY 1, 2"
+        );
+        let rows = client
+            .query(&counts, &[])
+            .await
+            .map_err(|e| self.error(&e, "counting outbox rows"))?;
+        let mut summary = StatusSummary::default();
+        for row in &rows {
+            let status: String = get(row, 0)?;
+            let oldest: Option<SystemTime> = get(row, 3)?;
+            if status == "INIT" || status == "FAILED" {
+                summary.oldest_unsent = match (summary.oldest_unsent, oldest) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+            summary.counts.push(StatusCount {
+                status,
+                message_type: get(row, 1)?,
+                rows: get(row, 2)?,
+            });
+        }
+
+        let sql = format!(
+            "SELECT position, updated_at FROM {} WHERE pipeline = $1",
+            qualified(checkpoint_table)
+        );
+        let row = client
+            .query_opt(&sql, &[&self.connector.pipeline])
+            .await
+            .map_err(|e| self.error(&e, "reading the checkpoint"))?;
+        if let Some(row) = row {
+            let text: String = get(&row, 0)?;
+            let position: Position =
+                parse_checkpoint(&text, checkpoint_table, &self.connector.pipeline)?;
+            summary.checkpoint = Some((position, get(&row, 1)?));
+        }
+
+        // No slot (poll mode, or not created yet) and standbys: no lag to tell.
+        let row = client
+            .query_opt(
+                "SELECT CASE WHEN pg_is_in_recovery() OR confirmed_flush_lsn IS NULL THEN NULL \
+                 ELSE pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint END \
+                 FROM pg_replication_slots WHERE slot_name = $1",
+                &[&self.connector.slot()],
+            )
+            .await
+            .map_err(|e| self.error(&e, "reading the replication slot's lag"))?;
+        if let Some(row) = row {
+            let lag: Option<i64> = get(&row, 0)?;
+            summary.source_lag_bytes = lag.map(|l| u64::try_from(l).unwrap_or(0));
+        }
+        Ok(summary)
+    }
+
+    async fn retry_rows(&self, selector: &RetrySelector) -> Result<u64, ConnectorError> {
+        let outbox = qualified(self.table());
+        let set = "SET status = 'FAILED', next_retry_time = now(), retry_count = 0, \
+                   claimed_at = NULL, claim_token = NULL, updated_at = now()";
+        match selector {
+            RetrySelector::Id(id) => {
+                let sql = format!(
+                    "UPDATE {outbox} {set} WHERE id = $1 AND status IN ('FAILED', 'MANUAL_REQUIRED')"
+                );
+                let what = format!("making row {id} due again");
+                self.update_and_notify(&sql, &[id], Some("retry"), &what)
+                    .await
+            }
+            RetrySelector::Status {
+                status,
+                message_type,
+            } => {
+                if status != "FAILED" && status != "MANUAL_REQUIRED" {
+                    return Err(ConnectorError::definite(format!(
+                        "cannot retry rows in status `{status}`: only FAILED and MANUAL_REQUIRED \
+                         rows are retried (INIT and PROCESSING rows are on their way already)"
+                    )));
+                }
+                // `next_retry_time IS NOT NULL` holds for both statuses and lets the
+                // partial index find them.
+                let sql = format!(
+                    "UPDATE {outbox} {set} WHERE next_retry_time IS NOT NULL AND status = $1 \
+                     AND ($2::text IS NULL OR message_type = $2)"
+                );
+                let what = format!("making {status} rows due again");
+                self.update_and_notify(&sql, &[status, message_type], Some("retry"), &what)
+                    .await
+            }
+        }
+    }
+
+    async fn park_row(&self, id: i64, reason: &str) -> Result<bool, ConnectorError> {
+        let outbox = qualified(self.table());
+        let sql = format!(
+            "UPDATE {outbox} SET status = 'MANUAL_REQUIRED', \
+             next_retry_time = COALESCE(next_retry_time, now()), \
+             last_error = $2, claimed_at = NULL, claim_token = NULL, updated_at = now() \
+             WHERE id = $1 AND status IN ('INIT', 'FAILED')"
+        );
+        let note = truncate(&format!("parked by operator: {reason}"));
+        let what = format!("parking row {id}");
+        let changed = self
+            .update_and_notify(&sql, &[&id, &note], None, &what)
+            .await?;
+        Ok(changed > 0)
+    }
+
+    async fn resolve_row(&self, id: i64, reason: &str) -> Result<bool, ConnectorError> {
+        let outbox = qualified(self.table());
+        let sql = format!(
+            "UPDATE {outbox} SET status = 'SUCCESS', sent_at = NULL, next_retry_time = NULL, \
+             last_error = $2, claimed_at = NULL, claim_token = NULL, updated_at = now() \
+             WHERE id = $1 AND status <> 'SUCCESS'"
+        );
+        let note = truncate(&format!("resolved by operator without sending: {reason}"));
+        let what = format!("resolving row {id}");
+        let changed = self
+            .update_and_notify(&sql, &[&id, &note], Some("resolve"), &what)
+            .await?;
+        Ok(changed > 0)
+    }
+
+    async fn janitor_batch(
+        &self,
+        retention: Duration,
+        action: &JanitorAction,
+        batch: usize,
+    ) -> Result<u64, ConnectorError> {
+        if batch == 0 {
+            return Ok(0);
+        }
+        let outbox = qualified(self.table());
+        let retention_ms = delay_ms(retention);
+        let limit = i64::try_from(batch).unwrap_or(i64::MAX);
+        // Rows resolved by an operator were never sent: they age from their update.
+        let old = format!(
+            "SELECT id FROM {outbox} WHERE status = 'SUCCESS' \
+             AND COALESCE(sent_at, updated_at) < now() - $1 * interval '1 millisecond' \
+             ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED"
+        );
+        let mut locked = self.lock().await?;
+        let conn = locked.conn()?;
+        let client = &conn.client;
+        let (sql, what) = match action {
+            JanitorAction::Delete => (
+                format!("DELETE FROM {outbox} WHERE id IN ({old})"),
+                "deleting old SUCCESS rows".to_owned(),
+            ),
+            JanitorAction::Archive(table) => {
+                let archive = qualified(table);
+                let exists = client
+                    .query_one("SELECT to_regclass($1) IS NOT NULL", &[&archive])
+                    .await
+                    .map_err(|e| self.error(&e, "looking up the archive table"))?;
+                if !get::<bool>(&exists, 0)? {
+                    // Same columns, no identity or defaults: ids are copied as they are.
+                    let create = format!("CREATE TABLE IF NOT EXISTS {archive} (LIKE {outbox})");
+                    client.batch_execute(&create).await.map_err(|e| {
+                        self.error(&e, &format!("creating the archive table {table}"))
+                    })?;
+                }
+                (
+                    format!(
+                        "WITH moved AS (DELETE FROM {outbox} WHERE id IN ({old}) RETURNING *) \
+                         INSERT INTO {archive} SELECT * FROM moved"
+                    ),
+                    format!(
+                        "moving old SUCCESS rows to {table} (its columns must match the outbox's)"
+                    ),
+                )
+            }
+        };
+        client
+            .execute(&sql, &[&retention_ms, &limit])
+            .await
+            .map_err(|e| self.error(&e, &what))
+    }
+
+    async fn scan_init(
+        &self,
+        after_id: i64,
+        limit: usize,
+    ) -> Result<Vec<OutboxEvent>, ConnectorError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut locked = self.lock().await?;
+        let conn = locked.conn()?;
+        let sql = format!(
+            "{} WHERE o.status = 'INIT' AND o.id > $1 ORDER BY o.id LIMIT $2",
+            conn.event_select
+        );
+        let rows = conn
+            .client
+            .query(&sql, &[&after_id, &limit])
+            .await
+            .map_err(|e| self.error(&e, "scanning INIT rows"))?;
+        rows.iter()
+            .map(|row| event_from_row(row, conn.shape, self.table()))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_channel_fits_an_identifier() {
+        assert_eq!(retry_channel("orders"), "outboxd_orders");
+        let long = retry_channel(&"é".repeat(40));
+        assert!(long.len() <= MAX_IDENTIFIER_BYTES);
+        assert!(long.starts_with("outboxd_é"));
+    }
+}
