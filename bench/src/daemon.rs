@@ -1,0 +1,227 @@
+//! outboxd as a child process, its configuration, and its resource use from `/proc/<pid>`.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio::process::{Child, Command};
+
+/// Linux's USER_HZ, the unit of utime/stime in /proc/<pid>/stat.
+const TICKS_PER_SECOND: f64 = 100.0;
+
+/// Where the servers are.
+#[derive(Clone, Debug)]
+pub(crate) struct Services {
+    pub(crate) pg_host: String,
+    pub(crate) pg_port: u16,
+    pub(crate) pg_user: String,
+    pub(crate) pg_password: String,
+    pub(crate) pg_database: String,
+    pub(crate) pg_bin: PathBuf,
+    pub(crate) kafka: String,
+}
+
+impl Services {
+    pub(crate) fn conn_string(&self) -> String {
+        format!(
+            "host={} port={} user={} password={} dbname={}",
+            self.pg_host, self.pg_port, self.pg_user, self.pg_password, self.pg_database
+        )
+    }
+}
+
+/// One pipeline of the bench: its names and config file.
+#[derive(Clone, Debug)]
+pub(crate) struct BenchPipeline {
+    pub(crate) name: String,
+    pub(crate) table: String,
+    pub(crate) topic: String,
+    pub(crate) config: PathBuf,
+    pub(crate) metrics_port: u16,
+}
+
+impl BenchPipeline {
+    /// Writes the config file. `poll` selects `source.mode = "poll"`.
+    pub(crate) fn write(
+        dir: &Path,
+        services: &Services,
+        name: &str,
+        topic: &str,
+        poll: bool,
+    ) -> anyhow::Result<Self> {
+        let table = format!("outbox_{name}");
+        let metrics_port = free_port()?;
+        let mode = if poll { "mode = \"poll\"\n" } else { "" };
+        let text = format!(
+            r#"[pipeline]
+name = "{name}"
+
+[source]
+kind = "postgres"
+{mode}host = "{host}"
+port = {port}
+user = "{user}"
+password = "{password}"
+database = "{database}"
+sslmode = "disable"
+
+[outbox]
+table = "{table}"
+
+[kafka]
+bootstrap_servers = "{kafka}"
+topic_template = "{topic}"
+
+[metrics]
+listen = "127.0.0.1:{metrics_port}"
+"#,
+            host = services.pg_host,
+            port = services.pg_port,
+            user = services.pg_user,
+            password = services.pg_password,
+            database = services.pg_database,
+            kafka = services.kafka,
+        );
+        let config = dir.join(format!("{name}.toml"));
+        std::fs::write(&config, text).with_context(|| format!("writing {}", config.display()))?;
+        Ok(Self {
+            name: name.to_owned(),
+            table,
+            topic: topic.to_owned(),
+            config,
+            metrics_port,
+        })
+    }
+}
+
+/// A port nobody listens on right now.
+fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// Runs `outboxd <command> --config <file>` to completion.
+pub(crate) async fn outboxd_once(
+    bin: &Path,
+    command: &str,
+    config: &Path,
+) -> anyhow::Result<String> {
+    let out = Command::new(bin)
+        .arg(command)
+        .arg("--config")
+        .arg(config)
+        .output()
+        .await
+        .with_context(|| format!("running {}", bin.display()))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    anyhow::ensure!(out.status.success(), "outboxd {command} failed:\n{text}");
+    Ok(text)
+}
+
+/// A running `outboxd run`.
+pub(crate) struct Daemon {
+    child: Child,
+    pid: u32,
+    pub(crate) log: PathBuf,
+}
+
+/// Resource use of a process.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ProcSample {
+    /// Peak resident set size (VmHWM), bytes.
+    pub(crate) peak_rss: u64,
+    /// User + system CPU time, seconds.
+    pub(crate) cpu_seconds: f64,
+}
+
+impl Daemon {
+    pub(crate) fn spawn(bin: &Path, config: &Path, log: PathBuf) -> anyhow::Result<Self> {
+        let file = std::fs::File::create(&log)?;
+        let child = Command::new(bin)
+            .args(["run", "--config"])
+            .arg(config)
+            .env("OUTBOXD_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("spawning {}", bin.display()))?;
+        let pid = child.id().context("outboxd exited at once")?;
+        Ok(Self { child, pid, log })
+    }
+
+    pub(crate) fn sample(&self) -> Option<ProcSample> {
+        sample_pid(self.pid)
+    }
+
+    pub(crate) fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// SIGTERM, then waits up to `deadline` for a clean exit.
+    pub(crate) async fn terminate(mut self, deadline: Duration) -> anyhow::Result<i32> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.pid.to_string()])
+            .status()
+            .await;
+        match tokio::time::timeout(deadline, self.child.wait()).await {
+            Ok(status) => Ok(status?.code().unwrap_or(-1)),
+            Err(_) => {
+                let _ = self.child.kill().await;
+                anyhow::bail!("outboxd did not stop within {deadline:?} of SIGTERM")
+            }
+        }
+    }
+
+    pub(crate) fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+}
+
+pub(crate) fn sample_pid(pid: u32) -> Option<ProcSample> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let hwm_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(ProcSample {
+        peak_rss: hwm_kib * 1024,
+        cpu_seconds: (utime + stime) as f64 / TICKS_PER_SECOND,
+    })
+}
+
+/// GET `path` on `127.0.0.1:port` with a bare HTTP/1.1 request; (status, body).
+pub(crate) async fn http_get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).await?;
+    let status = reply
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = reply
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}

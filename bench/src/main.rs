@@ -1,0 +1,665 @@
+//! `outboxd-bench`: runs outboxd (a release build, as a child process) against a workload
+//! of concurrent writers, measures throughput, commit → broker-append latency, peak RSS,
+//! CPU and WAL per event, for log and poll mode, and measures the machine's limits beside
+//! it: `pg_recvlogical` draining the same WAL, Kafka's producer performance tool. Prints
+//! one table and writes JSON. See BENCHMARKS.md.
+
+mod consume;
+mod daemon;
+mod limits;
+mod report;
+mod workload;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use clap::Parser;
+use tokio_postgres::Client;
+
+use crate::consume::Consumed;
+use crate::daemon::{BenchPipeline, Daemon, Services};
+use crate::report::{Idle, Limits, Report, Row};
+use crate::workload::{now_micros, Workload, Written};
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "outboxd-bench",
+    about = "Benchmark outboxd against the machine's limits"
+)]
+pub(crate) struct Args {
+    /// The outboxd binary (build it with --release).
+    #[arg(long, default_value = "target/release/outboxd")]
+    outboxd: PathBuf,
+    /// scripts/services, for Kafka's ProducerPerformance.
+    #[arg(long, default_value = "scripts/services")]
+    services_script: PathBuf,
+    /// Where the JSON results go.
+    #[arg(long, default_value = "bench/results/latest.json")]
+    json: PathBuf,
+    /// Writer connections.
+    #[arg(long, default_value_t = 4)]
+    writers: usize,
+    /// Outbox rows per transaction.
+    #[arg(long, default_value_t = 10)]
+    tx_size: usize,
+    /// Bytes of each row's JSON payload.
+    #[arg(long, default_value_t = 256)]
+    payload_bytes: usize,
+    /// Distinct biz_keys.
+    #[arg(long, default_value_t = 1000)]
+    keys: u64,
+    /// Partitions of each bench topic.
+    #[arg(long, default_value_t = 3)]
+    partitions: i32,
+    /// Fixed-rate runs: events per second.
+    #[arg(long, default_value_t = 5000.0)]
+    rate: f64,
+    /// Length of the log-mode fixed-rate run, seconds.
+    #[arg(long, default_value_t = 20.0)]
+    rate_seconds: f64,
+    /// Length of the poll-mode fixed-rate run, seconds.
+    #[arg(long, default_value_t = 10.0)]
+    poll_seconds: f64,
+    /// Backlog drained by pg_recvlogical and by outboxd (log mode); also the record count
+    /// of the Kafka limit runs.
+    #[arg(long, default_value_t = 200_000)]
+    backlog_events: usize,
+    /// Backlog drained by outboxd in poll mode.
+    #[arg(long, default_value_t = 50_000)]
+    poll_backlog_events: usize,
+    /// Events written as fast as the writers can, with outboxd running (log mode).
+    #[arg(long, default_value_t = 100_000)]
+    max_events: usize,
+    /// Idle window of the "no query on an idle outbox" check, seconds (the retry
+    /// worker's default idle_check is 60 s: keep the window longer).
+    #[arg(long, default_value_t = 65.0)]
+    idle_seconds: f64,
+    /// Scenarios to run, comma-separated: rate,idle,limits,backlog,max,poll.
+    #[arg(long, default_value = "rate,idle,limits,backlog,max,poll")]
+    scenarios: String,
+    /// Drop the bench tables, slots, publications and topics at the end.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    cleanup: bool,
+}
+
+impl Args {
+    fn wants(&self, scenario: &str) -> bool {
+        self.scenarios.split(',').any(|s| s.trim() == scenario)
+    }
+}
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}
+
+fn services_from_env() -> anyhow::Result<Services> {
+    Ok(Services {
+        pg_host: env_or("OUTBOXD_TEST_PG_HOST", "127.0.0.1"),
+        pg_port: env_or("OUTBOXD_TEST_PG_PORT", "55432")
+            .parse()
+            .context("OUTBOXD_TEST_PG_PORT")?,
+        pg_user: env_or("OUTBOXD_TEST_PG_USER", "outboxd"),
+        pg_password: env_or("OUTBOXD_TEST_PG_PASSWORD", "outboxd"),
+        pg_database: env_or("OUTBOXD_TEST_PG_DATABASE", "outboxd"),
+        pg_bin: PathBuf::from(env_or("OUTBOXD_PG_BIN", "/usr/lib/postgresql/15/bin")),
+        kafka: env_or("OUTBOXD_TEST_KAFKA", "127.0.0.1:39092"),
+    })
+}
+
+/// Shared state of one bench run.
+struct Bench {
+    args: Args,
+    services: Services,
+    run: String,
+    dir: PathBuf,
+    sql: Client,
+    pipelines: Vec<BenchPipeline>,
+    topics: Vec<String>,
+    slots: Vec<String>,
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    anyhow::ensure!(
+        args.outboxd.exists(),
+        "{} not found: build it with `cargo build --release` (scripts/bench does)",
+        args.outboxd.display()
+    );
+    let services = services_from_env()?;
+    let run = format!("{:x}", now_micros() % 0xFF_FFFF);
+    let dir = std::env::temp_dir().join(format!("outboxd-bench-{run}"));
+    std::fs::create_dir_all(&dir)?;
+    let sql = workload::connect(&services.conn_string()).await?;
+    let mut bench = Bench {
+        args: args.clone(),
+        services,
+        run,
+        dir,
+        sql,
+        pipelines: Vec::new(),
+        topics: Vec::new(),
+        slots: Vec::new(),
+    };
+    let mut report = Report::new(&args, &bench.sql).await;
+    eprintln!(
+        "bench run {} (logs and configs in {})",
+        bench.run,
+        bench.dir.display()
+    );
+
+    let result = bench.run_all(&mut report).await;
+    if args.cleanup {
+        bench.cleanup().await;
+    }
+    result?;
+    report.print();
+    report.write_json(&args.json)?;
+    eprintln!("JSON written to {}", args.json.display());
+    Ok(())
+}
+
+impl Bench {
+    async fn run_all(&mut self, report: &mut Report) -> anyhow::Result<()> {
+        // 1. Log mode at a fixed rate; then its outbox stays idle while the rest runs.
+        let mut idle_task = None;
+        if self.args.wants("rate") {
+            let (row, daemon, pipeline) = self.log_fixed_rate().await?;
+            report.rows.push(row);
+            if self.args.wants("idle") {
+                let sql = workload::connect(&self.services.conn_string()).await?;
+                let seconds = self.args.idle_seconds;
+                idle_task = Some(tokio::spawn(idle_check(
+                    sql,
+                    pipeline.table,
+                    daemon,
+                    seconds,
+                )));
+            } else {
+                let _ = daemon.terminate(Duration::from_secs(60)).await;
+            }
+        }
+        // 2. The broker's limit.
+        if self.args.wants("limits") {
+            let pg = report.limits.pg_recvlogical;
+            report.limits = self.kafka_limits().await?;
+            report.limits.pg_recvlogical = pg;
+        }
+        // 3. A backlog: pg_recvlogical's limit, then outboxd draining the same WAL; then
+        //    writers at full speed with outboxd running.
+        if self.args.wants("backlog") || self.args.wants("max") {
+            self.log_backlog_and_max(report).await?;
+        }
+        // 4. Poll mode.
+        if self.args.wants("poll") {
+            match self.poll_mode().await {
+                Ok(rows) => report.rows.extend(rows),
+                Err(e) => {
+                    eprintln!("poll mode: {e:#}");
+                    report.rows.push(Row::unavailable(
+                        "poll (PostgreSQL)",
+                        &format!("not available: {}", first_line(&format!("{e:#}"))),
+                    ));
+                }
+            }
+        }
+        report.rows.push(Row::unavailable(
+            "log (MariaDB)",
+            "not available yet: outboxd has no MySQL/MariaDB source wired in this build",
+        ));
+        if let Some(task) = idle_task {
+            eprintln!("waiting for the idle-window check to finish");
+            report.idle = Some(task.await.context("idle check task")??);
+        }
+        Ok(())
+    }
+
+    /// Creates the topic, writes the config, runs `outboxd init`.
+    async fn pipeline(&mut self, scenario: &str, poll: bool) -> anyhow::Result<BenchPipeline> {
+        let name = format!("bench_{}_{scenario}", self.run);
+        let topic = format!("bench.{}.{scenario}", self.run);
+        consume::create_topic(&self.services.kafka, &topic, self.args.partitions).await?;
+        self.topics.push(topic.clone());
+        let p = BenchPipeline::write(&self.dir, &self.services, &name, &topic, poll)?;
+        self.pipelines.push(p.clone());
+        daemon::outboxd_once(&self.args.outboxd, "init", &p.config).await?;
+        if poll {
+            // Poll mode reads no log: a slot left by `init` would only hold WAL back.
+            self.sql
+                .execute(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                     WHERE slot_name = $1",
+                    &[&format!("outboxd_{name}")],
+                )
+                .await?;
+        }
+        Ok(p)
+    }
+
+    fn workload(&self, p: &BenchPipeline, tag: &str, events: usize, rate: Option<f64>) -> Workload {
+        Workload {
+            conn: self.services.conn_string(),
+            table: p.table.clone(),
+            writers: self.args.writers,
+            tx_size: self.args.tx_size,
+            payload_bytes: self.args.payload_bytes,
+            keys: self.args.keys,
+            events,
+            rate,
+            tag: tag.to_owned(),
+        }
+    }
+
+    fn spawn(&self, p: &BenchPipeline, log: &str) -> anyhow::Result<Daemon> {
+        Daemon::spawn(&self.args.outboxd, &p.config, self.dir.join(log))
+    }
+
+    async fn log_fixed_rate(&mut self) -> anyhow::Result<(Row, Daemon, BenchPipeline)> {
+        let p = self.pipeline("rate", false).await?;
+        let events = (self.args.rate * self.args.rate_seconds) as usize;
+        let tag = format!("{}r", self.run);
+        eprintln!(
+            "log mode, {} events/s for {} s",
+            self.args.rate, self.args.rate_seconds
+        );
+        let consumer = consume::spawn(
+            &self.services.kafka,
+            &p.topic,
+            self.args.partitions,
+            events,
+            Duration::from_secs_f64(self.args.rate_seconds + 120.0),
+        );
+        let mut daemon = self.spawn(&p, "rate.log")?;
+        wait_ready(&mut daemon, p.metrics_port, Duration::from_secs(30)).await?;
+        let cpu0 = daemon.sample().unwrap_or_default().cpu_seconds;
+        let lsn0 = current_lsn(&self.sql).await?;
+        let written = workload::run(&self.workload(&p, &tag, events, Some(self.args.rate))).await?;
+        let consumed = join(consumer)?;
+        wait_all_sent(&self.sql, &p.table, Duration::from_secs(120)).await?;
+        let lsn1 = current_lsn(&self.sql).await?;
+        let sample = daemon.sample().unwrap_or_default();
+        let mut row = Row::from_live(
+            &format!("log (PostgreSQL) @{} ev/s", self.args.rate),
+            &tag,
+            &written,
+            &consumed,
+        );
+        row.set_process(sample, sample.cpu_seconds - cpu0, events);
+        row.wal_per_event = Some((lsn1 - lsn0) as f64 / events as f64);
+        Ok((row, daemon, p))
+    }
+
+    async fn kafka_limits(&mut self) -> anyhow::Result<Limits> {
+        let records = self.args.backlog_events;
+        // Key and the four headers outboxd adds come to about 100 bytes per record.
+        let record_size = self.args.payload_bytes + 100;
+        let ppt = format!("bench.{}.limit_ppt", self.run);
+        consume::create_topic(&self.services.kafka, &ppt, self.args.partitions).await?;
+        self.topics.push(ppt.clone());
+        eprintln!("Kafka ProducerPerformance, {records} records of {record_size} bytes");
+        let (java, summary) = limits::producer_performance(
+            &self.args.services_script,
+            &self.services.kafka,
+            &ppt,
+            records,
+            record_size,
+        )
+        .await?;
+        let keyed = format!("bench.{}.limit_rdk", self.run);
+        consume::create_topic(&self.services.kafka, &keyed, self.args.partitions).await?;
+        self.topics.push(keyed.clone());
+        eprintln!("rdkafka keyed producer, {records} records");
+        let rdkafka = limits::rdkafka_keyed(
+            &self.services.kafka,
+            &keyed,
+            records,
+            self.args.payload_bytes,
+            self.args.keys,
+        )
+        .await?;
+        Ok(Limits {
+            kafka_producer_performance: Some(java),
+            kafka_producer_performance_summary: summary,
+            kafka_rdkafka_keyed: Some(rdkafka),
+            ..Limits::default()
+        })
+    }
+
+    async fn log_backlog_and_max(&mut self, report: &mut Report) -> anyhow::Result<()> {
+        let p = self.pipeline("backlog", false).await?;
+        let events = self.args.backlog_events;
+        let recv_slot = format!("bench_recv_{}", self.run);
+        self.sql
+            .execute(
+                "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+                &[&recv_slot],
+            )
+            .await
+            .context("creating the pg_recvlogical slot")?;
+        self.slots.push(recv_slot.clone());
+
+        eprintln!("backlog: {events} events written with outboxd stopped");
+        let tag = format!("{}b", self.run);
+        let lsn0 = current_lsn(&self.sql).await?;
+        let written = workload::run(&self.workload(&p, &tag, events, None)).await?;
+        let endpos: String = self
+            .sql
+            .query_one("SELECT pg_current_wal_lsn()::text", &[])
+            .await?
+            .get(0);
+        // One more transaction on the outbox: the first record past endpos, which is where
+        // pg_recvlogical stops.
+        let marker = format!("{tag}-marker");
+        self.sql
+            .execute(
+                &format!(
+                    "INSERT INTO \"{}\" (message_id, message_type, biz_key, payload) \
+                     VALUES ($1, 'bench.marker', 'marker', '{{}}')",
+                    p.table
+                ),
+                &[&marker],
+            )
+            .await?;
+        let lsn_inserted = current_lsn(&self.sql).await?;
+        let mut writers = Row::named("writers only (PostgreSQL inserts)");
+        writers.events = events;
+        writers.events_per_s = Some(events as f64 / written.elapsed.as_secs_f64());
+        writers.wal_per_event = Some((lsn_inserted - lsn0) as f64 / events as f64);
+        writers.note = format!(
+            "{} connections, {} rows per transaction",
+            self.args.writers, self.args.tx_size
+        );
+
+        eprintln!("pg_recvlogical draining the backlog");
+        let elapsed = limits::pg_recvlogical(
+            &self.services,
+            &recv_slot,
+            &format!("outboxd_{}", p.name),
+            &endpos,
+        )
+        .await?;
+        report.limits.pg_recvlogical = Some(events as f64 / elapsed.as_secs_f64());
+        self.sql
+            .execute("SELECT pg_drop_replication_slot($1)", &[&recv_slot])
+            .await?;
+        self.slots.retain(|s| s != &recv_slot);
+
+        eprintln!("outboxd draining the backlog");
+        let consumer = consume::spawn(
+            &self.services.kafka,
+            &p.topic,
+            self.args.partitions,
+            events + 1,
+            Duration::from_secs(600),
+        );
+        let start_us = now_micros();
+        let daemon = self.spawn(&p, "backlog.log")?;
+        let consumed = join(consumer)?;
+        wait_all_sent(&self.sql, &p.table, Duration::from_secs(300)).await?;
+        let lsn_sent = current_lsn(&self.sql).await?;
+        let sample = daemon.sample().unwrap_or_default();
+        let mut row = Row::named("log (PostgreSQL) backlog drain");
+        row.events = events;
+        row.duplicates = Some(consumed.duplicates);
+        let drained_us = (consumed.last_append_ms() * 1000) as u64;
+        row.events_per_s =
+            Some(events as f64 / (drained_us.saturating_sub(start_us) as f64 / 1e6).max(1e-3));
+        row.set_process(sample, sample.cpu_seconds, events);
+        row.wal_per_event = Some((lsn_sent - lsn0) as f64 / events as f64);
+        row.note = format!(
+            "includes start-up; {} records missing",
+            (events + 1).saturating_sub(consumed.records.len())
+        );
+        row.is_throughput_run = true;
+        if self.args.wants("backlog") {
+            report.rows.push(row);
+            report.rows.push(writers);
+        }
+
+        if self.args.wants("max") {
+            let events = self.args.max_events;
+            eprintln!(
+                "log mode, {events} events as fast as {} writers can",
+                self.args.writers
+            );
+            let tag = format!("{}m", self.run);
+            let consumer = consume::spawn_filtered(
+                &self.services.kafka,
+                &p.topic,
+                self.args.partitions,
+                events,
+                Duration::from_secs(600),
+                &tag,
+            );
+            let cpu0 = daemon.sample().unwrap_or_default().cpu_seconds;
+            let lsn0 = current_lsn(&self.sql).await?;
+            let written = workload::run(&self.workload(&p, &tag, events, None)).await?;
+            let consumed = join(consumer)?;
+            wait_all_sent(&self.sql, &p.table, Duration::from_secs(300)).await?;
+            let lsn1 = current_lsn(&self.sql).await?;
+            let sample = daemon.sample().unwrap_or_default();
+            let mut row = Row::from_live(
+                "log (PostgreSQL) writers at full speed",
+                &tag,
+                &written,
+                &consumed,
+            );
+            row.set_process(sample, sample.cpu_seconds - cpu0, events);
+            row.wal_per_event = Some((lsn1 - lsn0) as f64 / events as f64);
+            report.rows.push(row);
+        }
+        let code = daemon.terminate(Duration::from_secs(60)).await?;
+        anyhow::ensure!(code == 0, "outboxd exited with {code} on SIGTERM");
+        Ok(())
+    }
+
+    async fn poll_mode(&mut self) -> anyhow::Result<Vec<Row>> {
+        let p = self.pipeline("poll", true).await?;
+        let mut rows = Vec::new();
+        let events = (self.args.rate * self.args.poll_seconds) as usize;
+        let tag = format!("{}p", self.run);
+        eprintln!(
+            "poll mode, {} events/s for {} s",
+            self.args.rate, self.args.poll_seconds
+        );
+        let consumer = consume::spawn(
+            &self.services.kafka,
+            &p.topic,
+            self.args.partitions,
+            events,
+            Duration::from_secs_f64(self.args.poll_seconds + 120.0),
+        );
+        let mut daemon = self.spawn(&p, "poll.log")?;
+        if let Err(e) = wait_ready(&mut daemon, p.metrics_port, Duration::from_secs(30)).await {
+            anyhow::bail!("{e:#}");
+        }
+        let lsn0 = current_lsn(&self.sql).await?;
+        let written = workload::run(&self.workload(&p, &tag, events, Some(self.args.rate))).await?;
+        let consumed = join(consumer)?;
+        wait_all_sent(&self.sql, &p.table, Duration::from_secs(120)).await?;
+        let lsn1 = current_lsn(&self.sql).await?;
+        let sample = daemon.sample().unwrap_or_default();
+        let mut row = Row::from_live(
+            &format!("poll (PostgreSQL) @{} ev/s", self.args.rate),
+            &tag,
+            &written,
+            &consumed,
+        );
+        row.set_process(sample, sample.cpu_seconds, events);
+        row.wal_per_event = Some((lsn1 - lsn0) as f64 / events as f64);
+        rows.push(row);
+        let code = daemon.terminate(Duration::from_secs(60)).await?;
+        anyhow::ensure!(code == 0, "outboxd (poll) exited with {code} on SIGTERM");
+
+        let events = self.args.poll_backlog_events;
+        eprintln!("poll mode: {events} events written with outboxd stopped, then drained");
+        let tag = format!("{}q", self.run);
+        let lsn0 = current_lsn(&self.sql).await?;
+        workload::run(&self.workload(&p, &tag, events, None)).await?;
+        let consumer = consume::spawn_filtered(
+            &self.services.kafka,
+            &p.topic,
+            self.args.partitions,
+            events,
+            Duration::from_secs(600),
+            &tag,
+        );
+        let start_us = now_micros();
+        let daemon = self.spawn(&p, "poll-backlog.log")?;
+        let consumed = join(consumer)?;
+        wait_all_sent(&self.sql, &p.table, Duration::from_secs(300)).await?;
+        let lsn1 = current_lsn(&self.sql).await?;
+        let sample = daemon.sample().unwrap_or_default();
+        let mut row = Row::named("poll (PostgreSQL) backlog drain");
+        row.events = events;
+        row.duplicates = Some(consumed.duplicates);
+        let drained_us = (consumed.last_append_ms() * 1000) as u64;
+        row.events_per_s =
+            Some(events as f64 / (drained_us.saturating_sub(start_us) as f64 / 1e6).max(1e-3));
+        row.set_process(sample, sample.cpu_seconds, events);
+        row.wal_per_event = Some((lsn1 - lsn0) as f64 / events as f64);
+        row.note = "includes start-up".into();
+        rows.push(row);
+        let code = daemon.terminate(Duration::from_secs(60)).await?;
+        anyhow::ensure!(code == 0, "outboxd (poll) exited with {code} on SIGTERM");
+        Ok(rows)
+    }
+
+    async fn cleanup(&mut self) {
+        for slot in self.slots.drain(..) {
+            let _ = self
+                .sql
+                .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+                .await;
+        }
+        for p in &self.pipelines {
+            let slot = format!("outboxd_{}", p.name);
+            let _ = self
+                .sql
+                .execute(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                     WHERE slot_name = $1 AND NOT active",
+                    &[&slot],
+                )
+                .await;
+            let _ = self
+                .sql
+                .batch_execute(&format!(
+                    "DROP PUBLICATION IF EXISTS outboxd_{name}; DROP TABLE IF EXISTS \"{table}\"; \
+                     DELETE FROM outboxd_checkpoint WHERE pipeline = '{name}'",
+                    name = p.name,
+                    table = p.table
+                ))
+                .await;
+        }
+        consume::delete_topics(&self.services.kafka, &self.topics).await;
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or_default()
+}
+
+fn join(handle: std::thread::JoinHandle<anyhow::Result<Consumed>>) -> anyhow::Result<Consumed> {
+    handle
+        .join()
+        .map_err(|_| anyhow::anyhow!("consumer thread panicked"))?
+}
+
+/// Waits until `/readyz` answers 200.
+async fn wait_ready(daemon: &mut Daemon, port: u16, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok((200, _)) = daemon::http_get(port, "/readyz").await {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            daemon.is_running(),
+            "outboxd exited during start-up:\n{}",
+            daemon.log_tail()
+        );
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "outboxd not ready after {timeout:?}:\n{}",
+            daemon.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn current_lsn(sql: &Client) -> anyhow::Result<u64> {
+    let row = sql
+        .query_one("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint", &[])
+        .await?;
+    Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
+}
+
+/// Waits until no row of `table` is INIT, FAILED or PROCESSING.
+async fn wait_all_sent(sql: &Client, table: &str, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    let query = format!("SELECT count(*) FROM \"{table}\" WHERE status <> 'SUCCESS'");
+    loop {
+        let left: i64 = sql.query_one(&query, &[]).await?.get(0);
+        if left == 0 {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{left} rows of {table} not SUCCESS after {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Reads and index scans of `table`, and rows updated, from pg_stat_user_tables.
+async fn table_activity(sql: &Client, table: &str) -> anyhow::Result<(i64, i64)> {
+    let row = sql
+        .query_one(
+            "SELECT coalesce(seq_scan, 0) + coalesce(idx_scan, 0), n_tup_upd \
+             FROM pg_stat_user_tables WHERE relname = $1",
+            &[&table],
+        )
+        .await?;
+    Ok((row.get(0), row.get(1)))
+}
+
+/// With the log-mode outboxd running and its outbox idle: are there scans of the outbox
+/// table over the window? Waits out PostgreSQL's statistics flush first (an idle backend
+/// reports its counts within 10 s).
+async fn idle_check(
+    sql: Client,
+    table: String,
+    daemon: Daemon,
+    seconds: f64,
+) -> anyhow::Result<Idle> {
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let before = table_activity(&sql, &table).await?;
+    tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
+    let after = table_activity(&sql, &table).await?;
+    let code = daemon.terminate(Duration::from_secs(60)).await?;
+    Ok(Idle {
+        window_seconds: seconds,
+        scans: after.0 - before.0,
+        updates: after.1 - before.1,
+        exit_code: code,
+    })
+}
+
+// Used by Row::from_live.
+pub(crate) fn latencies_ms(tag: &str, written: &Written, consumed: &Consumed) -> Vec<f64> {
+    let mut out: Vec<f64> = consumed
+        .records
+        .iter()
+        .filter_map(|r| {
+            let commit = written.commit_of(tag, &r.message_id)?;
+            let append = u64::try_from(r.append_ms).ok()? * 1000;
+            // The broker's clock has millisecond resolution: an append in the same
+            // millisecond as the commit can read as up to 1 ms before it.
+            Some(append.saturating_sub(commit) as f64 / 1000.0)
+        })
+        .collect();
+    out.sort_by(|a, b| a.total_cmp(b));
+    out
+}

@@ -1,0 +1,384 @@
+//! The results: one table on stdout, the targets checked under it, and JSON.
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+use tokio_postgres::Client;
+
+use crate::consume::Consumed;
+use crate::daemon::ProcSample;
+use crate::workload::Written;
+use crate::Args;
+
+/// Latency percentiles, milliseconds.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Latency {
+    pub(crate) samples: usize,
+    pub(crate) p50: f64,
+    pub(crate) p99: f64,
+    pub(crate) p999: f64,
+    pub(crate) max: f64,
+}
+
+impl Latency {
+    /// From sorted samples.
+    fn from_sorted(sorted: &[f64]) -> Option<Self> {
+        let at = |q: f64| {
+            let i = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1;
+            sorted[i]
+        };
+        (!sorted.is_empty()).then(|| Self {
+            samples: sorted.len(),
+            p50: at(0.50),
+            p99: at(0.99),
+            p999: at(0.999),
+            max: sorted[sorted.len() - 1],
+        })
+    }
+}
+
+/// One line of the table.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Row {
+    pub(crate) name: String,
+    pub(crate) events: usize,
+    pub(crate) events_per_s: Option<f64>,
+    pub(crate) latency: Option<Latency>,
+    pub(crate) peak_rss: Option<u64>,
+    pub(crate) cpu_per_million: Option<f64>,
+    pub(crate) wal_per_event: Option<f64>,
+    pub(crate) duplicates: Option<usize>,
+    pub(crate) note: String,
+    /// The backlog drain: compared with the limits.
+    pub(crate) is_throughput_run: bool,
+    pub(crate) unavailable: bool,
+}
+
+impl Row {
+    pub(crate) fn named(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            ..Self::default()
+        }
+    }
+
+    pub(crate) fn unavailable(name: &str, why: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            note: why.to_owned(),
+            unavailable: true,
+            ..Self::default()
+        }
+    }
+
+    /// A run with outboxd relaying while the writers write.
+    pub(crate) fn from_live(name: &str, tag: &str, written: &Written, consumed: &Consumed) -> Self {
+        let latencies = crate::latencies_ms(tag, written, consumed);
+        let span_us = (consumed.last_append_ms() * 1000) as f64 - written.first_commit as f64;
+        let missing = written.events.saturating_sub(latencies.len());
+        let offered = written.events as f64 / written.elapsed.as_secs_f64();
+        Self {
+            name: name.to_owned(),
+            events: written.events,
+            events_per_s: Some(written.events as f64 / (span_us / 1e6).max(1e-3)),
+            latency: Latency::from_sorted(&latencies),
+            duplicates: Some(consumed.duplicates),
+            note: format!("writers committed {offered:.0} ev/s; {missing} records missing"),
+            ..Self::default()
+        }
+    }
+
+    pub(crate) fn set_process(&mut self, sample: ProcSample, cpu_seconds: f64, events: usize) {
+        self.peak_rss = Some(sample.peak_rss);
+        self.cpu_per_million = Some(cpu_seconds / events as f64 * 1e6);
+    }
+}
+
+/// The machine's limits, events/s.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Limits {
+    pub(crate) pg_recvlogical: Option<f64>,
+    pub(crate) kafka_producer_performance: Option<f64>,
+    pub(crate) kafka_producer_performance_summary: String,
+    pub(crate) kafka_rdkafka_keyed: Option<f64>,
+}
+
+impl Limits {
+    /// The lower of what PostgreSQL hands out and what Kafka takes.
+    pub(crate) fn lower(&self) -> Option<f64> {
+        match (self.pg_recvlogical, self.kafka_producer_performance) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// The idle-outbox check.
+#[derive(Debug, Clone)]
+pub(crate) struct Idle {
+    pub(crate) window_seconds: f64,
+    pub(crate) scans: i64,
+    pub(crate) updates: i64,
+    pub(crate) exit_code: i32,
+}
+
+pub(crate) struct Report {
+    machine: Value,
+    settings: Value,
+    pub(crate) rows: Vec<Row>,
+    pub(crate) limits: Limits,
+    pub(crate) idle: Option<Idle>,
+}
+
+fn read_field(path: &str, key: &str) -> String {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with(key))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_owned())
+        })
+        .unwrap_or_default()
+}
+
+impl Report {
+    pub(crate) async fn new(args: &Args, sql: &Client) -> Self {
+        let pg_version: String = sql
+            .query_one("SHOW server_version", &[])
+            .await
+            .map(|r| r.get(0))
+            .unwrap_or_default();
+        let machine = json!({
+            "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+            "cpu_model": read_field("/proc/cpuinfo", "model name"),
+            "memory": read_field("/proc/meminfo", "MemTotal"),
+            "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+            "postgresql": pg_version,
+        });
+        let settings = json!({
+            "writers": args.writers,
+            "tx_size": args.tx_size,
+            "payload_bytes": args.payload_bytes,
+            "keys": args.keys,
+            "partitions": args.partitions,
+            "rate": args.rate,
+            "rate_seconds": args.rate_seconds,
+            "poll_seconds": args.poll_seconds,
+            "backlog_events": args.backlog_events,
+            "poll_backlog_events": args.poll_backlog_events,
+            "max_events": args.max_events,
+            "idle_seconds": args.idle_seconds,
+        });
+        Self {
+            machine,
+            settings,
+            rows: Vec::new(),
+            limits: Limits::default(),
+            idle: None,
+        }
+    }
+
+    fn limit_rows(&self) -> Vec<Row> {
+        let mut rows = Vec::new();
+        if let Some(rate) = self.limits.pg_recvlogical {
+            let mut row = Row::named("limit: pg_recvlogical (pgoutput → /dev/null)");
+            row.events_per_s = Some(rate);
+            row.note = "same backlog, same publication".into();
+            rows.push(row);
+        }
+        if let Some(rate) = self.limits.kafka_producer_performance {
+            let mut row = Row::named("limit: Kafka ProducerPerformance");
+            row.events_per_s = Some(rate);
+            row.note = "acks=all, idempotent, lz4, linger 5 ms; payload + 100 B".into();
+            rows.push(row);
+        }
+        if let Some(rate) = self.limits.kafka_rdkafka_keyed {
+            let mut row = Row::named("info: rdkafka keyed producer");
+            row.events_per_s = Some(rate);
+            row.note = "outboxd's producer settings, keys and headers".into();
+            rows.push(row);
+        }
+        rows
+    }
+
+    fn ratio(&self, row: &Row) -> Option<f64> {
+        if !row.is_throughput_run {
+            return None;
+        }
+        Some(row.events_per_s? / self.limits.lower()?)
+    }
+
+    pub(crate) fn print(&self) {
+        let opt =
+            |v: Option<f64>, digits: usize| v.map_or("-".to_owned(), |v| format!("{v:.digits$}"));
+        println!();
+        println!(
+            "{:<46} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8} {:>7} {:>6}  note",
+            "scenario",
+            "events",
+            "events/s",
+            "p50 ms",
+            "p99 ms",
+            "p999 ms",
+            "max ms",
+            "RSS MB",
+            "CPU-s/M",
+            "WAL B/e",
+            "×limit"
+        );
+        for row in self.rows.iter().chain(self.limit_rows().iter()) {
+            if row.unavailable {
+                println!("{:<46} {}", row.name, row.note);
+                continue;
+            }
+            let l = row.latency;
+            println!(
+                "{:<46} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8} {:>7} {:>6}  {}",
+                row.name,
+                if row.events > 0 {
+                    row.events.to_string()
+                } else {
+                    "-".into()
+                },
+                opt(row.events_per_s, 0),
+                opt(l.map(|l| l.p50), 1),
+                opt(l.map(|l| l.p99), 1),
+                opt(l.map(|l| l.p999), 1),
+                opt(l.map(|l| l.max), 1),
+                opt(row.peak_rss.map(|b| b as f64 / 1048576.0), 1),
+                opt(row.cpu_per_million, 1),
+                opt(row.wal_per_event, 0),
+                opt(self.ratio(row), 2),
+                row.note
+            );
+        }
+        println!();
+        for (target, verdict) in self.targets() {
+            println!("{verdict:<8} {target}");
+        }
+    }
+
+    /// (target, PASS / MISS / n/a with the figure).
+    fn targets(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let verdict = |ok: bool| if ok { "PASS" } else { "MISS" }.to_owned();
+        let drain = self.rows.iter().find(|r| r.is_throughput_run);
+        match (drain.and_then(|r| self.ratio(r)), self.limits.lower()) {
+            (Some(ratio), Some(lower)) => out.push((
+                format!("throughput ≥ 0.8 × the lower limit ({lower:.0} ev/s): {ratio:.2}"),
+                verdict(ratio >= 0.8),
+            )),
+            _ => out.push(("throughput ≥ 0.8 × the lower limit".into(), "n/a".into())),
+        }
+        let log_rate = self
+            .rows
+            .iter()
+            .find(|r| r.name.starts_with("log (PostgreSQL) @"));
+        match log_rate.and_then(|r| r.latency) {
+            Some(l) => out.push((
+                format!("log-mode p99 ≤ 50 ms at the fixed rate: {:.1} ms", l.p99),
+                verdict(l.p99 <= 50.0),
+            )),
+            None => out.push((
+                "log-mode p99 ≤ 50 ms at the fixed rate".into(),
+                "n/a".into(),
+            )),
+        }
+        let rss = self.rows.iter().filter_map(|r| r.peak_rss).max();
+        match rss {
+            Some(rss) => out.push((
+                format!("peak RSS ≤ 64 MB: {:.1} MB", rss as f64 / 1048576.0),
+                verdict(rss <= 64 * 1024 * 1024),
+            )),
+            None => out.push(("peak RSS ≤ 64 MB".into(), "n/a".into())),
+        }
+        match &self.idle {
+            Some(idle) => out.push((
+                format!(
+                    "no query on the idle outbox in log mode: {} scans, {} updates in {:.0} s",
+                    idle.scans, idle.updates, idle.window_seconds
+                ),
+                verdict(idle.scans == 0 && idle.updates == 0),
+            )),
+            None => out.push((
+                "no query on the idle outbox in log mode".into(),
+                "n/a".into(),
+            )),
+        }
+        let poll = self
+            .rows
+            .iter()
+            .find(|r| r.name.starts_with("poll (PostgreSQL) @"))
+            .and_then(|r| r.latency);
+        match (log_rate.and_then(|r| r.latency), poll) {
+            (Some(log), Some(poll)) => {
+                let ratio = poll.p50 / log.p50.max(0.001);
+                out.push((
+                    format!(
+                        "log-mode p50 ≥ 20× lower than poll mode's: {:.1} ms vs {:.1} ms ({ratio:.0}×)",
+                        log.p50, poll.p50
+                    ),
+                    verdict(ratio >= 20.0),
+                ));
+            }
+            _ => out.push((
+                "log-mode p50 ≥ 20× lower than poll mode's".into(),
+                "n/a".into(),
+            )),
+        }
+        out
+    }
+
+    pub(crate) fn write_json(&self, path: &Path) -> anyhow::Result<()> {
+        let rows: Vec<Value> = self
+            .rows
+            .iter()
+            .chain(self.limit_rows().iter())
+            .map(|r| {
+                json!({
+                    "scenario": r.name,
+                    "available": !r.unavailable,
+                    "events": r.events,
+                    "events_per_s": r.events_per_s,
+                    "latency_ms": r.latency.map(|l| json!({
+                        "samples": l.samples, "p50": l.p50, "p99": l.p99, "p999": l.p999, "max": l.max,
+                    })),
+                    "peak_rss_bytes": r.peak_rss,
+                    "cpu_seconds_per_million_events": r.cpu_per_million,
+                    "wal_bytes_per_event": r.wal_per_event,
+                    "duplicates": r.duplicates,
+                    "ratio_to_lower_limit": self.ratio(r),
+                    "note": r.note,
+                })
+            })
+            .collect();
+        let targets: Vec<Value> = self
+            .targets()
+            .into_iter()
+            .map(|(target, verdict)| json!({"target": target, "verdict": verdict}))
+            .collect();
+        let doc = json!({
+            "machine": self.machine,
+            "settings": self.settings,
+            "rows": rows,
+            "limits": {
+                "pg_recvlogical_events_per_s": self.limits.pg_recvlogical,
+                "kafka_producer_performance_events_per_s": self.limits.kafka_producer_performance,
+                "kafka_producer_performance_summary": self.limits.kafka_producer_performance_summary,
+                "kafka_rdkafka_keyed_events_per_s": self.limits.kafka_rdkafka_keyed,
+                "lower": self.limits.lower(),
+            },
+            "idle": self.idle.as_ref().map(|i| json!({
+                "window_seconds": i.window_seconds, "scans": i.scans, "updates": i.updates,
+                "exit_code": i.exit_code,
+            })),
+            "targets": targets,
+        });
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")?;
+        Ok(())
+    }
+}
