@@ -210,7 +210,7 @@ impl OutboxAdmin for PgOutboxStore {
         // Rows resolved by an operator were never sent: they age from their update.
         let old = format!(
             "SELECT id FROM {outbox} WHERE status = 'SUCCESS' \
-             AND COALESCE(sent_at, updated_at) < now() - $1 * interval '1 millisecond' \
+             AND COALESCE(sent_at, updated_at) < now() - $1::bigint * interval '1 millisecond' \
              ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED"
         );
         let mut locked = self.lock().await?;
@@ -261,7 +261,7 @@ impl OutboxAdmin for PgOutboxStore {
         let conn = locked.conn()?;
         let sql = format!(
             "{} WHERE o.status = 'INIT' AND o.id > $1 ORDER BY o.id LIMIT $2",
-            conn.event_select
+            Self::event_select(conn)
         );
         let rows = conn
             .client

@@ -62,8 +62,8 @@ pub(crate) struct Conn {
     pub(crate) client: Client,
     /// How the event columns are read (bytea or text key and payload).
     pub(crate) shape: RowShape,
-    /// `SELECT <event columns> FROM outbox o` (no WHERE), for the operator's scans.
-    pub(crate) event_select: String,
+    /// The statement texts (for the operator's scans and for EXPLAIN).
+    sql: Sql,
     success: Statement,
     failed: Statement,
     parked: Statement,
@@ -224,7 +224,7 @@ impl PgOutboxStore {
             ("blocked keys", &sql.blocked_all, vec![]),
             ("blocked keys", &sql.blocked_some, vec![texts]),
         ];
-        let prepared = futures_util::future::try_join_all(
+        let prepared: Vec<Statement> = futures_util::future::try_join_all(
             statements
                 .iter()
                 .map(|(what, text, types)| self.prepare(&client, what, text, types)),
@@ -236,7 +236,7 @@ impl PgOutboxStore {
         Ok(Conn {
             client,
             shape,
-            event_select: sql.event_select,
+            sql,
             success,
             failed,
             parked,
@@ -324,6 +324,44 @@ impl PgOutboxStore {
         };
         futures_util::try_join!(success, fail, park, checkpoint)?;
         tx.commit().await
+    }
+
+    /// `SELECT <event columns> FROM outbox o` (no WHERE), for the operator's scans.
+    pub(crate) fn event_select(conn: &Conn) -> &str {
+        &conn.sql.event_select
+    }
+
+    /// The plans PostgreSQL picks for the statements that must stay cheap however many
+    /// SUCCESS rows the table holds (retry schedule, retry claims, blocked keys, reaper,
+    /// strict poll claim), as `(name, EXPLAIN text)`. For tests and for operators who
+    /// wonder; runs nothing but EXPLAIN.
+    #[doc(hidden)]
+    pub async fn explain_hot_statements(&self) -> Result<Vec<(String, String)>, ConnectorError> {
+        let mut locked = self.lock().await?;
+        let conn = locked.conn()?;
+        let keys = vec!["k".to_owned()];
+        let (limit, window, ms) = (100_i64, 400_i64, 60_000_i64);
+        let reason = "reaped";
+        let sql = &conn.sql;
+        let params: [(&str, &str, Vec<&(dyn tokio_postgres::types::ToSql + Sync)>); 6] = [
+            ("retry schedule", &sql.schedule, vec![]),
+            ("retry claim", &sql.claim[0][0], vec![&limit]),
+            ("strict retry claim", &sql.claim[0][1], vec![&limit]),
+            ("blocked keys", &sql.blocked_some, vec![&keys]),
+            ("reaper", &sql.reap, vec![&ms, &ms, &reason]),
+            ("strict poll claim", &sql.claim[1][1], vec![&limit, &window]),
+        ];
+        let mut plans = Vec::new();
+        for (name, text, values) in params {
+            let rows = conn
+                .client
+                .query(&format!("EXPLAIN {text}"), &values)
+                .await
+                .map_err(|e| self.error(&e, &format!("explaining the {name} statement")))?;
+            let lines: Result<Vec<String>, _> = rows.iter().map(|r| get::<String>(r, 0)).collect();
+            plans.push((name.to_owned(), lines?.join("\n")));
+        }
+        Ok(plans)
     }
 
     async fn claim_on(
@@ -526,6 +564,7 @@ impl OutboxStore for PgOutboxStore {
 }
 
 /// The statement texts for one outbox table.
+#[derive(Debug)]
 struct Sql {
     event_select: String,
     success: String,
@@ -673,10 +712,10 @@ impl Sql {
                  next_retry_time = {}, last_error = $3, updated_at = now(), \
                  claimed_at = NULL, claim_token = NULL, status = {failed_status} \
                  WHERE o.id IN (SELECT e.id FROM {outbox} e WHERE e.next_retry_time IS NOT NULL \
-                 AND e.status = 'PROCESSING' AND e.claimed_at < now() - $1 * interval '1 millisecond' \
+                 AND e.status = 'PROCESSING' AND e.claimed_at < now() - $1::bigint * interval '1 millisecond' \
                  FOR UPDATE OF e SKIP LOCKED) \
                  RETURNING o.status",
-                next_retry("$2")
+                next_retry("$2::bigint")
             ),
             schedule: format!(
                 "SELECT (SELECT min(next_retry_time) FROM {outbox} \

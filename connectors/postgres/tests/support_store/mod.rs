@@ -146,6 +146,51 @@ impl Fixture {
     }
 }
 
+impl Fixture {
+    /// Inserts one INIT row per entry of `keys`, in order (each with its own message type,
+    /// so a key may repeat under UNIQUE (message_type, biz_key)); returns their ids.
+    pub async fn insert_keyed(&self, keys: &[&str]) -> Vec<i64> {
+        let sql = format!(
+            "INSERT INTO {} (message_id, message_type, biz_key, payload, headers, max_retry_count) \
+             VALUES ('m-' || gen_random_uuid(), 't-' || gen_random_uuid(), $1, \
+             '{{\"k\": 1}}', '{{\"trace\": \"abc\", \"n\": 7}}', 3) RETURNING id",
+            self.outbox()
+        );
+        let mut ids = Vec::new();
+        for key in keys {
+            let row = self.client.query_one(&sql, &[key]).await.expect("insert");
+            ids.push(row.get(0));
+        }
+        ids
+    }
+
+    /// Sets `status` of `ids`, with `next_retry_time = now() + <interval>` when given
+    /// (e.g. `"-1 second"`), as outboxd would have left them.
+    pub async fn set_status(&self, ids: &[i64], status: &str, retry_in: Option<&str>) {
+        let next = match retry_in {
+            Some(interval) => format!("now() + interval '{interval}'"),
+            None => "NULL".into(),
+        };
+        let sql = format!(
+            "UPDATE {} SET status = $2, next_retry_time = {next} WHERE id = ANY($1)",
+            self.outbox()
+        );
+        self.client
+            .execute(&sql, &[&ids, &status])
+            .await
+            .expect("set status");
+    }
+
+    pub async fn status(&self, id: i64) -> String {
+        let sql = format!("SELECT status FROM {} WHERE id = $1", self.outbox());
+        self.client
+            .query_one(&sql, &[&id])
+            .await
+            .expect("status")
+            .get(0)
+    }
+}
+
 impl Drop for Fixture {
     fn drop(&mut self) {
         let (env, schema, slot) = (self.env.clone(), self.schema.clone(), self.slot.clone());
