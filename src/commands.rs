@@ -4,13 +4,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outboxd_connector::{CheckLine, CheckStatus, Connector};
-use outboxd_postgres::PostgresConnector;
-use tokio::sync::watch;
+use std::path::Path;
+use std::time::Instant;
 
-use crate::config::{Config, SourceConfig};
-use crate::kafka::Publisher;
-use crate::pipeline::{self, PipelineSettings, PipelineStats};
+use outboxd_connector::{
+    CheckLine, CheckStatus, ClaimScope, Connector, Delivered, DeliveryFailure, OutboxAdmin,
+    OutboxStore, WriteBack,
+};
+use outboxd_postgres::PostgresConnector;
+use tokio::sync::{mpsc, watch, Notify};
+
+use crate::config::{Config, Ordering as KeyOrdering, SourceConfig, SourceMode};
+use crate::kafka::{DeliveryOutcome, Publisher};
+use crate::pipeline::{self, PipelineError, PipelineSettings, PipelineStats, RetryLink};
+use crate::retry::{next_retry_delay, ClaimWorker, WorkerSettings};
 
 /// A command of the CLI.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,18 +28,28 @@ pub enum Command {
     Check,
     /// Relay until SIGTERM/SIGINT.
     Run,
+    /// Start the log afresh and publish every INIT row (after a lost slot or binlog).
+    Recover,
 }
 
 /// Runs `command` with the connector that `config.source` names. Returns the process
 /// exit code.
-pub async fn execute(command: Command, config: &Config) -> anyhow::Result<i32> {
-    match &config.source {
+///
+/// `config_path` is only used in messages: errors that name a command to run (for
+/// example `outboxd recover --config <file>`) get the real path.
+pub async fn execute(command: Command, config: &Config, config_path: &Path) -> anyhow::Result<i32> {
+    let result = match &config.source.engine {
         SourceConfig::Postgres(pg) => {
             let connector =
                 PostgresConnector::new(pg.clone(), &config.pipeline.name, config.outbox.layout())?;
             execute_with(command, config, &connector).await
         }
-    }
+    };
+    result.map_err(|e| {
+        anyhow::anyhow!(e
+            .to_string()
+            .replace("<file>", &config_path.display().to_string()))
+    })
 }
 
 async fn execute_with<C: Connector>(
@@ -49,6 +66,7 @@ async fn execute_with<C: Connector>(
         }
         Command::Check => check(config, connector).await,
         Command::Run => run(config, connector).await,
+        Command::Recover => recover(config, connector).await,
     }
 }
 
@@ -77,27 +95,203 @@ async fn check<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i
 async fn run<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i32> {
     let publisher =
         Publisher::new(&config.kafka, &config.pipeline.name).map_err(anyhow::Error::msg)?;
-    let settings = PipelineSettings {
-        delivery: config.delivery.clone(),
-        retry: config.retry.clone(),
-    };
     let stats = Arc::new(PipelineStats::default());
     let (stop, shutdown) = watch::channel(false);
-    tokio::spawn(stop_on_signals(stop));
+    let stop = Arc::new(stop);
+    tokio::spawn(stop_on_signals(Arc::clone(&stop)));
+    // When one half fails for good, the other half stops too.
+    let stop_on_error = |result: Result<(), PipelineError>| {
+        if result.is_err() {
+            stop.send_replace(true);
+        }
+        result
+    };
 
-    let result = pipeline::run(connector, &publisher, &settings, &stats, shutdown).await;
+    let strict = config.pipeline.ordering == KeyOrdering::Strict;
+    let (keys_tx, keys_rx) = mpsc::unbounded_channel();
+    let wake = Arc::new(Notify::new());
+    let result = match config.source.mode {
+        SourceMode::Log => {
+            let settings = PipelineSettings {
+                delivery: config.delivery.clone(),
+                retry: config.retry.clone(),
+                ordering: config.pipeline.ordering,
+            };
+            let worker_settings = WorkerSettings {
+                retry: config.retry.clone(),
+                scope: ClaimScope::DueFailed,
+                batch_size: config.retry.batch_size,
+                idle_check: config.retry.idle_check,
+                strict_order: strict,
+            };
+            let mut link = RetryLink {
+                wake_worker: Arc::clone(&wake),
+                delivered_keys: keys_rx,
+            };
+            let log_shutdown = shutdown.clone();
+            let log = async {
+                let shutdown = log_shutdown;
+                stop_on_error(
+                    pipeline::run(
+                        connector, &publisher, &settings, &stats, &mut link, shutdown,
+                    )
+                    .await,
+                )
+            };
+            let retries = async {
+                stop_on_error(
+                    run_worker(
+                        connector,
+                        &publisher,
+                        worker_settings,
+                        &stats,
+                        wake,
+                        keys_tx,
+                        shutdown,
+                    )
+                    .await,
+                )
+            };
+            let (log, retries) = tokio::join!(log, retries);
+            log.and(retries)
+        }
+        SourceMode::Poll => {
+            tracing::info!(interval = ?config.poll.interval, "poll mode: claiming INIT and due FAILED rows");
+            let worker_settings = WorkerSettings {
+                retry: config.retry.clone(),
+                scope: ClaimScope::NewAndDueFailed,
+                batch_size: config.poll.batch_size,
+                idle_check: config.poll.interval,
+                strict_order: strict,
+            };
+            run_worker(
+                connector,
+                &publisher,
+                worker_settings,
+                &stats,
+                wake,
+                keys_tx,
+                shutdown,
+            )
+            .await
+        }
+    };
     publisher.flush(Duration::from_secs(5));
     result?;
     tracing::info!(
         published = stats.published.load(std::sync::atomic::Ordering::Relaxed),
+        retried = stats.retried.load(std::sync::atomic::Ordering::Relaxed),
         failed = stats.failed.load(std::sync::atomic::Ordering::Relaxed),
+        parked = stats.parked.load(std::sync::atomic::Ordering::Relaxed),
         "stopped cleanly"
     );
     Ok(0)
 }
 
+/// Runs the claim worker with its own store connection, reopening it after transient
+/// errors, until shutdown.
+async fn run_worker<C: Connector>(
+    connector: &C,
+    publisher: &Publisher,
+    settings: WorkerSettings,
+    stats: &PipelineStats,
+    wake: Arc<Notify>,
+    delivered_keys: mpsc::UnboundedSender<String>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), PipelineError> {
+    let mut pause = Duration::from_millis(250);
+    while !*shutdown.borrow() {
+        let result = async {
+            let store = connector.open_store().await?;
+            let worker = ClaimWorker::new(
+                &store,
+                publisher,
+                settings.clone(),
+                stats,
+                Arc::clone(&wake),
+                delivered_keys.clone(),
+            );
+            worker.run(shutdown.clone()).await
+        }
+        .await;
+        match result {
+            Ok(()) => return Ok(()),
+            Err(e) if e.is_transient() => {
+                tracing::warn!(error = %e, retry_in = ?pause, "claim worker: database unavailable");
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = shutdown.wait_for(|stop| *stop) => {}
+                }
+                pause = (pause * 2).min(Duration::from_secs(10));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// `outboxd recover`: the log position is lost (slot dropped or invalidated, binlog
+/// purged). Start the log afresh at the server's current position first, so every row
+/// committed from now on comes through the log, then publish every INIT row written
+/// before, in id order, writing statuses back as the log path does. A row committed in
+/// between may be sent twice; none is skipped.
+async fn recover<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i32> {
+    let publisher =
+        Publisher::new(&config.kafka, &config.pipeline.name).map_err(anyhow::Error::msg)?;
+    println!("{}", connector.reset_log_position().await?);
+    let store = connector.open_store().await?;
+    const BATCH: usize = 500;
+    let started = Instant::now();
+    let (mut after_id, mut sent, mut failed) = (0i64, 0u64, 0u64);
+    loop {
+        let rows = store.scan_init(after_id, BATCH).await?;
+        let Some(last) = rows.last() else { break };
+        after_id = last.id;
+        let mut pending = Vec::with_capacity(rows.len());
+        for event in &rows {
+            pending.push((event, publisher.send(event).await));
+        }
+        let (mut delivered, mut failures) = (Vec::new(), Vec::new());
+        for (event, delivery) in pending {
+            match delivery.outcome().await {
+                DeliveryOutcome::Acked { partition, offset } => delivered.push(Delivered {
+                    id: event.id,
+                    partition,
+                    offset,
+                }),
+                DeliveryOutcome::Failed { error, .. } => {
+                    tracing::warn!(id = event.id, message_id = %event.message_id, %error, "recover: delivery failed");
+                    let retry_delay = next_retry_delay(&config.retry, event.retry_count);
+                    failures.push(DeliveryFailure {
+                        id: event.id,
+                        error,
+                        retry_delay,
+                    });
+                }
+            }
+        }
+        let batch = WriteBack {
+            delivered: &delivered,
+            failed: &failures,
+            ..WriteBack::default()
+        };
+        store.write_back(batch).await?;
+        sent += delivered.len() as u64;
+        failed += failures.len() as u64;
+        let rate = (sent + failed) as f64 / started.elapsed().as_secs_f64().max(0.001);
+        println!(
+            "recover: {sent} published, {failed} failed (up to id {after_id}, {rate:.0} rows/s)"
+        );
+    }
+    println!(
+        "recover done: {sent} INIT rows published, {failed} marked FAILED (the retry worker of \
+         `outboxd run` retries them); start `outboxd run` to resume from the new log position"
+    );
+    Ok(0)
+}
+
 /// First SIGTERM/SIGINT: graceful stop (drain, write back, checkpoint). Second: exit now.
-async fn stop_on_signals(stop: watch::Sender<bool>) {
+async fn stop_on_signals(stop: Arc<watch::Sender<bool>>) {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
@@ -108,7 +302,7 @@ async fn stop_on_signals(stop: watch::Sender<bool>) {
     };
     tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
     tracing::info!("signal received: stopping (send it again to exit at once)");
-    let _ = stop.send(true);
+    stop.send_replace(true);
     tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
     tracing::warn!("second signal: exiting without draining");
     std::process::exit(130);

@@ -46,8 +46,8 @@ pub enum ConfigError {
 pub struct Config {
     /// `[pipeline]`: the name of this source → Kafka pipeline.
     pub pipeline: PipelineConfig,
-    /// `[source]`: the database to tail.
-    pub source: SourceConfig,
+    /// `[source]`: the database to tail, and how.
+    pub source: SourceSection,
     /// `[outbox]`: table names and the key column.
     #[serde(default)]
     pub outbox: OutboxConfig,
@@ -56,9 +56,12 @@ pub struct Config {
     /// `[delivery]`: in-flight bounds, write-back batching, shutdown.
     #[serde(default)]
     pub delivery: DeliveryConfig,
-    /// `[retry]`: backoff of failed rows.
+    /// `[retry]`: backoff of failed rows, the retry worker and the reaper.
     #[serde(default)]
     pub retry: RetryConfig,
+    /// `[poll]`: poll mode's interval and batch.
+    #[serde(default)]
+    pub poll: PollConfig,
 }
 
 /// `[pipeline]`
@@ -68,6 +71,47 @@ pub struct PipelineConfig {
     /// Names the checkpoint row and, by default, the slot and publication
     /// (`outboxd_<name>`). Lower-case letters, digits and `_`.
     pub name: String,
+    /// Per-key ordering under failures.
+    #[serde(default)]
+    pub ordering: Ordering,
+}
+
+/// What happens to later events of a `biz_key` while an earlier one is FAILED,
+/// PROCESSING or MANUAL_REQUIRED.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Ordering {
+    /// They are parked (status FAILED, due at once, `last_error` says why) and released
+    /// in id order once the earlier event succeeds or an operator resolves it. Other keys
+    /// flow without delay.
+    #[default]
+    Strict,
+    /// They are published at once; a retried event arrives after later ones of its key.
+    Relaxed,
+}
+
+/// `[source]`: how to read the outbox (`mode`) and the engine settings (`kind` and the
+/// engine's own keys).
+#[derive(Clone, Debug, Deserialize)]
+pub struct SourceSection {
+    /// `log` (default) tails the database log; `poll` claims INIT rows with
+    /// `SELECT … FOR UPDATE SKIP LOCKED`, for databases where log access is not granted.
+    #[serde(default)]
+    pub mode: SourceMode,
+    /// The engine and its connection settings.
+    #[serde(flatten)]
+    pub engine: SourceConfig,
+}
+
+/// How outboxd finds new outbox rows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceMode {
+    /// Logical replication / binlog: no polling, millisecond latency.
+    #[default]
+    Log,
+    /// The claim query every `poll.interval`.
+    Poll,
 }
 
 /// `[source]`, selected by `kind`.
@@ -172,7 +216,8 @@ impl Default for DeliveryConfig {
     }
 }
 
-/// `[retry]`: `next_retry_time = now + min(base * 2^retry_count, cap) + random(0..jitter)`.
+/// `[retry]`: `next_retry_time = now + min(base * 2^retry_count, cap) + random(0..jitter)`,
+/// and the worker that retries due FAILED rows.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetryConfig {
@@ -185,6 +230,16 @@ pub struct RetryConfig {
     /// Random extra delay, so failed rows of one burst do not retry in lockstep.
     #[serde(with = "humantime_serde")]
     pub jitter: Duration,
+    /// Rows claimed per round of the retry worker.
+    pub batch_size: usize,
+    /// A row PROCESSING longer than this was abandoned by a stopped worker: the reaper
+    /// returns it to FAILED (or MANUAL_REQUIRED at the limit).
+    #[serde(with = "humantime_serde")]
+    pub claim_timeout: Duration,
+    /// With no FAILED row known, the retry worker still looks this often, for rows made
+    /// due by `outboxd retry` or by another process.
+    #[serde(with = "humantime_serde")]
+    pub idle_check: Duration,
 }
 
 impl Default for RetryConfig {
@@ -193,6 +248,29 @@ impl Default for RetryConfig {
             base: Duration::from_secs(1),
             cap: Duration::from_secs(300),
             jitter: Duration::from_millis(500),
+            batch_size: 100,
+            claim_timeout: Duration::from_secs(60),
+            idle_check: Duration::from_secs(60),
+        }
+    }
+}
+
+/// `[poll]`: poll mode (`source.mode = "poll"`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PollConfig {
+    /// Pause between claims when the last one found fewer rows than `batch_size`.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Rows claimed per round.
+    pub batch_size: usize,
+}
+
+impl Default for PollConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(1),
+            batch_size: 500,
         }
     }
 }
@@ -227,7 +305,7 @@ impl Config {
     /// Applies the environment overrides for secrets and endpoints.
     pub fn apply_env(&mut self, var: impl Fn(&str) -> Option<String>) {
         if let Some(password) = var(ENV_SOURCE_PASSWORD) {
-            match &mut self.source {
+            match &mut self.source.engine {
                 SourceConfig::Postgres(pg) => pg.password = Some(password),
             }
         }
@@ -278,6 +356,32 @@ impl Config {
                 "retry.base must be above zero and retry.cap at least retry.base".into(),
             ));
         }
+        for (key, n) in [
+            ("retry.batch_size", self.retry.batch_size),
+            ("poll.batch_size", self.poll.batch_size),
+        ] {
+            if n == 0 || n > 10_000 {
+                return Err(ConfigError::Invalid(format!(
+                    "{key} must be between 1 and 10000"
+                )));
+            }
+        }
+        for (key, d) in [
+            ("retry.claim_timeout", self.retry.claim_timeout),
+            ("retry.idle_check", self.retry.idle_check),
+            ("poll.interval", self.poll.interval),
+        ] {
+            if d.is_zero() {
+                return Err(ConfigError::Invalid(format!("{key} must be above zero")));
+            }
+        }
+        if self.retry.claim_timeout <= self.kafka.message_timeout {
+            return Err(ConfigError::Invalid(format!(
+                "retry.claim_timeout ({:?}) must be longer than kafka.message_timeout ({:?}): \
+                 otherwise the reaper takes back rows whose delivery is still being retried",
+                self.retry.claim_timeout, self.kafka.message_timeout
+            )));
+        }
         for (key, value) in [
             ("outbox.table", &self.outbox.table),
             ("outbox.inbox_table", &self.outbox.inbox_table),
@@ -316,8 +420,10 @@ mod tests {
         assert_eq!(config.kafka.topic_template, "outbox.{message_type}");
         assert_eq!(config.outbox.table, "outbox");
         assert_eq!(config.delivery.max_in_flight, 10_000);
-        let SourceConfig::Postgres(pg) = &config.source;
+        let SourceConfig::Postgres(pg) = &config.source.engine;
         assert_eq!(pg.port, 5432);
+        assert_eq!(config.source.mode, SourceMode::Log);
+        assert_eq!(config.pipeline.ordering, Ordering::Strict);
         assert_eq!(pg.slot_name("orders"), "outboxd_orders");
     }
 
@@ -331,6 +437,37 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("kafka2"));
+    }
+
+    #[test]
+    fn source_mode_sits_beside_the_engine_keys() {
+        let text = MINIMAL.replace(
+            "kind = \"postgres\"",
+            "kind = \"postgres\"\nmode = \"poll\"",
+        );
+        let config = Config::parse(&text).unwrap();
+        assert_eq!(config.source.mode, SourceMode::Poll);
+        let text = MINIMAL.replace(
+            "kind = \"postgres\"",
+            "kind = \"postgres\"\nmode = \"tail\"",
+        );
+        assert!(Config::parse(&text)
+            .unwrap_err()
+            .to_string()
+            .contains("tail"));
+        let text = MINIMAL.replace("kind = \"postgres\"", "kind = \"postgres\"\nport = \"x\"");
+        assert!(Config::parse(&text).is_err());
+    }
+
+    #[test]
+    fn claim_timeout_must_outlast_the_producer_retries() {
+        let text = format!("{MINIMAL}\n[retry]\nclaim_timeout = \"10s\"\n");
+        let err = Config::parse(&text)
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("claim_timeout"), "{err}");
     }
 
     #[test]
@@ -353,7 +490,7 @@ mod tests {
             ENV_KAFKA_SASL_PASSWORD => Some("k3y".into()),
             _ => None,
         });
-        let SourceConfig::Postgres(pg) = &config.source;
+        let SourceConfig::Postgres(pg) = &config.source.engine;
         assert_eq!(pg.password.as_deref(), Some("s3cret"));
         assert_eq!(config.kafka.options["sasl.password"], "k3y");
     }

@@ -36,6 +36,9 @@ enum CliCommand {
     Check(ConfigArg),
     /// Relay outbox inserts to Kafka until SIGTERM/SIGINT.
     Run(ConfigArg),
+    /// After a lost log position (slot dropped or invalidated, binlog purged): start the
+    /// log afresh at the current position and publish every INIT row. Stop `run` first.
+    Recover(ConfigArg),
 }
 
 #[derive(clap::Args)]
@@ -52,6 +55,7 @@ fn main() -> ExitCode {
         CliCommand::Init(a) => (Command::Init, a.config),
         CliCommand::Check(a) => (Command::Check, a.config),
         CliCommand::Run(a) => (Command::Run, a.config),
+        CliCommand::Recover(a) => (Command::Recover, a.config),
     };
     let config = match Config::load(&path) {
         Ok(config) => config,
@@ -70,7 +74,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(execute(command, &config)) {
+    match runtime.block_on(execute(command, &config, &path)) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(e) => {
             tracing::error!("{e:#}");

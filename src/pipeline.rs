@@ -10,7 +10,7 @@
 //! "another outboxd holds the slot", which is how a standby takes over) and stops on
 //! definite ones or on shutdown.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -19,12 +19,12 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use outboxd_connector::{
     ChangeItem, ChangeStream, CommittedTransaction, Connector, ConnectorError, Delivered,
-    DeliveryFailure, OutboxStore, Position, WriteBack,
+    DeliveryFailure, OutboxEvent, OutboxStore, ParkedEvent, Position, WriteBack,
 };
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::sleep_until;
 
-use crate::config::{DeliveryConfig, RetryConfig};
+use crate::config::{DeliveryConfig, Ordering as KeyOrdering, RetryConfig};
 use crate::kafka::{DeliveryOutcome, PendingDelivery, Publisher};
 use crate::retry::next_retry_delay;
 
@@ -39,6 +39,14 @@ pub struct PipelineStats {
     pub transactions: AtomicU64,
     /// Events read from the log and not yet written back.
     pub in_flight: AtomicU64,
+    /// Events parked by strict ordering behind an earlier event of their key.
+    pub parked: AtomicU64,
+    /// Claimed rows the retry worker (or poll mode) published successfully.
+    pub retried: AtomicU64,
+    /// Claimed rows that failed again.
+    pub retry_failed: AtomicU64,
+    /// Rows the reaper returned from an abandoned PROCESSING claim.
+    pub reaped: AtomicU64,
     /// The last position confirmed to the source.
     pub confirmed: Mutex<Option<Position>>,
 }
@@ -50,6 +58,18 @@ pub struct PipelineSettings {
     pub delivery: DeliveryConfig,
     /// Backoff of failed rows.
     pub retry: RetryConfig,
+    /// Per-key ordering under failures.
+    pub ordering: KeyOrdering,
+}
+
+/// How the log pipeline and the retry worker talk: the pipeline wakes the worker when
+/// it writes FAILED or parked rows; the worker reports keys whose rows it delivered, so
+/// the pipeline can check whether strict ordering still holds them back.
+pub struct RetryLink {
+    /// Notified by the pipeline after FAILED or parked rows are written.
+    pub wake_worker: Arc<Notify>,
+    /// Keys of rows the retry worker delivered.
+    pub delivered_keys: mpsc::UnboundedReceiver<String>,
 }
 
 /// Why a pipeline stopped.
@@ -81,6 +101,7 @@ pub async fn run<C: Connector>(
     publisher: &Publisher,
     settings: &PipelineSettings,
     stats: &Arc<PipelineStats>,
+    link: &mut RetryLink,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), PipelineError> {
     let mut backoff = Backoff::new();
@@ -90,8 +111,12 @@ pub async fn run<C: Connector>(
             let store = connector.open_store().await?;
             let mut stream = connector.open_stream().await?;
             tracing::info!(source = %connector.describe(), "streaming");
-            let mut session = Session::new(&store, publisher, settings, stats);
-            session.run(&mut stream, &mut shutdown, &mut backoff).await
+            let wake = Arc::clone(&link.wake_worker);
+            let mut session = Session::new(&store, publisher, settings, stats, wake);
+            session.load_blocked_keys().await?;
+            session
+                .run(&mut stream, link, &mut shutdown, &mut backoff)
+                .await
         };
         match session.await {
             Ok(()) => return Ok(()),
@@ -149,25 +174,21 @@ struct Completed {
     id: i64,
     retry_count: i32,
     message_id: String,
+    biz_key: String,
     outcome: DeliveryOutcome,
 }
 
 /// Records handed to Kafka whose outcome is not yet known.
 type Deliveries = FuturesUnordered<BoxFuture<'static, Completed>>;
 
-async fn track(
-    seq: u64,
-    id: i64,
-    retry_count: i32,
-    message_id: String,
-    pending: PendingDelivery,
-) -> Completed {
+async fn track(seq: u64, event: OutboxEvent, pending: PendingDelivery) -> Completed {
     let outcome = pending.outcome().await;
     Completed {
         seq,
-        id,
-        retry_count,
-        message_id,
+        id: event.id,
+        retry_count: event.retry_count,
+        message_id: event.message_id,
+        biz_key: event.biz_key,
         outcome,
     }
 }
@@ -186,11 +207,18 @@ struct Session<'a, O> {
     in_flight: usize,
     delivered: Vec<Delivered>,
     failed: Vec<DeliveryFailure>,
+    parked: Vec<ParkedEvent>,
+    /// Strict ordering: keys with an event FAILED, PROCESSING or MANUAL_REQUIRED; their
+    /// later events are parked instead of sent.
+    blocked: HashSet<String>,
+    /// Blocked keys the retry worker delivered rows of: to check after the next flush.
+    maybe_released: HashSet<String>,
     /// Sequence numbers of the slots the batch's rows belong to, one per row.
     batch_seqs: Vec<u64>,
     batch_started: Option<Instant>,
     last_confirmed: Option<Position>,
     fatal: Option<String>,
+    wake_worker: Arc<Notify>,
 }
 
 impl<'a, O: OutboxStore> Session<'a, O> {
@@ -199,6 +227,7 @@ impl<'a, O: OutboxStore> Session<'a, O> {
         publisher: &'a Publisher,
         settings: &'a PipelineSettings,
         stats: &'a PipelineStats,
+        wake_worker: Arc<Notify>,
     ) -> Self {
         Self {
             store,
@@ -210,16 +239,39 @@ impl<'a, O: OutboxStore> Session<'a, O> {
             in_flight: 0,
             delivered: Vec::new(),
             failed: Vec::new(),
+            parked: Vec::new(),
+            blocked: HashSet::new(),
+            maybe_released: HashSet::new(),
             batch_seqs: Vec::new(),
             batch_started: None,
             last_confirmed: None,
             fatal: None,
+            wake_worker,
         }
+    }
+
+    fn strict(&self) -> bool {
+        self.settings.ordering == KeyOrdering::Strict
+    }
+
+    /// Strict ordering starts from the keys the table says are in trouble.
+    async fn load_blocked_keys(&mut self) -> Result<(), ConnectorError> {
+        if self.strict() {
+            self.blocked = self.store.blocked_keys(None).await?;
+            if !self.blocked.is_empty() {
+                tracing::info!(
+                    keys = self.blocked.len(),
+                    "keys held back by earlier failed events"
+                );
+            }
+        }
+        Ok(())
     }
 
     async fn run<S: ChangeStream>(
         &mut self,
         stream: &mut S,
+        link: &mut RetryLink,
         shutdown: &mut watch::Receiver<bool>,
         backoff: &mut Backoff,
     ) -> Result<(), PipelineError> {
@@ -254,6 +306,14 @@ impl<'a, O: OutboxStore> Session<'a, O> {
                 }
                 _ = sleep_until(flush_at.into()), if self.batch_started.is_some() => {
                     self.flush(stream).await?;
+                }
+                Some(key) = link.delivered_keys.recv() => {
+                    if self.blocked.contains(&key) {
+                        self.maybe_released.insert(key);
+                        if self.batch_started.is_none() {
+                            self.flush(stream).await?;
+                        }
+                    }
                 }
                 item = stream.next(), if reading => match item {
                     Ok(ChangeItem::Transaction(tx)) => {
@@ -320,15 +380,28 @@ impl<'a, O: OutboxStore> Session<'a, O> {
         deliveries: &mut Deliveries,
     ) {
         for event in tx.events {
+            if self.strict() && self.blocked.contains(&event.biz_key) {
+                tracing::debug!(
+                    id = event.id,
+                    message_id = %event.message_id,
+                    biz_key = %event.biz_key,
+                    "parked behind an earlier event of its key"
+                );
+                self.parked.push(ParkedEvent {
+                    id: event.id,
+                    reason: format!(
+                        "parked: an earlier event of biz_key `{}` is not delivered yet \
+                         (strict ordering)",
+                        event.biz_key
+                    ),
+                });
+                self.stats.parked.fetch_add(1, Ordering::Relaxed);
+                self.batch_seqs.push(seq);
+                self.batch_started.get_or_insert_with(Instant::now);
+                continue;
+            }
             let pending = self.publisher.send(&event).await;
-            let (id, retry_count) = (event.id, event.retry_count);
-            deliveries.push(Box::pin(track(
-                seq,
-                id,
-                retry_count,
-                event.message_id,
-                pending,
-            )));
+            deliveries.push(Box::pin(track(seq, event, pending)));
         }
     }
 
@@ -350,6 +423,9 @@ impl<'a, O: OutboxStore> Session<'a, O> {
                 );
                 if fatal && self.fatal.is_none() {
                     self.fatal = Some(error.clone());
+                }
+                if self.strict() {
+                    self.blocked.insert(done.biz_key);
                 }
                 let retry_delay = next_retry_delay(&self.settings.retry, done.retry_count);
                 self.failed.push(DeliveryFailure {
@@ -381,14 +457,15 @@ impl<'a, O: OutboxStore> Session<'a, O> {
             .map(|i| self.slots[i].position.clone());
         let checkpoint = checkpoint.filter(|p| self.last_confirmed.as_ref() < Some(p));
 
-        if !self.delivered.is_empty() || !self.failed.is_empty() {
+        if !self.delivered.is_empty() || !self.failed.is_empty() || !self.parked.is_empty() {
             let batch = WriteBack {
                 delivered: &self.delivered,
                 failed: &self.failed,
+                parked: &self.parked,
                 checkpoint: checkpoint.as_ref(),
             };
             write_back_with_retries(self.store, batch).await?;
-            let written = self.delivered.len() + self.failed.len();
+            let written = self.delivered.len() + self.failed.len() + self.parked.len();
             self.in_flight -= written;
             self.stats
                 .in_flight
@@ -399,10 +476,15 @@ impl<'a, O: OutboxStore> Session<'a, O> {
             self.stats
                 .failed
                 .fetch_add(self.failed.len() as u64, Ordering::Relaxed);
+            if !self.failed.is_empty() || !self.parked.is_empty() {
+                self.wake_worker.notify_one();
+            }
             self.delivered.clear();
             self.failed.clear();
+            self.parked.clear();
         }
         self.batch_started = None;
+        self.release_keys().await?;
 
         self.slots.drain(..done_prefix);
         self.first_seq += done_prefix as u64;
@@ -413,6 +495,26 @@ impl<'a, O: OutboxStore> Session<'a, O> {
                 *confirmed = Some(position.clone());
             }
             self.last_confirmed = Some(position);
+        }
+        Ok(())
+    }
+}
+
+impl<O: OutboxStore> Session<'_, O> {
+    /// Unblocks the keys whose rows the retry worker delivered, once the table shows no
+    /// FAILED, PROCESSING or MANUAL_REQUIRED row of theirs. Runs after a flush, so every
+    /// row this session parked is already in the table when it looks.
+    async fn release_keys(&mut self) -> Result<(), ConnectorError> {
+        if self.maybe_released.is_empty() {
+            return Ok(());
+        }
+        let candidates: Vec<String> = self.maybe_released.drain().collect();
+        let still_blocked = self.store.blocked_keys(Some(&candidates)).await?;
+        for key in candidates {
+            if !still_blocked.contains(&key) {
+                tracing::debug!(biz_key = %key, "key released: its earlier events are delivered");
+                self.blocked.remove(&key);
+            }
         }
         Ok(())
     }

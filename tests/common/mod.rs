@@ -10,7 +10,9 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{
+    AdminClient, AdminOptions, AlterConfig, NewTopic, ResourceSpecifier, TopicReplication,
+};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -141,21 +143,47 @@ message_timeout = "10s"
     }
 
     pub async fn create_topic(&self, topic: &str, partitions: i32) {
-        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        self.create_topic_with(topic, partitions, &[]).await;
+    }
+
+    fn admin(&self) -> AdminClient<DefaultClientContext> {
+        ClientConfig::new()
             .set("bootstrap.servers", &self.services.kafka)
             .create()
-            .expect("admin client");
-        let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
-        let results = admin
-            .create_topics(
-                [&new],
-                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-            )
+            .expect("admin client")
+    }
+
+    /// Creates a topic with topic-level configs such as `max.message.bytes`.
+    pub async fn create_topic_with(&self, topic: &str, partitions: i32, configs: &[(&str, &str)]) {
+        let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+        for (key, value) in configs {
+            new = new.set(key, value);
+        }
+        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        let results = self
+            .admin()
+            .create_topics([&new], &options)
             .await
             .expect("create topic");
         for result in results {
             if let Err((topic, code)) = result {
                 panic!("creating topic {topic}: {code:?}");
+            }
+        }
+    }
+
+    /// Changes one topic-level config.
+    pub async fn alter_topic(&self, topic: &str, key: &str, value: &str) {
+        let change = AlterConfig::new(ResourceSpecifier::Topic(topic)).set(key, value);
+        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        let results = self
+            .admin()
+            .alter_configs([&change], &options)
+            .await
+            .expect("alter topic");
+        for result in results {
+            if let Err((resource, code)) = result {
+                panic!("altering {resource:?}: {code:?}");
             }
         }
     }

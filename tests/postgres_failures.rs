@@ -1,0 +1,439 @@
+//! Failures, retries and ordering on real servers with real faults: records the broker
+//! rejects, topics that do not exist, workers that die mid-claim, a lost replication
+//! slot. The outbox row must tell the truth throughout, and per-key order must hold.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use common::{consume_all, wait_for, Record, TestPipeline};
+use rand::Rng;
+
+/// Settings that make failures show up within seconds instead of minutes.
+const FAST_FAILURES: &str = r#"
+[kafka.options]
+"allow.auto.create.topics" = "false"
+"topic.metadata.refresh.interval.ms" = "1000"
+
+[retry]
+base = "300ms"
+cap = "2s"
+jitter = "100ms"
+claim_timeout = "20s"
+idle_check = "1s"
+"#;
+
+#[derive(Debug)]
+struct Row {
+    status: String,
+    retry_count: i32,
+    last_error: Option<String>,
+}
+
+async fn rows(p: &TestPipeline) -> BTreeMap<String, Row> {
+    let client = p.sql().await;
+    client
+        .query(
+            &format!(
+                "SELECT message_id, status, retry_count, last_error FROM \"{}\"",
+                p.table
+            ),
+            &[],
+        )
+        .await
+        .expect("rows")
+        .iter()
+        .map(|r| {
+            let row = Row {
+                status: r.get(1),
+                retry_count: r.get(2),
+                last_error: r.get(3),
+            };
+            (r.get::<_, String>(0), row)
+        })
+        .collect()
+}
+
+async fn insert(
+    p: &TestPipeline,
+    client: &tokio_postgres::Client,
+    message_id: &str,
+    key: &str,
+    seq: u32,
+    topic: Option<&str>,
+    payload_bytes: usize,
+) {
+    // Random letters: the producer compresses batches, so padding must not compress.
+    let pad: String = rand::thread_rng()
+        .sample_iter(&rand::distributions::Alphanumeric)
+        .take(payload_bytes)
+        .map(char::from)
+        .collect();
+    let payload = format!(r#"{{"seq":{seq},"pad":"{pad}"}}"#);
+    client
+        .execute(
+            &format!(
+                "INSERT INTO \"{}\" (message_id, message_type, biz_key, topic, payload, headers) \
+                 VALUES ($1, $2, $3, $4, $5::text::jsonb, $6::text::jsonb)",
+                p.table
+            ),
+            &[
+                &message_id,
+                &format!("step{seq}"),
+                &key,
+                &topic,
+                &payload,
+                &format!(r#"{{"seq":"{seq}"}}"#),
+            ],
+        )
+        .await
+        .expect("insert outbox row");
+}
+
+/// Sequence numbers per key, in partition-offset order.
+fn seqs_by_key(records: &[Record]) -> BTreeMap<String, Vec<u32>> {
+    let mut sorted: Vec<&Record> = records.iter().collect();
+    sorted.sort_by_key(|r| (r.partition, r.offset));
+    let mut by_key: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for r in sorted {
+        let seq = r
+            .headers
+            .get("seq")
+            .and_then(|s| s.parse().ok())
+            .expect("seq header");
+        by_key.entry(r.key.clone()).or_default().push(seq);
+    }
+    by_key
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_record_fails_its_row_parks_its_key_and_is_delivered_in_order_later() {
+    let p = TestPipeline::new("toolarge", 1, FAST_FAILURES).await;
+    // The broker rejects records over 4 KB on this topic.
+    let topic = format!("{}.small", p.topic);
+    p.create_topic_with(&topic, 1, &[("max.message.bytes", "4096")])
+        .await;
+    p.init();
+    let daemon = p.spawn_run("run.log");
+    let client = p.sql().await;
+
+    insert(&p, &client, "blocked-1", "blocked", 1, Some(&topic), 8_000).await;
+    wait_for(
+        "the oversized record to fail its row",
+        Duration::from_secs(30),
+        || async {
+            let rows = rows(&p).await;
+            (rows.get("blocked-1")?.status == "FAILED").then_some(())
+        },
+    )
+    .await;
+    for seq in 2..=3 {
+        insert(
+            &p,
+            &client,
+            &format!("blocked-{seq}"),
+            "blocked",
+            seq,
+            Some(&topic),
+            10,
+        )
+        .await;
+    }
+    for seq in 1..=3 {
+        insert(
+            &p,
+            &client,
+            &format!("free-{seq}"),
+            "free",
+            seq,
+            Some(&topic),
+            10,
+        )
+        .await;
+    }
+    wait_for("the other key to flow", Duration::from_secs(30), || async {
+        let rows = rows(&p).await;
+        let free_done = (1..=3).all(|s| rows[&format!("free-{s}")].status == "SUCCESS");
+        free_done.then_some(())
+    })
+    .await;
+
+    let rows_now = rows(&p).await;
+    let first = &rows_now["blocked-1"];
+    let error = first.last_error.clone().unwrap_or_default();
+    assert!(
+        error.to_lowercase().contains("too large"),
+        "broker's error kept: {error}"
+    );
+    assert!(first.retry_count >= 1);
+    for seq in 2..=3 {
+        let row = &rows_now[&format!("blocked-{seq}")];
+        assert_ne!(
+            row.status, "SUCCESS",
+            "strict ordering holds back blocked-{seq}"
+        );
+        let why = row.last_error.clone().unwrap_or_default();
+        assert!(why.contains("parked"), "parked rows say why: {why}");
+    }
+
+    // The operator raises the limit; the retry worker delivers the key in order.
+    p.alter_topic(&topic, "max.message.bytes", "1048576").await;
+    wait_for("every row SUCCESS", Duration::from_secs(60), || async {
+        let rows = rows(&p).await;
+        rows.values().all(|r| r.status == "SUCCESS").then_some(())
+    })
+    .await;
+    let records = consume_all(&p.services.kafka, &topic, 1, 6, Duration::from_secs(30));
+    let by_key = seqs_by_key(&records);
+    assert_eq!(by_key["free"], [1, 2, 3]);
+    assert_eq!(
+        by_key["blocked"],
+        [1, 2, 3],
+        "the blocked key keeps its order"
+    );
+    drop(daemon);
+    p.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_topic_fails_until_created_and_exhausted_rows_need_an_operator() {
+    // Give up on a topic that does not appear within 2 s.
+    let extra = FAST_FAILURES.replace(
+        "[kafka.options]",
+        "[kafka.options]\n\"topic.metadata.propagation.max.ms\" = \"2000\"",
+    );
+    let p = TestPipeline::new("missing", 1, &extra).await;
+    p.init();
+    let _daemon = p.spawn_run("run.log");
+    let client = p.sql().await;
+    let missing = format!("{}.missing", p.topic);
+
+    insert(&p, &client, "m-1", "acct", 1, Some(&missing), 10).await;
+    // A second key whose row may fail only twice.
+    insert(
+        &p,
+        &client,
+        "x-1",
+        "exhaust",
+        1,
+        Some(&format!("{missing}.never")),
+        10,
+    )
+    .await;
+    client
+        .execute(
+            &format!(
+                "UPDATE \"{}\" SET max_retry_count = 2 WHERE message_id = 'x-1'",
+                p.table
+            ),
+            &[],
+        )
+        .await
+        .expect("lower max_retry_count");
+
+    wait_for(
+        "the missing topic to fail the row",
+        Duration::from_secs(60),
+        || async {
+            let rows = rows(&p).await;
+            (rows.get("m-1")?.status == "FAILED").then_some(())
+        },
+    )
+    .await;
+    let error = rows(&p).await["m-1"].last_error.clone().unwrap_or_default();
+    assert!(error.to_lowercase().contains("unknown topic"), "{error}");
+
+    wait_for(
+        "the row out of retries to need an operator",
+        Duration::from_secs(90),
+        || async {
+            let rows = rows(&p).await;
+            let row = rows.get("x-1")?;
+            (row.status == "MANUAL_REQUIRED").then_some(row.retry_count)
+        },
+    )
+    .await;
+
+    p.create_topic(&missing, 1).await;
+    wait_for(
+        "the row delivered once its topic exists",
+        Duration::from_secs(60),
+        || async { (rows(&p).await.get("m-1")?.status == "SUCCESS").then_some(()) },
+    )
+    .await;
+    let records = consume_all(&p.services.kafka, &missing, 1, 1, Duration::from_secs(30));
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].headers["message_id"], "m-1");
+    assert_eq!(
+        rows(&p).await["x-1"].status,
+        "MANUAL_REQUIRED",
+        "stays for the operator"
+    );
+    p.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_abandoned_by_a_dead_worker_is_reaped_and_delivered() {
+    let extra = FAST_FAILURES.replace("claim_timeout = \"20s\"", "claim_timeout = \"12s\"");
+    let p = TestPipeline::new("reap", 1, &extra).await;
+    p.init();
+    let client = p.sql().await;
+    for seq in 1..=5 {
+        insert(
+            &p,
+            &client,
+            &format!("r-{seq}"),
+            &format!("k{seq}"),
+            seq,
+            None,
+            10,
+        )
+        .await;
+    }
+    // These rows were claimed by a worker that died an hour ago, before the slot saw them
+    // (they are not INIT, so the log path skips them).
+    client
+        .execute(
+            &format!(
+                "UPDATE \"{}\" SET status = 'PROCESSING', claimed_at = now() - interval '1 hour', \
+                 claim_token = gen_random_uuid(), next_retry_time = now() - interval '1 hour'",
+                p.table
+            ),
+            &[],
+        )
+        .await
+        .expect("simulate a dead worker's claims");
+    let _daemon = p.spawn_run("run.log");
+    wait_for("reaped rows delivered", Duration::from_secs(60), || async {
+        let rows = rows(&p).await;
+        rows.values().all(|r| r.status == "SUCCESS").then_some(())
+    })
+    .await;
+    for row in rows(&p).await.values() {
+        assert_eq!(
+            row.retry_count, 1,
+            "the reaper counted the abandoned attempt: {row:?}"
+        );
+    }
+    let records = consume_all(&p.services.kafka, &p.topic, 1, 5, Duration::from_secs(30));
+    assert_eq!(records.len(), 5);
+    p.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pollers_never_publish_a_row_twice() {
+    let extra = "[poll]\ninterval = \"100ms\"\nbatch_size = 50\n";
+    let p = TestPipeline::new("twopoll", 3, extra).await;
+    let config = std::fs::read_to_string(&p.config_path).expect("config");
+    std::fs::write(
+        &p.config_path,
+        config.replace(
+            "kind = \"postgres\"",
+            "kind = \"postgres\"\nmode = \"poll\"",
+        ),
+    )
+    .expect("poll config");
+    p.init();
+    let client = p.sql().await;
+    const ROWS: u32 = 600;
+    for seq in 1..=ROWS {
+        insert(
+            &p,
+            &client,
+            &format!("p-{seq}"),
+            &format!("key{}", seq % 40),
+            seq,
+            None,
+            10,
+        )
+        .await;
+    }
+    let first = p.spawn_run("poll-1.log");
+    let second = p.spawn_run("poll-2.log");
+    wait_for("every row SUCCESS", Duration::from_secs(90), || async {
+        let counts = p.status_counts().await;
+        (counts.get("SUCCESS").copied() == Some(i64::from(ROWS))).then_some(())
+    })
+    .await;
+    let records = consume_all(
+        &p.services.kafka,
+        &p.topic,
+        3,
+        ROWS as usize,
+        Duration::from_secs(60),
+    );
+    let mut seen: HashMap<String, u32> = HashMap::new();
+    for r in &records {
+        *seen.entry(r.headers["message_id"].clone()).or_default() += 1;
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "published more than once: {twice:?}");
+    assert_eq!(seen.len(), ROWS as usize);
+    // Both pollers did work (the claim is shared, not exclusive).
+    let log1 = first.log_text();
+    let log2 = second.log_text();
+    assert!(log1.contains("poll mode") && log2.contains("poll mode"));
+    drop((first, second));
+    p.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_dropped_while_down_is_reported_and_recover_delivers_every_row() {
+    let p = TestPipeline::new("recover", 1, FAST_FAILURES).await;
+    p.init();
+    let client = p.sql().await;
+    let mut daemon = p.spawn_run("run-1.log");
+    insert(&p, &client, "before-1", "a", 1, None, 10).await;
+    wait_for("first row SUCCESS", Duration::from_secs(30), || async {
+        (rows(&p).await.get("before-1")?.status == "SUCCESS").then_some(())
+    })
+    .await;
+    assert!(daemon.terminate().success());
+
+    // While outboxd is down: the slot is lost and rows keep coming.
+    let slot = format!("outboxd_{}", p.name);
+    client
+        .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+        .await
+        .expect("drop slot");
+    for seq in 1..=20 {
+        insert(&p, &client, &format!("lost-{seq}"), "b", seq, None, 10).await;
+    }
+
+    let failed_run = p.outboxd(&["run"]);
+    let stderr = String::from_utf8_lossy(&failed_run.stderr);
+    assert!(!failed_run.status.success());
+    let expected = format!("outboxd recover --config {}", p.config_path.display());
+    assert!(
+        stderr.contains(&expected),
+        "run names the exact command: {stderr}"
+    );
+
+    let recovered = p.outboxd(&["recover"]);
+    let out = String::from_utf8_lossy(&recovered.stdout);
+    assert!(
+        recovered.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&recovered.stderr)
+    );
+    assert!(out.contains("20 INIT rows published"), "{out}");
+    assert!(rows(&p).await.values().all(|r| r.status == "SUCCESS"));
+
+    // The relay resumes from the new slot.
+    let _daemon = p.spawn_run("run-2.log");
+    insert(&p, &client, "after-1", "c", 1, None, 10).await;
+    wait_for(
+        "rows after recovery flow again",
+        Duration::from_secs(30),
+        || async { (rows(&p).await.get("after-1")?.status == "SUCCESS").then_some(()) },
+    )
+    .await;
+    let records = consume_all(&p.services.kafka, &p.topic, 1, 22, Duration::from_secs(30));
+    let ids: std::collections::HashSet<&str> = records
+        .iter()
+        .map(|r| r.headers["message_id"].as_str())
+        .collect();
+    assert_eq!(ids.len(), 22, "every row once at least");
+    p.cleanup().await;
+}
