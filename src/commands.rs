@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use outboxd_connector::{
     CheckLine, CheckStatus, ClaimScope, Connector, Delivered, DeliveryFailure, OutboxAdmin,
-    OutboxStore, WriteBack,
+    OutboxStore, ReadMode, WriteBack,
 };
 use outboxd_postgres::PostgresConnector;
 use tokio::sync::{mpsc, watch, Notify};
@@ -59,7 +59,7 @@ async fn execute_with<C: Connector>(
 ) -> anyhow::Result<i32> {
     match command {
         Command::Init => {
-            for line in connector.init().await? {
+            for line in connector.init(read_mode(config)).await? {
                 println!("{line}");
             }
             Ok(0)
@@ -70,9 +70,16 @@ async fn execute_with<C: Connector>(
     }
 }
 
+fn read_mode(config: &Config) -> ReadMode {
+    match config.source.mode {
+        SourceMode::Log => ReadMode::Log,
+        SourceMode::Poll => ReadMode::Poll,
+    }
+}
+
 async fn check<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i32> {
     let mut report = vec![CheckLine::ok("config", "valid")];
-    report.extend(connector.check().await);
+    report.extend(connector.check(read_mode(config)).await);
     match Publisher::new(&config.kafka, &config.pipeline.name) {
         Ok(publisher) => report.push(publisher.check(Duration::from_secs(5)).await),
         Err(e) => report.push(CheckLine::fail("kafka", e, "fix the [kafka] section")),
@@ -110,72 +117,87 @@ async fn run<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i32
     let strict = config.pipeline.ordering == KeyOrdering::Strict;
     let (keys_tx, keys_rx) = mpsc::unbounded_channel();
     let wake = Arc::new(Notify::new());
-    let result = match config.source.mode {
-        SourceMode::Log => {
-            let settings = PipelineSettings {
-                delivery: config.delivery.clone(),
-                retry: config.retry.clone(),
-                ordering: config.pipeline.ordering,
-            };
-            let worker_settings = WorkerSettings {
-                retry: config.retry.clone(),
-                scope: ClaimScope::DueFailed,
-                batch_size: config.retry.batch_size,
-                idle_check: config.retry.idle_check,
-                strict_order: strict,
-            };
-            let mut link = RetryLink {
-                wake_worker: Arc::clone(&wake),
-                delivered_keys: keys_rx,
-            };
-            let log_shutdown = shutdown.clone();
-            let log = async {
-                let shutdown = log_shutdown;
-                stop_on_error(
-                    pipeline::run(
-                        connector, &publisher, &settings, &stats, &mut link, shutdown,
-                    )
-                    .await,
-                )
-            };
-            let retries = async {
-                stop_on_error(
-                    run_worker(
-                        connector,
-                        &publisher,
-                        worker_settings,
-                        &stats,
-                        wake,
-                        keys_tx,
-                        shutdown,
-                    )
-                    .await,
-                )
-            };
-            let (log, retries) = tokio::join!(log, retries);
-            log.and(retries)
+    let listener = match &config.metrics {
+        Some(metrics) => {
+            let listener = crate::http::bind(metrics.listen)
+                .await
+                .map_err(anyhow::Error::msg)?;
+            tracing::info!(listen = %metrics.listen, "serving /metrics, /healthz and /readyz");
+            Some(listener)
         }
-        SourceMode::Poll => {
-            tracing::info!(interval = ?config.poll.interval, "poll mode: claiming INIT and due FAILED rows");
-            let worker_settings = WorkerSettings {
-                retry: config.retry.clone(),
-                scope: ClaimScope::NewAndDueFailed,
-                batch_size: config.poll.batch_size,
-                idle_check: config.poll.interval,
-                strict_order: strict,
-            };
-            run_worker(
-                connector,
-                &publisher,
-                worker_settings,
-                &stats,
-                wake,
-                keys_tx,
-                shutdown,
-            )
-            .await
+        None => None,
+    };
+    let exporter = crate::metrics::Exporter::new(&stats, &publisher, connector);
+    let work = async {
+        match config.source.mode {
+            SourceMode::Log => {
+                let settings = PipelineSettings {
+                    delivery: config.delivery.clone(),
+                    retry: config.retry.clone(),
+                    ordering: config.pipeline.ordering,
+                };
+                let worker_settings = WorkerSettings {
+                    retry: config.retry.clone(),
+                    scope: ClaimScope::DueFailed,
+                    batch_size: config.retry.batch_size,
+                    idle_check: config.retry.idle_check,
+                    strict_order: strict,
+                };
+                let mut link = RetryLink {
+                    wake_worker: Arc::clone(&wake),
+                    delivered_keys: keys_rx,
+                };
+                let log_shutdown = shutdown.clone();
+                let log = async {
+                    let shutdown = log_shutdown;
+                    stop_on_error(
+                        pipeline::run(
+                            connector, &publisher, &settings, &stats, &mut link, shutdown,
+                        )
+                        .await,
+                    )
+                };
+                let retries = async {
+                    stop_on_error(
+                        run_worker(
+                            connector,
+                            &publisher,
+                            worker_settings,
+                            &stats,
+                            wake,
+                            keys_tx,
+                            shutdown,
+                        )
+                        .await,
+                    )
+                };
+                let (log, retries) = tokio::join!(log, retries);
+                log.and(retries)
+            }
+            SourceMode::Poll => {
+                tracing::info!(interval = ?config.poll.interval, "poll mode: claiming INIT and due FAILED rows");
+                let worker_settings = WorkerSettings {
+                    retry: config.retry.clone(),
+                    scope: ClaimScope::NewAndDueFailed,
+                    batch_size: config.poll.batch_size,
+                    idle_check: config.poll.interval,
+                    strict_order: strict,
+                };
+                run_worker(
+                    connector,
+                    &publisher,
+                    worker_settings,
+                    &stats,
+                    wake,
+                    keys_tx,
+                    shutdown,
+                )
+                .await
+            }
         }
     };
+    // The endpoint answers while the pipeline runs, drain included.
+    let result = crate::http::serve_while(listener, &exporter, work).await;
     publisher.flush(Duration::from_secs(5));
     result?;
     tracing::info!(
@@ -203,6 +225,11 @@ async fn run_worker<C: Connector>(
     while !*shutdown.borrow() {
         let result = async {
             let store = connector.open_store().await?;
+            // In poll mode the claim worker is the source: ready while it has its connection.
+            let polling = settings.scope == ClaimScope::NewAndDueFailed;
+            stats
+                .streaming
+                .fetch_or(polling, std::sync::atomic::Ordering::Relaxed);
             let worker = ClaimWorker::new(
                 &store,
                 publisher,
@@ -214,6 +241,11 @@ async fn run_worker<C: Connector>(
             worker.run(shutdown.clone()).await
         }
         .await;
+        if settings.scope == ClaimScope::NewAndDueFailed {
+            stats
+                .streaming
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+        }
         match result {
             Ok(()) => return Ok(()),
             Err(e) if e.is_transient() => {

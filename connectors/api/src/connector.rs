@@ -2,6 +2,16 @@ use std::future::Future;
 
 use crate::{ChangeStream, CheckReport, ConnectorError, OutboxAdmin, OutboxStore};
 
+/// How a pipeline finds new outbox rows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReadMode {
+    /// Tail the database log (logical replication, binlog).
+    #[default]
+    Log,
+    /// Claim INIT rows with `SELECT … FOR UPDATE SKIP LOCKED`: no log access needed.
+    Poll,
+}
+
 /// One database engine's side of a pipeline, built from its configuration.
 ///
 /// The core opens a fresh stream and store after every transient failure, so opening
@@ -13,13 +23,18 @@ pub trait Connector: Send + Sync {
     /// The SQL side: the pipeline's write-back and claims, and the operator's actions.
     type Store: OutboxStore + OutboxAdmin;
 
-    /// Creates what is missing (tables, publication or equivalent, slot) and returns one
-    /// line per object saying whether it was created or already there. Idempotent.
-    fn init(&self) -> impl Future<Output = Result<Vec<String>, ConnectorError>> + Send;
+    /// Creates what is missing and returns one line per object saying whether it was
+    /// created or already there. Idempotent. `Log`: tables, publication or equivalent,
+    /// slot or starting checkpoint. `Poll`: tables and the index of INIT rows the claim
+    /// needs; nothing that requires log access.
+    fn init(
+        &self,
+        mode: ReadMode,
+    ) -> impl Future<Output = Result<Vec<String>, ConnectorError>> + Send;
 
-    /// One line per prerequisite of `run`, each failure with its fix. Never fails as a
-    /// whole: unreachable servers are reported as lines.
-    fn check(&self) -> impl Future<Output = CheckReport> + Send;
+    /// One line per prerequisite of `run` in `mode`, each failure with its fix. Never
+    /// fails as a whole: unreachable servers are reported as lines.
+    fn check(&self, mode: ReadMode) -> impl Future<Output = CheckReport> + Send;
 
     /// Opens the log tail at the last confirmed position. A transient error means
     /// "try again later", e.g. while another outboxd holds the slot.

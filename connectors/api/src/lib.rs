@@ -28,7 +28,7 @@ pub use claim::{
     ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack, ParkedEvent, ReapPolicy,
     ReapReport, RetrySchedule,
 };
-pub use connector::Connector;
+pub use connector::{Connector, ReadMode};
 pub use error::{ConnectorError, ErrorKind};
 pub use event::{OutboxEvent, OutboxLayout};
 pub use position::{BinlogPosition, Lsn, ParsePositionError, Position};

@@ -1,6 +1,6 @@
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder, Row, SslOpts, Value};
-use outboxd_connector::{CheckReport, Connector, ConnectorError, OutboxLayout};
+use outboxd_connector::{CheckReport, Connector, ConnectorError, OutboxLayout, ReadMode};
 
 use crate::schema::{split_qualified, table_ident};
 use crate::store::MysqlOutboxStore;
@@ -157,11 +157,13 @@ impl Connector for MysqlConnector {
     type Stream = MysqlChangeStream;
     type Store = MysqlOutboxStore;
 
-    async fn init(&self) -> Result<Vec<String>, ConnectorError> {
+    // TODO(mysql engineer): poll mode (ReadMode::Poll) needs no binlog: skip the
+    // checkpoint in init and the binlog items in check, as the PostgreSQL connector does.
+    async fn init(&self, _mode: ReadMode) -> Result<Vec<String>, ConnectorError> {
         MysqlConnector::init(self).await
     }
 
-    async fn check(&self) -> CheckReport {
+    async fn check(&self, _mode: ReadMode) -> CheckReport {
         MysqlConnector::check(self).await
     }
 

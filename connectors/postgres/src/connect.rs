@@ -1,5 +1,5 @@
 use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
-use outboxd_connector::{CheckReport, Connector, ConnectorError, OutboxLayout};
+use outboxd_connector::{CheckReport, Connector, ConnectorError, OutboxLayout, ReadMode};
 use postgres_openssl::MakeTlsConnector;
 use tokio_postgres::config::SslMode as PgSslMode;
 
@@ -147,16 +147,36 @@ impl PostgresConnector {
     }
 }
 
+/// `check` items that only matter when tailing the log.
+const LOG_ONLY_CHECKS: &[&str] = &[
+    "wal_level",
+    "role",
+    "max_replication_slots",
+    "max_wal_senders",
+    "publication",
+    "replication slot",
+    "slot lag",
+    "slot reader",
+];
+
 impl Connector for PostgresConnector {
     type Stream = PgChangeStream;
     type Store = PgOutboxStore;
 
-    async fn init(&self) -> Result<Vec<String>, ConnectorError> {
-        PostgresConnector::init(self).await
+    async fn init(&self, mode: ReadMode) -> Result<Vec<String>, ConnectorError> {
+        self.init_with(mode == ReadMode::Poll).await
     }
 
-    async fn check(&self) -> CheckReport {
-        PostgresConnector::check(self).await
+    async fn check(&self, mode: ReadMode) -> CheckReport {
+        let report = PostgresConnector::check(self).await;
+        match mode {
+            ReadMode::Log => report,
+            // Poll mode needs no replication: leave out what only the log needs.
+            ReadMode::Poll => report
+                .into_iter()
+                .filter(|line| !LOG_ONLY_CHECKS.contains(&line.item.as_str()))
+                .collect(),
+        }
     }
 
     async fn open_stream(&self) -> Result<PgChangeStream, ConnectorError> {
