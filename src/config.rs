@@ -62,6 +62,10 @@ pub struct Config {
     /// `[poll]`: poll mode's interval and batch.
     #[serde(default)]
     pub poll: PollConfig,
+    /// `[metrics]`: the HTTP endpoint for `/metrics`, `/healthz` and `/readyz`; off when
+    /// the section is absent.
+    #[serde(default)]
+    pub metrics: Option<MetricsConfig>,
 }
 
 /// `[pipeline]`
@@ -251,6 +255,25 @@ impl Default for RetryConfig {
             batch_size: 100,
             claim_timeout: Duration::from_secs(60),
             idle_check: Duration::from_secs(60),
+        }
+    }
+}
+
+/// `[metrics]`: Prometheus `/metrics`, `/healthz` and `/readyz` over HTTP.
+///
+/// Off unless the section is present: a fixed default port would make a second outboxd on
+/// the same host (a standby for the same pipeline, or another pipeline) fail to start.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Address to listen on; `0.0.0.0:9187` to be scraped or probed from other hosts.
+    pub listen: std::net::SocketAddr,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self {
+            listen: std::net::SocketAddr::from(([127, 0, 0, 1], 9187)),
         }
     }
 }
@@ -468,6 +491,21 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("claim_timeout"), "{err}");
+    }
+
+    #[test]
+    fn metrics_endpoint_is_off_unless_configured() {
+        assert!(Config::parse(MINIMAL).unwrap().metrics.is_none());
+        let config = Config::parse(&format!("{MINIMAL}\n[metrics]\n")).unwrap();
+        assert_eq!(config.metrics.unwrap().listen.to_string(), "127.0.0.1:9187");
+        let text = format!("{MINIMAL}\n[metrics]\nlisten = \"0.0.0.0:9999\"\n");
+        let config = Config::parse(&text).unwrap();
+        assert_eq!(config.metrics.unwrap().listen.port(), 9999);
+        let text = format!("{MINIMAL}\n[metrics]\nlisten = \"localhost\"\n");
+        assert!(Config::parse(&text).is_err());
+        let text = format!("{MINIMAL}\n[metrics]\nport = 1\n");
+        let err = Config::parse(&text).unwrap_err().to_string();
+        assert!(err.contains("port"), "{err}");
     }
 
     #[test]

@@ -11,9 +11,9 @@
 //! definite ones or on shutdown.
 
 use std::collections::{HashSet, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use futures_util::future::BoxFuture;
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -49,6 +49,10 @@ pub struct PipelineStats {
     pub reaped: AtomicU64,
     /// The last position confirmed to the source.
     pub confirmed: Mutex<Option<Position>>,
+    /// True while a log session is open (`/readyz`).
+    pub streaming: AtomicBool,
+    /// Outcomes by topic, publish latency, lag and checkpoint age (`/metrics`).
+    pub metrics: crate::metrics::PipelineMetrics,
 }
 
 /// What a pipeline needs besides its connector and publisher.
@@ -111,6 +115,7 @@ pub async fn run<C: Connector>(
             let store = connector.open_store().await?;
             let mut stream = connector.open_stream().await?;
             tracing::info!(source = %connector.describe(), "streaming");
+            stats.streaming.store(true, Ordering::Relaxed);
             let wake = Arc::clone(&link.wake_worker);
             let mut session = Session::new(&store, publisher, settings, stats, wake);
             session.load_blocked_keys().await?;
@@ -118,7 +123,9 @@ pub async fn run<C: Connector>(
                 .run(&mut stream, link, &mut shutdown, &mut backoff)
                 .await
         };
-        match session.await {
+        let session = session.await;
+        stats.streaming.store(false, Ordering::Relaxed);
+        match session {
             Ok(()) => return Ok(()),
             Err(e) if e.is_transient() => {
                 let delay = backoff.next_delay();
@@ -175,15 +182,19 @@ struct Completed {
     retry_count: i32,
     message_id: String,
     biz_key: String,
+    topic: String,
+    commit_time: Option<SystemTime>,
     outcome: DeliveryOutcome,
 }
 
 /// Records handed to Kafka whose outcome is not yet known.
 type Deliveries = FuturesUnordered<BoxFuture<'static, Completed>>;
 
-async fn track(seq: u64, event: OutboxEvent, pending: PendingDelivery) -> Completed {
+async fn track(seq: u64, event: OutboxEvent, topic: String, pending: PendingDelivery) -> Completed {
     let outcome = pending.outcome().await;
     Completed {
+        topic,
+        commit_time: event.commit_time,
         seq,
         id: event.id,
         retry_count: event.retry_count,
@@ -318,6 +329,9 @@ impl<'a, O: OutboxStore> Session<'a, O> {
                 item = stream.next(), if reading => match item {
                     Ok(ChangeItem::Transaction(tx)) => {
                         backoff.reset();
+                        if self.in_flight == 0 {
+                            self.stats.metrics.read_while_idle(tx.commit_time);
+                        }
                         let seq = self.push_slot(tx.commit_position.clone(), tx.events.len());
                         self.stats.transactions.fetch_add(1, Ordering::Relaxed);
                         self.send_transaction(seq, tx, &mut deliveries).await;
@@ -400,14 +414,16 @@ impl<'a, O: OutboxStore> Session<'a, O> {
                 self.batch_started.get_or_insert_with(Instant::now);
                 continue;
             }
+            let topic = self.publisher.topic_for(&event);
             let pending = self.publisher.send(&event).await;
-            deliveries.push(Box::pin(track(seq, event, pending)));
+            deliveries.push(Box::pin(track(seq, event, topic, pending)));
         }
     }
 
     fn complete(&mut self, done: Completed) {
         match done.outcome {
             DeliveryOutcome::Acked { partition, offset } => {
+                self.stats.metrics.acked(&done.topic, done.commit_time);
                 self.delivered.push(Delivered {
                     id: done.id,
                     partition,
@@ -415,9 +431,11 @@ impl<'a, O: OutboxStore> Session<'a, O> {
                 });
             }
             DeliveryOutcome::Failed { error, fatal } => {
+                self.stats.metrics.failed(&done.topic);
                 tracing::warn!(
                     id = done.id,
                     message_id = %done.message_id,
+                    topic = %done.topic,
                     %error,
                     "delivery failed; the row becomes FAILED and is retried later"
                 );
@@ -491,6 +509,7 @@ impl<'a, O: OutboxStore> Session<'a, O> {
         if let Some(position) = checkpoint {
             stream.confirm(&position).await?;
             tracing::debug!(%position, "confirmed");
+            self.stats.metrics.confirmed();
             if let Ok(mut confirmed) = self.stats.confirmed.lock() {
                 *confirmed = Some(position.clone());
             }

@@ -173,6 +173,8 @@ impl<'a, O: OutboxStore> ClaimWorker<'a, O> {
         for (c, delivery) in pending {
             match delivery.outcome().await {
                 DeliveryOutcome::Acked { partition, offset } => {
+                    let topic = self.publisher.topic_for(&c.event);
+                    self.stats.metrics.acked(&topic, c.event.commit_time);
                     delivered.push((
                         Delivered {
                             id: c.event.id,
@@ -184,6 +186,9 @@ impl<'a, O: OutboxStore> ClaimWorker<'a, O> {
                     keys.push(c.event.biz_key);
                 }
                 DeliveryOutcome::Failed { error, .. } => {
+                    self.stats
+                        .metrics
+                        .failed(&self.publisher.topic_for(&c.event));
                     tracing::warn!(
                         id = c.event.id,
                         message_id = %c.event.message_id,
