@@ -7,7 +7,7 @@ mod common;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use common::{consume_all, wait_for, Record, TestPipeline};
+use common::{consume_all, seqs_by_key, wait_for, TestPipeline};
 use rand::Rng;
 
 /// Settings that make failures show up within seconds instead of minutes.
@@ -89,22 +89,6 @@ async fn insert(
         )
         .await
         .expect("insert outbox row");
-}
-
-/// Sequence numbers per key, in partition-offset order.
-fn seqs_by_key(records: &[Record]) -> BTreeMap<String, Vec<u32>> {
-    let mut sorted: Vec<&Record> = records.iter().collect();
-    sorted.sort_by_key(|r| (r.partition, r.offset));
-    let mut by_key: BTreeMap<String, Vec<u32>> = BTreeMap::new();
-    for r in sorted {
-        let seq = r
-            .headers
-            .get("seq")
-            .and_then(|s| s.parse().ok())
-            .expect("seq header");
-        by_key.entry(r.key.clone()).or_default().push(seq);
-    }
-    by_key
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

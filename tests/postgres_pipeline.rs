@@ -6,23 +6,7 @@ mod common;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use common::{consume_all, java_murmur2, java_partition, wait_for, Record, TestPipeline};
-
-/// Groups consumed records by key, in partition-offset order, as (seq) lists.
-fn seqs_by_key(records: &[Record]) -> BTreeMap<String, Vec<u32>> {
-    let mut sorted: Vec<&Record> = records.iter().collect();
-    sorted.sort_by_key(|r| (r.partition, r.offset));
-    let mut by_key: BTreeMap<String, Vec<u32>> = BTreeMap::new();
-    for r in sorted {
-        let seq = r
-            .headers
-            .get("seq")
-            .and_then(|s| s.parse().ok())
-            .expect("seq header");
-        by_key.entry(r.key.clone()).or_default().push(seq);
-    }
-    by_key
-}
+use common::{consume_all, java_murmur2, java_partition, seqs_by_key, wait_for, TestPipeline};
 
 #[test]
 fn murmur2_matches_the_java_client() {

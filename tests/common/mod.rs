@@ -449,6 +449,22 @@ pub fn consume_all(
     records
 }
 
+/// The `seq` header of each key's records, in partition-offset order.
+pub fn seqs_by_key(records: &[Record]) -> std::collections::BTreeMap<String, Vec<u32>> {
+    let mut sorted: Vec<&Record> = records.iter().collect();
+    sorted.sort_by_key(|r| (r.partition, r.offset));
+    let mut by_key: std::collections::BTreeMap<String, Vec<u32>> = Default::default();
+    for r in sorted {
+        let seq = r
+            .headers
+            .get("seq")
+            .and_then(|s| s.parse().ok())
+            .expect("seq header");
+        by_key.entry(r.key.clone()).or_default().push(seq);
+    }
+    by_key
+}
+
 /// Kafka's Java client `murmur2` (the default partitioner's hash), written from its
 /// published algorithm, to check that outboxd puts keys where Java would.
 pub fn java_murmur2(data: &[u8]) -> i32 {
@@ -494,4 +510,42 @@ pub fn java_murmur2(data: &[u8]) -> i32 {
 /// The partition Java's default partitioner picks for a keyed record.
 pub fn java_partition(key: &str, partitions: i32) -> i32 {
     (java_murmur2(key.as_bytes()) & 0x7fff_ffff) % partitions
+}
+
+/// A loopback port nobody listens on right now, for a test's `[metrics] listen`.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// The `[metrics]` section that serves the endpoint on `127.0.0.1:<port>`.
+pub fn metrics_section(port: u16) -> String {
+    format!("\n[metrics]\nlisten = \"127.0.0.1:{port}\"\n")
+}
+
+/// `GET path` on `127.0.0.1:port`: (status, body), or `None` while nothing answers.
+pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).await.ok()?;
+    let status = reply.split(' ').nth(1)?.parse().ok()?;
+    let body = reply.split_once("\r\n\r\n")?.1.to_owned();
+    Some((status, body))
+}
+
+/// The value of the first sample of `name` (with exactly these labels, `""` for none) in a
+/// Prometheus text exposition.
+pub fn metric_value(exposition: &str, name: &str, labels: &str) -> Option<f64> {
+    let series = format!("{name}{labels} ");
+    exposition
+        .lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|v| v.trim().parse().ok())
 }
