@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use common::{consume_all, java_murmur2, java_partition, seqs_by_key, wait_for, TestPipeline};
