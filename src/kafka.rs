@@ -334,6 +334,31 @@ mod tests {
         assert!(TopicTemplate::parse("").is_err());
     }
 
+    /// librdkafka must be built with what production clusters use: TLS, SASL PLAIN and
+    /// SCRAM, zstd and lz4. A missing feature fails at producer creation.
+    #[test]
+    fn the_bundled_librdkafka_speaks_sasl_ssl_and_compresses() {
+        for (mechanism, compression) in
+            [("SCRAM-SHA-512", "zstd"), ("SCRAM-SHA-256", "lz4"), ("PLAIN", "gzip")]
+        {
+            let config = KafkaConfig {
+                bootstrap_servers: "127.0.0.1:1".into(),
+                topic_template: "t".into(),
+                message_timeout: Duration::from_secs(1),
+                options: BTreeMap::from([
+                    ("security.protocol".to_owned(), "SASL_SSL".to_owned()),
+                    ("sasl.mechanism".to_owned(), mechanism.to_owned()),
+                    ("sasl.username".to_owned(), "u".to_owned()),
+                    ("sasl.password".to_owned(), "p".to_owned()),
+                    ("compression.type".to_owned(), compression.to_owned()),
+                ]),
+            };
+            if let Err(e) = Publisher::new(&config, "p") {
+                panic!("{mechanism} with {compression}: {e}");
+            }
+        }
+    }
+
     #[test]
     fn options_that_weaken_delivery_are_rejected() {
         let reject = |k: &str, v: &str| {
