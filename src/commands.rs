@@ -14,13 +14,14 @@ use outboxd_connector::{
 use outboxd_postgres::PostgresConnector;
 use tokio::sync::{mpsc, watch, Notify};
 
+use crate::admin_cli::{self, AdminCommand, AdminContext, OutputFormat};
 use crate::config::{Config, Ordering as KeyOrdering, SourceConfig, SourceMode};
 use crate::kafka::{DeliveryOutcome, Publisher};
 use crate::pipeline::{self, PipelineError, PipelineSettings, PipelineStats, RetryLink};
 use crate::retry::{next_retry_delay, ClaimWorker, WorkerSettings};
 
 /// A command of the CLI.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
     /// Create tables, publication and slot.
     Init,
@@ -30,6 +31,9 @@ pub enum Command {
     Run,
     /// Start the log afresh and publish every INIT row (after a lost slot or binlog).
     Recover,
+    /// An operator command (`status`, `retry`, `park`, `resolve`, `janitor`), printed as
+    /// text or JSON.
+    Admin(AdminCommand, OutputFormat),
 }
 
 /// Runs `command` with the connector that `config.source` names. Returns the process
@@ -67,6 +71,14 @@ async fn execute_with<C: Connector>(
         Command::Check => check(config, connector).await,
         Command::Run => run(config, connector).await,
         Command::Recover => recover(config, connector).await,
+        Command::Admin(admin, format) => {
+            let store = connector.open_store().await?;
+            let context = AdminContext {
+                pipeline: config.pipeline.name.clone(),
+                outbox_table: config.outbox.layout().outbox_table,
+            };
+            admin_cli::run(&store, &context, &admin, format).await
+        }
     }
 }
 

@@ -4,8 +4,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use outboxd::admin_cli::{AdminCommand, OutputFormat, DEFAULT_JANITOR_BATCH};
 use outboxd::commands::{execute, Command};
 use outboxd::config::Config;
+use outboxd_connector::RetrySelector;
 
 #[derive(Parser)]
 #[command(
@@ -39,6 +41,137 @@ enum CliCommand {
     /// After a lost log position (slot dropped or invalidated, binlog purged): start the
     /// log afresh at the current position and publish every INIT row. Stop `run` first.
     Recover(ConfigArg),
+    /// Rows by status and message type, the oldest unsent row, log lag and checkpoint.
+    Status(StatusArgs),
+    /// Make FAILED or MANUAL_REQUIRED rows due again now (retry_count back to 0).
+    /// Exit code 1 when `--id` changed nothing.
+    Retry(RetryArgs),
+    /// Take one INIT or FAILED row out of automatic retries (MANUAL_REQUIRED), recording
+    /// why in last_error. With strict ordering its key's later events keep waiting.
+    /// Exit code 1 when the row was not changed.
+    Park(RowArgs),
+    /// Skip one unsent row for good: SUCCESS without sending, the reason in last_error.
+    /// Releases its key's later events. Exit code 1 when the row was not changed.
+    Resolve(RowArgs),
+    /// Delete (or archive) SUCCESS rows older than a retention, in small batches, each its
+    /// own short transaction.
+    Janitor(JanitorArgs),
+}
+
+#[derive(clap::Args)]
+struct StatusArgs {
+    #[command(flatten)]
+    config: ConfigArg,
+    /// Print one JSON document instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("rows").required(true).args(["id", "status"])))]
+struct RetryArgs {
+    #[command(flatten)]
+    config: ConfigArg,
+    /// The row to retry.
+    #[arg(long)]
+    id: Option<i64>,
+    /// Retry every row in this status.
+    #[arg(long, value_parser = ["FAILED", "MANUAL_REQUIRED"])]
+    status: Option<String>,
+    /// With --status: only rows of this message type.
+    #[arg(long = "type", requires = "status", value_name = "MESSAGE_TYPE")]
+    message_type: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct RowArgs {
+    #[command(flatten)]
+    config: ConfigArg,
+    /// The outbox row id.
+    #[arg(long)]
+    id: i64,
+    /// Why; stored in last_error.
+    #[arg(long)]
+    reason: String,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct JanitorArgs {
+    #[command(flatten)]
+    config: ConfigArg,
+    /// Retention: SUCCESS rows sent longer ago than this go (e.g. `7d`, `12h`).
+    #[arg(long, value_parser = humantime_serde::re::humantime::parse_duration)]
+    older_than: std::time::Duration,
+    /// Move the rows into this table (created like the outbox when missing) instead of
+    /// deleting them.
+    #[arg(long)]
+    archive_table: Option<String>,
+    /// Rows per transaction.
+    #[arg(long, default_value_t = DEFAULT_JANITOR_BATCH, value_parser = clap::value_parser!(usize))]
+    batch: usize,
+    /// Print JSON (progress goes to stderr).
+    #[arg(long)]
+    json: bool,
+}
+
+fn format(json: bool) -> OutputFormat {
+    if json {
+        OutputFormat::Json
+    } else {
+        OutputFormat::Text
+    }
+}
+
+/// The operator commands as library commands, with their config path.
+fn admin_command(command: CliCommand) -> Option<(Command, PathBuf)> {
+    let (admin, json, config) = match command {
+        CliCommand::Status(a) => (AdminCommand::Status, a.json, a.config),
+        CliCommand::Retry(a) => {
+            let selector = match (a.id, a.status) {
+                (Some(id), _) => RetrySelector::Id(id),
+                (None, Some(status)) => RetrySelector::Status {
+                    status,
+                    message_type: a.message_type,
+                },
+                // clap requires one of the two.
+                (None, None) => return None,
+            };
+            (AdminCommand::Retry(selector), a.json, a.config)
+        }
+        CliCommand::Park(a) => (
+            AdminCommand::Park {
+                id: a.id,
+                reason: a.reason,
+            },
+            a.json,
+            a.config,
+        ),
+        CliCommand::Resolve(a) => (
+            AdminCommand::Resolve {
+                id: a.id,
+                reason: a.reason,
+            },
+            a.json,
+            a.config,
+        ),
+        CliCommand::Janitor(a) => (
+            AdminCommand::Janitor {
+                older_than: a.older_than,
+                archive_table: a.archive_table,
+                batch: a.batch.max(1),
+            },
+            a.json,
+            a.config,
+        ),
+        _ => return None,
+    };
+    Some((Command::Admin(admin, format(json)), config.config))
 }
 
 #[derive(clap::Args)]
@@ -56,6 +189,13 @@ fn main() -> ExitCode {
         CliCommand::Check(a) => (Command::Check, a.config),
         CliCommand::Run(a) => (Command::Run, a.config),
         CliCommand::Recover(a) => (Command::Recover, a.config),
+        other => match admin_command(other) {
+            Some(command) => command,
+            None => {
+                eprintln!("error: retry needs --id or --status");
+                return ExitCode::from(2);
+            }
+        },
     };
     let config = match Config::load(&path) {
         Ok(config) => config,
