@@ -37,8 +37,12 @@ CREATE TABLE IF NOT EXISTS `outbox` (
     UNIQUE KEY `outbox_message_id_key` (message_id),
     -- The second deduplication key: one event of a type per business key.
     UNIQUE KEY `outbox_type_key_key` (message_type, biz_key),
-    -- Serves the retry claim (`status = 'FAILED' AND next_retry_time <= now() ORDER BY id`).
+    -- Serves the retry claim (`status = 'FAILED' AND next_retry_time <= now() ORDER BY id`),
+    -- the reaper and the retry schedule: next_retry_time is set exactly on the rows in
+    -- FAILED, PROCESSING or MANUAL_REQUIRED, and NULL again once a row is SUCCESS.
     KEY `outbox_retry_due_idx` (next_retry_time, id),
+    -- Strict ordering: the earlier events of a key that are in trouble.
+    KEY `outbox_key_retry_idx` (biz_key, next_retry_time, id),
     CONSTRAINT `outbox_status_check`
         CHECK (status IN ('INIT', 'PROCESSING', 'SUCCESS', 'FAILED', 'MANUAL_REQUIRED'))
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;

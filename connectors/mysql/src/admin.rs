@@ -9,10 +9,12 @@
 
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
-use outboxd_connector::{CheckLine, CheckReport, ConnectorError, Position};
+use outboxd_connector::{CheckLine, CheckReport, ConnectorError, Position, ReadMode};
 
 use crate::connect::{execute, int, query, query_first, text_or_empty};
-use crate::schema::{self, qualified, quote_ident, split_qualified, sql_string, table_ident};
+use crate::schema::{
+    self, outbox_poll_index, qualified, quote_ident, split_qualified, sql_string, table_ident,
+};
 use crate::server::{self, ServerInfo};
 use crate::store::{checkpoint_sql, load_checkpoint};
 use crate::stream::lock_holder;
@@ -53,14 +55,17 @@ const BINLOG_FIX: &str = "in the server's configuration ([mysqld] / [mariadbd]) 
     binlog_format = ROW, binlog_row_image = FULL and a server_id, then restart the server";
 
 /// `outboxd init`: see the module documentation.
-pub(crate) async fn init(c: &MysqlConnector) -> Result<Vec<String>, ConnectorError> {
+pub(crate) async fn init(
+    c: &MysqlConnector,
+    mode: ReadMode,
+) -> Result<Vec<String>, ConnectorError> {
     let mut conn = c.sql_conn().await?;
     let server = server::info(&mut conn).await?;
     // Refuse before changing anything when there is no binlog to start from.
     let log_bin = server::variable(&mut conn, "log_bin")
         .await?
         .unwrap_or_default();
-    if !is_on(&log_bin) {
+    if mode == ReadMode::Log && !is_on(&log_bin) {
         return Err(ConnectorError::definite(format!(
             "the binary log is off on {} (log_bin = {log_bin}); {BINLOG_FIX}",
             c.endpoint()
@@ -133,6 +138,25 @@ pub(crate) async fn init(c: &MysqlConnector) -> Result<Vec<String>, ConnectorErr
         }
     }
 
+    if mode == ReadMode::Poll {
+        let index = outbox_poll_index(layout);
+        if !index_exists(&mut conn, c, &layout.outbox_table, &index).await? {
+            let sql = format!(
+                "ALTER TABLE {} ADD INDEX {} (status, id)",
+                qualified(&layout.outbox_table),
+                quote_ident(&index)
+            );
+            execute(&mut conn, &sql, &format!("creating index {index}")).await?;
+            report.push(format!(
+                "created index {index} on {} (poll mode: finds INIT rows; the SUCCESS \
+                 write-back updates it too)",
+                layout.outbox_table
+            ));
+        }
+        report.push("poll mode: no binlog position needed".to_owned());
+        return Ok(report);
+    }
+
     // The starting checkpoint.
     let pipeline = c.pipeline();
     match load_checkpoint(&mut conn, c).await? {
@@ -188,7 +212,7 @@ pub(crate) async fn reset_log_position(c: &MysqlConnector) -> Result<String, Con
 
 /// `outboxd check`: see the module documentation. Stops after the connection line when the
 /// server cannot be reached.
-pub(crate) async fn check(c: &MysqlConnector) -> CheckReport {
+pub(crate) async fn check(c: &MysqlConnector, mode: ReadMode) -> CheckReport {
     let mut report = Vec::new();
     let mut conn = match c.sql_conn().await {
         Ok(conn) => conn,
@@ -214,6 +238,24 @@ pub(crate) async fn check(c: &MysqlConnector) -> CheckReport {
         "connection",
         format!("{flavor} {} at {}", server.version, c.endpoint()),
     ));
+    if mode == ReadMode::Poll {
+        match check_outbox(&mut conn, c).await {
+            Ok(lines) => report.extend(lines),
+            Err(e) => report.push(failed_query("outbox table", &e)),
+        }
+        let index = outbox_poll_index(c.layout());
+        let line = match index_exists(&mut conn, c, &c.layout().outbox_table, &index).await {
+            Ok(true) => CheckLine::ok("poll index", index),
+            Ok(false) => CheckLine::warn(
+                "poll index",
+                format!("{index} is missing: every claim scans the outbox"),
+                "run `outboxd init` with source.mode = \"poll\"",
+            ),
+            Err(e) => failed_query("poll index", &e),
+        };
+        report.push(line);
+        return report;
+    }
 
     push(
         &mut report,

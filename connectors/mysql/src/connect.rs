@@ -78,14 +78,15 @@ impl MysqlConnector {
         table_ident(&self.layout.outbox_table, &self.config.database)
     }
 
-    /// `outboxd init`: creates the tables and records the starting position. Idempotent.
+    /// `outboxd init` (log mode): creates the tables and records the starting position.
+    /// Idempotent.
     pub async fn init(&self) -> Result<Vec<String>, ConnectorError> {
-        admin::init(self).await
+        admin::init(self, ReadMode::Log).await
     }
 
-    /// `outboxd check`: one line per prerequisite, with the fix for each failure.
+    /// `outboxd check` (log mode): one line per prerequisite, with the fix for each failure.
     pub async fn check(&self) -> CheckReport {
-        admin::check(self).await
+        admin::check(self, ReadMode::Log).await
     }
 
     /// Opens the SQL side (status write-back, checkpoint).
@@ -157,14 +158,12 @@ impl Connector for MysqlConnector {
     type Stream = MysqlChangeStream;
     type Store = MysqlOutboxStore;
 
-    // TODO(mysql engineer): poll mode (ReadMode::Poll) needs no binlog: skip the
-    // checkpoint in init and the binlog items in check, as the PostgreSQL connector does.
-    async fn init(&self, _mode: ReadMode) -> Result<Vec<String>, ConnectorError> {
-        MysqlConnector::init(self).await
+    async fn init(&self, mode: ReadMode) -> Result<Vec<String>, ConnectorError> {
+        admin::init(self, mode).await
     }
 
-    async fn check(&self, _mode: ReadMode) -> CheckReport {
-        MysqlConnector::check(self).await
+    async fn check(&self, mode: ReadMode) -> CheckReport {
+        admin::check(self, mode).await
     }
 
     async fn open_stream(&self) -> Result<MysqlChangeStream, ConnectorError> {

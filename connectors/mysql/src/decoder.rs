@@ -859,7 +859,7 @@ fn fraction(micros: u32) -> String {
 }
 
 /// Seconds since the epoch as `2026-05-09T07:30:00.123456+00:00`.
-fn iso8601_utc(secs: i64, micros: u32) -> String {
+pub(crate) fn iso8601_utc(secs: i64, micros: u32) -> String {
     let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);
     let (y, m, d) = civil_from_days(days);
@@ -894,7 +894,7 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 
 /// A JSON object as record headers, in the object's order: strings as their text, other
 /// values as JSON text. `None` when it is not an object.
-fn parse_headers(json: &str) -> Option<Vec<(String, Bytes)>> {
+pub(crate) fn parse_headers(json: &str) -> Option<Vec<(String, Bytes)>> {
     struct Ordered(Vec<(String, serde_json::Value)>);
 
     impl<'de> serde::Deserialize<'de> for Ordered {

@@ -70,6 +70,11 @@ pub(crate) fn outbox_retry_index(layout: &OutboxLayout) -> String {
     format!("{}_retry_due_idx", split_qualified(&layout.outbox_table).1)
 }
 
+/// The name of poll mode's index of INIT rows (`<table>_poll_idx`).
+pub(crate) fn outbox_poll_index(layout: &OutboxLayout) -> String {
+    format!("{}_poll_idx", split_qualified(&layout.outbox_table).1)
+}
+
 /// The name of the inbox's claim index (`<table>_claim_idx`).
 pub(crate) fn inbox_claim_index(layout: &OutboxLayout) -> String {
     format!("{}_claim_idx", split_qualified(&layout.inbox_table).1)
@@ -109,7 +114,13 @@ pub(crate) fn render_all(layout: &OutboxLayout) -> Vec<TableDdl> {
     vec![
         TableDdl {
             table: layout.outbox_table.clone(),
-            indexes: vec![(outbox_retry_index(layout), "next_retry_time, id".into())],
+            indexes: vec![
+                (outbox_retry_index(layout), "next_retry_time, id".into()),
+                (
+                    format!("{outbox}_key_retry_idx"),
+                    "biz_key, next_retry_time, id".into(),
+                ),
+            ],
             sql: render_with(OUTBOX_SQL),
         },
         TableDdl {

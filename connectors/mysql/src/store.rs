@@ -37,10 +37,10 @@ const ROWS_PER_STATEMENT: usize = 5000;
 /// call returns a transient error and the next call reconnects.
 #[derive(Debug)]
 pub struct MysqlOutboxStore {
-    connector: MysqlConnector,
-    outbox: String,
-    checkpoint: String,
-    conn: Mutex<Option<Conn>>,
+    pub(crate) connector: MysqlConnector,
+    pub(crate) outbox: String,
+    pub(crate) checkpoint: String,
+    pub(crate) conn: Mutex<Option<Conn>>,
 }
 
 impl MysqlOutboxStore {
@@ -65,7 +65,7 @@ impl MysqlOutboxStore {
         Ok(store)
     }
 
-    fn context(&self, what: &str) -> String {
+    pub(crate) fn context(&self, what: &str) -> String {
         format!(
             "{what} ({} / {} on {}; run `outboxd check`, `outboxd init` creates missing tables)",
             self.connector.layout.outbox_table,
@@ -317,14 +317,14 @@ pub(crate) fn checkpoint_sql(table: &str, pipeline: &str, position: &Position) -
 }
 
 /// At most [`MAX_ERROR_CHARS`] characters of `error`, cut on a character boundary.
-fn truncate(error: &str) -> String {
+pub(crate) fn truncate(error: &str) -> String {
     match error.char_indices().nth(MAX_ERROR_CHARS) {
         Some((at, _)) => error[..at].to_owned(),
         None => error.to_owned(),
     }
 }
 
-fn delay_ms(delay: Duration) -> u64 {
+pub(crate) fn delay_ms(delay: Duration) -> u64 {
     u64::try_from(delay.as_millis()).map_or(MAX_DELAY_MS, |ms| ms.min(MAX_DELAY_MS))
 }
 
