@@ -119,6 +119,7 @@ pub async fn run<C: Connector>(
             let wake = Arc::clone(&link.wake_worker);
             let mut session = Session::new(&store, publisher, settings, stats, wake);
             session.load_blocked_keys().await?;
+            session.written_through = store.load_checkpoint().await?;
             session
                 .run(&mut stream, link, &mut shutdown, &mut backoff)
                 .await
@@ -228,6 +229,10 @@ struct Session<'a, O> {
     batch_seqs: Vec<u64>,
     batch_started: Option<Instant>,
     last_confirmed: Option<Position>,
+    /// The checkpoint row when the session opened: transactions up to it are already
+    /// written back (the row commits with their statuses) and are not sent again, even
+    /// when the server's slot had not heard the last confirmation before a restart.
+    written_through: Option<Position>,
     fatal: Option<String>,
     wake_worker: Arc<Notify>,
 }
@@ -256,9 +261,14 @@ impl<'a, O: OutboxStore> Session<'a, O> {
             batch_seqs: Vec::new(),
             batch_started: None,
             last_confirmed: None,
+            written_through: None,
             fatal: None,
             wake_worker,
         }
+    }
+
+    fn already_written(&self, position: &Position) -> bool {
+        self.written_through.as_ref().is_some_and(|w| position <= w)
     }
 
     fn strict(&self) -> bool {
@@ -327,6 +337,17 @@ impl<'a, O: OutboxStore> Session<'a, O> {
                     }
                 }
                 item = stream.next(), if reading => match item {
+                    Ok(ChangeItem::Transaction(tx)) if self.already_written(&tx.commit_position) => {
+                        tracing::debug!(
+                            position = %tx.commit_position,
+                            events = tx.events.len(),
+                            "already written back before a restart; not sent again"
+                        );
+                        self.push_slot(tx.commit_position, 0);
+                        if self.batch_started.is_none() {
+                            self.flush(stream).await?;
+                        }
+                    }
                     Ok(ChangeItem::Transaction(tx)) => {
                         backoff.reset();
                         if self.in_flight == 0 {
