@@ -11,6 +11,7 @@ use outboxd_connector::{
     CheckLine, CheckStatus, ClaimScope, Connector, Delivered, DeliveryFailure, OutboxAdmin,
     OutboxStore, ReadMode, WriteBack,
 };
+use outboxd_mysql::MysqlConnector;
 use outboxd_postgres::PostgresConnector;
 use tokio::sync::{mpsc, watch, Notify};
 
@@ -46,6 +47,11 @@ pub async fn execute(command: Command, config: &Config, config_path: &Path) -> a
         SourceConfig::Postgres(pg) => {
             let connector =
                 PostgresConnector::new(pg.clone(), &config.pipeline.name, config.outbox.layout())?;
+            execute_with(command, config, &connector).await
+        }
+        SourceConfig::Mysql(my) => {
+            let connector =
+                MysqlConnector::new(my.clone(), &config.pipeline.name, config.outbox.layout())?;
             execute_with(command, config, &connector).await
         }
     };

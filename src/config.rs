@@ -6,6 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use outboxd_connector::OutboxLayout;
+use outboxd_mysql::MysqlConfig;
 use outboxd_postgres::PostgresConfig;
 use serde::Deserialize;
 
@@ -124,6 +125,8 @@ pub enum SourceMode {
 pub enum SourceConfig {
     /// PostgreSQL logical replication (pgoutput).
     Postgres(PostgresConfig),
+    /// MySQL 8 or MariaDB binlog (ROW events), read as a replica.
+    Mysql(MysqlConfig),
 }
 
 /// `[outbox]`
@@ -330,6 +333,7 @@ impl Config {
         if let Some(password) = var(ENV_SOURCE_PASSWORD) {
             match &mut self.source.engine {
                 SourceConfig::Postgres(pg) => pg.password = Some(password),
+                SourceConfig::Mysql(my) => my.password = Some(password),
             }
         }
         if let Some(password) = var(ENV_KAFKA_SASL_PASSWORD) {
@@ -443,7 +447,9 @@ mod tests {
         assert_eq!(config.kafka.topic_template, "outbox.{message_type}");
         assert_eq!(config.outbox.table, "outbox");
         assert_eq!(config.delivery.max_in_flight, 10_000);
-        let SourceConfig::Postgres(pg) = &config.source.engine;
+        let SourceConfig::Postgres(pg) = &config.source.engine else {
+            panic!("{:?}", config.source.engine)
+        };
         assert_eq!(pg.port, 5432);
         assert_eq!(config.source.mode, SourceMode::Log);
         assert_eq!(config.pipeline.ordering, Ordering::Strict);
@@ -528,9 +534,37 @@ mod tests {
             ENV_KAFKA_SASL_PASSWORD => Some("k3y".into()),
             _ => None,
         });
-        let SourceConfig::Postgres(pg) = &config.source.engine;
+        let SourceConfig::Postgres(pg) = &config.source.engine else {
+            panic!("{:?}", config.source.engine)
+        };
         assert_eq!(pg.password.as_deref(), Some("s3cret"));
         assert_eq!(config.kafka.options["sasl.password"], "k3y");
+    }
+
+    #[test]
+    fn mysql_source_gets_defaults_and_the_password_override() {
+        let text = MINIMAL.replace(
+            "kind = \"postgres\"",
+            "kind = \"mysql\"\nserver_id = 4242",
+        );
+        let mut config = Config::parse(&text).unwrap();
+        config.validate().unwrap();
+        config.apply_env(|name| (name == ENV_SOURCE_PASSWORD).then(|| "s3cret".into()));
+        let SourceConfig::Mysql(my) = &config.source.engine else {
+            panic!("{:?}", config.source.engine)
+        };
+        assert_eq!(my.port, 3306);
+        assert_eq!(my.server_id, 4242);
+        assert_eq!(my.heartbeat, Duration::from_secs(5));
+        assert_eq!(my.password.as_deref(), Some("s3cret"));
+        // server_id is required; unknown keys are named.
+        let text = MINIMAL.replace("kind = \"postgres\"", "kind = \"mysql\"");
+        assert!(Config::parse(&text).unwrap_err().to_string().contains("server_id"));
+        let text = MINIMAL.replace(
+            "kind = \"postgres\"",
+            "kind = \"mysql\"\nserver_id = 1\nslot = \"x\"",
+        );
+        assert!(Config::parse(&text).unwrap_err().to_string().contains("slot"));
     }
 
     #[test]
