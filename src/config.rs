@@ -543,10 +543,7 @@ mod tests {
 
     #[test]
     fn mysql_source_gets_defaults_and_the_password_override() {
-        let text = MINIMAL.replace(
-            "kind = \"postgres\"",
-            "kind = \"mysql\"\nserver_id = 4242",
-        );
+        let text = MINIMAL.replace("kind = \"postgres\"", "kind = \"mysql\"\nserver_id = 4242");
         let mut config = Config::parse(&text).unwrap();
         config.validate().unwrap();
         config.apply_env(|name| (name == ENV_SOURCE_PASSWORD).then(|| "s3cret".into()));
@@ -559,12 +556,18 @@ mod tests {
         assert_eq!(my.password.as_deref(), Some("s3cret"));
         // server_id is required; unknown keys are named.
         let text = MINIMAL.replace("kind = \"postgres\"", "kind = \"mysql\"");
-        assert!(Config::parse(&text).unwrap_err().to_string().contains("server_id"));
+        assert!(Config::parse(&text)
+            .unwrap_err()
+            .to_string()
+            .contains("server_id"));
         let text = MINIMAL.replace(
             "kind = \"postgres\"",
             "kind = \"mysql\"\nserver_id = 1\nslot = \"x\"",
         );
-        assert!(Config::parse(&text).unwrap_err().to_string().contains("slot"));
+        assert!(Config::parse(&text)
+            .unwrap_err()
+            .to_string()
+            .contains("slot"));
     }
 
     #[test]
