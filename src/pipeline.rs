@@ -130,7 +130,13 @@ pub async fn run<C: Connector>(
             Ok(()) => return Ok(()),
             Err(e) if e.is_transient() => {
                 let delay = backoff.next_delay();
-                tracing::warn!(error = %e, retry_in = ?delay, "source unavailable; retrying");
+                let confirmed = stats
+                    .confirmed
+                    .lock()
+                    .ok()
+                    .and_then(|c| c.as_ref().map(ToString::to_string))
+                    .unwrap_or_default();
+                tracing::warn!(error = %e, retry_in = ?delay, %confirmed, "source unavailable; retrying");
                 wait_or_shutdown(delay, &mut shutdown).await;
             }
             Err(e) => return Err(e),
@@ -365,7 +371,12 @@ impl<'a, O: OutboxStore> Session<'a, O> {
                         }
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, in_flight = self.in_flight, "log stream failed; draining in-flight deliveries");
+                        tracing::warn!(
+                            error = %e,
+                            in_flight = self.in_flight,
+                            confirmed = %display_position(self.last_confirmed.as_ref()),
+                            "log stream failed; draining in-flight deliveries"
+                        );
                         stopping_at = Some(Instant::now() + self.settings.delivery.shutdown_deadline);
                         stream_error = Some(e);
                     }
@@ -373,6 +384,7 @@ impl<'a, O: OutboxStore> Session<'a, O> {
                 _ = sleep_until(stopping_at.unwrap_or(far_future).into()), if stopping_at.is_some() => {
                     tracing::warn!(
                         unacknowledged = deliveries.len(),
+                        resume_from = %display_position(self.last_confirmed.as_ref()),
                         "shutdown deadline passed; their rows stay INIT and are sent again on restart"
                     );
                     break;
@@ -453,10 +465,16 @@ impl<'a, O: OutboxStore> Session<'a, O> {
             }
             DeliveryOutcome::Failed { error, fatal } => {
                 self.stats.metrics.failed(&done.topic);
+                let position = done
+                    .seq
+                    .checked_sub(self.first_seq)
+                    .and_then(|i| self.slots.get(i as usize))
+                    .map(|slot| &slot.position);
                 tracing::warn!(
                     id = done.id,
                     message_id = %done.message_id,
                     topic = %done.topic,
+                    position = %display_position(position),
                     %error,
                     "delivery failed; the row becomes FAILED and is retried later"
                 );
@@ -571,7 +589,14 @@ async fn write_back_with_retries<O: OutboxStore>(
         match store.write_back(batch).await {
             Ok(()) => return Ok(()),
             Err(e) if e.is_transient() && attempt < ATTEMPTS => {
-                tracing::warn!(error = %e, attempt, "status write-back failed; retrying");
+                tracing::warn!(
+                    error = %e,
+                    attempt,
+                    rows = batch.delivered.len() + batch.failed.len() + batch.parked.len(),
+                    first_id = ?batch.delivered.first().map(|d| d.id).or(batch.failed.first().map(|f| f.id)),
+                    checkpoint = %display_position(batch.checkpoint),
+                    "status write-back failed; retrying"
+                );
                 tokio::time::sleep(delay).await;
                 delay *= 2;
                 attempt += 1;
@@ -579,4 +604,9 @@ async fn write_back_with_retries<O: OutboxStore>(
             Err(e) => return Err(e),
         }
     }
+}
+
+/// A position for logs; `none` before the first confirmation.
+fn display_position(position: Option<&Position>) -> String {
+    position.map_or_else(|| "none".to_owned(), ToString::to_string)
 }
