@@ -233,7 +233,17 @@ impl Decoder {
             }
             ROTATE => {
                 let rotate = event.read_event::<RotateEvent>().map_err(|e| self.bad(e))?;
-                let name = rotate.name().into_owned();
+                let mut name = rotate.name_raw();
+                // The artificial rotate that opens a stream comes before the format
+                // description, so its CRC32 is still attached to the name: it names the
+                // file we asked for.
+                if end == 0
+                    && name.len() == self.file.len() + 4
+                    && name.starts_with(self.file.as_bytes())
+                {
+                    name = &name[..self.file.len()];
+                }
+                let name = String::from_utf8_lossy(name).into_owned();
                 if name != self.file {
                     // Table ids are only unique within one server run, which a file never
                     // spans; drop what the old file taught us.
@@ -938,6 +948,209 @@ pub(crate) fn parse_headers(json: &str) -> Option<Vec<(String, Bytes)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mysql_async::binlog::events::FormatDescriptionEvent;
+    use mysql_async::binlog::BinlogVersion;
+
+    /// Columns of `schemas/mysql/outbox.sql` in ordinal order.
+    const COLUMNS: &[&str] = &[
+        "id",
+        "message_id",
+        "message_type",
+        "biz_key",
+        "topic",
+        "payload",
+        "headers",
+        "status",
+        "retry_count",
+        "max_retry_count",
+        "next_retry_time",
+        "claimed_at",
+        "claim_token",
+        "last_error",
+        "created_at",
+        "updated_at",
+        "sent_at",
+        "kafka_partition",
+        "kafka_offset",
+    ];
+
+    fn names(with_tenant: bool) -> Vec<String> {
+        let mut names: Vec<String> = COLUMNS.iter().map(|c| (*c).to_owned()).collect();
+        if with_tenant {
+            names.insert(1, "tenant".to_owned());
+        }
+        names
+    }
+
+    /// The captured events (see tests/capture.rs), read as the stream reads them.
+    fn fixture() -> Vec<Event> {
+        let mut fde = FormatDescriptionEvent::new(BinlogVersion::Version4);
+        let mut events = Vec::new();
+        for line in include_str!("testdata/mariadb_outbox.hex").lines() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let bytes: Vec<u8> = (0..line.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&line[i..i + 2], 16).unwrap())
+                .collect();
+            let event = Event::read(&fde, &bytes[..]).unwrap();
+            if event.header().event_type_raw() == EventType::FORMAT_DESCRIPTION_EVENT as u8 {
+                fde = event
+                    .read_event::<FormatDescriptionEvent>()
+                    .unwrap()
+                    .into_owned()
+                    .with_footer(event.footer());
+            }
+            events.push(event);
+        }
+        events
+    }
+
+    fn start() -> BinlogPosition {
+        BinlogPosition {
+            file: "mariadb-bin.000002".into(),
+            offset: 32215,
+            gtid_set: Some("0-1-100".into()),
+        }
+    }
+
+    /// Feeds every event, answering column look-ups with `lookup(n)` for the n-th one.
+    fn run(
+        decoder: &mut Decoder,
+        lookup: impl Fn(usize) -> Vec<String>,
+    ) -> Result<Vec<Decoded>, ConnectorError> {
+        let mut out = Vec::new();
+        let mut lookups = 0;
+        for event in fixture() {
+            loop {
+                match decoder.handle(&event)? {
+                    Decoded::NeedColumns => {
+                        decoder.provide_columns(lookup(lookups));
+                        lookups += 1;
+                    }
+                    Decoded::Nothing => break,
+                    other => {
+                        out.push(other);
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn transactions(out: &[Decoded]) -> Vec<&CommittedTransaction> {
+        out.iter()
+            .filter_map(|d| match d {
+                Decoded::Transaction(t) => Some(t),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn assembles_the_captured_transactions() {
+        let gtid = GtidState::parse("0-1-100", true);
+        let mut decoder = Decoder::new("outboxd", "fixture_outbox", "biz_key", &start(), gtid);
+        let out = run(&mut decoder, |n| names(n > 0)).unwrap();
+        assert!(!decoder.in_transaction());
+        let txns = transactions(&out);
+        assert_eq!(txns.len(), 2, "{out:?}");
+
+        let first = txns[0];
+        assert_eq!(first.events.len(), 2);
+        let e = &first.events[0];
+        assert_eq!(e.message_id, "m-order-1");
+        assert_eq!(e.message_type, "order.created");
+        assert_eq!(e.biz_key, "order-1");
+        assert_eq!(&e.key[..], b"order-1");
+        assert_eq!(e.topic, None);
+        assert_eq!(&e.payload[..], br#"{"total": 12.5}"#);
+        assert_eq!(
+            e.headers,
+            vec![
+                ("trace".to_owned(), Bytes::from_static(b"abc")),
+                ("n".to_owned(), Bytes::from_static(b"1"))
+            ]
+        );
+        assert_eq!(e.created_at, "2026-05-09T07:30:00.123456+00:00");
+        assert_eq!((e.retry_count, e.max_retry_count), (0, 10));
+        assert!(e.commit_time.is_some() && e.commit_time == first.commit_time);
+        assert_eq!(first.events[1].topic.as_deref(), Some("orders.special"));
+        assert!(first.events[1].id > e.id);
+        let Position::Binlog(at) = &first.commit_position else {
+            panic!("{:?}", first.commit_position)
+        };
+        assert_eq!((at.file.as_str(), at.offset), ("mariadb-bin.000002", 33334));
+        assert_eq!(
+            at.gtid_set.as_deref(),
+            Some("0-1-62"),
+            "its GTID is applied"
+        );
+
+        // After the DDL: the new column shifts the others, names are read again.
+        let second = txns[1];
+        assert_eq!(second.events.len(), 1);
+        assert_eq!(second.events[0].message_id, "m-order-3");
+        assert_eq!(second.events[0].biz_key, "order-3");
+        assert!(second.commit_position > first.commit_position);
+
+        // Other tables' commits, the write-back and the DDL are progress, in order; the
+        // last event leaves the position at the end of the stream.
+        let boundaries = out
+            .iter()
+            .filter(|d| matches!(d, Decoded::Boundary))
+            .count();
+        assert!(boundaries >= 4, "{out:?}");
+        let end = decoder.position();
+        assert_eq!(end.offset, 35353);
+        assert_eq!(
+            end.gtid_set.as_deref(),
+            Some("0-1-68"),
+            "seven transactions"
+        );
+    }
+
+    #[test]
+    fn another_table_name_yields_only_progress() {
+        let mut decoder = Decoder::new("outboxd", "outbox", "biz_key", &start(), None);
+        let out = run(&mut decoder, |_| {
+            panic!("no column look-up for other tables")
+        })
+        .unwrap();
+        assert!(transactions(&out).is_empty(), "{out:?}");
+        assert_eq!(decoder.position().offset, 35353);
+        assert_eq!(decoder.position().gtid_set, None);
+    }
+
+    #[test]
+    fn stale_column_names_are_caught_by_the_types() {
+        // Names from before the ALTER for the table map after it: `created_at` would land
+        // on a TEXT column.
+        let mut decoder = Decoder::new("outboxd", "fixture_outbox", "biz_key", &start(), None);
+        let err = run(&mut decoder, |_| names(false)).unwrap_err();
+        assert!(!err.is_transient());
+        assert!(
+            err.message().contains("binlog_row_metadata = FULL"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_missing_key_column_names_column_and_table() {
+        let mut decoder = Decoder::new(
+            "outboxd",
+            "fixture_outbox",
+            "no_such_column",
+            &start(),
+            None,
+        );
+        let err = run(&mut decoder, |n| names(n > 0)).unwrap_err();
+        assert!(err.message().contains("`no_such_column`"), "{err}");
+        assert!(err.message().contains("outboxd.fixture_outbox"), "{err}");
+    }
 
     #[test]
     fn iso8601_of_epoch_seconds() {

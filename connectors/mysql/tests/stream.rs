@@ -110,6 +110,20 @@ async fn committed_inserts_arrive_once_and_rollbacks_never() {
     let third = next_transaction(&mut stream, Duration::from_secs(10)).await;
     assert_eq!(third.events[0].biz_key, "k3");
     drop(stream);
+
+    // Reopened, the stream resumes at the checkpoint: k3 again (never confirmed), no k1/k2.
+    let mut stream = loop {
+        match f.connector.open_stream().await {
+            Ok(s) => break s,
+            Err(e) if e.is_transient() => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(stream.start(), b, "starts at the checkpoint");
+    let again = next_transaction(&mut stream, Duration::from_secs(10)).await;
+    assert_eq!(again.events[0].biz_key, "k3");
+    assert_eq!(again.commit_position, third.commit_position);
+    drop(stream);
     f.cleanup().await;
 }
 
