@@ -14,7 +14,7 @@
 //! failure; it is never claimed, its status says so.)
 
 use std::collections::HashSet;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use outboxd_connector::{
@@ -67,6 +67,7 @@ pub(crate) struct Conn {
     success: Statement,
     failed: Statement,
     parked: Statement,
+    exists: Statement,
     checkpoint: Statement,
     load_checkpoint: Statement,
     /// Indexed by `[poll as usize][strict as usize]`.
@@ -190,6 +191,7 @@ impl PgOutboxStore {
                 &sql.parked,
                 vec![int8s.clone(), texts.clone()],
             ),
+            ("row lookup", &sql.exists, vec![int8s.clone()]),
             ("checkpoint", &sql.checkpoint, vec![Type::TEXT, Type::TEXT]),
             ("checkpoint read", &sql.load_checkpoint, vec![Type::TEXT]),
             ("retry claim", &sql.claim[0][0], vec![Type::INT8]),
@@ -230,8 +232,8 @@ impl PgOutboxStore {
                 .map(|(what, text, types)| self.prepare(&client, what, text, types)),
         )
         .await?;
-        let [success, failed, parked, checkpoint, load_checkpoint, claim_due, claim_due_strict, claim_poll, claim_poll_strict, complete_success, complete_failed, reap, schedule, blocked_all, blocked_some] =
-            <[Statement; 15]>::try_from(prepared)
+        let [success, failed, parked, exists, checkpoint, load_checkpoint, claim_due, claim_due_strict, claim_poll, claim_poll_strict, complete_success, complete_failed, reap, schedule, blocked_all, blocked_some] =
+            <[Statement; 16]>::try_from(prepared)
                 .map_err(|_| ConnectorError::definite("internal: statement count mismatch"))?;
         Ok(Conn {
             client,
@@ -240,6 +242,7 @@ impl PgOutboxStore {
             success,
             failed,
             parked,
+            exists,
             checkpoint,
             load_checkpoint,
             claim: [
@@ -279,50 +282,56 @@ impl PgOutboxStore {
         batch: WriteBack<'_>,
         pipeline: &str,
     ) -> Result<(), tokio_postgres::Error> {
-        let delivered = batch.delivered;
-        let failed = batch.failed;
-        let (d_ids, d_parts, d_offsets): (Vec<i64>, Vec<i32>, Vec<i64>) = (
-            delivered.iter().map(|d| d.id).collect(),
-            delivered.iter().map(|d| d.partition).collect(),
-            delivered.iter().map(|d| d.offset).collect(),
-        );
-        let f_ids: Vec<i64> = failed.iter().map(|f| f.id).collect();
-        let f_errors: Vec<String> = failed.iter().map(|f| truncate(&f.error)).collect();
-        let f_delays: Vec<i64> = failed.iter().map(|f| delay_ms(f.retry_delay)).collect();
-        let p_ids: Vec<i64> = batch.parked.iter().map(|p| p.id).collect();
-        let p_reasons: Vec<String> = batch.parked.iter().map(|p| truncate(&p.reason)).collect();
+        let rows = WriteBackRows::new(&batch);
         let position = batch.checkpoint.map(Position::to_string);
-
+        let statements = [&conn.success, &conn.failed, &conn.parked];
         let tx = conn.client.transaction().await?;
-        // Pipelined: each statement is sent before the previous answer arrives, in this
-        // order, so a row both delivered and failed in one batch ends SUCCESS.
-        let success = async {
-            if d_ids.is_empty() {
-                return Ok(0);
+        let updated = rows.apply(&tx, statements).await?;
+
+        // A row not updated is either past the status this batch writes (a replay after a
+        // crash: fine) or not visible yet: PostgreSQL flushes a commit record, which the
+        // walsender may decode and send at once, a moment before the committing session
+        // makes the transaction visible to others. The checkpoint must not pass a row
+        // whose status was not written, so wait (briefly) until every row is visible.
+        let mut missing: Vec<i64> = rows
+            .ids()
+            .filter(|id| !updated.contains(id))
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        let deadline = Instant::now() + VISIBILITY_WAIT;
+        let mut pause = Duration::from_millis(2);
+        while !missing.is_empty() {
+            let found = tx.query(&conn.exists, &[&missing]).await?;
+            let found: HashSet<i64> = found
+                .iter()
+                .map(|row| row.try_get::<_, i64>(0))
+                .collect::<Result<_, _>>()?;
+            if !found.is_empty() {
+                // Replayed rows match no status predicate: a no-op for them.
+                rows.only(&found).apply(&tx, statements).await?;
+                missing.retain(|id| !found.contains(id));
             }
-            tx.execute(&conn.success, &[&d_ids, &d_parts, &d_offsets])
-                .await
-        };
-        let fail = async {
-            if f_ids.is_empty() {
-                return Ok(0);
+            if missing.is_empty() || Instant::now() >= deadline {
+                break;
             }
-            tx.execute(&conn.failed, &[&f_ids, &f_errors, &f_delays])
-                .await
-        };
-        let park = async {
-            if p_ids.is_empty() {
-                return Ok(0);
-            }
-            tx.execute(&conn.parked, &[&p_ids, &p_reasons]).await
-        };
-        let checkpoint = async {
-            match &position {
-                Some(position) => tx.execute(&conn.checkpoint, &[&pipeline, position]).await,
-                None => Ok(0),
-            }
-        };
-        futures_util::try_join!(success, fail, park, checkpoint)?;
+            tracing::debug!(
+                rows = missing.len(),
+                "write-back: outbox rows not visible yet (their commit was decoded first); waiting"
+            );
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(50));
+        }
+        if !missing.is_empty() {
+            tracing::warn!(
+                ids = ?missing,
+                "write-back: outbox rows published but not found in the table (deleted?); \
+                 their status is not written"
+            );
+        }
+        if let Some(position) = &position {
+            tx.execute(&conn.checkpoint, &[&pipeline, position]).await?;
+        }
         tx.commit().await
     }
 
@@ -563,6 +572,107 @@ impl OutboxStore for PgOutboxStore {
     }
 }
 
+/// How long a write-back waits for the rows of a just-decoded commit to become visible.
+const VISIBILITY_WAIT: Duration = Duration::from_secs(2);
+
+/// One write-back's rows as the statements' arrays.
+#[derive(Clone, Default)]
+struct WriteBackRows {
+    d_ids: Vec<i64>,
+    d_parts: Vec<i32>,
+    d_offsets: Vec<i64>,
+    f_ids: Vec<i64>,
+    f_errors: Vec<String>,
+    f_delays: Vec<i64>,
+    p_ids: Vec<i64>,
+    p_reasons: Vec<String>,
+}
+
+impl WriteBackRows {
+    fn new(batch: &WriteBack<'_>) -> Self {
+        let (d, f, p) = (batch.delivered, batch.failed, batch.parked);
+        Self {
+            d_ids: d.iter().map(|x| x.id).collect(),
+            d_parts: d.iter().map(|x| x.partition).collect(),
+            d_offsets: d.iter().map(|x| x.offset).collect(),
+            f_ids: f.iter().map(|x| x.id).collect(),
+            f_errors: f.iter().map(|x| truncate(&x.error)).collect(),
+            f_delays: f.iter().map(|x| delay_ms(x.retry_delay)).collect(),
+            p_ids: p.iter().map(|x| x.id).collect(),
+            p_reasons: p.iter().map(|x| truncate(&x.reason)).collect(),
+        }
+    }
+
+    fn ids(&self) -> impl Iterator<Item = i64> + '_ {
+        self.d_ids
+            .iter()
+            .chain(&self.f_ids)
+            .chain(&self.p_ids)
+            .copied()
+    }
+
+    /// The rows whose id is in `keep`.
+    fn only(&self, keep: &HashSet<i64>) -> Self {
+        let mut out = Self::default();
+        for (i, id) in self.d_ids.iter().enumerate() {
+            if keep.contains(id) {
+                out.d_ids.push(*id);
+                out.d_parts.push(self.d_parts[i]);
+                out.d_offsets.push(self.d_offsets[i]);
+            }
+        }
+        for (i, id) in self.f_ids.iter().enumerate() {
+            if keep.contains(id) {
+                out.f_ids.push(*id);
+                out.f_errors.push(self.f_errors[i].clone());
+                out.f_delays.push(self.f_delays[i]);
+            }
+        }
+        for (i, id) in self.p_ids.iter().enumerate() {
+            if keep.contains(id) {
+                out.p_ids.push(*id);
+                out.p_reasons.push(self.p_reasons[i].clone());
+            }
+        }
+        out
+    }
+
+    /// Runs the SUCCESS, FAILED and parked updates, pipelined in this order (so a row
+    /// both delivered and failed in one batch ends SUCCESS); returns the ids updated.
+    async fn apply(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        [success, failed, parked]: [&Statement; 3],
+    ) -> Result<HashSet<i64>, tokio_postgres::Error> {
+        let s = async {
+            if self.d_ids.is_empty() {
+                return Ok(Vec::new());
+            }
+            tx.query(success, &[&self.d_ids, &self.d_parts, &self.d_offsets])
+                .await
+        };
+        let f = async {
+            if self.f_ids.is_empty() {
+                return Ok(Vec::new());
+            }
+            tx.query(failed, &[&self.f_ids, &self.f_errors, &self.f_delays])
+                .await
+        };
+        let p = async {
+            if self.p_ids.is_empty() {
+                return Ok(Vec::new());
+            }
+            tx.query(parked, &[&self.p_ids, &self.p_reasons]).await
+        };
+        let (s, f, p) = futures_util::try_join!(s, f, p)?;
+        s.iter()
+            .chain(&f)
+            .chain(&p)
+            .map(|row| row.try_get::<_, i64>(0))
+            .collect()
+    }
+}
+
 /// The statement texts for one outbox table.
 #[derive(Debug)]
 struct Sql {
@@ -570,6 +680,7 @@ struct Sql {
     success: String,
     failed: String,
     parked: String,
+    exists: String,
     checkpoint: String,
     load_checkpoint: String,
     claim: [[String; 2]; 2],
@@ -658,22 +769,23 @@ impl Sql {
                  kafka_partition = d.partition, kafka_offset = d.kafka_offset, \
                  last_error = NULL, next_retry_time = NULL \
                  FROM unnest($1::bigint[], $2::int[], $3::bigint[]) AS d(id, partition, kafka_offset) \
-                 WHERE o.id = d.id AND o.status IN ('INIT', 'FAILED')"
+                 WHERE o.id = d.id AND o.status IN ('INIT', 'FAILED') RETURNING o.id"
             ),
             failed: format!(
                 "UPDATE {outbox} AS o SET retry_count = o.retry_count + 1, \
                  next_retry_time = {}, last_error = f.error, updated_at = now(), \
                  status = {failed_status} \
                  FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS f(id, error, delay_ms) \
-                 WHERE o.id = f.id AND o.status = 'INIT'",
+                 WHERE o.id = f.id AND o.status = 'INIT' RETURNING o.id",
                 next_retry("f.delay_ms")
             ),
             parked: format!(
                 "UPDATE {outbox} AS o SET status = 'FAILED', next_retry_time = now(), \
                  last_error = p.reason, updated_at = now() \
                  FROM unnest($1::bigint[], $2::text[]) AS p(id, reason) \
-                 WHERE o.id = p.id AND o.status = 'INIT'"
+                 WHERE o.id = p.id AND o.status = 'INIT' RETURNING o.id"
             ),
+            exists: format!("SELECT id FROM {outbox} WHERE id = ANY($1::bigint[])"),
             // Never backward: LSNs compare as pg_lsn (text order is wrong for 9/… vs 10/…);
             // other forms are replaced as they come.
             checkpoint: format!(

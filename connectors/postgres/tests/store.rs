@@ -933,3 +933,61 @@ async fn hot_statements_use_the_partial_indexes_on_a_large_table() {
     assert!(plan("blocked keys").contains("outbox_key_retry_idx"));
     assert!(plan("strict poll claim").contains("outbox_poll_idx"));
 }
+
+/// The log can hand over a commit a moment before the committing session makes it
+/// visible: the write-back waits for such rows instead of leaving them INIT behind a
+/// checkpoint that already passed them.
+#[tokio::test]
+async fn write_back_waits_for_rows_of_a_commit_not_visible_yet() {
+    let fx = initialised("st_visible").await;
+    let store = fx.connector.open_store().await.expect("open store");
+    let mut writer = fx.env.client().await;
+    let tx = writer.transaction().await.expect("tx");
+    let id: i64 = tx
+        .query_one(
+            &format!(
+                "INSERT INTO {} (message_id, message_type, biz_key, payload) \
+                 VALUES ('late', 't', 'k', '{{}}') RETURNING id",
+                fx.outbox()
+            ),
+            &[],
+        )
+        .await
+        .expect("insert")
+        .get(0);
+    let delivered = [Delivered {
+        id,
+        partition: 0,
+        offset: 5,
+    }];
+    let position: Position = "lsn:0/2000".parse().expect("lsn");
+    let write_back = store.write_back(WriteBack {
+        delivered: &delivered,
+        checkpoint: Some(&position),
+        ..WriteBack::default()
+    });
+    let commit_later = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        tx.commit().await.expect("commit");
+    };
+    let (written, ()) = tokio::join!(write_back, commit_later);
+    written.expect("write back");
+    assert_eq!(fx.status(id).await, "SUCCESS");
+    assert_eq!(store.load_checkpoint().await.expect("load"), Some(position));
+
+    // A row that never shows up (deleted) holds the write-back only briefly.
+    let gone = [Delivered {
+        id: id + 1_000_000,
+        partition: 0,
+        offset: 6,
+    }];
+    let started = Instant::now();
+    store
+        .write_back(WriteBack {
+            delivered: &gone,
+            ..WriteBack::default()
+        })
+        .await
+        .expect("write back of a missing row");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
