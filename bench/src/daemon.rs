@@ -20,6 +20,11 @@ pub(crate) struct Services {
     pub(crate) pg_database: String,
     pub(crate) pg_bin: PathBuf,
     pub(crate) kafka: String,
+    pub(crate) mysql_host: String,
+    pub(crate) mysql_port: u16,
+    pub(crate) mysql_user: String,
+    pub(crate) mysql_password: String,
+    pub(crate) mysql_database: String,
 }
 
 impl Services {
@@ -29,6 +34,28 @@ impl Services {
             self.pg_host, self.pg_port, self.pg_user, self.pg_password, self.pg_database
         )
     }
+
+    pub(crate) fn mysql_url(&self) -> String {
+        format!(
+            "mysql://{}:{}@{}:{}/{}",
+            self.mysql_user,
+            self.mysql_password,
+            self.mysql_host,
+            self.mysql_port,
+            self.mysql_database
+        )
+    }
+}
+
+/// Which source a bench pipeline reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// PostgreSQL, logical replication.
+    PgLog,
+    /// PostgreSQL, `source.mode = "poll"`.
+    PgPoll,
+    /// MariaDB (or MySQL), binlog.
+    Mysql,
 }
 
 /// One pipeline of the bench: its names and config file.
@@ -39,33 +66,52 @@ pub(crate) struct BenchPipeline {
     pub(crate) topic: String,
     pub(crate) config: PathBuf,
     pub(crate) metrics_port: u16,
+    pub(crate) source: Source,
 }
 
 impl BenchPipeline {
-    /// Writes the config file. `poll` selects `source.mode = "poll"`.
+    /// Writes the config file.
     pub(crate) fn write(
         dir: &Path,
         services: &Services,
         name: &str,
         topic: &str,
-        poll: bool,
+        source: Source,
     ) -> anyhow::Result<Self> {
         let table = format!("outbox_{name}");
         let metrics_port = free_port()?;
-        let mode = if poll { "mode = \"poll\"\n" } else { "" };
+        let source_section = match source {
+            Source::PgLog | Source::PgPoll => format!(
+                "kind = \"postgres\"\n{mode}host = \"{}\"\nport = {}\nuser = \"{}\"\n\
+                 password = \"{}\"\ndatabase = \"{}\"\nsslmode = \"disable\"\n",
+                services.pg_host,
+                services.pg_port,
+                services.pg_user,
+                services.pg_password,
+                services.pg_database,
+                mode = if source == Source::PgPoll {
+                    "mode = \"poll\"\n"
+                } else {
+                    ""
+                },
+            ),
+            Source::Mysql => format!(
+                "kind = \"mysql\"\nhost = \"{}\"\nport = {}\nuser = \"{}\"\n\
+                 password = \"{}\"\ndatabase = \"{}\"\nsslmode = \"disable\"\nserver_id = {}\n",
+                services.mysql_host,
+                services.mysql_port,
+                services.mysql_user,
+                services.mysql_password,
+                services.mysql_database,
+                40_000 + metrics_port % 20_000,
+            ),
+        };
         let text = format!(
             r#"[pipeline]
 name = "{name}"
 
 [source]
-kind = "postgres"
-{mode}host = "{host}"
-port = {port}
-user = "{user}"
-password = "{password}"
-database = "{database}"
-sslmode = "disable"
-
+{source_section}
 [outbox]
 table = "{table}"
 
@@ -76,11 +122,6 @@ topic_template = "{topic}"
 [metrics]
 listen = "127.0.0.1:{metrics_port}"
 "#,
-            host = services.pg_host,
-            port = services.pg_port,
-            user = services.pg_user,
-            password = services.pg_password,
-            database = services.pg_database,
             kafka = services.kafka,
         );
         let config = dir.join(format!("{name}.toml"));
@@ -91,6 +132,7 @@ listen = "127.0.0.1:{metrics_port}"
             topic: topic.to_owned(),
             config,
             metrics_port,
+            source,
         })
     }
 }

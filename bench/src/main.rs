@@ -18,9 +18,9 @@ use clap::Parser;
 use tokio_postgres::Client;
 
 use crate::consume::Consumed;
-use crate::daemon::{BenchPipeline, Daemon, Services};
+use crate::daemon::{BenchPipeline, Daemon, Services, Source};
 use crate::report::{Idle, Limits, Report, Row};
-use crate::workload::{now_micros, Workload, Written};
+use crate::workload::{now_micros, Database, Workload, Written};
 
 #[derive(Parser, Debug, Clone)]
 #[command(
@@ -58,7 +58,11 @@ pub(crate) struct Args {
     /// Length of the log-mode fixed-rate run, seconds.
     #[arg(long, default_value_t = 20.0)]
     rate_seconds: f64,
-    /// Length of the poll-mode fixed-rate run, seconds.
+    /// Poll mode's fixed rate, events per second: low enough that poll mode keeps up, so
+    /// its latency shows the poll interval and not a growing queue.
+    #[arg(long, default_value_t = 1000.0)]
+    poll_rate: f64,
+    /// Length of the poll-mode and MariaDB fixed-rate runs, seconds.
     #[arg(long, default_value_t = 10.0)]
     poll_seconds: f64,
     /// Backlog drained by pg_recvlogical and by outboxd (log mode); also the record count
@@ -66,7 +70,7 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 200_000)]
     backlog_events: usize,
     /// Backlog drained by outboxd in poll mode.
-    #[arg(long, default_value_t = 50_000)]
+    #[arg(long, default_value_t = 20_000)]
     poll_backlog_events: usize,
     /// Events written as fast as the writers can, with outboxd running (log mode).
     #[arg(long, default_value_t = 100_000)]
@@ -75,8 +79,11 @@ pub(crate) struct Args {
     /// worker's default idle_check is 60 s: keep the window longer).
     #[arg(long, default_value_t = 65.0)]
     idle_seconds: f64,
-    /// Scenarios to run, comma-separated: rate,idle,limits,backlog,max,poll.
-    #[arg(long, default_value = "rate,idle,limits,backlog,max,poll")]
+    /// Backlog drained by outboxd from MariaDB's binlog.
+    #[arg(long, default_value_t = 50_000)]
+    mariadb_backlog_events: usize,
+    /// Scenarios to run, comma-separated: rate,idle,limits,backlog,max,poll,mariadb.
+    #[arg(long, default_value = "rate,idle,limits,backlog,max,poll,mariadb")]
     scenarios: String,
     /// Drop the bench tables, slots, publications and topics at the end.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -104,6 +111,13 @@ fn services_from_env() -> anyhow::Result<Services> {
         pg_database: env_or("OUTBOXD_TEST_PG_DATABASE", "outboxd"),
         pg_bin: PathBuf::from(env_or("OUTBOXD_PG_BIN", "/usr/lib/postgresql/15/bin")),
         kafka: env_or("OUTBOXD_TEST_KAFKA", "127.0.0.1:39092"),
+        mysql_host: env_or("OUTBOXD_TEST_MYSQL_HOST", "127.0.0.1"),
+        mysql_port: env_or("OUTBOXD_TEST_MYSQL_PORT", "33306")
+            .parse()
+            .context("OUTBOXD_TEST_MYSQL_PORT")?,
+        mysql_user: env_or("OUTBOXD_TEST_MYSQL_USER", "outboxd"),
+        mysql_password: env_or("OUTBOXD_TEST_MYSQL_PASSWORD", "outboxd"),
+        mysql_database: env_or("OUTBOXD_TEST_MYSQL_DATABASE", "outboxd"),
     })
 }
 
@@ -199,15 +213,23 @@ impl Bench {
                     eprintln!("poll mode: {e:#}");
                     report.rows.push(Row::unavailable(
                         "poll (PostgreSQL)",
-                        &format!("not available: {}", first_line(&format!("{e:#}"))),
+                        &format!("not available: {}", last_line(&format!("{e:#}"))),
                     ));
                 }
             }
         }
-        report.rows.push(Row::unavailable(
-            "log (MariaDB)",
-            "not available yet: outboxd has no MySQL/MariaDB source wired in this build",
-        ));
+        if self.args.wants("mariadb") {
+            match self.mariadb().await {
+                Ok(rows) => report.rows.extend(rows),
+                Err(e) => {
+                    eprintln!("MariaDB: {e:#}");
+                    report.rows.push(Row::unavailable(
+                        "log (MariaDB)",
+                        &format!("not available: {}", last_line(&format!("{e:#}"))),
+                    ));
+                }
+            }
+        }
         if let Some(task) = idle_task {
             eprintln!("waiting for the idle-window check to finish");
             report.idle = Some(task.await.context("idle check task")??);
@@ -216,15 +238,15 @@ impl Bench {
     }
 
     /// Creates the topic, writes the config, runs `outboxd init`.
-    async fn pipeline(&mut self, scenario: &str, poll: bool) -> anyhow::Result<BenchPipeline> {
+    async fn pipeline(&mut self, scenario: &str, source: Source) -> anyhow::Result<BenchPipeline> {
         let name = format!("bench_{}_{scenario}", self.run);
         let topic = format!("bench.{}.{scenario}", self.run);
         consume::create_topic(&self.services.kafka, &topic, self.args.partitions).await?;
         self.topics.push(topic.clone());
-        let p = BenchPipeline::write(&self.dir, &self.services, &name, &topic, poll)?;
+        let p = BenchPipeline::write(&self.dir, &self.services, &name, &topic, source)?;
         self.pipelines.push(p.clone());
         daemon::outboxd_once(&self.args.outboxd, "init", &p.config).await?;
-        if poll {
+        if source == Source::PgPoll {
             // Poll mode reads no log: a slot left by `init` would only hold WAL back.
             self.sql
                 .execute(
@@ -239,7 +261,10 @@ impl Bench {
 
     fn workload(&self, p: &BenchPipeline, tag: &str, events: usize, rate: Option<f64>) -> Workload {
         Workload {
-            conn: self.services.conn_string(),
+            db: match p.source {
+                Source::Mysql => Database::Mysql(self.services.mysql_url()),
+                Source::PgLog | Source::PgPoll => Database::Postgres(self.services.conn_string()),
+            },
             table: p.table.clone(),
             writers: self.args.writers,
             tx_size: self.args.tx_size,
@@ -256,7 +281,7 @@ impl Bench {
     }
 
     async fn log_fixed_rate(&mut self) -> anyhow::Result<(Row, Daemon, BenchPipeline)> {
-        let p = self.pipeline("rate", false).await?;
+        let p = self.pipeline("rate", Source::PgLog).await?;
         let events = (self.args.rate * self.args.rate_seconds) as usize;
         let tag = format!("{}r", self.run);
         eprintln!(
@@ -275,7 +300,7 @@ impl Bench {
         let cpu0 = daemon.sample().unwrap_or_default().cpu_seconds;
         let lsn0 = current_lsn(&self.sql).await?;
         let written = workload::run(&self.workload(&p, &tag, events, Some(self.args.rate))).await?;
-        let consumed = join(consumer)?;
+        let consumed = join(consumer, &mut daemon).await?;
         wait_all_sent(&self.sql, &p.table, Duration::from_secs(120)).await?;
         let lsn1 = current_lsn(&self.sql).await?;
         let sample = daemon.sample().unwrap_or_default();
@@ -327,7 +352,7 @@ impl Bench {
     }
 
     async fn log_backlog_and_max(&mut self, report: &mut Report) -> anyhow::Result<()> {
-        let p = self.pipeline("backlog", false).await?;
+        let p = self.pipeline("backlog", Source::PgLog).await?;
         let events = self.args.backlog_events;
         let recv_slot = format!("bench_recv_{}", self.run);
         self.sql
@@ -394,8 +419,8 @@ impl Bench {
             Duration::from_secs(600),
         );
         let start_us = now_micros();
-        let daemon = self.spawn(&p, "backlog.log")?;
-        let consumed = join(consumer)?;
+        let mut daemon = self.spawn(&p, "backlog.log")?;
+        let consumed = join(consumer, &mut daemon).await?;
         wait_all_sent(&self.sql, &p.table, Duration::from_secs(300)).await?;
         let lsn_sent = current_lsn(&self.sql).await?;
         let sample = daemon.sample().unwrap_or_default();
@@ -435,7 +460,7 @@ impl Bench {
             let cpu0 = daemon.sample().unwrap_or_default().cpu_seconds;
             let lsn0 = current_lsn(&self.sql).await?;
             let written = workload::run(&self.workload(&p, &tag, events, None)).await?;
-            let consumed = join(consumer)?;
+            let consumed = join(consumer, &mut daemon).await?;
             wait_all_sent(&self.sql, &p.table, Duration::from_secs(300)).await?;
             let lsn1 = current_lsn(&self.sql).await?;
             let sample = daemon.sample().unwrap_or_default();
@@ -455,13 +480,13 @@ impl Bench {
     }
 
     async fn poll_mode(&mut self) -> anyhow::Result<Vec<Row>> {
-        let p = self.pipeline("poll", true).await?;
+        let p = self.pipeline("poll", Source::PgPoll).await?;
         let mut rows = Vec::new();
-        let events = (self.args.rate * self.args.poll_seconds) as usize;
+        let events = (self.args.poll_rate * self.args.poll_seconds) as usize;
         let tag = format!("{}p", self.run);
         eprintln!(
             "poll mode, {} events/s for {} s",
-            self.args.rate, self.args.poll_seconds
+            self.args.poll_rate, self.args.poll_seconds
         );
         let consumer = consume::spawn(
             &self.services.kafka,
@@ -475,13 +500,14 @@ impl Bench {
             anyhow::bail!("{e:#}");
         }
         let lsn0 = current_lsn(&self.sql).await?;
-        let written = workload::run(&self.workload(&p, &tag, events, Some(self.args.rate))).await?;
-        let consumed = join(consumer)?;
+        let written =
+            workload::run(&self.workload(&p, &tag, events, Some(self.args.poll_rate))).await?;
+        let consumed = join(consumer, &mut daemon).await?;
         wait_all_sent(&self.sql, &p.table, Duration::from_secs(120)).await?;
         let lsn1 = current_lsn(&self.sql).await?;
         let sample = daemon.sample().unwrap_or_default();
         let mut row = Row::from_live(
-            &format!("poll (PostgreSQL) @{} ev/s", self.args.rate),
+            &format!("poll (PostgreSQL) @{} ev/s", self.args.poll_rate),
             &tag,
             &written,
             &consumed,
@@ -506,8 +532,8 @@ impl Bench {
             &tag,
         );
         let start_us = now_micros();
-        let daemon = self.spawn(&p, "poll-backlog.log")?;
-        let consumed = join(consumer)?;
+        let mut daemon = self.spawn(&p, "poll-backlog.log")?;
+        let consumed = join(consumer, &mut daemon).await?;
         wait_all_sent(&self.sql, &p.table, Duration::from_secs(300)).await?;
         let lsn1 = current_lsn(&self.sql).await?;
         let sample = daemon.sample().unwrap_or_default();
@@ -526,6 +552,73 @@ impl Bench {
         Ok(rows)
     }
 
+    /// MariaDB in log mode (binlog): the fixed rate, then a backlog.
+    async fn mariadb(&mut self) -> anyhow::Result<Vec<Row>> {
+        let url = self.services.mysql_url();
+        let p = self.pipeline("maria", Source::Mysql).await?;
+        let mut rows = Vec::new();
+        let events = (self.args.rate * self.args.poll_seconds) as usize;
+        let tag = format!("{}d", self.run);
+        eprintln!(
+            "MariaDB log mode, {} events/s for {} s",
+            self.args.rate, self.args.poll_seconds
+        );
+        let consumer = consume::spawn(
+            &self.services.kafka,
+            &p.topic,
+            self.args.partitions,
+            events,
+            Duration::from_secs_f64(self.args.poll_seconds + 120.0),
+        );
+        let mut daemon = self.spawn(&p, "maria.log")?;
+        wait_ready(&mut daemon, p.metrics_port, Duration::from_secs(30)).await?;
+        let cpu0 = daemon.sample().unwrap_or_default().cpu_seconds;
+        let written = workload::run(&self.workload(&p, &tag, events, Some(self.args.rate))).await?;
+        let consumed = join(consumer, &mut daemon).await?;
+        wait_all_sent_mysql(&url, &p.table, Duration::from_secs(120)).await?;
+        let sample = daemon.sample().unwrap_or_default();
+        let mut row = Row::from_live(
+            &format!("log (MariaDB) @{} ev/s", self.args.rate),
+            &tag,
+            &written,
+            &consumed,
+        );
+        row.set_process(sample, sample.cpu_seconds - cpu0, events);
+        rows.push(row);
+        let code = daemon.terminate(Duration::from_secs(60)).await?;
+        anyhow::ensure!(code == 0, "outboxd (MariaDB) exited with {code} on SIGTERM");
+
+        let events = self.args.mariadb_backlog_events;
+        eprintln!("MariaDB: {events} events written with outboxd stopped, then drained");
+        let tag = format!("{}e", self.run);
+        workload::run(&self.workload(&p, &tag, events, None)).await?;
+        let consumer = consume::spawn_filtered(
+            &self.services.kafka,
+            &p.topic,
+            self.args.partitions,
+            events,
+            Duration::from_secs(600),
+            &tag,
+        );
+        let start_us = now_micros();
+        let mut daemon = self.spawn(&p, "maria-backlog.log")?;
+        let consumed = join(consumer, &mut daemon).await?;
+        wait_all_sent_mysql(&url, &p.table, Duration::from_secs(300)).await?;
+        let sample = daemon.sample().unwrap_or_default();
+        let mut row = Row::named("log (MariaDB) backlog drain");
+        row.events = events;
+        row.duplicates = Some(consumed.duplicates);
+        let drained_us = (consumed.last_append_ms() * 1000) as u64;
+        row.events_per_s =
+            Some(events as f64 / (drained_us.saturating_sub(start_us) as f64 / 1e6).max(1e-3));
+        row.set_process(sample, sample.cpu_seconds, events);
+        row.note = "includes start-up".into();
+        rows.push(row);
+        let code = daemon.terminate(Duration::from_secs(60)).await?;
+        anyhow::ensure!(code == 0, "outboxd (MariaDB) exited with {code} on SIGTERM");
+        Ok(rows)
+    }
+
     async fn cleanup(&mut self) {
         for slot in self.slots.drain(..) {
             let _ = self
@@ -533,7 +626,21 @@ impl Bench {
                 .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
                 .await;
         }
-        for p in &self.pipelines {
+        for p in self.pipelines.iter().filter(|p| p.source == Source::Mysql) {
+            if let Ok(opts) = mysql_async::Opts::from_url(&self.services.mysql_url()) {
+                use mysql_async::prelude::Queryable;
+                if let Ok(mut conn) = mysql_async::Conn::new(opts).await {
+                    let _ = conn
+                        .query_drop(format!(
+                            "DROP TABLE IF EXISTS `{}`; DELETE FROM outboxd_checkpoint WHERE pipeline = '{}'",
+                            p.table, p.name
+                        ))
+                        .await;
+                    let _ = conn.disconnect().await;
+                }
+            }
+        }
+        for p in self.pipelines.iter().filter(|p| p.source != Source::Mysql) {
             let slot = format!("outboxd_{}", p.name);
             let _ = self
                 .sql
@@ -558,11 +665,28 @@ impl Bench {
     }
 }
 
-fn first_line(s: &str) -> &str {
-    s.lines().next().unwrap_or_default()
+/// The most specific line of an error report (outboxd's own message comes last).
+fn last_line(s: &str) -> &str {
+    s.lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or_default()
+        .trim()
 }
 
-fn join(handle: std::thread::JoinHandle<anyhow::Result<Consumed>>) -> anyhow::Result<Consumed> {
+/// Waits for the consumer while watching outboxd: if it exits, the run stops with its log.
+async fn join(
+    handle: std::thread::JoinHandle<anyhow::Result<Consumed>>,
+    daemon: &mut Daemon,
+) -> anyhow::Result<Consumed> {
+    while !handle.is_finished() {
+        anyhow::ensure!(
+            daemon.is_running(),
+            "outboxd exited while the consumer waited:\n{}",
+            daemon.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     handle
         .join()
         .map_err(|_| anyhow::anyhow!("consumer thread panicked"))?
@@ -608,6 +732,26 @@ async fn wait_all_sent(sql: &Client, table: &str, timeout: Duration) -> anyhow::
         anyhow::ensure!(
             Instant::now() < deadline,
             "{left} rows of {table} not SUCCESS after {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// As [`wait_all_sent`], on MariaDB.
+async fn wait_all_sent_mysql(url: &str, table: &str, timeout: Duration) -> anyhow::Result<()> {
+    use mysql_async::prelude::Queryable;
+    let mut conn = mysql_async::Conn::new(mysql_async::Opts::from_url(url)?).await?;
+    let deadline = Instant::now() + timeout;
+    let query = format!("SELECT COUNT(*) FROM `{table}` WHERE status <> 'SUCCESS'");
+    loop {
+        let left: Option<i64> = conn.query_first(&query).await?;
+        if left == Some(0) {
+            let _ = conn.disconnect().await;
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{left:?} rows of {table} not SUCCESS after {timeout:?}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

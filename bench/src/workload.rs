@@ -7,11 +7,20 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
 
+/// Where the writers connect.
+#[derive(Clone, Debug)]
+pub(crate) enum Database {
+    /// A tokio-postgres connection string.
+    Postgres(String),
+    /// A mysql_async URL (MySQL or MariaDB).
+    Mysql(String),
+}
+
 /// What to write.
 #[derive(Clone, Debug)]
 pub(crate) struct Workload {
-    /// PostgreSQL connection string.
-    pub(crate) conn: String,
+    /// The database.
+    pub(crate) db: Database,
     /// Outbox table.
     pub(crate) table: String,
     /// Writer connections.
@@ -114,16 +123,75 @@ pub(crate) async fn run(w: &Workload) -> anyhow::Result<Written> {
     Ok(written)
 }
 
+/// One writer's connection and its prepared insert.
+enum Writer {
+    Postgres(tokio_postgres::Client, tokio_postgres::Statement),
+    Mysql(mysql_async::Conn, String),
+}
+
+impl Writer {
+    async fn open(w: &Workload) -> anyhow::Result<Self> {
+        match &w.db {
+            Database::Postgres(conn) => {
+                let client = connect(conn).await?;
+                let insert = client
+                    .prepare(&format!(
+                        "INSERT INTO \"{}\" (message_id, message_type, biz_key, payload) \
+                         SELECT m, 'bench.' || m, k, $3::text::jsonb \
+                         FROM unnest($1::text[], $2::text[]) AS u(m, k)",
+                        w.table
+                    ))
+                    .await
+                    .context("preparing the insert")?;
+                Ok(Writer::Postgres(client, insert))
+            }
+            Database::Mysql(url) => {
+                let opts = mysql_async::Opts::from_url(url).context("MySQL URL")?;
+                let conn = mysql_async::Conn::new(opts)
+                    .await
+                    .context("connecting to MariaDB (is `scripts/services start` running?)")?;
+                Ok(Writer::Mysql(conn, format!("`{}`", w.table)))
+            }
+        }
+    }
+
+    /// One transaction of `ids.len()` rows; returns when its commit has.
+    async fn insert(
+        &mut self,
+        ids: &[String],
+        keys: &[String],
+        payload: &str,
+    ) -> anyhow::Result<()> {
+        match self {
+            Writer::Postgres(client, insert) => {
+                client.execute(insert, &[&ids, &keys, &payload]).await?;
+            }
+            Writer::Mysql(conn, table) => {
+                use mysql_async::prelude::Queryable;
+                let mut sql = format!(
+                    "INSERT INTO {table} (message_id, message_type, biz_key, payload) VALUES "
+                );
+                let mut params: Vec<mysql_async::Value> = Vec::with_capacity(ids.len() * 4);
+                for (i, (id, key)) in ids.iter().zip(keys).enumerate() {
+                    sql.push_str(if i == 0 {
+                        "(?, ?, ?, ?)"
+                    } else {
+                        ", (?, ?, ?, ?)"
+                    });
+                    params.push(id.as_str().into());
+                    params.push(format!("bench.{id}").into());
+                    params.push(key.as_str().into());
+                    params.push(payload.into());
+                }
+                conn.exec_drop(sql, params).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
 async fn write(w: &Workload, writer: usize, rows: usize) -> anyhow::Result<Vec<u64>> {
-    let client = connect(&w.conn).await?;
-    let insert = client
-        .prepare(&format!(
-            "INSERT INTO \"{}\" (message_id, message_type, biz_key, payload) \
-             SELECT m, 'bench.event', k, $3::text::jsonb FROM unnest($1::text[], $2::text[]) AS u(m, k)",
-            w.table
-        ))
-        .await
-        .context("preparing the insert")?;
+    let mut db = Writer::open(w).await?;
     let mut rng = XorShift(0x9E37_79B9_7F4A_7C15 ^ (writer as u64 + 1).wrapping_mul(0x2545_F491));
     // `{"pad":"…"}`: 10 bytes of JSON around the padding.
     let pad: String = (0..w.payload_bytes.saturating_sub(10))
@@ -148,8 +216,7 @@ async fn write(w: &Workload, writer: usize, rows: usize) -> anyhow::Result<Vec<u
         let keys: Vec<String> = (0..n)
             .map(|_| format!("key-{}", rng.next() % w.keys.max(1)))
             .collect();
-        client
-            .execute(&insert, &[&ids, &keys, &payload])
+        db.insert(&ids, &keys, &payload)
             .await
             .context("inserting outbox rows")?;
         commits.push(now_micros());
