@@ -4,6 +4,8 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod mysql;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
