@@ -338,9 +338,11 @@ mod tests {
     /// SCRAM, zstd and lz4. A missing feature fails at producer creation.
     #[test]
     fn the_bundled_librdkafka_speaks_sasl_ssl_and_compresses() {
-        for (mechanism, compression) in
-            [("SCRAM-SHA-512", "zstd"), ("SCRAM-SHA-256", "lz4"), ("PLAIN", "gzip")]
-        {
+        for (mechanism, compression) in [
+            ("SCRAM-SHA-512", "zstd"),
+            ("SCRAM-SHA-256", "lz4"),
+            ("PLAIN", "gzip"),
+        ] {
             let config = KafkaConfig {
                 bootstrap_servers: "127.0.0.1:1".into(),
                 topic_template: "t".into(),
