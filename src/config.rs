@@ -612,4 +612,17 @@ mod example_tests {
         let config = Config::parse(text).unwrap();
         config.validate().unwrap();
     }
+
+    /// So must the MySQL examples.
+    #[test]
+    fn mysql_example_configs_are_valid() {
+        for text in [
+            include_str!("../examples/outboxd-mysql.toml"),
+            include_str!("../examples/docker/outboxd-mysql.toml"),
+        ] {
+            let config = Config::parse(text).unwrap();
+            config.validate().unwrap();
+            assert!(matches!(config.source.engine, SourceConfig::Mysql(_)));
+        }
+    }
 }

@@ -137,7 +137,7 @@ impl MysqlConnector {
             .setup(vec!["SET NAMES utf8mb4, time_zone = '+00:00'"])
             .into();
         match tokio::time::timeout(self.config.connect_timeout, Conn::new(opts)).await {
-            Ok(result) => result.map_err(|e| classify(&e, &context).with_source(e)),
+            Ok(result) => result.map_err(|e| classify(&e, &context)),
             Err(_) => Err(ConnectorError::transient(format!(
                 "{context}: timed out after {:?}",
                 self.config.connect_timeout
@@ -188,7 +188,7 @@ impl Connector for MysqlConnector {
     }
 }
 
-/// Classifies a `mysql_async` error: broken connections, server shutdown, lock waits and
+/// Classifies a `mysql_async` error (its text becomes part of the message): broken connections, server shutdown, lock waits and
 /// deadlocks, too many connections are transient; everything else (access denied, missing
 /// tables or columns, privileges, bad data) is definite.
 pub(crate) fn classify(e: &mysql_async::Error, context: &str) -> ConnectorError {
@@ -253,7 +253,7 @@ pub(crate) async fn execute(
 ) -> Result<(), ConnectorError> {
     conn.query_drop(sql)
         .await
-        .map_err(|e| classify(&e, context).with_source(e))
+        .map_err(|e| classify(&e, context))
 }
 
 /// The rows of `sql`.
@@ -264,7 +264,7 @@ pub(crate) async fn query(
 ) -> Result<Vec<Row>, ConnectorError> {
     conn.query::<Row, _>(sql)
         .await
-        .map_err(|e| classify(&e, context).with_source(e))
+        .map_err(|e| classify(&e, context))
 }
 
 /// The first row of `sql`, if any.
@@ -275,7 +275,7 @@ pub(crate) async fn query_first(
 ) -> Result<Option<Row>, ConnectorError> {
     conn.query_first::<Row, _>(sql)
         .await
-        .map_err(|e| classify(&e, context).with_source(e))
+        .map_err(|e| classify(&e, context))
 }
 
 /// Column `at` of `row` as text (`None` for NULL); numbers are rendered in decimal.

@@ -38,7 +38,7 @@ pub(crate) async fn variable(
         Ok(None) => Ok(None),
         // 1193: unknown system variable.
         Err(mysql_async::Error::Server(e)) if e.code == 1193 => Ok(None),
-        Err(e) => Err(classify(&e, &format!("reading @@{name}")).with_source(e)),
+        Err(e) => Err(classify(&e, &format!("reading @@{name}"))),
     }
 }
 
@@ -60,7 +60,7 @@ pub(crate) async fn current_position(
         Err(mysql_async::Error::Server(e)) if e.code == 1064 => {
             query_first(conn, "SHOW BINARY LOG STATUS", context).await?
         }
-        Err(e) => return Err(classify(&e, context).with_source(e)),
+        Err(e) => return Err(classify(&e, context)),
     };
     let Some(row) = row else {
         return Err(ConnectorError::definite(
