@@ -11,7 +11,9 @@ use std::time::Duration;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, OptsBuilder};
 use rand::Rng;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{
+    AdminClient, AdminOptions, AlterConfig, NewTopic, ResourceSpecifier, TopicReplication,
+};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 
@@ -135,12 +137,40 @@ message_timeout = "10s"
     }
 
     pub async fn create_topic(&self, topic: &str, partitions: i32) {
-        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        self.create_topic_with(topic, partitions, &[]).await;
+    }
+
+    fn admin(&self) -> AdminClient<DefaultClientContext> {
+        ClientConfig::new()
             .set("bootstrap.servers", &self.services.kafka)
             .create()
-            .expect("admin client");
-        let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
-        let results = admin
+            .expect("admin client")
+    }
+
+    /// Changes one topic-level config.
+    pub async fn alter_topic(&self, topic: &str, key: &str, value: &str) {
+        let change = AlterConfig::new(ResourceSpecifier::Topic(topic)).set(key, value);
+        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        let results = self
+            .admin()
+            .alter_configs([&change], &options)
+            .await
+            .expect("alter topic");
+        for result in results {
+            if let Err((resource, code)) = result {
+                panic!("altering {resource:?}: {code:?}");
+            }
+        }
+    }
+
+    /// Creates a topic with topic-level configs such as `max.message.bytes`.
+    pub async fn create_topic_with(&self, topic: &str, partitions: i32, configs: &[(&str, &str)]) {
+        let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+        for (key, value) in configs {
+            new = new.set(key, value);
+        }
+        let results = self
+            .admin()
             .create_topics(
                 [&new],
                 &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
@@ -237,6 +267,22 @@ message_timeout = "10s"
             .expect("count statuses");
         let _ = conn.disconnect().await;
         rows.into_iter().collect()
+    }
+
+    /// `message_id` → (status, retry_count, last_error).
+    pub async fn rows(&self) -> HashMap<String, (String, i32, Option<String>)> {
+        let mut conn = self.sql().await;
+        let rows: Vec<(String, String, i32, Option<String>)> = conn
+            .query(format!(
+                "SELECT message_id, status, retry_count, last_error FROM `{}`",
+                self.table
+            ))
+            .await
+            .expect("rows");
+        let _ = conn.disconnect().await;
+        rows.into_iter()
+            .map(|(id, status, retries, error)| (id, (status, retries, error)))
+            .collect()
     }
 
     pub async fn success_count(&self) -> i64 {

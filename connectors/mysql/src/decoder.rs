@@ -69,6 +69,8 @@ struct CachedNames {
 
 enum TableEntry {
     Other,
+    /// outboxd's own checkpoint table.
+    Checkpoint,
     Outbox(Box<OutboxTable>),
 }
 
@@ -87,6 +89,10 @@ struct Group {
     /// Opened by BEGIN (or a MariaDB GTID that implies it): ends at XID/COMMIT. Otherwise
     /// the next statement is standalone and ends it.
     has_begin: bool,
+    /// Rows of the checkpoint table were written.
+    touched_checkpoint: bool,
+    /// Rows of another table were written.
+    touched_other: bool,
 }
 
 /// The binlog → outbox transaction state machine of one stream.
@@ -94,6 +100,8 @@ pub(crate) struct Decoder {
     outbox_db: String,
     outbox_table: String,
     key_column: String,
+    /// `(database, table)` of the checkpoint table, when known.
+    checkpoint_table: Option<(String, String)>,
     tables: HashMap<u64, TableEntry>,
     names: Option<CachedNames>,
     file: String,
@@ -128,6 +136,7 @@ impl Decoder {
             outbox_db: outbox_db.to_owned(),
             outbox_table: outbox_table.to_owned(),
             key_column: key_column.to_owned(),
+            checkpoint_table: None,
             tables: HashMap::new(),
             names: None,
             file: start.file.clone(),
@@ -136,6 +145,14 @@ impl Decoder {
             group: None,
             payload_end: 0,
         }
+    }
+
+    /// Names the checkpoint table: a transaction that writes only its rows (outboxd's own
+    /// checkpoint writes) moves the position silently instead of as a [`Decoded::Boundary`],
+    /// so persisting a confirmed position does not cause another one, forever.
+    pub(crate) fn with_checkpoint_table(mut self, db: &str, table: &str) -> Self {
+        self.checkpoint_table = Some((db.to_owned(), table.to_owned()));
+        self
     }
 
     /// `db.table` of the outbox, for messages.
@@ -308,6 +325,9 @@ impl Decoder {
             self.offset = end;
         }
         if group.events.is_empty() {
+            if group.touched_checkpoint && !group.touched_other {
+                return Decoded::Nothing;
+            }
             return Decoded::Boundary;
         }
         let commit_time =
@@ -372,7 +392,8 @@ impl Decoder {
                 if mentions_outbox {
                     tracing::debug!(outbox = %self.table_name(), "DDL on the outbox: its columns are read again");
                     self.names = None;
-                    self.tables.retain(|_, t| matches!(t, TableEntry::Other));
+                    self.tables
+                        .retain(|_, t| matches!(t, TableEntry::Other | TableEntry::Checkpoint));
                 }
                 Ok(self.advance(end))
             }
@@ -382,10 +403,15 @@ impl Decoder {
     fn table_map(&mut self, event: &Event) -> Result<Decoded, ConnectorError> {
         let data = event.data();
         let id = table_id(data).ok_or_else(|| self.bad("short table map event"))?;
-        match self.tables.get(&id) {
-            Some(TableEntry::Other) => return Ok(Decoded::Nothing),
-            Some(TableEntry::Outbox(t)) if t.raw == data => return Ok(Decoded::Nothing),
-            _ => {}
+        let known = match self.tables.get(&id) {
+            Some(TableEntry::Other) => Some(false),
+            Some(TableEntry::Checkpoint) => Some(true),
+            Some(TableEntry::Outbox(t)) if t.raw == data => Some(false),
+            _ => None,
+        };
+        if let Some(checkpoint) = known {
+            self.touch(checkpoint);
+            return Ok(Decoded::Nothing);
         }
         let tme = event
             .read_event::<TableMapEvent>()
@@ -395,9 +421,19 @@ impl Decoder {
                 .table_name_raw()
                 .eq_ignore_ascii_case(self.outbox_table.as_bytes())
         {
-            self.tables.insert(id, TableEntry::Other);
+            let checkpoint = self.checkpoint_table.as_ref().is_some_and(|(db, table)| {
+                tme.database_name_raw() == db.as_bytes() && tme.table_name_raw() == table.as_bytes()
+            });
+            let entry = if checkpoint {
+                TableEntry::Checkpoint
+            } else {
+                TableEntry::Other
+            };
+            self.tables.insert(id, entry);
+            self.touch(checkpoint);
             return Ok(Decoded::Nothing);
         }
+        self.touch(false);
         if !checksum_ok(event) {
             return Err(self.checksum_error());
         }
@@ -443,6 +479,19 @@ impl Decoder {
             })),
         );
         Ok(Decoded::Nothing)
+    }
+
+    /// Notes which kind of table the current transaction writes.
+    fn touch(&mut self, checkpoint: bool) {
+        let group = self.group.get_or_insert_with(|| Group {
+            has_begin: true,
+            ..Group::default()
+        });
+        if checkpoint {
+            group.touched_checkpoint = true;
+        } else {
+            group.touched_other = true;
+        }
     }
 
     fn write_rows(&mut self, event: &Event) -> Result<Decoded, ConnectorError> {
@@ -1111,6 +1160,24 @@ mod tests {
             Some("0-1-68"),
             "seven transactions"
         );
+    }
+
+    #[test]
+    fn writes_to_the_checkpoint_table_alone_are_not_progress() {
+        let boundaries = |decoder: &mut Decoder| {
+            run(decoder, |n| names(n > 0))
+                .unwrap()
+                .iter()
+                .filter(|d| matches!(d, Decoded::Boundary))
+                .count()
+        };
+        let mut plain = Decoder::new("outboxd", "fixture_outbox", "biz_key", &start(), None);
+        // Pretend `fixture_other` is the checkpoint table: its transaction moves the
+        // position silently.
+        let mut own = Decoder::new("outboxd", "fixture_outbox", "biz_key", &start(), None)
+            .with_checkpoint_table("outboxd", "fixture_other");
+        assert_eq!(boundaries(&mut own), boundaries(&mut plain) - 1);
+        assert_eq!(own.position(), plain.position());
     }
 
     #[test]

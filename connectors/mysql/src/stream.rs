@@ -26,7 +26,7 @@ use tokio::time::Instant;
 use crate::connect::{classify, execute, int, query, query_first, text_or_empty};
 use crate::decoder::{Decoded, Decoder};
 use crate::gtid::GtidState;
-use crate::schema::{qualified, sql_string};
+use crate::schema::{qualified, sql_string, table_ident};
 use crate::server::{self, ServerInfo};
 use crate::store::{checkpoint_sql, load_checkpoint};
 use crate::MysqlConnector;
@@ -87,7 +87,12 @@ impl MysqlChangeStream {
         let gtid = initial_gtid(&mut lock, &server, &start).await?;
 
         let (db, table) = connector.outbox_ident();
-        let decoder = Decoder::new(&db, &table, &connector.layout().key_column, &start, gtid);
+        let (checkpoint_db, checkpoint_table) = table_ident(
+            &connector.layout().checkpoint_table,
+            &connector.config().database,
+        );
+        let decoder = Decoder::new(&db, &table, &connector.layout().key_column, &start, gtid)
+            .with_checkpoint_table(&checkpoint_db, &checkpoint_table);
         let binlog = start_binlog(connector, &server, &start).await?;
         tracing::info!(
             %pipeline,
