@@ -77,6 +77,7 @@ impl BenchPipeline {
         name: &str,
         topic: &str,
         source: Source,
+        extra: &str,
     ) -> anyhow::Result<Self> {
         let table = format!("outbox_{name}");
         let metrics_port = free_port()?;
@@ -121,6 +122,7 @@ topic_template = "{topic}"
 
 [metrics]
 listen = "127.0.0.1:{metrics_port}"
+{extra}
 "#,
             kafka = services.kafka,
         );

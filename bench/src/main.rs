@@ -85,6 +85,10 @@ pub(crate) struct Args {
     /// Scenarios to run, comma-separated: rate,idle,limits,backlog,max,poll,mariadb.
     #[arg(long, default_value = "rate,idle,limits,backlog,max,poll,mariadb")]
     scenarios: String,
+    /// TOML appended to every generated outboxd config, e.g. "[delivery]\nmax_in_flight = 5000"
+    /// (a section outboxd's generated config does not already have).
+    #[arg(long, default_value = "")]
+    config_extra: String,
     /// Drop the bench tables, slots, publications and topics at the end.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     cleanup: bool,
@@ -243,7 +247,14 @@ impl Bench {
         let topic = format!("bench.{}.{scenario}", self.run);
         consume::create_topic(&self.services.kafka, &topic, self.args.partitions).await?;
         self.topics.push(topic.clone());
-        let p = BenchPipeline::write(&self.dir, &self.services, &name, &topic, source)?;
+        let p = BenchPipeline::write(
+            &self.dir,
+            &self.services,
+            &name,
+            &topic,
+            source,
+            &self.args.config_extra.replace("\\n", "\n"),
+        )?;
         self.pipelines.push(p.clone());
         daemon::outboxd_once(&self.args.outboxd, "init", &p.config).await?;
         if source == Source::PgPoll {
