@@ -290,6 +290,7 @@ pub(crate) async fn check(c: &MysqlConnector, mode: ReadMode) -> CheckReport {
         "binlog_row_metadata",
         check_row_metadata(&mut conn).await,
     );
+    push(&mut report, "durability", check_durability(&mut conn).await);
     push(&mut report, "gtid", check_gtid(&mut conn, &server).await);
     push(
         &mut report,
@@ -361,6 +362,28 @@ async fn check_row_metadata(conn: &mut Conn) -> Result<CheckLine, ConnectorError
             "binlog_row_metadata",
             "not supported by this server; column names come from information_schema",
         ),
+    })
+}
+
+/// A crash must not lose a commit the binlog (or the checkpoint) already counts.
+async fn check_durability(conn: &mut Conn) -> Result<CheckLine, ConnectorError> {
+    let sync_binlog = server::variable(conn, "sync_binlog")
+        .await?
+        .unwrap_or_default();
+    let flush = server::variable(conn, "innodb_flush_log_at_trx_commit")
+        .await?
+        .unwrap_or_default();
+    let detail = format!("sync_binlog = {sync_binlog}, innodb_flush_log_at_trx_commit = {flush}");
+    Ok(if sync_binlog == "1" && flush == "1" {
+        CheckLine::ok("durability", detail)
+    } else {
+        CheckLine::warn(
+            "durability",
+            format!(
+                "{detail}: a server crash can lose commits the binlog or the checkpoint counted"
+            ),
+            "set sync_binlog = 1 and innodb_flush_log_at_trx_commit = 1",
+        )
     })
 }
 
