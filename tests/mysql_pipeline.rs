@@ -648,3 +648,64 @@ async fn poll_mode_claims_rows_without_the_binlog() {
     }
     p.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_server_connection_is_reopened_and_nothing_is_lost() {
+    let p = MysqlPipeline::new("killconn", 1, "").await;
+    p.init();
+    let daemon = p.spawn_run("run.log");
+    let mut conn = p.sql().await;
+    p.insert_event(&mut conn, "k", 1, "a").await;
+    wait_for("the first row SUCCESS", Duration::from_secs(30), || async {
+        (p.success_count().await == 1).then_some(())
+    })
+    .await;
+    // The connection holding the pipeline's lock is the stream's: kill it server-side.
+    let holder: Option<Option<u64>> = conn
+        .query_first(format!("SELECT IS_USED_LOCK('outboxd:{}')", p.name))
+        .await
+        .expect("lock holder");
+    let holder = holder
+        .flatten()
+        .expect("the running outboxd holds the lock");
+    conn.query_drop(format!("KILL {holder}"))
+        .await
+        .expect("kill");
+    p.insert_event(&mut conn, "k", 2, "a").await;
+    wait_for(
+        "the lock taken again by a new connection",
+        Duration::from_secs(60),
+        || async {
+            let mut c = p.sql().await;
+            let now = c
+                .query_first::<Option<u64>, _>(format!("SELECT IS_USED_LOCK('outboxd:{}')", p.name))
+                .await
+                .ok()
+                .flatten()
+                .flatten();
+            let _ = c.disconnect().await;
+            now.filter(|id| *id != holder)
+        },
+    )
+    .await;
+    for seq in 3..=5 {
+        p.insert_event(&mut conn, "k", seq, "a").await;
+    }
+    wait_for("every row SUCCESS", Duration::from_secs(60), || async {
+        (p.success_count().await == 5).then_some(())
+    })
+    .await;
+    let log = daemon.log_text();
+    assert!(log.contains("retrying"), "the stream was reopened:\n{log}");
+    let records = consume_all(&p.services.kafka, &p.topic, 1, 5, Duration::from_secs(30));
+    let seqs = seqs_by_key(&records).remove("k").unwrap_or_default();
+    let mut first: Vec<u32> = Vec::new();
+    for s in seqs {
+        if !first.contains(&s) {
+            first.push(s);
+        }
+    }
+    assert_eq!(first, [1, 2, 3, 4, 5], "every event, in order");
+    drop(daemon);
+    p.cleanup().await;
+}
