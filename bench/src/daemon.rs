@@ -269,3 +269,90 @@ pub(crate) async fn http_get(port: u16, path: &str) -> anyhow::Result<(u16, Stri
         .unwrap_or_default();
     Ok((status, body))
 }
+
+/// CPU seconds spent so far by PostgreSQL (every server process, plus the children the
+/// postmaster has reaped, such as the walsender of a finished pg_recvlogical), by the Kafka
+/// broker, and by this process's waited-for children (pg_recvlogical, the Java tools,
+/// outboxd daemons that exited). Differences of two snapshots give a phase's CPU budget.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct CpuSnapshot {
+    pub(crate) postgres: f64,
+    pub(crate) kafka: f64,
+    pub(crate) children: f64,
+}
+
+impl CpuSnapshot {
+    pub(crate) fn take() -> Self {
+        let mut postgres = 0.0;
+        let mut comms = std::collections::HashMap::new();
+        let mut stats = Vec::new();
+        if let Ok(dir) = std::fs::read_dir("/proc") {
+            for entry in dir.flatten() {
+                let name = entry.file_name();
+                let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                    continue;
+                };
+                if let Some(stat) = proc_stat(pid) {
+                    comms.insert(pid, stat.comm.clone());
+                    stats.push((pid, stat));
+                }
+            }
+        }
+        for (_, stat) in &stats {
+            if stat.comm == "postgres" {
+                postgres += stat.own;
+                let parent_is_postgres = comms.get(&stat.ppid).is_some_and(|c| c == "postgres");
+                if !parent_is_postgres {
+                    postgres += stat.children;
+                }
+            }
+        }
+        let services = std::env::var("OUTBOXD_SERVICES_DIR")
+            .unwrap_or_else(|_| "/var/tmp/outboxd-services".into());
+        let kafka = std::fs::read_to_string(format!("{services}/kafka/kafka.pid"))
+            .ok()
+            .and_then(|p| p.trim().parse::<u32>().ok())
+            .and_then(proc_stat)
+            .map_or(0.0, |s| s.own);
+        let children = proc_stat(std::process::id()).map_or(0.0, |s| s.children);
+        Self {
+            postgres,
+            kafka,
+            children,
+        }
+    }
+
+    /// CPU seconds per million events since `earlier`.
+    pub(crate) fn per_million_since(&self, earlier: &Self, events: usize) -> Self {
+        let per_m = |now: f64, then: f64| (now - then).max(0.0) / events.max(1) as f64 * 1e6;
+        Self {
+            postgres: per_m(self.postgres, earlier.postgres),
+            kafka: per_m(self.kafka, earlier.kafka),
+            children: per_m(self.children, earlier.children),
+        }
+    }
+}
+
+struct ProcStat {
+    comm: String,
+    ppid: u32,
+    /// utime + stime, seconds.
+    own: f64,
+    /// cutime + cstime (waited-for children), seconds.
+    children: f64,
+}
+
+fn proc_stat(pid: u32) -> Option<ProcStat> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (head, rest) = stat.rsplit_once(')')?;
+    let comm = head.split_once('(')?.1.to_owned();
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let tick =
+        |i: usize| -> Option<f64> { Some(fields.get(i)?.parse::<f64>().ok()? / TICKS_PER_SECOND) };
+    Some(ProcStat {
+        comm,
+        ppid: fields.get(1)?.parse().ok()?,
+        own: tick(11)? + tick(12)?,
+        children: tick(13)? + tick(14)?,
+    })
+}

@@ -18,7 +18,7 @@ use clap::Parser;
 use tokio_postgres::Client;
 
 use crate::consume::Consumed;
-use crate::daemon::{BenchPipeline, Daemon, Services, Source};
+use crate::daemon::{BenchPipeline, CpuSnapshot, Daemon, Services, Source};
 use crate::report::{Idle, Limits, Report, Row};
 use crate::workload::{now_micros, Database, Workload, Written};
 
@@ -309,6 +309,7 @@ impl Bench {
         let mut daemon = self.spawn(&p, "rate.log")?;
         wait_ready(&mut daemon, p.metrics_port, Duration::from_secs(30)).await?;
         let cpu0 = daemon.sample().unwrap_or_default().cpu_seconds;
+        let servers0 = CpuSnapshot::take();
         let lsn0 = current_lsn(&self.sql).await?;
         let written = workload::run(&self.workload(&p, &tag, events, Some(self.args.rate))).await?;
         let consumed = join(consumer, &mut daemon).await?;
@@ -322,6 +323,7 @@ impl Bench {
             &consumed,
         );
         row.set_process(sample, sample.cpu_seconds - cpu0, events);
+        row.servers = Some(CpuSnapshot::take().per_million_since(&servers0, events));
         row.wal_per_event = Some((lsn1 - lsn0) as f64 / events as f64);
         Ok((row, daemon, p))
     }
@@ -334,6 +336,7 @@ impl Bench {
         consume::create_topic(&self.services.kafka, &ppt, self.args.partitions).await?;
         self.topics.push(ppt.clone());
         eprintln!("Kafka ProducerPerformance, {records} records of {record_size} bytes");
+        let before = CpuSnapshot::take();
         let (java, summary) = limits::producer_performance(
             &self.args.services_script,
             &self.services.kafka,
@@ -342,10 +345,12 @@ impl Bench {
             record_size,
         )
         .await?;
+        let java_cpu = CpuSnapshot::take().per_million_since(&before, records);
         let keyed = format!("bench.{}.limit_rdk", self.run);
         consume::create_topic(&self.services.kafka, &keyed, self.args.partitions).await?;
         self.topics.push(keyed.clone());
         eprintln!("rdkafka keyed producer, {records} records");
+        let before = CpuSnapshot::take();
         let rdkafka = limits::rdkafka_keyed(
             &self.services.kafka,
             &keyed,
@@ -354,8 +359,11 @@ impl Bench {
             self.args.keys,
         )
         .await?;
+        let rdkafka_cpu = CpuSnapshot::take().per_million_since(&before, records);
         Ok(Limits {
             kafka_producer_performance: Some(java),
+            kafka_producer_performance_cpu: Some(java_cpu),
+            kafka_rdkafka_keyed_cpu: Some(rdkafka_cpu),
             kafka_producer_performance_summary: summary,
             kafka_rdkafka_keyed: Some(rdkafka),
             ..Limits::default()
@@ -408,6 +416,7 @@ impl Bench {
         );
 
         eprintln!("pg_recvlogical draining the backlog");
+        let before = CpuSnapshot::take();
         let elapsed = limits::pg_recvlogical(
             &self.services,
             &recv_slot,
@@ -416,6 +425,8 @@ impl Bench {
         )
         .await?;
         report.limits.pg_recvlogical = Some(events as f64 / elapsed.as_secs_f64());
+        report.limits.pg_recvlogical_cpu =
+            Some(CpuSnapshot::take().per_million_since(&before, events));
         self.sql
             .execute("SELECT pg_drop_replication_slot($1)", &[&recv_slot])
             .await?;
@@ -430,6 +441,7 @@ impl Bench {
             Duration::from_secs(600),
         );
         let start_us = now_micros();
+        let servers0 = CpuSnapshot::take();
         let mut daemon = self.spawn(&p, "backlog.log")?;
         let consumed = join(consumer, &mut daemon).await?;
         wait_all_sent(&self.sql, &p.table, Duration::from_secs(300)).await?;
@@ -442,6 +454,7 @@ impl Bench {
         row.events_per_s =
             Some(events as f64 / (drained_us.saturating_sub(start_us) as f64 / 1e6).max(1e-3));
         row.set_process(sample, sample.cpu_seconds, events);
+        row.servers = Some(CpuSnapshot::take().per_million_since(&servers0, events));
         row.wal_per_event = Some((lsn_sent - lsn0) as f64 / events as f64);
         row.note = format!(
             "includes start-up; {} records missing",
@@ -469,6 +482,7 @@ impl Bench {
                 &tag,
             );
             let cpu0 = daemon.sample().unwrap_or_default().cpu_seconds;
+            let servers0 = CpuSnapshot::take();
             let lsn0 = current_lsn(&self.sql).await?;
             let written = workload::run(&self.workload(&p, &tag, events, None)).await?;
             let consumed = join(consumer, &mut daemon).await?;
@@ -482,6 +496,7 @@ impl Bench {
                 &consumed,
             );
             row.set_process(sample, sample.cpu_seconds - cpu0, events);
+            row.servers = Some(CpuSnapshot::take().per_million_since(&servers0, events));
             row.wal_per_event = Some((lsn1 - lsn0) as f64 / events as f64);
             report.rows.push(row);
         }

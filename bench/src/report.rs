@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 use tokio_postgres::Client;
 
 use crate::consume::Consumed;
-use crate::daemon::ProcSample;
+use crate::daemon::{CpuSnapshot, ProcSample};
 use crate::workload::Written;
 use crate::Args;
 
@@ -48,6 +48,8 @@ pub(crate) struct Row {
     pub(crate) cpu_per_million: Option<f64>,
     pub(crate) wal_per_event: Option<f64>,
     pub(crate) duplicates: Option<usize>,
+    /// CPU seconds per million events of PostgreSQL and the Kafka broker in this phase.
+    pub(crate) servers: Option<CpuSnapshot>,
     pub(crate) note: String,
     /// The backlog drain: compared with the limits.
     pub(crate) is_throughput_run: bool,
@@ -88,6 +90,17 @@ impl Row {
         }
     }
 
+    /// Server CPU of a limit run; the tool's own CPU (a child of the bench) goes in the
+    /// CPU-s/M column.
+    pub(crate) fn set_servers(&mut self, cpu: Option<CpuSnapshot>) {
+        if let Some(cpu) = cpu {
+            self.servers = Some(cpu);
+            if cpu.children > 0.0 {
+                self.cpu_per_million = Some(cpu.children);
+            }
+        }
+    }
+
     pub(crate) fn set_process(&mut self, sample: ProcSample, cpu_seconds: f64, events: usize) {
         self.peak_rss = Some(sample.peak_rss);
         self.cpu_per_million = Some(cpu_seconds / events as f64 * 1e6);
@@ -98,9 +111,12 @@ impl Row {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Limits {
     pub(crate) pg_recvlogical: Option<f64>,
+    pub(crate) pg_recvlogical_cpu: Option<CpuSnapshot>,
     pub(crate) kafka_producer_performance: Option<f64>,
+    pub(crate) kafka_producer_performance_cpu: Option<CpuSnapshot>,
     pub(crate) kafka_producer_performance_summary: String,
     pub(crate) kafka_rdkafka_keyed: Option<f64>,
+    pub(crate) kafka_rdkafka_keyed_cpu: Option<CpuSnapshot>,
 }
 
 impl Limits {
@@ -186,18 +202,21 @@ impl Report {
         if let Some(rate) = self.limits.pg_recvlogical {
             let mut row = Row::named("limit: pg_recvlogical (pgoutput → /dev/null)");
             row.events_per_s = Some(rate);
+            row.set_servers(self.limits.pg_recvlogical_cpu);
             row.note = "same backlog, same publication".into();
             rows.push(row);
         }
         if let Some(rate) = self.limits.kafka_producer_performance {
             let mut row = Row::named("limit: Kafka ProducerPerformance");
             row.events_per_s = Some(rate);
+            row.set_servers(self.limits.kafka_producer_performance_cpu);
             row.note = "acks=all, idempotent, lz4, linger 5 ms; payload + 100 B".into();
             rows.push(row);
         }
         if let Some(rate) = self.limits.kafka_rdkafka_keyed {
             let mut row = Row::named("info: rdkafka keyed producer");
             row.events_per_s = Some(rate);
+            row.set_servers(self.limits.kafka_rdkafka_keyed_cpu);
             row.note = "outboxd's producer settings, keys and headers".into();
             rows.push(row);
         }
@@ -216,7 +235,7 @@ impl Report {
             |v: Option<f64>, digits: usize| v.map_or("-".to_owned(), |v| format!("{v:.digits$}"));
         println!();
         println!(
-            "{:<46} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8} {:>7} {:>6}  note",
+            "{:<46} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8} {:>8} {:>7} {:>7} {:>6}  note",
             "scenario",
             "events",
             "events/s",
@@ -226,6 +245,8 @@ impl Report {
             "max ms",
             "RSS MB",
             "CPU-s/M",
+            "PG CPU/M",
+            "Kafka/M",
             "WAL B/e",
             "×limit"
         );
@@ -236,7 +257,7 @@ impl Report {
             }
             let l = row.latency;
             println!(
-                "{:<46} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8} {:>7} {:>6}  {}",
+                "{:<46} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8} {:>8} {:>7} {:>7} {:>6}  {}",
                 row.name,
                 if row.events > 0 {
                     row.events.to_string()
@@ -250,6 +271,8 @@ impl Report {
                 opt(l.map(|l| l.max), 1),
                 opt(row.peak_rss.map(|b| b as f64 / 1048576.0), 1),
                 opt(row.cpu_per_million, 1),
+                opt(row.servers.map(|c| c.postgres), 1),
+                opt(row.servers.map(|c| c.kafka), 1),
                 opt(row.wal_per_event, 0),
                 opt(self.ratio(row), 2),
                 row.note
@@ -348,6 +371,8 @@ impl Report {
                     })),
                     "peak_rss_bytes": r.peak_rss,
                     "cpu_seconds_per_million_events": r.cpu_per_million,
+                    "postgres_cpu_seconds_per_million_events": r.servers.map(|c| c.postgres),
+                    "kafka_broker_cpu_seconds_per_million_events": r.servers.map(|c| c.kafka),
                     "wal_bytes_per_event": r.wal_per_event,
                     "duplicates": r.duplicates,
                     "ratio_to_lower_limit": self.ratio(r),
