@@ -64,6 +64,8 @@ pub(crate) enum Decoded {
 #[derive(Debug)]
 struct CachedNames {
     names: Vec<String>,
+    /// `DATA_TYPE` of each column, to check names against a table map's types.
+    types: Vec<String>,
     shape: Option<Vec<u8>>,
 }
 
@@ -180,8 +182,14 @@ impl Decoder {
     }
 
     /// The outbox's column names in ordinal order, from `information_schema`.
-    pub(crate) fn provide_columns(&mut self, names: Vec<String>) {
-        self.names = Some(CachedNames { names, shape: None });
+    /// Each is `(COLUMN_NAME, DATA_TYPE)`.
+    pub(crate) fn provide_columns(&mut self, columns: Vec<(String, String)>) {
+        let (names, types) = columns.into_iter().unzip();
+        self.names = Some(CachedNames {
+            names,
+            types,
+            shape: None,
+        });
     }
 
     /// Handles one event.
@@ -450,16 +458,29 @@ impl Decoder {
             Some(names) if names.len() == count => names,
             _ => match &mut self.names {
                 Some(cached) if cached.shape.as_ref().is_none_or(|s| *s == shape) => {
-                    if cached.names.len() < count {
+                    // information_schema may describe a later version of the table (DDL
+                    // committed after the rows being read): its first `count` columns must
+                    // have the table map's types, column by column (a column appended
+                    // since is fine, one inserted or dropped before the end is not).
+                    let mismatch = (0..count).find(|&i| {
+                        let info = cached.types.get(i).and_then(|t| info_class(t));
+                        let logged = tme.get_column_type(i).ok().flatten().and_then(binlog_class);
+                        cached.types.len() < count
+                            || matches!((info, logged), (Some(a), Some(b)) if a != b)
+                    });
+                    if let Some(at) = mismatch {
                         return Err(ConnectorError::definite(format!(
-                            "outbox `{}.{}` has {} columns in the binlog but {} in \
-                             information_schema (a column was dropped since?): set \
-                             binlog_row_metadata = FULL so the binlog names its columns, then \
-                             restart outboxd",
+                            "outbox `{}.{}`: the binlog's table map ({} columns) does not match \
+                             information_schema ({} columns, column {} differs): the table was \
+                             altered after these rows were written, and without column names \
+                             in the binlog outboxd cannot tell which value is which. Set \
+                             binlog_row_metadata = FULL (the binlog then names its columns) and \
+                             run `outboxd recover --config <file>`",
                             self.outbox_db,
                             self.outbox_table,
                             count,
-                            cached.names.len()
+                            cached.names.len(),
+                            at + 1
                         )));
                     }
                     cached.shape = Some(shape.clone());
@@ -564,6 +585,67 @@ impl Decoder {
             self.file, self.offset
         ))
     }
+}
+
+/// The class of a binlog column type, comparable with [`info_class`].
+fn binlog_class(t: ColumnType) -> Option<&'static str> {
+    use ColumnType::*;
+    Some(match t {
+        MYSQL_TYPE_TINY => "tinyint",
+        MYSQL_TYPE_SHORT => "smallint",
+        MYSQL_TYPE_INT24 => "mediumint",
+        MYSQL_TYPE_LONG => "int",
+        MYSQL_TYPE_LONGLONG => "bigint",
+        MYSQL_TYPE_VARCHAR | MYSQL_TYPE_VAR_STRING => "varchar",
+        MYSQL_TYPE_STRING => "char",
+        MYSQL_TYPE_BLOB | MYSQL_TYPE_TINY_BLOB | MYSQL_TYPE_MEDIUM_BLOB | MYSQL_TYPE_LONG_BLOB => {
+            "blob"
+        }
+        MYSQL_TYPE_JSON => "json",
+        MYSQL_TYPE_TIMESTAMP | MYSQL_TYPE_TIMESTAMP2 => "timestamp",
+        MYSQL_TYPE_DATETIME | MYSQL_TYPE_DATETIME2 => "datetime",
+        MYSQL_TYPE_DATE | MYSQL_TYPE_NEWDATE => "date",
+        MYSQL_TYPE_TIME | MYSQL_TYPE_TIME2 => "time",
+        MYSQL_TYPE_DECIMAL | MYSQL_TYPE_NEWDECIMAL => "decimal",
+        MYSQL_TYPE_FLOAT => "float",
+        MYSQL_TYPE_DOUBLE => "double",
+        MYSQL_TYPE_YEAR => "year",
+        MYSQL_TYPE_BIT => "bit",
+        MYSQL_TYPE_ENUM => "enum",
+        MYSQL_TYPE_SET => "set",
+        MYSQL_TYPE_GEOMETRY => "geometry",
+        _ => return None,
+    })
+}
+
+/// The class of an `information_schema.COLUMNS.DATA_TYPE`; `None` when unknown.
+fn info_class(data_type: &str) -> Option<&'static str> {
+    Some(match data_type.to_ascii_lowercase().as_str() {
+        "tinyint" => "tinyint",
+        "smallint" => "smallint",
+        "mediumint" => "mediumint",
+        "int" | "integer" => "int",
+        "bigint" => "bigint",
+        "varchar" | "varbinary" => "varchar",
+        "char" | "binary" => "char",
+        "tinytext" | "text" | "mediumtext" | "longtext" | "tinyblob" | "blob" | "mediumblob"
+        | "longblob" => "blob",
+        "json" => "json",
+        "timestamp" => "timestamp",
+        "datetime" => "datetime",
+        "date" => "date",
+        "time" => "time",
+        "decimal" | "numeric" => "decimal",
+        "float" => "float",
+        "double" | "real" => "double",
+        "year" => "year",
+        "bit" => "bit",
+        "enum" => "enum",
+        "set" => "set",
+        "geometry" | "point" | "linestring" | "polygon" | "multipoint" | "multilinestring"
+        | "multipolygon" | "geometrycollection" => "geometry",
+        _ => return None,
+    })
 }
 
 /// The 6-byte table id that starts table map and rows events (binlog v4).
@@ -1023,10 +1105,37 @@ mod tests {
         "kafka_offset",
     ];
 
-    fn names(with_tenant: bool) -> Vec<String> {
-        let mut names: Vec<String> = COLUMNS.iter().map(|c| (*c).to_owned()).collect();
+    /// `DATA_TYPE`s of [`COLUMNS`] on MariaDB.
+    const TYPES: &[&str] = &[
+        "bigint",
+        "varchar",
+        "varchar",
+        "varchar",
+        "varchar",
+        "longtext",
+        "longtext",
+        "varchar",
+        "int",
+        "int",
+        "timestamp",
+        "timestamp",
+        "char",
+        "text",
+        "timestamp",
+        "timestamp",
+        "timestamp",
+        "int",
+        "bigint",
+    ];
+
+    fn names(with_tenant: bool) -> Vec<(String, String)> {
+        let mut names: Vec<(String, String)> = COLUMNS
+            .iter()
+            .zip(TYPES)
+            .map(|(c, t)| ((*c).to_owned(), (*t).to_owned()))
+            .collect();
         if with_tenant {
-            names.insert(1, "tenant".to_owned());
+            names.insert(1, ("tenant".to_owned(), "varchar".to_owned()));
         }
         names
     }
@@ -1068,7 +1177,7 @@ mod tests {
     /// Feeds every event, answering column look-ups with `lookup(n)` for the n-th one.
     fn run(
         decoder: &mut Decoder,
-        lookup: impl Fn(usize) -> Vec<String>,
+        lookup: impl Fn(usize) -> Vec<(String, String)>,
     ) -> Result<Vec<Decoded>, ConnectorError> {
         let mut out = Vec::new();
         let mut lookups = 0;
@@ -1190,6 +1299,29 @@ mod tests {
         assert!(transactions(&out).is_empty(), "{out:?}");
         assert_eq!(decoder.position().offset, 35353);
         assert_eq!(decoder.position().gtid_set, None);
+    }
+
+    #[test]
+    fn a_column_appended_later_keeps_the_names_of_the_rows_before_it() {
+        // information_schema already has a column the first rows did not.
+        let mut decoder = Decoder::new("outboxd", "fixture_outbox", "biz_key", &start(), None);
+        let mut appended = names(false);
+        appended.push(("tenant".to_owned(), "varchar".to_owned()));
+        for event in fixture() {
+            let decoded = match decoder.handle(&event).unwrap() {
+                Decoded::NeedColumns => {
+                    decoder.provide_columns(appended.clone());
+                    decoder.handle(&event).unwrap()
+                }
+                other => other,
+            };
+            if let Decoded::Transaction(txn) = decoded {
+                assert_eq!(txn.events[0].message_id, "m-order-1");
+                assert_eq!(txn.events[1].topic.as_deref(), Some("orders.special"));
+                return;
+            }
+        }
+        panic!("no transaction");
     }
 
     #[test]

@@ -283,20 +283,22 @@ fn stream_error(e: &mysql_async::Error, at: &BinlogPosition, pipeline: &str) -> 
     classify(e, &format!("reading the binlog of pipeline `{pipeline}`"))
 }
 
-/// The outbox's column names in ordinal order.
+/// The outbox's `(COLUMN_NAME, DATA_TYPE)` in ordinal order.
 async fn load_columns(
     conn: &mut Conn,
     db: &str,
     table: &str,
-) -> Result<Vec<String>, ConnectorError> {
+) -> Result<Vec<(String, String)>, ConnectorError> {
     let sql = format!(
-        "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = {} AND \
-         TABLE_NAME = {} ORDER BY ORDINAL_POSITION",
+        "SELECT COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = {} \
+         AND TABLE_NAME = {} ORDER BY ORDINAL_POSITION",
         sql_string(db),
         sql_string(table)
     );
     let rows = query(conn, &sql, &format!("reading the columns of {db}.{table}")).await?;
-    rows.iter().map(|r| text_or_empty(r, 0)).collect()
+    rows.iter()
+        .map(|r| Ok((text_or_empty(r, 0)?, text_or_empty(r, 1)?)))
+        .collect()
 }
 
 /// What ends the task without an error to report.
