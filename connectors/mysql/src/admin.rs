@@ -194,6 +194,14 @@ pub(crate) async fn init(
 /// whatever the row said (the caller then publishes every INIT row).
 pub(crate) async fn reset_log_position(c: &MysqlConnector) -> Result<String, ConnectorError> {
     let mut conn = c.sql_conn().await?;
+    if let Some(id) = lock_holder(&mut conn, c).await? {
+        return Err(ConnectorError::definite(format!(
+            "pipeline `{}` is running (connection id {id} holds {}): stop that outboxd before \
+             `recover`",
+            c.pipeline(),
+            c.lock_name()
+        )));
+    }
     let server = server::info(&mut conn).await?;
     let position = Position::Binlog(server::current_position(&mut conn, &server).await?);
     let table = qualified(&c.layout().checkpoint_table);

@@ -133,6 +133,10 @@ async fn a_second_stream_waits_for_the_lock() {
     f.connector.init().await.expect("init");
     let first = f.connector.open_stream().await.expect("first stream");
     let err = f.connector.open_stream().await.expect_err("second stream");
+    let recover = outboxd_connector::Connector::reset_log_position(&f.connector)
+        .await
+        .expect_err("recover while the pipeline runs");
+    assert!(recover.message().contains("stop that outboxd"), "{recover}");
     assert!(err.is_transient(), "{err}");
     assert!(
         err.message()
