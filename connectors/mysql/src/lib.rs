@@ -7,7 +7,12 @@
 //!   checkpoint row as the resume position.
 //! - [`store`]: the [`outboxd_connector::OutboxStore`]: status write-back and checkpoint in
 //!   one transaction, one round trip.
-//! - `admin`: `init` (tables, starting checkpoint) and `check`.
+//! - `ops`: claims (`FOR UPDATE SKIP LOCKED`), claimed write-back, reaper, retry schedule,
+//!   blocked keys, and the operator's actions ([`outboxd_connector::OutboxAdmin`]).
+//! - `gtid`: MySQL GTID sets and MariaDB GTID positions, parsed, merged and rendered.
+//! - `server`: binlog status, files, and whether a checkpoint can still be resumed from.
+//! - `admin`: `init` (tables, starting checkpoint; poll mode: its index) and `check`.
+//! - `schema`: `schemas/mysql/*.sql` rendered for the configured names; quoting.
 
 mod admin;
 mod config;
