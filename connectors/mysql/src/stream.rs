@@ -1,7 +1,7 @@
 //! The MySQL/MariaDB [`ChangeStream`]: the binlog read as a replica, decoded with
-//! [`crate::decoder`], filtered to committed inserts into the outbox table.
+//! `crate::decoder`, filtered to committed inserts into the outbox table.
 //!
-//! [`MysqlChangeStream::open`] takes the pipeline's lock (`GET_LOCK('outboxd:<pipeline>')`
+//! `MysqlChangeStream::open` takes the pipeline's lock (`GET_LOCK('outboxd:<pipeline>')`
 //! on a connection held for the life of the stream), reads the checkpoint row, checks that
 //! the server still has its binlog, and asks for the binlog from there. A spawned task owns
 //! both connections and feeds a bounded channel, so [`ChangeStream::next`] is cancel-safe;
