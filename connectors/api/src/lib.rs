@@ -18,6 +18,7 @@ mod claim;
 mod connector;
 mod error;
 mod event;
+mod headers;
 mod position;
 mod store;
 mod stream;
@@ -31,6 +32,7 @@ pub use claim::{
 pub use connector::{Connector, ReadMode};
 pub use error::{ConnectorError, ErrorKind};
 pub use event::{OutboxEvent, OutboxLayout};
+pub use headers::headers_from_json;
 pub use position::{BinlogPosition, Lsn, ParsePositionError, Position};
 pub use store::{Delivered, DeliveryFailure, OutboxStore, WriteBack};
 pub use stream::{ChangeItem, ChangeStream, CommittedTransaction};

@@ -29,7 +29,7 @@ use mysql_async::binlog::{BinlogChecksumAlg, EventType};
 use mysql_async::consts::ColumnType;
 use mysql_async::Value;
 use outboxd_connector::{
-    BinlogPosition, CommittedTransaction, ConnectorError, OutboxEvent, Position,
+    headers_from_json, BinlogPosition, CommittedTransaction, ConnectorError, OutboxEvent, Position,
 };
 
 use crate::gtid::{uuid_text, Gtid, GtidState, MariaDbGtidPos};
@@ -966,7 +966,7 @@ fn to_event(row: &RowView<'_>, c: &OutboxColumns) -> Result<Option<OutboxEvent>,
         .transpose()?
         .flatten()
     {
-        Some(json) => parse_headers(&json).unwrap_or_else(|| {
+        Some(json) => headers_from_json(&json).unwrap_or_else(|| {
             tracing::warn!(
                 table = row.table,
                 "outbox `headers` is not a JSON object; publishing without headers"
@@ -1030,49 +1030,6 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
         y,
         u32::try_from(m).unwrap_or(1),
         u32::try_from(d).unwrap_or(1),
-    )
-}
-
-/// A JSON object as record headers, in the object's order: strings as their text, other
-/// values as JSON text. `None` when it is not an object.
-pub(crate) fn parse_headers(json: &str) -> Option<Vec<(String, Bytes)>> {
-    struct Ordered(Vec<(String, serde_json::Value)>);
-
-    impl<'de> serde::Deserialize<'de> for Ordered {
-        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-            struct Visitor;
-            impl<'de> serde::de::Visitor<'de> for Visitor {
-                type Value = Ordered;
-                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                    f.write_str("a JSON object")
-                }
-                fn visit_map<A: serde::de::MapAccess<'de>>(
-                    self,
-                    mut map: A,
-                ) -> Result<Ordered, A::Error> {
-                    let mut entries = Vec::new();
-                    while let Some(entry) = map.next_entry()? {
-                        entries.push(entry);
-                    }
-                    Ok(Ordered(entries))
-                }
-            }
-            d.deserialize_map(Visitor)
-        }
-    }
-
-    let Ordered(entries) = serde_json::from_str(json).ok()?;
-    Some(
-        entries
-            .into_iter()
-            .map(|(name, value)| {
-                let bytes = match value {
-                    serde_json::Value::String(s) => Bytes::from(s),
-                    other => Bytes::from(other.to_string()),
-                };
-                (name, bytes)
-            })
-            .collect(),
     )
 }
 
@@ -1437,14 +1394,6 @@ mod tests {
         );
         assert_eq!(iso8601_utc(951_782_400, 0), "2000-02-29T00:00:00+00:00");
         assert_eq!(iso8601_utc(-1, 0), "1969-12-31T23:59:59+00:00");
-    }
-
-    #[test]
-    fn headers_keep_order() {
-        let h = parse_headers(r#"{"z": "1", "a": 2}"#).unwrap();
-        assert_eq!(h[0], ("z".to_owned(), Bytes::from_static(b"1")));
-        assert_eq!(h[1], ("a".to_owned(), Bytes::from_static(b"2")));
-        assert!(parse_headers("[1]").is_none());
     }
 
     #[test]

@@ -20,13 +20,13 @@ use bytes::Bytes;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
 use outboxd_connector::{
-    ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack, ConnectorError,
-    JanitorAction, OutboxAdmin, OutboxEvent, Position, ReapPolicy, ReapReport, RetrySchedule,
-    RetrySelector, StatusCount, StatusSummary,
+    headers_from_json, ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack,
+    ConnectorError, JanitorAction, OutboxAdmin, OutboxEvent, Position, ReapPolicy, ReapReport,
+    RetrySchedule, RetrySelector, StatusCount, StatusSummary,
 };
 
 use crate::connect::{classify, int, query, text, text_or_empty};
-use crate::decoder::{iso8601_utc, parse_headers};
+use crate::decoder::iso8601_utc;
 use crate::schema::{qualified, quote_ident, sql_string};
 use crate::server;
 use crate::store::{delay_ms, truncate, MysqlOutboxStore};
@@ -72,7 +72,7 @@ fn event_from_row(row: &Row, table: &str) -> Result<OutboxEvent, ConnectorError>
         })
     };
     let headers = match text(row, 7)? {
-        Some(json) => parse_headers(&json).unwrap_or_default(),
+        Some(json) => headers_from_json(&json).unwrap_or_default(),
         None => Vec::new(),
     };
     Ok(OutboxEvent {

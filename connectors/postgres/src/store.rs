@@ -27,7 +27,7 @@ use tokio_postgres::{Client, Row, Statement};
 
 use crate::connect::classify_pg_error;
 use crate::schema::{qualified, quote_ident};
-use crate::stream::{headers_from_json, iso8601};
+use crate::stream::{iso8601, row_headers};
 use crate::PostgresConnector;
 
 /// `last_error` is cut to this many characters: a broker error is short, a stack of
@@ -740,7 +740,7 @@ pub(crate) fn event_from_row(
         key: bytes(4, shape.key_bytea)?,
         topic: get(row, 5)?,
         payload: bytes(6, shape.payload_bytea)?,
-        headers: headers_from_json(headers.as_deref(), table),
+        headers: row_headers(headers.as_deref(), table),
         created_at: iso8601(&created_at),
         retry_count: get(row, 9)?,
         max_retry_count: get(row, 10)?,

@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use outboxd_connector::{
-    ChangeItem, ChangeStream, CommittedTransaction, ConnectorError, Lsn, OutboxEvent, Position,
+    headers_from_json, ChangeItem, ChangeStream, CommittedTransaction, ConnectorError, Lsn,
+    OutboxEvent, Position,
 };
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -675,7 +676,7 @@ fn to_event(
         return Ok(None);
     }
     let headers = c.headers.map(|i| text(i, "headers")).transpose()?.flatten();
-    let headers = headers_from_json(headers.as_deref(), table);
+    let headers = row_headers(headers.as_deref(), table);
     Ok(Some(OutboxEvent {
         id: number(c.id, "id")?,
         message_id: not_null(c.message_id, "message_id")?,
@@ -695,9 +696,9 @@ fn to_event(
 /// The row's `headers` column (JSON text) as record headers; a value that is not a JSON
 /// object is logged and ignored. Shared with the store's claims, so a claimed row is
 /// published with the headers the stream would give it.
-pub(crate) fn headers_from_json(json: Option<&str>, table: &str) -> Vec<(String, Bytes)> {
+pub(crate) fn row_headers(json: Option<&str>, table: &str) -> Vec<(String, Bytes)> {
     match json {
-        Some(json) => parse_headers(json).unwrap_or_else(|| {
+        Some(json) => headers_from_json(json).unwrap_or_else(|| {
             tracing::warn!(
                 table,
                 "outbox `headers` is not a JSON object; publishing without headers"
@@ -731,49 +732,6 @@ fn decode_bytea_hex(text: &[u8]) -> Option<Bytes> {
         .map(|pair| Some(digit(pair[0])? << 4 | digit(pair[1])?))
         .collect::<Option<Vec<u8>>>()
         .map(Bytes::from)
-}
-
-/// A JSON object as record headers, in the object's order: strings as their text, other
-/// values as JSON text. `None` when it is not an object.
-fn parse_headers(json: &str) -> Option<Vec<(String, Bytes)>> {
-    struct Ordered(Vec<(String, serde_json::Value)>);
-
-    impl<'de> serde::Deserialize<'de> for Ordered {
-        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-            struct Visitor;
-            impl<'de> serde::de::Visitor<'de> for Visitor {
-                type Value = Ordered;
-                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                    f.write_str("a JSON object")
-                }
-                fn visit_map<A: serde::de::MapAccess<'de>>(
-                    self,
-                    mut map: A,
-                ) -> Result<Ordered, A::Error> {
-                    let mut entries = Vec::new();
-                    while let Some(entry) = map.next_entry()? {
-                        entries.push(entry);
-                    }
-                    Ok(Ordered(entries))
-                }
-            }
-            d.deserialize_map(Visitor)
-        }
-    }
-
-    let Ordered(entries) = serde_json::from_str(json).ok()?;
-    Some(
-        entries
-            .into_iter()
-            .map(|(name, value)| {
-                let bytes = match value {
-                    serde_json::Value::String(s) => Bytes::from(s),
-                    other => Bytes::from(other.to_string()),
-                };
-                (name, bytes)
-            })
-            .collect(),
-    )
 }
 
 #[cfg(test)]
@@ -844,26 +802,6 @@ mod tests {
         assert!(!err.is_transient());
         assert!(err.message().contains("`no_such_column`"), "{err}");
         assert!(err.message().contains("`public.fixture_outbox`"), "{err}");
-    }
-
-    #[test]
-    fn headers_keep_order_and_render_non_strings_as_json() {
-        let h = parse_headers(r#"{"z": "1", "a": 2, "m": {"x": null}, "n": null}"#).unwrap();
-        let h: Vec<_> = h
-            .iter()
-            .map(|(k, v)| (k.as_str(), std::str::from_utf8(v).unwrap()))
-            .collect();
-        assert_eq!(
-            h,
-            [
-                ("z", "1"),
-                ("a", "2"),
-                ("m", r#"{"x":null}"#),
-                ("n", "null")
-            ]
-        );
-        assert!(parse_headers("[1]").is_none());
-        assert!(parse_headers("{").is_none());
     }
 
     #[test]
