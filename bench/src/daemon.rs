@@ -270,10 +270,11 @@ pub(crate) async fn http_get(port: u16, path: &str) -> anyhow::Result<(u16, Stri
     Ok((status, body))
 }
 
-/// CPU seconds spent so far by PostgreSQL (every server process, plus the children the
-/// postmaster has reaped, such as the walsender of a finished pg_recvlogical), by the Kafka
-/// broker, and by this process's waited-for children (pg_recvlogical, the Java tools,
-/// outboxd daemons that exited). Differences of two snapshots give a phase's CPU budget.
+/// CPU seconds spent so far by PostgreSQL (every process of the cluster in
+/// `$OUTBOXD_TEST_PG_DATA`, plus the children its postmaster has reaped, such as the
+/// walsender of a finished pg_recvlogical), by the Kafka broker, and by this process's
+/// waited-for children (pg_recvlogical, the Java tools, outboxd daemons that exited).
+/// Differences of two snapshots give a phase's CPU budget.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct CpuSnapshot {
     pub(crate) postgres: f64,
@@ -298,13 +299,25 @@ impl CpuSnapshot {
                 }
             }
         }
-        for (_, stat) in &stats {
-            if stat.comm == "postgres" {
+        // Our cluster's postmaster (other clusters on the machine, e.g. a CI run's, are not
+        // ours to count); without its pid file, every PostgreSQL on the machine.
+        let postmaster: Option<u32> = std::env::var("OUTBOXD_TEST_PG_DATA")
+            .ok()
+            .and_then(|dir| std::fs::read_to_string(format!("{dir}/postmaster.pid")).ok())
+            .and_then(|text| text.lines().next()?.trim().parse().ok());
+        for (pid, stat) in &stats {
+            if stat.comm != "postgres" {
+                continue;
+            }
+            let is_postmaster = match postmaster {
+                Some(pm) => *pid == pm,
+                None => comms.get(&stat.ppid).is_none_or(|c| c != "postgres"),
+            };
+            if postmaster.is_none_or(|pm| is_postmaster || stat.ppid == pm) {
                 postgres += stat.own;
-                let parent_is_postgres = comms.get(&stat.ppid).is_some_and(|c| c == "postgres");
-                if !parent_is_postgres {
-                    postgres += stat.children;
-                }
+            }
+            if is_postmaster {
+                postgres += stat.children;
             }
         }
         let services = std::env::var("OUTBOXD_SERVICES_DIR")
