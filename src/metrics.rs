@@ -310,11 +310,17 @@ pub fn render(stats: &PipelineStats, inputs: &ScrapeInputs<'_>) -> String {
 
     let confirmed = stats.confirmed.lock().ok().and_then(|c| c.clone());
     if let Some(position) = confirmed {
-        gauge(
+        // Written as an integer: an LSN above 2^53 would lose digits as a float.
+        header(
             &mut out,
             "outboxd_checkpoint_position",
+            "gauge",
             "The last log position confirmed to the source, as a number (PostgreSQL: the LSN).",
-            position_number(&position) as f64,
+        );
+        let _ = writeln!(
+            out,
+            "outboxd_checkpoint_position {}",
+            position_number(&position)
         );
     }
     if let Some(at) = m.confirmed_at.lock().ok().and_then(|at| *at) {
