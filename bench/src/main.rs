@@ -668,14 +668,30 @@ impl Bench {
         }
         for p in self.pipelines.iter().filter(|p| p.source != Source::Mysql) {
             let slot = format!("outboxd_{}", p.name);
-            let _ = self
-                .sql
-                .execute(
-                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
-                     WHERE slot_name = $1 AND NOT active",
-                    &[&slot],
-                )
-                .await;
+            // A stopped outboxd's walsender may hold the slot a moment longer; a slot left
+            // behind would hold WAL forever.
+            for _ in 0..50 {
+                let _ = self
+                    .sql
+                    .execute(
+                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                         WHERE slot_name = $1 AND NOT active",
+                        &[&slot],
+                    )
+                    .await;
+                let left = self
+                    .sql
+                    .query_one(
+                        "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1",
+                        &[&slot],
+                    )
+                    .await
+                    .map_or(0, |r| r.get::<_, i64>(0));
+                if left == 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
             let _ = self
                 .sql
                 .batch_execute(&format!(
