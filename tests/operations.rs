@@ -220,3 +220,63 @@ async fn readiness_follows_the_source_and_the_endpoint_address_is_exclusive() {
     assert!(daemon.terminate().success(), "{}", daemon.log_text());
     p.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_exits_at_once_and_the_rows_wait_for_the_next_run() {
+    let port = free_port();
+    let p = TestPipeline::new("opssignal", 1, &metrics_section(port)).await;
+    p.init();
+    // Kafka unreachable: the records stay in flight, so the drain would wait for its deadline.
+    let good = std::fs::read_to_string(&p.config_path).expect("config");
+    let kafka = format!("bootstrap_servers = \"{}\"", p.services.kafka);
+    let unreachable = format!("bootstrap_servers = \"127.0.0.1:{}\"", free_port());
+    std::fs::write(&p.config_path, good.replacen(&kafka, &unreachable, 1)).expect("config");
+    let mut daemon = p.spawn_run("stuck.log");
+    wait_for("streaming", Duration::from_secs(30), || async {
+        let (_, metrics) = http_get(port, "/metrics").await?;
+        (metric_value(&metrics, "outboxd_source_streaming", "") == Some(1.0)).then_some(())
+    })
+    .await;
+    let client = p.sql().await;
+    for seq in 1..=5 {
+        p.insert_event(&client, "key-1", seq, "sig").await;
+    }
+    wait_for("5 events in flight", Duration::from_secs(30), || async {
+        let (_, metrics) = http_get(port, "/metrics").await?;
+        (metric_value(&metrics, "outboxd_events_in_flight", "") == Some(5.0)).then_some(())
+    })
+    .await;
+
+    daemon.send_signal("TERM");
+    wait_for("draining", Duration::from_secs(10), || async {
+        daemon
+            .log_text()
+            .contains("shutting down: draining")
+            .then_some(())
+    })
+    .await;
+    let second = std::time::Instant::now();
+    daemon.send_signal("TERM");
+    let status = daemon
+        .wait_exit(Duration::from_secs(5))
+        .expect("the second signal ends outboxd at once");
+    assert!(
+        second.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        second.elapsed()
+    );
+    assert_eq!(status.code(), Some(130), "{}", daemon.log_text());
+    assert_eq!(p.status_counts().await.get("INIT"), Some(&5));
+
+    // Nothing was confirmed: the next run sends all five.
+    std::fs::write(&p.config_path, &good).expect("config");
+    let mut daemon = p.spawn_run("run.log");
+    wait_for("all SUCCESS", Duration::from_secs(60), || async {
+        (p.status_counts().await.get("SUCCESS") == Some(&5)).then_some(())
+    })
+    .await;
+    let records = consume_all(&p.services.kafka, &p.topic, 1, 5, Duration::from_secs(30));
+    assert_eq!(records.len(), 5);
+    assert!(daemon.terminate().success(), "{}", daemon.log_text());
+    p.cleanup().await;
+}

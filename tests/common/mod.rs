@@ -551,3 +551,31 @@ pub fn metric_value(exposition: &str, name: &str, labels: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(&series))
         .and_then(|v| v.trim().parse().ok())
 }
+
+/// Signals without waiting, for tests of the shutdown sequence.
+impl Daemon {
+    /// Sends `signal` (e.g. `"TERM"`) and returns at once.
+    pub fn send_signal(&self, signal: &str) {
+        let child = self.child.as_ref().expect("daemon already stopped");
+        Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(child.id().to_string())
+            .status()
+            .expect("kill");
+    }
+
+    /// Waits up to `timeout` for the process to exit.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(child) = &mut self.child {
+                if let Ok(Some(status)) = child.try_wait() {
+                    self.child = None;
+                    return Some(status);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
