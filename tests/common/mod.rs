@@ -7,7 +7,7 @@
 pub mod mysql;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -145,49 +145,17 @@ message_timeout = "10s"
     }
 
     pub async fn create_topic(&self, topic: &str, partitions: i32) {
-        self.create_topic_with(topic, partitions, &[]).await;
-    }
-
-    fn admin(&self) -> AdminClient<DefaultClientContext> {
-        ClientConfig::new()
-            .set("bootstrap.servers", &self.services.kafka)
-            .create()
-            .expect("admin client")
+        create_topic_with(&self.services.kafka, topic, partitions, &[]).await;
     }
 
     /// Creates a topic with topic-level configs such as `max.message.bytes`.
     pub async fn create_topic_with(&self, topic: &str, partitions: i32, configs: &[(&str, &str)]) {
-        let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
-        for (key, value) in configs {
-            new = new.set(key, value);
-        }
-        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
-        let results = self
-            .admin()
-            .create_topics([&new], &options)
-            .await
-            .expect("create topic");
-        for result in results {
-            if let Err((topic, code)) = result {
-                panic!("creating topic {topic}: {code:?}");
-            }
-        }
+        create_topic_with(&self.services.kafka, topic, partitions, configs).await;
     }
 
     /// Changes one topic-level config.
     pub async fn alter_topic(&self, topic: &str, key: &str, value: &str) {
-        let change = AlterConfig::new(ResourceSpecifier::Topic(topic)).set(key, value);
-        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
-        let results = self
-            .admin()
-            .alter_configs([&change], &options)
-            .await
-            .expect("alter topic");
-        for result in results {
-            if let Err((resource, code)) = result {
-                panic!("altering {resource:?}: {code:?}");
-            }
-        }
+        alter_topic(&self.services.kafka, topic, key, value).await;
     }
 
     pub async fn sql(&self) -> tokio_postgres::Client {
@@ -201,41 +169,20 @@ message_timeout = "10s"
 
     /// Runs an outboxd subcommand to completion.
     pub fn outboxd(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_outboxd"))
-            .args(args)
-            .arg("--config")
-            .arg(&self.config_path)
-            .env("OUTBOXD_LOG", "info")
-            .output()
-            .expect("run outboxd")
+        run_outboxd(&self.config_path, args)
     }
 
     pub fn init(&self) {
-        let out = self.outboxd(&["init"]);
-        assert!(
-            out.status.success(),
-            "outboxd init failed:\n{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        init_outboxd(&self.config_path);
     }
 
     /// Starts `outboxd run` in the background; its log goes to `<dir>/<log_name>`.
     pub fn spawn_run(&self, log_name: &str) -> Daemon {
-        let log = std::fs::File::create(self.dir.join(log_name)).expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_outboxd"))
-            .args(["run", "--config"])
-            .arg(&self.config_path)
-            .env("OUTBOXD_LOG", "info,outboxd=debug")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn outboxd run");
-        Daemon {
-            child: Some(child),
-            log: self.dir.join(log_name),
-        }
+        spawn_outboxd(
+            &self.config_path,
+            &self.dir.join(log_name),
+            "info,outboxd=debug",
+        )
     }
 
     /// Inserts one outbox row per (biz_key, seq) in the given client's current context.
@@ -333,6 +280,91 @@ message_timeout = "10s"
             .batch_execute(&format!("DROP TABLE IF EXISTS \"{}\"", self.table))
             .await;
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn kafka_admin(kafka: &str) -> AdminClient<DefaultClientContext> {
+    ClientConfig::new()
+        .set("bootstrap.servers", kafka)
+        .create()
+        .expect("admin client")
+}
+
+/// Creates a topic with topic-level configs such as `max.message.bytes`.
+pub async fn create_topic_with(
+    kafka: &str,
+    topic: &str,
+    partitions: i32,
+    configs: &[(&str, &str)],
+) {
+    let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    for (key, value) in configs {
+        new = new.set(key, value);
+    }
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let results = kafka_admin(kafka)
+        .create_topics([&new], &options)
+        .await
+        .expect("create topic");
+    for result in results {
+        if let Err((topic, code)) = result {
+            panic!("creating topic {topic}: {code:?}");
+        }
+    }
+}
+
+/// Changes one topic-level config.
+pub async fn alter_topic(kafka: &str, topic: &str, key: &str, value: &str) {
+    let change = AlterConfig::new(ResourceSpecifier::Topic(topic)).set(key, value);
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let results = kafka_admin(kafka)
+        .alter_configs([&change], &options)
+        .await
+        .expect("alter topic");
+    for result in results {
+        if let Err((resource, code)) = result {
+            panic!("altering {resource:?}: {code:?}");
+        }
+    }
+}
+
+/// Runs an outboxd subcommand on `config` to completion.
+pub fn run_outboxd(config: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_outboxd"))
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .env("OUTBOXD_LOG", "info")
+        .output()
+        .expect("run outboxd")
+}
+
+/// `outboxd init`, which must succeed.
+pub fn init_outboxd(config: &Path) {
+    let out = run_outboxd(config, &["init"]);
+    assert!(
+        out.status.success(),
+        "outboxd init failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Starts `outboxd run` on `config` in the background, logging to `log` with `filter`.
+pub fn spawn_outboxd(config: &Path, log: &Path, filter: &str) -> Daemon {
+    let file = std::fs::File::create(log).expect("log file");
+    let child = Command::new(env!("CARGO_BIN_EXE_outboxd"))
+        .args(["run", "--config"])
+        .arg(config)
+        .env("OUTBOXD_LOG", filter)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(file)
+        .spawn()
+        .expect("spawn outboxd run");
+    Daemon {
+        child: Some(child),
+        log: log.to_path_buf(),
     }
 }
 

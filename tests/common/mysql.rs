@@ -4,20 +4,16 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, OptsBuilder};
 use rand::Rng;
-use rdkafka::admin::{
-    AdminClient, AdminOptions, AlterConfig, NewTopic, ResourceSpecifier, TopicReplication,
-};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
 
-use super::{env_or, Daemon};
+use super::{
+    alter_topic, create_topic_with, env_or, init_outboxd, run_outboxd, spawn_outboxd, Daemon,
+};
 
 /// Tests that purge binlogs take this for writing; every other test holds it for reading,
 /// so no pipeline of a test running beside them loses the binlog it resumes from.
@@ -137,51 +133,17 @@ message_timeout = "10s"
     }
 
     pub async fn create_topic(&self, topic: &str, partitions: i32) {
-        self.create_topic_with(topic, partitions, &[]).await;
-    }
-
-    fn admin(&self) -> AdminClient<DefaultClientContext> {
-        ClientConfig::new()
-            .set("bootstrap.servers", &self.services.kafka)
-            .create()
-            .expect("admin client")
+        create_topic_with(&self.services.kafka, topic, partitions, &[]).await;
     }
 
     /// Changes one topic-level config.
     pub async fn alter_topic(&self, topic: &str, key: &str, value: &str) {
-        let change = AlterConfig::new(ResourceSpecifier::Topic(topic)).set(key, value);
-        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
-        let results = self
-            .admin()
-            .alter_configs([&change], &options)
-            .await
-            .expect("alter topic");
-        for result in results {
-            if let Err((resource, code)) = result {
-                panic!("altering {resource:?}: {code:?}");
-            }
-        }
+        alter_topic(&self.services.kafka, topic, key, value).await;
     }
 
     /// Creates a topic with topic-level configs such as `max.message.bytes`.
     pub async fn create_topic_with(&self, topic: &str, partitions: i32, configs: &[(&str, &str)]) {
-        let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
-        for (key, value) in configs {
-            new = new.set(key, value);
-        }
-        let results = self
-            .admin()
-            .create_topics(
-                [&new],
-                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-            )
-            .await
-            .expect("create topic");
-        for result in results {
-            if let Err((topic, code)) = result {
-                panic!("creating topic {topic}: {code:?}");
-            }
-        }
+        create_topic_with(&self.services.kafka, topic, partitions, configs).await;
     }
 
     /// A fresh SQL connection to the test database.
@@ -201,45 +163,19 @@ message_timeout = "10s"
 
     /// Runs an outboxd subcommand to completion.
     pub fn outboxd(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_outboxd"))
-            .args(args)
-            .arg("--config")
-            .arg(&self.config_path)
-            .env("OUTBOXD_LOG", "info")
-            .output()
-            .expect("run outboxd")
+        run_outboxd(&self.config_path, args)
     }
 
     pub fn init(&self) {
-        let out = self.outboxd(&["init"]);
-        assert!(
-            out.status.success(),
-            "outboxd init failed:\n{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        init_outboxd(&self.config_path);
     }
 
     /// Starts `outboxd run` in the background; its log goes to `<dir>/<log_name>`.
     pub fn spawn_run(&self, log_name: &str) -> Daemon {
-        let log = std::fs::File::create(self.dir.join(log_name)).expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_outboxd"))
-            .args(["run", "--config"])
-            .arg(&self.config_path)
-            .env("OUTBOXD_LOG", "info,outboxd=debug,outboxd_mysql=debug")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn outboxd run");
-        Daemon {
-            child: Some(child),
-            log: self.dir.join(log_name),
-        }
+        let filter = "info,outboxd=debug,outboxd_mysql=debug";
+        spawn_outboxd(&self.config_path, &self.dir.join(log_name), filter)
     }
 
-    /// The INSERT of one outbox row: message_id `<tag>-<key>-<seq>`, type
-    /// `order.step<seq>`, a JSON payload and a `seq` header.
     pub fn insert_sql(&self, key: &str, seq: u32, tag: &str) -> String {
         format!(
             "INSERT INTO `{}` (message_id, message_type, biz_key, payload, headers) VALUES \
