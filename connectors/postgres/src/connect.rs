@@ -1,3 +1,5 @@
+use std::sync::OnceLock;
+
 use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
 use outboxd_connector::{CheckReport, Connector, ConnectorError, OutboxLayout, ReadMode};
 use postgres_openssl::MakeTlsConnector;
@@ -197,12 +199,24 @@ impl Connector for PostgresConnector {
 }
 
 /// TLS without certificate verification: `sslmode` prefer/require only promise
-/// encryption, as in libpq.
+/// encryption, as in libpq. Built once per process: building one loads the system's CA
+/// bundle, which cost more than the rest of a connection.
+pub(crate) fn ssl_connector() -> Result<SslConnector, ConnectorError> {
+    static CONNECTOR: OnceLock<Result<SslConnector, String>> = OnceLock::new();
+    let built = CONNECTOR.get_or_init(|| {
+        let mut builder =
+            SslConnector::builder(SslMethod::tls_client()).map_err(|e| e.to_string())?;
+        builder.set_verify(SslVerifyMode::NONE);
+        Ok(builder.build())
+    });
+    built
+        .clone()
+        .map_err(|e| ConnectorError::definite(format!("cannot initialise OpenSSL: {e}")))
+}
+
+/// [`ssl_connector`] for tokio-postgres.
 pub(crate) fn tls_connector() -> Result<MakeTlsConnector, ConnectorError> {
-    let mut builder = SslConnector::builder(SslMethod::tls_client())
-        .map_err(|e| ConnectorError::definite("cannot initialise OpenSSL").with_source(e))?;
-    builder.set_verify(SslVerifyMode::NONE);
-    Ok(MakeTlsConnector::new(builder.build()))
+    Ok(MakeTlsConnector::new(ssl_connector()?))
 }
 
 /// Classifies a tokio-postgres error by SQLSTATE: connection-level trouble and

@@ -16,7 +16,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use fallible_iterator::FallibleIterator;
-use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
 use outboxd_connector::{ConnectorError, Lsn};
 use postgres_protocol::authentication::md5_hash;
 use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
@@ -532,9 +531,9 @@ async fn negotiate_tls(
         ConnectorError::definite(format!("{context}: cannot set up TLS")).with_source(e)
     };
     // As in connect.rs: sslmode prefer/require promise encryption, not verification.
-    let mut builder = SslConnector::builder(SslMethod::tls_client()).map_err(tls_err)?;
-    builder.set_verify(SslVerifyMode::NONE);
-    let mut configuration = builder.build().configure().map_err(tls_err)?;
+    let mut configuration = crate::connect::ssl_connector()?
+        .configure()
+        .map_err(tls_err)?;
     configuration.set_verify_hostname(false);
     configuration.set_use_server_name_indication(config.host.parse::<IpAddr>().is_err());
     let ssl = configuration.into_ssl(&config.host).map_err(tls_err)?;
