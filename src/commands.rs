@@ -16,7 +16,9 @@ use outboxd_postgres::PostgresConnector;
 use tokio::sync::{mpsc, watch, Notify};
 
 use crate::admin_cli::{self, AdminCommand, AdminContext, OutputFormat};
-use crate::config::{Config, Ordering as KeyOrdering, SourceConfig, SourceMode};
+use crate::config::{
+    Config, Ordering as KeyOrdering, SourceConfig, SourceMode, DEFAULT_IDLE_CHECK,
+};
 use crate::kafka::{DeliveryOutcome, Publisher};
 use crate::pipeline::{self, PipelineError, PipelineSettings, PipelineStats, RetryLink};
 use crate::retry::{next_retry_delay, ClaimWorker, WorkerSettings};
@@ -158,7 +160,12 @@ async fn run<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i32
                     retry: config.retry.clone(),
                     scope: ClaimScope::DueFailed,
                     batch_size: config.retry.batch_size,
-                    idle_check: config.retry.idle_check,
+                    // Unset: sleep until woken where the engine can notify, else poll.
+                    idle_check: config.retry.idle_check.or(if connector.notifies_retries() {
+                        None
+                    } else {
+                        Some(DEFAULT_IDLE_CHECK)
+                    }),
                     strict_order: strict,
                 };
                 let mut link = RetryLink {
@@ -175,6 +182,8 @@ async fn run<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i32
                         .await,
                     )
                 };
+                let notified = Arc::clone(&wake);
+                let notifications = watch_retries(connector, &notified, shutdown.clone());
                 let retries = async {
                     stop_on_error(
                         run_worker(
@@ -189,7 +198,7 @@ async fn run<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i32
                         .await,
                     )
                 };
-                let (log, retries) = tokio::join!(log, retries);
+                let (log, retries, ()) = tokio::join!(log, retries, notifications);
                 log.and(retries)
             }
             SourceMode::Poll => {
@@ -198,7 +207,7 @@ async fn run<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i32
                     retry: config.retry.clone(),
                     scope: ClaimScope::NewAndDueFailed,
                     batch_size: config.poll.batch_size,
-                    idle_check: config.poll.interval,
+                    idle_check: Some(config.poll.interval),
                     strict_order: strict,
                 };
                 run_worker(
@@ -226,6 +235,29 @@ async fn run<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i32
         "stopped cleanly"
     );
     Ok(0)
+}
+
+/// Wakes the retry worker on the engine's operator notifications, reconnecting the
+/// listener after failures, until shutdown. Engines without notifications wait for
+/// shutdown.
+async fn watch_retries<C: Connector>(
+    connector: &C,
+    wake: &Arc<Notify>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let on_notify = || wake.notify_one();
+    loop {
+        tokio::select! {
+            _ = shutdown.wait_for(|stop| *stop) => return,
+            e = connector.watch_retries(&on_notify) => {
+                tracing::debug!(error = %e, "retry notifications interrupted; listening again in 1 s");
+            }
+        }
+        tokio::select! {
+            _ = shutdown.wait_for(|stop| *stop) => return,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
 }
 
 /// Runs the claim worker with its own store connection, reopening it after transient

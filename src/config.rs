@@ -243,11 +243,17 @@ pub struct RetryConfig {
     /// returns it to FAILED (or MANUAL_REQUIRED at the limit).
     #[serde(with = "humantime_serde")]
     pub claim_timeout: Duration,
-    /// With no FAILED row known, the retry worker still looks this often, for rows made
-    /// due by `outboxd retry` or by another process.
+    /// With no FAILED row known, the retry worker still looks this often. Unset (the
+    /// default): on PostgreSQL it sleeps until woken (a failure in the log pipeline, or
+    /// the NOTIFY of `outboxd retry`/`resolve`), so an idle outbox sees no query; on
+    /// engines without notifications it looks every 60 s.
     #[serde(with = "humantime_serde")]
-    pub idle_check: Duration,
+    pub idle_check: Option<Duration>,
 }
+
+/// How often the retry worker looks when nothing wakes it and `retry.idle_check` is unset,
+/// on engines that cannot notify it.
+pub const DEFAULT_IDLE_CHECK: Duration = Duration::from_secs(60);
 
 impl Default for RetryConfig {
     fn default() -> Self {
@@ -257,7 +263,7 @@ impl Default for RetryConfig {
             jitter: Duration::from_millis(500),
             batch_size: 100,
             claim_timeout: Duration::from_secs(60),
-            idle_check: Duration::from_secs(60),
+            idle_check: None,
         }
     }
 }
@@ -395,7 +401,10 @@ impl Config {
         }
         for (key, d) in [
             ("retry.claim_timeout", self.retry.claim_timeout),
-            ("retry.idle_check", self.retry.idle_check),
+            (
+                "retry.idle_check",
+                self.retry.idle_check.unwrap_or(DEFAULT_IDLE_CHECK),
+            ),
             ("poll.interval", self.poll.interval),
         ] {
             if d.is_zero() {

@@ -40,8 +40,9 @@ pub struct WorkerSettings {
     pub scope: ClaimScope,
     /// Rows per claim.
     pub batch_size: usize,
-    /// Longest sleep when the table announces no work (poll interval in poll mode).
-    pub idle_check: Duration,
+    /// Longest sleep when the table announces no work (poll interval in poll mode);
+    /// `None`: until woken.
+    pub idle_check: Option<Duration>,
     /// Strict per-key order.
     pub strict_order: bool,
 }
@@ -52,8 +53,9 @@ pub struct WorkerSettings {
 /// Each round claims rows in one short transaction (PROCESSING, fresh claim token),
 /// publishes them outside any transaction, and writes back only where the token still
 /// matches. It sleeps until the earliest `next_retry_time` or claim expiry the table
-/// announces, or until the log pipeline wakes it, and at most `idle_check`; with no
-/// failed row in the table it issues no query until then.
+/// announces, or until woken (by the log pipeline on a failure, or by an operator's
+/// notification), and at most `idle_check` when set; with no failed row in the table it
+/// issues no query until then.
 pub struct ClaimWorker<'a, O> {
     store: &'a O,
     publisher: &'a Publisher,
@@ -240,12 +242,13 @@ impl<'a, O: OutboxStore> ClaimWorker<'a, O> {
 fn next_look(
     schedule: &RetrySchedule,
     claim_timeout: Duration,
-    idle_check: Duration,
+    idle_check: Option<Duration>,
     now: SystemTime,
 ) -> Instant {
     const FLOOR: Duration = Duration::from_millis(20);
     let until = |t: SystemTime| t.duration_since(now).unwrap_or(Duration::ZERO);
-    let mut wait = idle_check;
+    // A year stands for "until woken".
+    let mut wait = idle_check.unwrap_or(Duration::from_secs(365 * 86_400));
     if let Some(due) = schedule.next_due {
         wait = wait.min(until(due));
     }
@@ -282,7 +285,7 @@ mod tests {
     #[test]
     fn the_worker_wakes_for_the_earliest_due_row_or_expired_claim() {
         let now = SystemTime::now();
-        let idle = Duration::from_secs(60);
+        let idle = Some(Duration::from_secs(60));
         let timeout = Duration::from_secs(30);
         let in_ = |d: Instant| d.saturating_duration_since(Instant::now());
         let nothing = RetrySchedule::default();

@@ -421,3 +421,75 @@ async fn a_slot_dropped_while_down_is_reported_and_recover_delivers_every_row() 
     assert_eq!(ids.len(), 22, "every row once at least");
     p.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_outbox_sees_no_query_and_an_operator_retry_wakes_the_worker_at_once() {
+    // Default retry settings: no periodic look; the worker sleeps until woken.
+    let extra = r#"
+[kafka.options]
+"allow.auto.create.topics" = "false"
+"topic.metadata.propagation.max.ms" = "2000"
+"#;
+    let p = TestPipeline::new("idleq", 1, extra).await;
+    p.init();
+    let _daemon = p.spawn_run("run.log");
+    let client = p.sql().await;
+    let missing = format!("{}.later", p.topic);
+    insert(&p, &client, "late-1", "k", 1, Some(&missing), 10).await;
+    client
+        .execute(
+            &format!("UPDATE \"{}\" SET max_retry_count = 1", p.table),
+            &[],
+        )
+        .await
+        .expect("one attempt only");
+    wait_for(
+        "the row to need an operator",
+        Duration::from_secs(60),
+        || async { (rows(&p).await.get("late-1")?.status == "MANUAL_REQUIRED").then_some(()) },
+    )
+    .await;
+
+    // Idle: no query on the outbox table. Backends flush their statistics within 10 s of
+    // going idle, so read the counters after that long on both sides of the window.
+    let scans = || async {
+        let row = client
+            .query_one(
+                "SELECT seq_scan + COALESCE(idx_scan, 0) FROM pg_stat_user_tables WHERE relname = $1",
+                &[&p.table],
+            )
+            .await
+            .expect("table statistics");
+        row.get::<_, i64>(0)
+    };
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let before = scans().await;
+    tokio::time::sleep(Duration::from_secs(15 + 11)).await;
+    let after = scans().await;
+    assert_eq!(before, after, "scans of the idle outbox table during 15 s");
+
+    // The operator fixes the cause and retries: the NOTIFY wakes the worker at once (the
+    // worker would otherwise sleep indefinitely).
+    p.create_topic(&missing, 1).await;
+    let id: i64 = client
+        .query_one(
+            &format!("SELECT id FROM \"{}\" WHERE message_id = 'late-1'", p.table),
+            &[],
+        )
+        .await
+        .expect("id")
+        .get(0);
+    let out = p.outboxd(&["retry", "--id", &id.to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for(
+        "the retried row delivered",
+        Duration::from_secs(15),
+        || async { (rows(&p).await.get("late-1")?.status == "SUCCESS").then_some(()) },
+    )
+    .await;
+    p.cleanup().await;
+}

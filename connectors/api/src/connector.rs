@@ -49,6 +49,24 @@ pub trait Connector: Send + Sync {
     /// written while the log position was lost is skipped. Returns what it did.
     fn reset_log_position(&self) -> impl Future<Output = Result<String, ConnectorError>> + Send;
 
+    /// Whether [`Connector::watch_retries`] reports operator retries (PostgreSQL:
+    /// LISTEN/NOTIFY). Without it the retry worker looks every `retry.idle_check`.
+    fn notifies_retries(&self) -> bool {
+        false
+    }
+
+    /// Calls `on_notify` whenever an operator makes rows due (`outboxd retry`,
+    /// `resolve`), and once when it starts listening, so nothing sent while it was not
+    /// listening is missed. Runs until its connection fails and returns that error; the
+    /// caller calls it again. Engines without notifications never return.
+    fn watch_retries(
+        &self,
+        on_notify: &(dyn Fn() + Send + Sync),
+    ) -> impl Future<Output = ConnectorError> + Send {
+        let _ = on_notify;
+        std::future::pending()
+    }
+
     /// A short description for logs, e.g. `postgres 127.0.0.1:5432/app slot outboxd_orders`.
     fn describe(&self) -> String;
 }

@@ -111,6 +111,27 @@ impl PostgresConnector {
 
     /// An ordinary SQL connection (its connection task is spawned on the runtime).
     pub async fn sql_client(&self) -> Result<tokio_postgres::Client, ConnectorError> {
+        let (client, connection) = self.connect_sql().await?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "PostgreSQL SQL connection closed");
+            }
+        });
+        Ok(client)
+    }
+
+    async fn connect_sql(
+        &self,
+    ) -> Result<
+        (
+            tokio_postgres::Client,
+            tokio_postgres::Connection<
+                tokio_postgres::Socket,
+                postgres_openssl::TlsStream<tokio_postgres::Socket>,
+            >,
+        ),
+        ConnectorError,
+    > {
         let mut pg = tokio_postgres::Config::new();
         pg.host(&self.config.host)
             .port(self.config.port)
@@ -126,18 +147,45 @@ impl PostgresConnector {
         if let Some(password) = &self.config.password {
             pg.password(password);
         }
-        let (client, connection) = pg.connect(tls_connector()?).await.map_err(|e| {
+        pg.connect(tls_connector()?).await.map_err(|e| {
             classify_pg_error(
                 &e,
                 &format!("connecting to PostgreSQL at {}", self.endpoint()),
             )
-        })?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "PostgreSQL SQL connection closed");
+        })
+    }
+
+    /// Calls `on_notify` whenever `outboxd retry` or `resolve` notifies this pipeline's
+    /// channel ([`crate::retry_channel`]), and once as soon as it listens (covering
+    /// anything sent while it was not). Runs until the connection fails; returns that
+    /// error.
+    pub async fn watch_retries(&self, on_notify: &(dyn Fn() + Send + Sync)) -> ConnectorError {
+        let (client, mut connection) = match self.connect_sql().await {
+            Ok(pair) => pair,
+            Err(e) => return e,
+        };
+        let channel = crate::retry_channel(&self.pipeline);
+        let listen_sql = format!("LISTEN {}", crate::schema::quote_ident(&channel));
+        let listen = client.batch_execute(&listen_sql);
+        tokio::pin!(listen);
+        let mut listening = false;
+        loop {
+            tokio::select! {
+                result = &mut listen, if !listening => match result {
+                    Ok(()) => {
+                        listening = true;
+                        on_notify();
+                    }
+                    Err(e) => return classify_pg_error(&e, &format!("LISTEN on `{channel}`")),
+                },
+                message = std::future::poll_fn(|cx| connection.poll_message(cx)) => match message {
+                    Some(Ok(tokio_postgres::AsyncMessage::Notification(_))) => on_notify(),
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => return classify_pg_error(&e, &format!("listening on `{channel}`")),
+                    None => return ConnectorError::transient(format!("listening on `{channel}`: connection closed")),
+                },
             }
-        });
-        Ok(client)
+        }
     }
 
     /// `host:port/database`, for messages.
@@ -195,6 +243,14 @@ impl Connector for PostgresConnector {
 
     fn describe(&self) -> String {
         format!("postgres {} slot {}", self.endpoint(), self.slot())
+    }
+
+    fn notifies_retries(&self) -> bool {
+        true
+    }
+
+    async fn watch_retries(&self, on_notify: &(dyn Fn() + Send + Sync)) -> ConnectorError {
+        PostgresConnector::watch_retries(self, on_notify).await
     }
 }
 
