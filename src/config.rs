@@ -614,12 +614,26 @@ mod tests {
 mod example_tests {
     use super::*;
 
-    /// The documented example must stay a valid config.
+    /// The documented examples must stay valid configs.
     #[test]
-    fn example_config_is_valid() {
-        let text = include_str!("../examples/outboxd.toml");
-        let config = Config::parse(text).unwrap();
-        config.validate().unwrap();
+    fn example_configs_are_valid() {
+        for (name, text) in [
+            (
+                "examples/outboxd.toml",
+                include_str!("../examples/outboxd.toml"),
+            ),
+            (
+                "examples/docker/outboxd.toml",
+                include_str!("../examples/docker/outboxd.toml"),
+            ),
+            (
+                "examples/docker/outboxd-mysql.toml",
+                include_str!("../examples/docker/outboxd-mysql.toml"),
+            ),
+        ] {
+            let config = Config::parse(text).unwrap_or_else(|e| panic!("{name}: {e}"));
+            config.validate().unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
     }
 
     /// So must the MySQL examples.
