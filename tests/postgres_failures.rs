@@ -493,3 +493,93 @@ async fn an_idle_outbox_sees_no_query_and_an_operator_retry_wakes_the_worker_at_
     .await;
     p.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_while_publishing_leaves_rows_that_are_reaped_and_delivered() {
+    // Retries of rows bound for a topic that does not exist yet stay PROCESSING for the
+    // 8 s the producer keeps trying: a kill -9 then leaves real abandoned claims.
+    let extra = r#"
+[kafka.options]
+"allow.auto.create.topics" = "false"
+
+[retry]
+base = "200ms"
+cap = "500ms"
+jitter = "50ms"
+claim_timeout = "12s"
+idle_check = "1s"
+"#;
+    let p = TestPipeline::new("killclaim", 1, extra).await;
+    let config = std::fs::read_to_string(&p.config_path).expect("config");
+    std::fs::write(
+        &p.config_path,
+        config.replace("message_timeout = \"10s\"", "message_timeout = \"8s\""),
+    )
+    .expect("config");
+    p.init();
+    let client = p.sql().await;
+    let later = format!("{}.later", p.topic);
+    for seq in 1..=3 {
+        insert(
+            &p,
+            &client,
+            &format!("c-{seq}"),
+            &format!("key{seq}"),
+            seq,
+            Some(&later),
+            10,
+        )
+        .await;
+    }
+    // Fail them once, quickly, so the retry worker is the one that claims them.
+    client
+        .execute(
+            &format!(
+                "UPDATE \"{}\" SET status = 'FAILED', retry_count = 1, next_retry_time = now(), \
+                 last_error = 'set up by the test'",
+                p.table
+            ),
+            &[],
+        )
+        .await
+        .expect("mark FAILED");
+    let mut first = p.spawn_run("first.log");
+    wait_for(
+        "the retry worker to claim the rows",
+        Duration::from_secs(30),
+        || async {
+            let rows = rows(&p).await;
+            rows.values()
+                .all(|r| r.status == "PROCESSING")
+                .then_some(())
+        },
+    )
+    .await;
+    first.kill9();
+    assert!(
+        rows(&p).await.values().all(|r| r.status == "PROCESSING"),
+        "claims abandoned"
+    );
+
+    // The topic appears; a new outboxd reaps the abandoned claims and delivers the rows.
+    p.create_topic(&later, 1).await;
+    let _second = p.spawn_run("second.log");
+    wait_for("reaped rows delivered", Duration::from_secs(60), || async {
+        let rows = rows(&p).await;
+        rows.values().all(|r| r.status == "SUCCESS").then_some(())
+    })
+    .await;
+    for row in rows(&p).await.values() {
+        assert!(
+            row.retry_count >= 2,
+            "the abandoned attempt was counted: {row:?}"
+        );
+    }
+    let records = consume_all(&p.services.kafka, &later, 1, 3, Duration::from_secs(30));
+    let ids: std::collections::HashSet<&str> = records
+        .iter()
+        .map(|r| r.headers["message_id"].as_str())
+        .collect();
+    assert_eq!(ids.len(), 3);
+    p.cleanup().await;
+}
