@@ -42,6 +42,24 @@ pub enum RetrySelector {
     },
 }
 
+impl RetrySelector {
+    /// Only FAILED and MANUAL_REQUIRED rows can be made due again; INIT and PROCESSING
+    /// rows are on their way already.
+    pub fn check(&self) -> Result<(), ConnectorError> {
+        match self {
+            RetrySelector::Status { status, .. }
+                if status != "FAILED" && status != "MANUAL_REQUIRED" =>
+            {
+                Err(ConnectorError::definite(format!(
+                    "cannot retry rows in status `{status}`: only FAILED and MANUAL_REQUIRED \
+                     rows are retried (INIT and PROCESSING rows are on their way already)"
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 /// What `outboxd janitor` does with old SUCCESS rows.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum JanitorAction {

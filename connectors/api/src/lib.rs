@@ -19,6 +19,7 @@ mod connector;
 mod error;
 mod event;
 mod headers;
+mod last_error;
 mod position;
 mod store;
 mod stream;
@@ -33,6 +34,9 @@ pub use connector::{Connector, ReadMode};
 pub use error::{ConnectorError, ErrorKind};
 pub use event::{OutboxEvent, OutboxLayout};
 pub use headers::headers_from_json;
+pub use last_error::{
+    last_error_text, parked_by_operator, resolved_by_operator, short_duration, LAST_ERROR_MAX_CHARS,
+};
 pub use position::{BinlogPosition, Lsn, ParsePositionError, Position};
 pub use store::{Delivered, DeliveryFailure, OutboxStore, WriteBack};
 pub use stream::{ChangeItem, ChangeStream, CommittedTransaction};

@@ -20,16 +20,17 @@ use bytes::Bytes;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
 use outboxd_connector::{
-    headers_from_json, ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack,
-    ConnectorError, JanitorAction, OutboxAdmin, OutboxEvent, Position, ReapPolicy, ReapReport,
-    RetrySchedule, RetrySelector, StatusCount, StatusSummary,
+    headers_from_json, last_error_text, parked_by_operator, resolved_by_operator, ClaimRequest,
+    ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack, ConnectorError, JanitorAction,
+    OutboxAdmin, OutboxEvent, Position, ReapPolicy, ReapReport, RetrySchedule, RetrySelector,
+    StatusCount, StatusSummary,
 };
 
 use crate::connect::{classify, int, query, text, text_or_empty};
 use crate::decoder::iso8601_utc;
 use crate::schema::{qualified, quote_ident, sql_string};
 use crate::server;
-use crate::store::{delay_ms, truncate, MysqlOutboxStore};
+use crate::store::{delay_ms, MysqlOutboxStore};
 
 /// The statuses that hold back later events of a key under strict ordering.
 const BLOCKING: &str = "('FAILED', 'PROCESSING', 'MANUAL_REQUIRED')";
@@ -362,7 +363,7 @@ impl MysqlOutboxStore {
                     errors,
                     " WHEN {} THEN {}",
                     f.id,
-                    sql_string(&truncate(&f.error))
+                    sql_string(&last_error_text(&f.error))
                 );
                 let _ = write!(delays, " WHEN {} THEN {}", f.id, delay_ms(f.retry_delay));
                 if i > 0 {
@@ -398,10 +399,7 @@ impl MysqlOutboxStore {
 
     pub(crate) async fn reap_rows(&self, policy: ReapPolicy) -> Result<ReapReport, ConnectorError> {
         let outbox = self.outbox.clone();
-        let reason = sql_string(&format!(
-            "claim expired after {} (worker stopped while publishing)",
-            format_duration(policy.claim_timeout)
-        ));
+        let reason = sql_string(&policy.reaped_reason());
         let timeout = delay_ms(policy.claim_timeout);
         let delay = delay_ms(policy.retry_delay);
         self.in_transaction("returning expired claims to FAILED", move |conn| {
@@ -541,6 +539,7 @@ impl OutboxAdmin for MysqlOutboxStore {
     }
 
     async fn retry_rows(&self, selector: &RetrySelector) -> Result<u64, ConnectorError> {
+        selector.check()?;
         let outbox = &self.outbox;
         let set = "SET status = 'FAILED', next_retry_time = NOW(6), retry_count = 0, \
                    claimed_at = NULL, claim_token = NULL, updated_at = NOW(6)";
@@ -556,12 +555,6 @@ impl OutboxAdmin for MysqlOutboxStore {
                 status,
                 message_type,
             } => {
-                if status != "FAILED" && status != "MANUAL_REQUIRED" {
-                    return Err(ConnectorError::definite(format!(
-                        "cannot retry rows in status `{status}`: only FAILED and MANUAL_REQUIRED \
-                         rows are retried (INIT and PROCESSING rows are on their way already)"
-                    )));
-                }
                 let of_type = message_type
                     .as_deref()
                     .map(|t| format!(" AND message_type = {}", sql_string(t)))
@@ -577,7 +570,7 @@ impl OutboxAdmin for MysqlOutboxStore {
     }
 
     async fn park_row(&self, id: i64, reason: &str) -> Result<bool, ConnectorError> {
-        let note = sql_string(&truncate(&format!("parked by operator: {reason}")));
+        let note = sql_string(&parked_by_operator(reason));
         let sql = format!(
             "UPDATE {} SET status = 'MANUAL_REQUIRED', \
              next_retry_time = COALESCE(next_retry_time, NOW(6)), last_error = {note}, \
@@ -589,9 +582,7 @@ impl OutboxAdmin for MysqlOutboxStore {
     }
 
     async fn resolve_row(&self, id: i64, reason: &str) -> Result<bool, ConnectorError> {
-        let note = sql_string(&truncate(&format!(
-            "resolved by operator without sending: {reason}"
-        )));
+        let note = sql_string(&resolved_by_operator(reason));
         let sql = format!(
             "UPDATE {} SET status = 'SUCCESS', sent_at = NULL, next_retry_time = NULL, \
              last_error = {note}, claimed_at = NULL, claim_token = NULL, updated_at = NOW(6) \
@@ -696,30 +687,6 @@ impl MysqlOutboxStore {
     }
 }
 
-/// `90s` → `1m30s`, `1500ms` → `1.5s`: short, for messages stored in `last_error`.
-fn format_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms < 1000 {
-        return format!("{ms}ms");
-    }
-    if ms % 1000 != 0 && ms < 60_000 {
-        return format!("{:.1}s", d.as_secs_f64());
-    }
-    let secs = d.as_secs();
-    let (h, m, s) = (secs / 3600, secs / 60 % 60, secs % 60);
-    let mut out = String::new();
-    if h > 0 {
-        let _ = write!(out, "{h}h");
-    }
-    if m > 0 {
-        let _ = write!(out, "{m}m");
-    }
-    if s > 0 || out.is_empty() {
-        let _ = write!(out, "{s}s");
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -741,11 +708,5 @@ mod tests {
         );
         assert_eq!(sql_time_iso("garbage"), "garbage");
         assert!(system_time(Some("2026-05-09 07:30:00".into())).is_some());
-    }
-
-    #[test]
-    fn durations_are_short() {
-        assert_eq!(format_duration(Duration::from_secs(90)), "1m30s");
-        assert_eq!(format_duration(Duration::from_millis(1500)), "1.5s");
     }
 }

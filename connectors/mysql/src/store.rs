@@ -14,17 +14,15 @@ use mysql_async::Conn;
 use std::collections::HashSet;
 
 use outboxd_connector::{
-    ClaimRequest, ClaimedEvent, ClaimedWriteBack, ConnectorError, Delivered, DeliveryFailure,
-    OutboxStore, ParkedEvent, Position, ReapPolicy, ReapReport, RetrySchedule, WriteBack,
+    last_error_text, ClaimRequest, ClaimedEvent, ClaimedWriteBack, ConnectorError, Delivered,
+    DeliveryFailure, OutboxStore, ParkedEvent, Position, ReapPolicy, ReapReport, RetrySchedule,
+    WriteBack,
 };
 use tokio::sync::Mutex;
 
 use crate::connect::{execute, query_first, text};
 use crate::schema::{hex_literal, qualified, sql_string};
 use crate::MysqlConnector;
-
-/// `last_error` is cut to this many characters.
-const MAX_ERROR_CHARS: usize = 2000;
 
 /// Longest retry delay written (one year): TIMESTAMP ends in 2038, so far-off retries are
 /// clamped there too.
@@ -242,7 +240,7 @@ fn failed_sql(sql: &mut String, outbox: &str, rows: &[DeliveryFailure]) {
             errors,
             " WHEN {} THEN {}",
             f.id,
-            sql_string(&truncate(&f.error))
+            sql_string(&last_error_text(&f.error))
         );
         let _ = write!(delays, " WHEN {} THEN {}", f.id, delay_ms(f.retry_delay));
         if i > 0 {
@@ -277,7 +275,7 @@ fn parked_sql(sql: &mut String, outbox: &str, rows: &[ParkedEvent]) {
             reasons,
             " WHEN {} THEN {}",
             p.id,
-            sql_string(&truncate(&p.reason))
+            sql_string(&last_error_text(&p.reason))
         );
         if i > 0 {
             ids.push_str(", ");
@@ -314,14 +312,6 @@ pub(crate) fn checkpoint_sql(table: &str, pipeline: &str, position: &Position) -
          position = IF({newer}, {value}, position)",
         pipeline = sql_string(pipeline),
     )
-}
-
-/// At most [`MAX_ERROR_CHARS`] characters of `error`, cut on a character boundary.
-pub(crate) fn truncate(error: &str) -> String {
-    match error.char_indices().nth(MAX_ERROR_CHARS) {
-        Some((at, _)) => error[..at].to_owned(),
-        None => error.to_owned(),
-    }
 }
 
 pub(crate) fn delay_ms(delay: Duration) -> u64 {
@@ -376,9 +366,7 @@ mod tests {
     }
 
     #[test]
-    fn truncates_and_clamps() {
-        let long = "é".repeat(MAX_ERROR_CHARS + 5);
-        assert_eq!(truncate(&long).chars().count(), MAX_ERROR_CHARS);
+    fn clamps_delays() {
         assert_eq!(delay_ms(Duration::from_secs(u64::MAX)), MAX_DELAY_MS);
     }
 }

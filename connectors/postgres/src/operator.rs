@@ -9,12 +9,12 @@
 use std::time::{Duration, SystemTime};
 
 use outboxd_connector::{
-    ConnectorError, JanitorAction, OutboxAdmin, OutboxEvent, Position, RetrySelector, StatusCount,
-    StatusSummary,
+    parked_by_operator, resolved_by_operator, ConnectorError, JanitorAction, OutboxAdmin,
+    OutboxEvent, Position, RetrySelector, StatusCount, StatusSummary,
 };
 
 use crate::schema::qualified;
-use crate::store::{delay_ms, event_from_row, get, parse_checkpoint, truncate, PgOutboxStore};
+use crate::store::{delay_ms, event_from_row, get, parse_checkpoint, PgOutboxStore};
 
 /// PostgreSQL's longest identifier (NAMEDATALEN - 1), in bytes.
 const MAX_IDENTIFIER_BYTES: usize = 63;
@@ -129,6 +129,7 @@ impl OutboxAdmin for PgOutboxStore {
     }
 
     async fn retry_rows(&self, selector: &RetrySelector) -> Result<u64, ConnectorError> {
+        selector.check()?;
         let outbox = qualified(self.table());
         let set = "SET status = 'FAILED', next_retry_time = now(), retry_count = 0, \
                    claimed_at = NULL, claim_token = NULL, updated_at = now()";
@@ -145,12 +146,6 @@ impl OutboxAdmin for PgOutboxStore {
                 status,
                 message_type,
             } => {
-                if status != "FAILED" && status != "MANUAL_REQUIRED" {
-                    return Err(ConnectorError::definite(format!(
-                        "cannot retry rows in status `{status}`: only FAILED and MANUAL_REQUIRED \
-                         rows are retried (INIT and PROCESSING rows are on their way already)"
-                    )));
-                }
                 // `next_retry_time IS NOT NULL` holds for both statuses and lets the
                 // partial index find them.
                 let sql = format!(
@@ -172,7 +167,7 @@ impl OutboxAdmin for PgOutboxStore {
              last_error = $2, claimed_at = NULL, claim_token = NULL, updated_at = now() \
              WHERE id = $1 AND status IN ('INIT', 'FAILED')"
         );
-        let note = truncate(&format!("parked by operator: {reason}"));
+        let note = parked_by_operator(reason);
         let what = format!("parking row {id}");
         let changed = self
             .update_and_notify(&sql, &[&id, &note], None, &what)
@@ -187,7 +182,7 @@ impl OutboxAdmin for PgOutboxStore {
              last_error = $2, claimed_at = NULL, claim_token = NULL, updated_at = now() \
              WHERE id = $1 AND status <> 'SUCCESS'"
         );
-        let note = truncate(&format!("resolved by operator without sending: {reason}"));
+        let note = resolved_by_operator(reason);
         let what = format!("resolving row {id}");
         let changed = self
             .update_and_notify(&sql, &[&id, &note], Some("resolve"), &what)

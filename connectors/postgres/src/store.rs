@@ -18,8 +18,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use outboxd_connector::{
-    ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack, ConnectorError,
-    OutboxEvent, OutboxStore, Position, ReapPolicy, ReapReport, RetrySchedule, WriteBack,
+    last_error_text, ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack,
+    ConnectorError, OutboxEvent, OutboxStore, Position, ReapPolicy, ReapReport, RetrySchedule,
+    WriteBack,
 };
 use tokio::sync::{Mutex, MutexGuard};
 use tokio_postgres::types::Type;
@@ -29,10 +30,6 @@ use crate::connect::classify_pg_error;
 use crate::schema::{qualified, quote_ident};
 use crate::stream::{iso8601, row_headers};
 use crate::PostgresConnector;
-
-/// `last_error` is cut to this many characters: a broker error is short, a stack of
-/// nested causes need not fill the row.
-const MAX_ERROR_CHARS: usize = 2000;
 
 /// Longest retry delay written (ten years); longer ones are clamped so the interval
 /// arithmetic cannot overflow.
@@ -402,7 +399,7 @@ impl PgOutboxStore {
         let d_tokens: Vec<&str> = d.iter().map(|(_, t)| t.0.as_str()).collect();
         let f = batch.failed;
         let f_ids: Vec<i64> = f.iter().map(|(x, _)| x.id).collect();
-        let f_errors: Vec<String> = f.iter().map(|(x, _)| truncate(&x.error)).collect();
+        let f_errors: Vec<String> = f.iter().map(|(x, _)| last_error_text(&x.error)).collect();
         let f_delays: Vec<i64> = f.iter().map(|(x, _)| delay_ms(x.retry_delay)).collect();
         let f_tokens: Vec<&str> = f.iter().map(|(_, t)| t.0.as_str()).collect();
 
@@ -515,10 +512,7 @@ impl OutboxStore for PgOutboxStore {
     }
 
     async fn reap(&self, policy: ReapPolicy) -> Result<ReapReport, ConnectorError> {
-        let reason = format!(
-            "claim expired after {} (worker stopped while publishing)",
-            format_duration(policy.claim_timeout)
-        );
+        let reason = policy.reaped_reason();
         let mut locked = self.lock().await?;
         let conn = locked.conn()?;
         let timeout = delay_ms(policy.claim_timeout);
@@ -596,10 +590,10 @@ impl WriteBackRows {
             d_parts: d.iter().map(|x| x.partition).collect(),
             d_offsets: d.iter().map(|x| x.offset).collect(),
             f_ids: f.iter().map(|x| x.id).collect(),
-            f_errors: f.iter().map(|x| truncate(&x.error)).collect(),
+            f_errors: f.iter().map(|x| last_error_text(&x.error)).collect(),
             f_delays: f.iter().map(|x| delay_ms(x.retry_delay)).collect(),
             p_ids: p.iter().map(|x| x.id).collect(),
-            p_reasons: p.iter().map(|x| truncate(&x.reason)).collect(),
+            p_reasons: p.iter().map(|x| last_error_text(&x.reason)).collect(),
         }
     }
 
@@ -933,40 +927,8 @@ pub(crate) fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
     })
 }
 
-/// At most [`MAX_ERROR_CHARS`] characters of `error`, cut on a character boundary.
-pub(crate) fn truncate(error: &str) -> String {
-    match error.char_indices().nth(MAX_ERROR_CHARS) {
-        Some((at, _)) => error[..at].to_owned(),
-        None => error.to_owned(),
-    }
-}
-
 pub(crate) fn delay_ms(delay: Duration) -> i64 {
     i64::try_from(delay.as_millis()).map_or(MAX_DELAY_MS, |ms| ms.min(MAX_DELAY_MS))
-}
-
-/// `90s` → `1m30s`, `1500ms` → `1.5s`: short, for messages stored in `last_error`.
-pub(crate) fn format_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms < 1000 {
-        return format!("{ms}ms");
-    }
-    if ms % 1000 != 0 && ms < 60_000 {
-        return format!("{:.1}s", d.as_secs_f64());
-    }
-    let secs = d.as_secs();
-    let (h, m, s) = (secs / 3600, secs / 60 % 60, secs % 60);
-    let mut out = String::new();
-    if h > 0 {
-        out.push_str(&format!("{h}h"));
-    }
-    if m > 0 {
-        out.push_str(&format!("{m}m"));
-    }
-    if s > 0 || out.is_empty() {
-        out.push_str(&format!("{s}s"));
-    }
-    out
 }
 
 #[cfg(test)]
@@ -974,27 +936,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn truncates_on_char_boundaries() {
-        assert_eq!(truncate("short"), "short");
-        let long = "é".repeat(MAX_ERROR_CHARS + 5);
-        let cut = truncate(&long);
-        assert_eq!(cut.chars().count(), MAX_ERROR_CHARS);
-    }
-
-    #[test]
     fn clamps_delays() {
         assert_eq!(delay_ms(Duration::from_millis(1500)), 1500);
         assert_eq!(delay_ms(Duration::from_secs(u64::MAX)), MAX_DELAY_MS);
-    }
-
-    #[test]
-    fn formats_durations_shortly() {
-        assert_eq!(format_duration(Duration::from_millis(250)), "250ms");
-        assert_eq!(format_duration(Duration::from_millis(1500)), "1.5s");
-        assert_eq!(format_duration(Duration::from_secs(30)), "30s");
-        assert_eq!(format_duration(Duration::from_secs(90)), "1m30s");
-        assert_eq!(format_duration(Duration::from_secs(3600)), "1h");
-        assert_eq!(format_duration(Duration::from_secs(0)), "0ms");
     }
 
     #[test]
