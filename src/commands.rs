@@ -21,7 +21,9 @@ use crate::config::{
 };
 use crate::kafka::{DeliveryOutcome, Publisher};
 use crate::pipeline::{self, PipelineError, PipelineSettings, PipelineStats, RetryLink};
-use crate::retry::{next_retry_delay, ClaimWorker, WorkerSettings};
+use crate::retry::{
+    next_retry_delay, wait_or_shutdown, ClaimWorker, ReconnectBackoff, WorkerSettings,
+};
 
 /// A command of the CLI.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -253,10 +255,7 @@ async fn watch_retries<C: Connector>(
                 tracing::debug!(error = %e, "retry notifications interrupted; listening again in 1 s");
             }
         }
-        tokio::select! {
-            _ = shutdown.wait_for(|stop| *stop) => return,
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-        }
+        wait_or_shutdown(Duration::from_secs(1), &mut shutdown).await;
     }
 }
 
@@ -271,7 +270,7 @@ async fn run_worker<C: Connector>(
     delivered_keys: mpsc::UnboundedSender<String>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), PipelineError> {
-    let mut pause = Duration::from_millis(250);
+    let mut backoff = ReconnectBackoff::new();
     while !*shutdown.borrow() {
         let result = async {
             let store = connector.open_store().await?;
@@ -299,12 +298,9 @@ async fn run_worker<C: Connector>(
         match result {
             Ok(()) => return Ok(()),
             Err(e) if e.is_transient() => {
+                let pause = backoff.next_delay();
                 tracing::warn!(error = %e, retry_in = ?pause, "claim worker: database unavailable");
-                tokio::select! {
-                    _ = tokio::time::sleep(pause) => {}
-                    _ = shutdown.wait_for(|stop| *stop) => {}
-                }
-                pause = (pause * 2).min(Duration::from_secs(10));
+                wait_or_shutdown(pause, &mut shutdown).await;
             }
             Err(e) => return Err(e.into()),
         }

@@ -26,7 +26,7 @@ use tokio::time::sleep_until;
 
 use crate::config::{DeliveryConfig, Ordering as KeyOrdering, RetryConfig};
 use crate::kafka::{DeliveryOutcome, PendingDelivery, Publisher};
-use crate::retry::next_retry_delay;
+use crate::retry::{next_retry_delay, wait_or_shutdown, ReconnectBackoff};
 
 /// Counters of a running pipeline, shared with status reporting and metrics.
 #[derive(Debug, Default)]
@@ -108,7 +108,7 @@ pub async fn run<C: Connector>(
     link: &mut RetryLink,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), PipelineError> {
-    let mut backoff = Backoff::new();
+    let mut backoff = ReconnectBackoff::new();
     tracing::info!(source = %connector.describe(), "pipeline starting");
     while !*shutdown.borrow() {
         let session = async {
@@ -143,37 +143,6 @@ pub async fn run<C: Connector>(
         }
     }
     Ok(())
-}
-
-async fn wait_or_shutdown(delay: Duration, shutdown: &mut watch::Receiver<bool>) {
-    tokio::select! {
-        _ = tokio::time::sleep(delay) => {}
-        _ = shutdown.wait_for(|stop| *stop) => {}
-    }
-}
-
-/// Exponential backoff for reconnects: 250 ms doubling to 10 s, reset once streaming.
-struct Backoff {
-    next: Duration,
-}
-
-impl Backoff {
-    const FIRST: Duration = Duration::from_millis(250);
-    const MAX: Duration = Duration::from_secs(10);
-
-    fn new() -> Self {
-        Self { next: Self::FIRST }
-    }
-
-    fn next_delay(&mut self) -> Duration {
-        let delay = self.next;
-        self.next = (self.next * 2).min(Self::MAX);
-        delay
-    }
-
-    fn reset(&mut self) {
-        self.next = Self::FIRST;
-    }
 }
 
 /// A log position and how many of its events still await write-back.
@@ -300,7 +269,7 @@ impl<'a, O: OutboxStore> Session<'a, O> {
         stream: &mut S,
         link: &mut RetryLink,
         shutdown: &mut watch::Receiver<bool>,
-        backoff: &mut Backoff,
+        backoff: &mut ReconnectBackoff,
     ) -> Result<(), PipelineError> {
         let mut deliveries = Deliveries::new();
         let mut stopping_at: Option<Instant> = None;

@@ -31,6 +31,39 @@ pub fn next_retry_delay(policy: &RetryConfig, retry_count: i32) -> Duration {
     backoff_delay(policy, retry_count, rand::thread_rng().gen::<f64>())
 }
 
+/// Waits `delay`, or less if shutdown is requested meanwhile.
+pub(crate) async fn wait_or_shutdown(delay: Duration, shutdown: &mut watch::Receiver<bool>) {
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => {}
+        _ = shutdown.wait_for(|stop| *stop) => {}
+    }
+}
+
+/// Backoff for reconnecting to a database that is unavailable: 250 ms doubling to 10 s,
+/// reset once it answers again.
+pub(crate) struct ReconnectBackoff {
+    next: Duration,
+}
+
+impl ReconnectBackoff {
+    const FIRST: Duration = Duration::from_millis(250);
+    const MAX: Duration = Duration::from_secs(10);
+
+    pub(crate) fn new() -> Self {
+        Self { next: Self::FIRST }
+    }
+
+    pub(crate) fn next_delay(&mut self) -> Duration {
+        let delay = self.next;
+        self.next = (self.next * 2).min(Self::MAX);
+        delay
+    }
+
+    pub(crate) fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
+}
+
 /// What the claim worker takes and how often it looks.
 #[derive(Clone, Debug)]
 pub struct WorkerSettings {
@@ -90,7 +123,7 @@ impl<'a, O: OutboxStore> ClaimWorker<'a, O> {
     /// a pause; definite ones end the worker.
     pub async fn run(&self, mut shutdown: watch::Receiver<bool>) -> Result<(), ConnectorError> {
         let mut next_round = Instant::now();
-        let mut failures = 0u32;
+        let mut backoff = ReconnectBackoff::new();
         loop {
             tokio::select! {
                 _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
@@ -99,12 +132,11 @@ impl<'a, O: OutboxStore> ClaimWorker<'a, O> {
             }
             match self.round(&mut shutdown).await {
                 Ok(next) => {
-                    failures = 0;
+                    backoff.reset();
                     next_round = next;
                 }
                 Err(e) if e.is_transient() => {
-                    failures = failures.saturating_add(1);
-                    let pause = Duration::from_millis(250 << failures.min(6));
+                    let pause = backoff.next_delay();
                     tracing::warn!(error = %e, retry_in = ?pause, "claim worker: database unavailable");
                     next_round = Instant::now() + pause;
                 }
