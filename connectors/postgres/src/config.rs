@@ -1,20 +1,7 @@
 use std::time::Duration;
 
+pub use outboxd_connector_kit::SslMode;
 use serde::Deserialize;
-
-/// How to use TLS on the SQL and replication connections (libpq's `sslmode`, the subset
-/// that does not verify certificates; `verify-full` belongs in a later version).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum SslMode {
-    /// Plain TCP.
-    Disable,
-    /// TLS when the server offers it, plain TCP otherwise.
-    #[default]
-    Prefer,
-    /// TLS or fail.
-    Require,
-}
 
 /// `[source]` of a PostgreSQL pipeline (`kind = "postgres"`).
 #[derive(Clone, Debug, Deserialize)]

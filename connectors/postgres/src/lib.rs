@@ -1,27 +1,37 @@
 //! PostgreSQL connector for outboxd.
 //!
-//! - [`replication`]: the streaming-replication wire protocol (startup with
-//!   `replication=database`, trust/MD5/SCRAM-SHA-256 auth, optional TLS, CopyBoth),
-//!   spoken with `postgres-protocol`'s codecs over tokio.
-//! - [`pgoutput`]: a pure decoder of pgoutput (protocol version 1) messages.
-//! - [`stream`]: the [`outboxd_connector::ChangeStream`] built from the two: committed
-//!   outbox inserts, keepalive progress, standby status updates.
-//! - [`store`]: the [`outboxd_connector::OutboxStore`]: status write-back, checkpoint,
-//!   claims, the reaper.
-//! - [`operator`]: the [`outboxd_connector::OutboxAdmin`]: `status`, `retry`, `park`,
-//!   `resolve`, `janitor`, the INIT scan of `recover`.
-//! - [`admin`]: `init` (schema, publication, slot), `check`, and the slot reset of `recover`.
+//! The layout is the same in every engine crate (see `connectors/mysql`), and what the
+//! engines share lives in `outboxd-connector-kit`:
+//!
+//! - `config`: [`PostgresConfig`], the `[source]` section.
+//! - `client`: [`PostgresConnector`], SQL connections (TLS through OpenSSL) and the
+//!   classification of server errors into transient and definite ones.
+//! - `setup/`: `init` (schema, publication, slot), `check`, and the slot reset of
+//!   `recover`.
+//! - `log/`: the log tail. [`replication`] speaks the streaming-replication wire protocol
+//!   (startup with `replication=database`, trust/MD5/SCRAM-SHA-256 auth, optional TLS,
+//!   CopyBoth); [`pgoutput`] is a pure decoder of its messages; `log::decode` assembles
+//!   committed outbox transactions from them; [`stream`] is the
+//!   [`outboxd_connector::ChangeStream`]: the task that owns the socket, keepalive
+//!   progress, standby status updates.
+//! - `store/`: the [`outboxd_connector::OutboxStore`] (status write-back and checkpoint,
+//!   claims, the reaper) and, in `store::operator`, the [`outboxd_connector::OutboxAdmin`]
+//!   (`status`, `retry`, `park`, `resolve`, `janitor`, the INIT scan of `recover`).
+//! - `schema`: `schemas/postgres/*.sql` rendered for the configured names; quoting.
+//!
+//! Data flows: `log/replication` → `log/pgoutput` → `log/decode` (rows through the kit's
+//! row conversion) → `log/stream` → the core, which writes outcomes back through
+//! `store/`.
 
-pub mod admin;
+mod client;
 mod config;
-mod connect;
-pub mod operator;
-pub mod pgoutput;
-pub mod replication;
+mod log;
 mod schema;
+mod setup;
 pub mod store;
-pub mod stream;
 
+pub use client::PostgresConnector;
 pub use config::{PostgresConfig, SslMode};
-pub use connect::PostgresConnector;
-pub use operator::retry_channel;
+pub use log::{pgoutput, replication, stream};
+pub use store::operator;
+pub use store::operator::retry_channel;

@@ -531,7 +531,7 @@ async fn negotiate_tls(
         ConnectorError::definite(format!("{context}: cannot set up TLS")).with_source(e)
     };
     // As in connect.rs: sslmode prefer/require promise encryption, not verification.
-    let mut configuration = crate::connect::ssl_connector()?
+    let mut configuration = crate::client::ssl_connector()?
         .configure()
         .map_err(tls_err)?;
     configuration.set_verify_hostname(false);

@@ -7,7 +7,7 @@ use tokio_postgres::config::SslMode as PgSslMode;
 
 use crate::store::PgOutboxStore;
 use crate::stream::PgChangeStream;
-use crate::{admin, PostgresConfig, SslMode};
+use crate::{setup as admin, PostgresConfig, SslMode};
 
 /// Everything outboxd does with one PostgreSQL pipeline, from its configuration.
 #[derive(Clone, Debug)]

@@ -18,35 +18,14 @@ use outboxd_connector::{CheckLine, CheckReport, ConnectorError, OutboxLayout};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Row};
 
-use crate::connect::classify_pg_error;
+use outboxd_connector_kit::check::{failed_query, outbox_columns_line, push};
+
+use crate::client::classify_pg_error;
 use crate::schema::{self, qualified, quote_ident, split_qualified};
 use crate::PostgresConnector;
 
 /// Oldest server version outboxd supports (`server_version_num`).
 const MIN_SERVER_VERSION: i32 = 120_000;
-
-/// Columns the stream reads and the write-back writes; the key column is added to these.
-const REQUIRED_COLUMNS: &[&str] = &[
-    "id",
-    "message_id",
-    "message_type",
-    "biz_key",
-    "topic",
-    "payload",
-    "headers",
-    "status",
-    "retry_count",
-    "max_retry_count",
-    "next_retry_time",
-    "claimed_at",
-    "claim_token",
-    "last_error",
-    "created_at",
-    "updated_at",
-    "sent_at",
-    "kafka_partition",
-    "kafka_offset",
-];
 
 /// Columns the SUCCESS write-back changes on a fresh row: an index that references any of
 /// them (key, expression or predicate) makes every write-back a non-HOT update.
@@ -391,13 +370,6 @@ pub(crate) async fn check(c: &PostgresConnector) -> CheckReport {
     report
 }
 
-fn push(report: &mut CheckReport, item: &str, line: Result<CheckLine, ConnectorError>) {
-    report.push(line.unwrap_or_else(|e| failed_query(item, &e)));
-}
-
-fn failed_query(item: &str, e: &ConnectorError) -> CheckLine {
-    CheckLine::fail(item, format!("could not check: {e}"), "see the error above")
-}
 
 async fn check_connection(
     client: &Client,
@@ -559,30 +531,13 @@ async fn check_outbox(
     for row in &rows {
         columns.push((get::<String>(row, 0)?, get::<String>(row, 1)?));
     }
-    let mut required: Vec<&str> = REQUIRED_COLUMNS.to_vec();
-    if !required.contains(&layout.key_column.as_str()) {
-        required.push(&layout.key_column);
-    }
-    let missing: Vec<&str> = required
-        .into_iter()
-        .filter(|r| !columns.iter().any(|(c, _)| c == r))
-        .collect();
-    let mut lines = Vec::new();
-    if missing.is_empty() {
-        lines.push(CheckLine::ok(
-            "outbox table",
-            format!("{table}, all required columns present"),
-        ));
-    } else {
-        lines.push(CheckLine::fail(
-            "outbox table",
-            format!("{table} lacks column(s) {}", missing.join(", ")),
-            format!(
-                "add them as in schemas/postgres/outbox.sql (ALTER TABLE {name} ADD COLUMN …), \
-                 or set the key column in the config"
-            ),
-        ));
-    }
+    let mut lines = vec![outbox_columns_line(
+        table,
+        &name,
+        &layout.key_column,
+        "schemas/postgres/outbox.sql",
+        |r| columns.iter().any(|(c, _)| c == r),
+    )];
     if let Some((_, ty)) = columns.iter().find(|(c, _)| c == "payload") {
         if PAYLOAD_TYPES.contains(&ty.as_str()) {
             lines.push(CheckLine::ok("outbox payload", ty.clone()));

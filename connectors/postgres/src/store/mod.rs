@@ -6,12 +6,15 @@
 //! indexed column of the shipped schema (`next_retry_time` stays NULL for a row that never
 //! failed), so PostgreSQL can do it as a HOT update.
 //!
-//! Invariant kept by every statement here and in [`crate::operator`]: a row in FAILED,
+//! Invariant kept by every statement here and in [`operator`]: a row in FAILED,
 //! PROCESSING or MANUAL_REQUIRED has `next_retry_time` set, so the partial indexes
 //! `WHERE next_retry_time IS NOT NULL` hold exactly the rows "in trouble" and serve the
 //! retry schedule, the reaper, strict ordering and `blocked_keys`, however many SUCCESS
 //! rows the table holds. (A MANUAL_REQUIRED row keeps the `next_retry_time` of its last
 //! failure; it is never claimed, its status says so.)
+
+
+pub mod operator;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime};
@@ -26,22 +29,17 @@ use tokio::sync::{Mutex, MutexGuard};
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Row, Statement};
 
-use crate::connect::classify_pg_error;
+use crate::client::classify_pg_error;
 use crate::schema::{qualified, quote_ident};
-use crate::stream::{iso8601, row_headers};
-use crate::PostgresConnector;
+use outboxd_connector_kit::{columns, row, status, Field, RowSource, Value};
 
-/// Longest retry delay written (ten years); longer ones are clamped so the interval
-/// arithmetic cannot overflow.
-const MAX_DELAY_MS: i64 = 10 * 365 * 24 * 3600 * 1000;
+use crate::log::decode::iso8601;
+use crate::PostgresConnector;
 
 /// In strict poll mode, the window of INIT rows looked at per claim, as a multiple of
 /// the claim's limit: rows locked by a concurrent claimer are skipped, and the window
 /// leaves room for the next ones.
 const POLL_WINDOW_FACTOR: i64 = 4;
-
-/// The statuses that hold back later events of a key under strict ordering.
-const BLOCKING: &str = "('FAILED', 'PROCESSING', 'MANUAL_REQUIRED')";
 
 /// The SQL side of one PostgreSQL pipeline.
 ///
@@ -687,27 +685,20 @@ struct Sql {
 }
 
 /// How many columns [`event_columns`] selects; a claim's token follows them.
-const EVENT_COLUMNS: usize = 11;
+const EVENT_COLUMNS: usize = columns::CLAIM_FIELDS.len();
 
-/// The columns an event is built from, for table alias `o`, in the order
-/// [`event_from_row`] reads them. Text-like key and payload are read as their text output
-/// (what the replication stream sees), `bytea` ones as raw bytes.
+/// The columns an event is built from (the kit's claim fields), for table alias `o`, in
+/// the order [`event_from_row`] reads them. Text-like key and payload are read as their
+/// text output (what the replication stream sees), `bytea` ones as raw bytes.
 fn event_columns(key: &str, shape: RowShape) -> String {
-    let key = if shape.key_bytea {
-        format!("o.{key}")
-    } else {
-        format!("o.{key}::text")
-    };
-    let payload = if shape.payload_bytea {
-        "o.payload"
-    } else {
-        "o.payload::text"
-    };
-    format!(
-        "o.id, o.message_id::text, o.message_type::text, o.biz_key::text, {key}, \
-         o.topic::text, {payload}, o.headers::text, o.created_at::text, o.retry_count::int, \
-         o.max_retry_count::int"
-    )
+    columns::select_list(|field| match field {
+        Field::Key if shape.key_bytea => format!("o.{key}"),
+        Field::Key => format!("o.{key}::text"),
+        Field::Payload if shape.payload_bytea => "o.payload".to_owned(),
+        Field::Id => "o.id".to_owned(),
+        Field::RetryCount | Field::MaxRetryCount => format!("o.{}::int", field.column(key)),
+        other => format!("o.{}::text", other.column(key)),
+    })
 }
 
 /// One row of [`event_columns`] as an event, exactly as the replication stream builds
@@ -717,34 +708,43 @@ pub(crate) fn event_from_row(
     shape: RowShape,
     table: &str,
 ) -> Result<OutboxEvent, ConnectorError> {
-    let bytes = |at: usize, bytea: bool| -> Result<Bytes, ConnectorError> {
-        Ok(if bytea {
-            get::<Option<Vec<u8>>>(row, at)?.map_or_else(Bytes::new, Bytes::from)
-        } else {
-            get::<Option<String>>(row, at)?.map_or_else(Bytes::new, Bytes::from)
+    row::event_from_row(&SqlRow { row, shape }, table)
+}
+
+/// An SQL result row of [`event_columns`] as the kit's row conversion reads it.
+struct SqlRow<'a> {
+    row: &'a Row,
+    shape: RowShape,
+}
+
+impl RowSource for SqlRow<'_> {
+    fn value(&self, field: Field) -> Result<Value, ConnectorError> {
+        let Some(at) = columns::position_in_claim(field) else {
+            return Ok(Value::Null);
+        };
+        let bytea = match field {
+            Field::Key => self.shape.key_bytea,
+            Field::Payload => self.shape.payload_bytea,
+            _ => false,
+        };
+        Ok(match field {
+            Field::Id => get::<Option<i64>>(self.row, at)?.map_or(Value::Null, Value::Int),
+            Field::RetryCount | Field::MaxRetryCount => get::<Option<i32>>(self.row, at)?
+                .map_or(Value::Null, |i| Value::Int(i64::from(i))),
+            _ if bytea => get::<Option<Vec<u8>>>(self.row, at)?
+                .map_or(Value::Null, |b| Value::Bytes(Bytes::from(b))),
+            Field::CreatedAt => get::<Option<String>>(self.row, at)?
+                .map_or(Value::Null, |t| Value::Bytes(Bytes::from(iso8601(&t)))),
+            _ => get::<Option<String>>(self.row, at)?
+                .map_or(Value::Null, |t| Value::Bytes(Bytes::from(t))),
         })
-    };
-    let headers: Option<String> = get(row, 7)?;
-    let created_at: String = get(row, 8)?;
-    Ok(OutboxEvent {
-        id: get(row, 0)?,
-        message_id: get(row, 1)?,
-        message_type: get(row, 2)?,
-        biz_key: get(row, 3)?,
-        key: bytes(4, shape.key_bytea)?,
-        topic: get(row, 5)?,
-        payload: bytes(6, shape.payload_bytea)?,
-        headers: row_headers(headers.as_deref(), table),
-        created_at: iso8601(&created_at),
-        retry_count: get(row, 9)?,
-        max_retry_count: get(row, 10)?,
-        commit_time: None,
-    })
+    }
 }
 
 impl Sql {
     /// `version` is `server_version_num`: `gen_random_uuid()` is built in from 13 on.
     fn new(outbox: &str, checkpoint: &str, columns: &str, version: i32) -> Self {
+        let blocking = status::blocking_sql_list();
         let token = if version >= 130_000 {
             "gen_random_uuid()"
         } else {
@@ -831,11 +831,11 @@ impl Sql {
             ),
             blocked_all: format!(
                 "SELECT DISTINCT biz_key::text FROM {outbox} \
-                 WHERE next_retry_time IS NOT NULL AND status IN {BLOCKING}"
+                 WHERE next_retry_time IS NOT NULL AND status IN {blocking}"
             ),
             blocked_some: format!(
                 "SELECT DISTINCT biz_key::text FROM {outbox} \
-                 WHERE next_retry_time IS NOT NULL AND status IN {BLOCKING} \
+                 WHERE next_retry_time IS NOT NULL AND status IN {blocking} \
                  AND biz_key = ANY($1::text[])"
             ),
         }
@@ -859,10 +859,11 @@ impl Sql {
 /// Claimed rows get `next_retry_time = COALESCE(next_retry_time, now())`, so a PROCESSING
 /// row claimed from INIT is in the partial indexes too.
 fn claim_sql(outbox: &str, columns: &str, token: &str, poll: bool, strict: bool) -> String {
+    let blocking = status::blocking_sql_list();
     let not_blocked = if strict {
         format!(
             "AND NOT EXISTS (SELECT 1 FROM {outbox} e WHERE e.biz_key = o.biz_key \
-             AND e.id < o.id AND e.next_retry_time IS NOT NULL AND e.status IN {BLOCKING})"
+             AND e.id < o.id AND e.next_retry_time IS NOT NULL AND e.status IN {blocking})"
         )
     } else {
         String::new()
@@ -927,19 +928,11 @@ pub(crate) fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
     })
 }
 
-pub(crate) fn delay_ms(delay: Duration) -> i64 {
-    i64::try_from(delay.as_millis()).map_or(MAX_DELAY_MS, |ms| ms.min(MAX_DELAY_MS))
-}
+pub(crate) use outboxd_connector_kit::retry::delay_ms;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn clamps_delays() {
-        assert_eq!(delay_ms(Duration::from_millis(1500)), 1500);
-        assert_eq!(delay_ms(Duration::from_secs(u64::MAX)), MAX_DELAY_MS);
-    }
 
     #[test]
     fn claim_statements_lock_only_the_outbox_rows_they_take() {

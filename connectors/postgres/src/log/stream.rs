@@ -1,0 +1,388 @@
+//! The PostgreSQL [`ChangeStream`]: logical replication from the pipeline's slot, decoded
+//! with [`crate::pgoutput`], filtered to committed inserts into the outbox table.
+//!
+//! [`PgChangeStream::open`] checks the slot over SQL, starts replication and spawns a task
+//! that owns the socket. The task assembles transactions (Begin..Commit), turns outbox
+//! inserts into [`OutboxEvent`]s and sends [`ChangeItem`]s through a bounded channel: when
+//! the core falls behind, the task stops reading the socket (backpressure) but keeps
+//! sending standby status updates so the server does not time the session out.
+//!
+//! Positions: a transaction's position is the end LSN of its commit; progress is a
+//! keepalive's WAL end (only between transactions) or the end LSN of a transaction without
+//! outbox rows. The server is only ever told the LSN the core passed to
+//! [`ChangeStream::confirm`] (or the slot's own `confirmed_flush_lsn` before that).
+
+use std::fmt;
+use std::time::Duration;
+
+use outboxd_connector::{ChangeItem, ChangeStream, ConnectorError, Lsn, Position};
+use outboxd_connector_kit::tail::{self, sleep_until_opt, Closed, Confirmations, Inlet, Outlet};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::log::decode::{Decoded, Decoder};
+use crate::replication::{ReplicationConnection, ReplicationMessage, ReplicationStream};
+use crate::PostgresConnector;
+
+/// A confirmation reaches the server within this delay (and status updates are
+/// coalesced to at most one per this delay).
+const CONFIRM_DELAY: Duration = Duration::from_millis(100);
+
+/// The change stream of one PostgreSQL pipeline. Dropping it stops replication.
+pub struct PgChangeStream {
+    inlet: Inlet,
+    confirmed: watch::Sender<Lsn>,
+    task: JoinHandle<()>,
+    slot: String,
+}
+
+impl fmt::Debug for PgChangeStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgChangeStream")
+            .field("slot", &self.slot)
+            .field("confirmed", &*self.confirmed.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgChangeStream {
+    /// Checks the slot, starts logical replication at the slot's confirmed position and
+    /// spawns the task that reads it.
+    pub(crate) async fn open(connector: &PostgresConnector) -> Result<Self, ConnectorError> {
+        let slot = connector.slot();
+        let publication = connector.publication();
+        let confirmed_flush = check_slot(connector, &slot).await?;
+        let decoder = Decoder::new(
+            &connector.layout().outbox_table,
+            &connector.layout().key_column,
+        );
+
+        let conn = ReplicationConnection::connect(connector.config()).await?;
+        // 0/0: the server starts at the slot's confirmed_flush_lsn.
+        let stream = conn
+            .start_logical_replication(&slot, Lsn(0), &publication)
+            .await
+            .map_err(|e| with_fix(e, &slot))?;
+        tracing::info!(%slot, %publication, confirmed_flush = %confirmed_flush, "replication stream open");
+
+        let (outlet, inlet) = tail::channel(confirmed_flush, Position::Lsn);
+        let (confirmed, confirmed_rx) = watch::channel(confirmed_flush);
+        let task = Task {
+            stream,
+            decoder,
+            outlet,
+            reporter: Reporter::new(confirmed_rx, connector.config().status_interval),
+            slot: slot.clone(),
+        };
+        let task = tokio::spawn(task.run());
+        Ok(Self {
+            inlet,
+            confirmed,
+            task,
+            slot,
+        })
+    }
+
+    /// The replication slot this stream reads.
+    pub fn slot(&self) -> &str {
+        &self.slot
+    }
+}
+
+impl Drop for PgChangeStream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl ChangeStream for PgChangeStream {
+    async fn next(&mut self) -> Result<ChangeItem, ConnectorError> {
+        let slot = &self.slot;
+        self.inlet
+            .next(|| format!("the replication stream of slot `{slot}` has ended"))
+            .await
+    }
+
+    async fn confirm(&mut self, position: &Position) -> Result<(), ConnectorError> {
+        let Position::Lsn(lsn) = position else {
+            return Err(ConnectorError::definite(format!(
+                "position `{position}` is not a PostgreSQL LSN (slot `{}`)",
+                self.slot
+            )));
+        };
+        let lsn = *lsn;
+        self.confirmed.send_if_modified(|current| {
+            let advance = lsn > *current;
+            if advance {
+                *current = lsn;
+            }
+            advance
+        });
+        Ok(())
+    }
+}
+
+/// Reads the slot from `pg_replication_slots` and returns its `confirmed_flush_lsn`.
+async fn check_slot(connector: &PostgresConnector, slot: &str) -> Result<Lsn, ConnectorError> {
+    let client = connector.sql_client().await?;
+    let context = format!(
+        "reading replication slot `{slot}` at {}",
+        connector.endpoint()
+    );
+    // to_jsonb: wal_status exists from PostgreSQL 13 on; this reads it when it is there.
+    let row = client
+        .query_opt(
+            "SELECT to_jsonb(s) FROM pg_replication_slots s WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .map_err(|e| crate::client::classify_pg_error(&e, &context))?;
+    let Some(row) = row else {
+        return Err(ConnectorError::definite(format!(
+            "replication slot `{slot}` does not exist: run `outboxd init --config <file>` (or \
+             `outboxd recover --config <file>` if it was dropped)"
+        )));
+    };
+    let info: serde_json::Value = row
+        .try_get(0)
+        .map_err(|e| ConnectorError::definite(context.clone()).with_source(e))?;
+    let field = |name: &str| info.get(name).and_then(serde_json::Value::as_str);
+    if field("wal_status") == Some("lost") {
+        return Err(ConnectorError::definite(format!(
+            "replication slot `{slot}` was invalidated (the WAL it needed was removed): run \
+             `outboxd recover --config <file>` to recreate it and rescan INIT/FAILED rows"
+        )));
+    }
+    if let Some(plugin) = field("plugin").filter(|p| *p != "pgoutput") {
+        return Err(ConnectorError::definite(format!(
+            "replication slot `{slot}` uses output plugin `{plugin}`, outboxd needs `pgoutput`: \
+             drop it and run `outboxd init --config <file>`"
+        )));
+    }
+    if let Some(db) = field("database").filter(|d| *d != connector.config().database) {
+        return Err(ConnectorError::definite(format!(
+            "replication slot `{slot}` belongs to database `{db}`, not `{}`",
+            connector.config().database
+        )));
+    }
+    if info.get("active").and_then(serde_json::Value::as_bool) == Some(true) {
+        let pid = info
+            .get("active_pid")
+            .map_or_else(|| "?".to_owned(), ToString::to_string);
+        return Err(ConnectorError::transient(format!(
+            "replication slot `{slot}` is in use by pid {pid}; waiting"
+        )));
+    }
+    let confirmed = match field("confirmed_flush_lsn") {
+        Some(text) => text
+            .parse()
+            .map_err(|e| ConnectorError::definite(context.clone()).with_source(e))?,
+        None => Lsn(0),
+    };
+    tracing::debug!(%slot, %confirmed, "replication slot checked");
+    Ok(confirmed)
+}
+
+/// Adds the operator's fix to server errors about a missing or unusable slot or
+/// publication (they can appear at START_REPLICATION or at the first change decoded).
+fn with_fix(e: ConnectorError, slot: &str) -> ConnectorError {
+    let m = e.message();
+    let fix = if m.contains("SQLSTATE 42704") {
+        // undefined_object: the slot or publication was dropped.
+        "run `outboxd init --config <file>` to create it (or `outboxd recover --config <file>` \
+         if the slot was dropped)"
+    } else if m.contains("SQLSTATE 55000") && m.contains("slot") {
+        // object_not_in_prerequisite_state: the slot was invalidated (WAL removed).
+        "the slot is no longer usable: run `outboxd recover --config <file>` to recreate it and \
+         rescan INIT/FAILED rows"
+    } else {
+        return e;
+    };
+    tracing::debug!(%slot, error = %e, "replication error needs the operator");
+    ConnectorError::definite(format!("{m}: {fix}"))
+}
+
+/// Standby status updates: what the core confirmed, when it is due.
+struct Reporter {
+    confirmed: watch::Receiver<Lsn>,
+    interval: Duration,
+    last_sent_at: Instant,
+    last_sent: Lsn,
+    /// Set when a confirmation advanced: send by then.
+    due: Option<Instant>,
+}
+
+impl Reporter {
+    fn new(confirmed: watch::Receiver<Lsn>, interval: Duration) -> Self {
+        // A zero interval would spin; the server's own timeout is much longer anyway.
+        let interval = interval.max(CONFIRM_DELAY);
+        Self {
+            confirmed,
+            interval,
+            last_sent_at: Instant::now(),
+            last_sent: Lsn(0),
+            due: None,
+        }
+    }
+
+    fn deadline(&self) -> Instant {
+        let periodic = self.last_sent_at + self.interval;
+        self.due.map_or(periodic, |due| due.min(periodic))
+    }
+
+    /// The core confirmed something; schedule an update (coalesced).
+    fn on_confirm(&mut self) {
+        if self.due.is_none() && *self.confirmed.borrow() > self.last_sent {
+            self.due = Some(Instant::now().max(self.last_sent_at + CONFIRM_DELAY));
+        }
+    }
+
+    async fn send(
+        &mut self,
+        stream: &mut ReplicationStream,
+        slot: &str,
+        reply_requested: bool,
+    ) -> Result<(), ConnectorError> {
+        let lsn = *self.confirmed.borrow_and_update();
+        stream.send_status_update(lsn, reply_requested).await?;
+        if lsn != self.last_sent {
+            tracing::debug!(%slot, %lsn, "confirmed to the server");
+        }
+        self.last_sent = lsn;
+        self.last_sent_at = Instant::now();
+        self.due = None;
+        Ok(())
+    }
+}
+
+/// The reporter's duties while the task waits for the core: a [`Reporter`] with the
+/// stream it reports on.
+struct StatusUpdates<'a> {
+    reporter: &'a mut Reporter,
+    stream: &'a mut ReplicationStream,
+    slot: &'a str,
+}
+
+impl Confirmations for StatusUpdates<'_> {
+    async fn changed(&mut self) -> Result<(), Closed> {
+        self.reporter.confirmed.changed().await.map_err(|_| Closed)
+    }
+
+    fn on_confirm(&mut self) {
+        self.reporter.on_confirm();
+    }
+
+    fn due(&self) -> Option<Instant> {
+        Some(self.reporter.deadline())
+    }
+
+    async fn on_due(&mut self) -> Result<(), ConnectorError> {
+        self.reporter.send(self.stream, self.slot, false).await
+    }
+}
+
+/// The task that owns the replication socket.
+struct Task {
+    stream: ReplicationStream,
+    decoder: Decoder,
+    outlet: Outlet<Lsn>,
+    reporter: Reporter,
+    slot: String,
+}
+
+impl Task {
+    async fn run(mut self) {
+        let error = match self.run_inner().await {
+            Ok(Closed) => return,
+            Err(e) => e,
+        };
+        tracing::debug!(slot = %self.slot, error = %error, "replication stream failed");
+        self.outlet.fail(error).await;
+    }
+
+    async fn run_inner(&mut self) -> Result<Closed, ConnectorError> {
+        loop {
+            let progress_at = self.outlet.progress_due(self.decoder.in_transaction());
+            let status_at = self.reporter.deadline();
+            tokio::select! {
+                message = self.stream.recv() => {
+                    let message = message.map_err(|e| with_fix(e, &self.slot))?;
+                    if let Err(Closed) = self.handle(message).await? {
+                        return Ok(Closed);
+                    }
+                }
+                changed = self.reporter.confirmed.changed() => {
+                    if changed.is_err() {
+                        return Ok(Closed); // PgChangeStream dropped
+                    }
+                    self.reporter.on_confirm();
+                }
+                () = tokio::time::sleep_until(status_at) => {
+                    self.reporter.send(&mut self.stream, &self.slot, false).await?;
+                }
+                () = sleep_until_opt(progress_at) => {
+                    if let Some(item) = self.outlet.take_progress() {
+                        if self.emit(item).await.is_err() {
+                            return Ok(Closed);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Handles one replication message; `Ok(Err(Closed))` when the receiver is gone.
+    async fn handle(
+        &mut self,
+        message: ReplicationMessage,
+    ) -> Result<Result<(), Closed>, ConnectorError> {
+        match message {
+            ReplicationMessage::Keepalive {
+                wal_end,
+                reply_requested,
+                ..
+            } => {
+                if reply_requested {
+                    self.reporter
+                        .send(&mut self.stream, &self.slot, true)
+                        .await?;
+                }
+                if !self.decoder.in_transaction() {
+                    return Ok(self.progress(wal_end).await);
+                }
+                Ok(Ok(()))
+            }
+            ReplicationMessage::XLogData { data, .. } => match self.decoder.handle(&data)? {
+                None => Ok(Ok(())),
+                Some(Decoded::Empty(end_lsn)) => Ok(self.progress(end_lsn).await),
+                Some(Decoded::Transaction(txn)) => {
+                    let Position::Lsn(lsn) = txn.commit_position else {
+                        return Ok(Ok(()));
+                    };
+                    tracing::debug!(slot = %self.slot, %lsn, events = txn.events.len(), "outbox transaction");
+                    self.outlet.transaction(&lsn);
+                    Ok(self.emit(ChangeItem::Transaction(txn)).await)
+                }
+            },
+        }
+    }
+
+    /// Records progress to `lsn`; sends it now or when the rate limit allows.
+    async fn progress(&mut self, lsn: Lsn) -> Result<(), Closed> {
+        match self.outlet.progress(lsn) {
+            Some(item) => self.emit(item).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Sends `item` to the core; status updates keep going out while it waits.
+    async fn emit(&mut self, item: ChangeItem) -> Result<(), Closed> {
+        let mut duties = StatusUpdates {
+            reporter: &mut self.reporter,
+            stream: &mut self.stream,
+            slot: &self.slot,
+        };
+        self.outlet.emit(item, &mut duties).await
+    }
+}
