@@ -1,20 +1,7 @@
 use std::time::Duration;
 
+pub use outboxd_connector_kit::SslMode;
 use serde::Deserialize;
-
-/// How to use TLS on the SQL and binlog connections (the subset of libpq-style modes that
-/// does not verify certificates; verification belongs in a later version).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum SslMode {
-    /// Plain TCP.
-    Disable,
-    /// TLS when the server offers it, plain TCP otherwise.
-    #[default]
-    Prefer,
-    /// TLS or fail.
-    Require,
-}
 
 /// `[source]` of a MySQL 8 or MariaDB pipeline (`kind = "mysql"`).
 #[derive(Clone, Debug, Deserialize)]

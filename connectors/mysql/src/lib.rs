@@ -1,29 +1,38 @@
 //! MySQL 8 and MariaDB connector for outboxd.
 //!
-//! - `decoder`: a pure state machine from binlog events (decoded by `mysql_common`) to
-//!   committed outbox transactions, with binlog positions and GTID state.
-//! - [`stream`]: the [`outboxd_connector::ChangeStream`]: the binlog read as a replica
-//!   (`mysql_async`'s binlog stream), one active reader per pipeline (`GET_LOCK`), the
-//!   checkpoint row as the resume position.
-//! - [`store`]: the [`outboxd_connector::OutboxStore`]: status write-back and checkpoint in
-//!   one transaction, one round trip.
-//! - `ops`: claims (`FOR UPDATE SKIP LOCKED`), claimed write-back, reaper, retry schedule,
-//!   blocked keys, and the operator's actions ([`outboxd_connector::OutboxAdmin`]).
-//! - `gtid`: MySQL GTID sets and MariaDB GTID positions, parsed, merged and rendered.
-//! - `server`: binlog status, files, and whether a checkpoint can still be resumed from.
-//! - `admin`: `init` (tables, starting checkpoint; poll mode: its index) and `check`.
+//! The layout is the same in every engine crate (see `connectors/postgres`), and what the
+//! engines share lives in `outboxd-connector-kit`:
+//!
+//! - `config`: [`MysqlConfig`], the `[source]` section.
+//! - `client`: [`MysqlConnector`], SQL connections (TLS through native-tls) and the
+//!   classification of server errors into transient and definite ones.
+//! - `setup/`: `init` (tables, starting checkpoint; poll mode: its index), `check`, and
+//!   the checkpoint reset of `recover`.
+//! - `log/`: the log tail. `log::decode` is a pure state machine from binlog events
+//!   (decoded by `mysql_common`) to committed outbox transactions, rows through the kit's
+//!   row conversion; `log::gtid` parses, merges and renders MySQL GTID sets and MariaDB
+//!   GTID positions; `log::server` reads binlog status and files and says whether a
+//!   checkpoint can still be resumed from; [`stream`] is the
+//!   [`outboxd_connector::ChangeStream`]: the binlog read as a replica, one active reader
+//!   per pipeline (`GET_LOCK`), the checkpoint row as the resume position.
+//! - `store/`: the [`outboxd_connector::OutboxStore`]: status write-back and checkpoint in
+//!   one transaction, one round trip (`store`), claims (`FOR UPDATE SKIP LOCKED`), claimed
+//!   write-back, reaper, retry schedule and blocked keys (`store::claims`), and the
+//!   operator's actions, [`outboxd_connector::OutboxAdmin`] (`store::operator`).
 //! - `schema`: `schemas/mysql/*.sql` rendered for the configured names; quoting.
+//! - `time`: TIMESTAMP values as ISO 8601 and `SystemTime`.
+//!
+//! Data flows: binlog → `log/decode` → `log/stream` → the core, which writes outcomes
+//! back through `store/`.
 
-mod admin;
+mod client;
 mod config;
-mod connect;
-mod decoder;
-mod gtid;
-mod ops;
+mod log;
 mod schema;
-mod server;
+mod setup;
 pub mod store;
-pub mod stream;
+mod time;
 
+pub use client::MysqlConnector;
 pub use config::{MysqlConfig, SslMode};
-pub use connect::MysqlConnector;
+pub use log::stream;

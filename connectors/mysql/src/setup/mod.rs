@@ -11,33 +11,16 @@ use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 use outboxd_connector::{CheckLine, CheckReport, ConnectorError, Position, ReadMode};
 
-use crate::connect::{execute, int, query, query_first, text_or_empty};
+use outboxd_connector_kit::check::{failed_query, outbox_columns_line, push};
+
+use crate::client::{execute, int, query, query_first, text_or_empty};
 use crate::schema::{
     self, outbox_poll_index, qualified, quote_ident, split_qualified, sql_string, table_ident,
 };
-use crate::server::{self, ServerInfo};
+use crate::log::server::{self, ServerInfo};
 use crate::store::{checkpoint_sql, load_checkpoint};
-use crate::stream::lock_holder;
+use crate::log::stream::lock_holder;
 use crate::MysqlConnector;
-
-/// Columns the stream reads and the write-back writes; the key column is added to these.
-const REQUIRED_COLUMNS: &[&str] = &[
-    "id",
-    "message_id",
-    "message_type",
-    "biz_key",
-    "payload",
-    "status",
-    "retry_count",
-    "max_retry_count",
-    "next_retry_time",
-    "last_error",
-    "created_at",
-    "updated_at",
-    "sent_at",
-    "kafka_partition",
-    "kafka_offset",
-];
 
 const PAYLOAD_TYPES: &[&str] = &[
     "json",
@@ -322,14 +305,6 @@ pub(crate) async fn check(c: &MysqlConnector, mode: ReadMode) -> CheckReport {
     report
 }
 
-fn push(report: &mut CheckReport, item: &str, line: Result<CheckLine, ConnectorError>) {
-    report.push(line.unwrap_or_else(|e| failed_query(item, &e)));
-}
-
-fn failed_query(item: &str, e: &ConnectorError) -> CheckLine {
-    CheckLine::fail(item, format!("could not check: {e}"), "see the error above")
-}
-
 fn is_on(value: &str) -> bool {
     value.eq_ignore_ascii_case("ON") || value == "1"
 }
@@ -455,7 +430,7 @@ async fn check_server_id(
                  clash, or make sure no replica uses this server_id",
             ))
         }
-        Err(e) => return Err(crate::connect::classify(&e, "listing replicas")),
+        Err(e) => return Err(crate::client::classify(&e, "listing replicas")),
     };
     let mut clash = None;
     for row in &rows {
@@ -559,31 +534,13 @@ async fn check_outbox(
             text_or_empty(row, 1)?.to_ascii_lowercase(),
         ));
     }
-    let mut required: Vec<&str> = REQUIRED_COLUMNS.to_vec();
-    if !required.contains(&layout.key_column.as_str()) {
-        required.push(&layout.key_column);
-    }
-    let missing: Vec<&str> = required
-        .into_iter()
-        .filter(|r| !columns.iter().any(|(c, _)| c.eq_ignore_ascii_case(r)))
-        .collect();
-    let mut lines = Vec::new();
-    if missing.is_empty() {
-        lines.push(CheckLine::ok(
-            "outbox table",
-            format!("{table}, all required columns present"),
-        ));
-    } else {
-        lines.push(CheckLine::fail(
-            "outbox table",
-            format!("{table} lacks column(s) {}", missing.join(", ")),
-            format!(
-                "add them as in schemas/mysql/outbox.sql (ALTER TABLE {} ADD COLUMN …), or set \
-                 the key column in the config",
-                qualified(table)
-            ),
-        ));
-    }
+    let mut lines = vec![outbox_columns_line(
+        table,
+        &qualified(table),
+        &layout.key_column,
+        "schemas/mysql/outbox.sql",
+        |r| columns.iter().any(|(c, _)| c.eq_ignore_ascii_case(r)),
+    )];
     if let Some((_, ty)) = columns.iter().find(|(c, _)| c == "payload") {
         if PAYLOAD_TYPES.contains(&ty.as_str()) {
             lines.push(CheckLine::ok("outbox payload", ty.clone()));

@@ -4,8 +4,8 @@ use outboxd_connector::{CheckReport, Connector, ConnectorError, OutboxLayout, Re
 
 use crate::schema::{split_qualified, table_ident};
 use crate::store::MysqlOutboxStore;
-use crate::stream::MysqlChangeStream;
-use crate::{admin, MysqlConfig, SslMode};
+use crate::log::stream::MysqlChangeStream;
+use crate::{setup as admin, MysqlConfig, SslMode};
 
 /// Everything outboxd does with one MySQL or MariaDB pipeline, from its configuration.
 #[derive(Clone, Debug)]

@@ -1,5 +1,5 @@
-//! Claims, reaper and operator actions on a MySQL/MariaDB outbox, as the PostgreSQL
-//! connector does them (see `connectors/postgres/src/store.rs` and `operator.rs`).
+//! Claims, claimed write-back, reaper, retry schedule and blocked keys on a MySQL/MariaDB
+//! outbox, as the PostgreSQL connector does them (see `connectors/postgres/src/store/`).
 //!
 //! MySQL has no `UPDATE … RETURNING`, so a claim is one short READ COMMITTED transaction:
 //! `SELECT id … ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED` (MySQL 8.0.1+, MariaDB 10.6+),
@@ -14,138 +14,64 @@
 
 use std::collections::HashSet;
 use std::fmt::Write as _;
-use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
 use outboxd_connector::{
-    headers_from_json, last_error_text, parked_by_operator, resolved_by_operator, ClaimRequest,
-    ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack, ConnectorError, JanitorAction,
-    OutboxAdmin, OutboxEvent, Position, ReapPolicy, ReapReport, RetrySchedule, RetrySelector,
-    StatusCount, StatusSummary,
+    last_error_text, ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack,
+    ConnectorError, OutboxEvent, ReapPolicy, ReapReport, RetrySchedule,
 };
+use outboxd_connector_kit::row::{self, RowSource, Value as Cell};
+use outboxd_connector_kit::{columns, status, Field};
 
-use crate::connect::{classify, int, query, text, text_or_empty};
-use crate::decoder::iso8601_utc;
-use crate::schema::{qualified, quote_ident, sql_string};
-use crate::server;
+use crate::client::{classify, query, text, text_or_empty};
+use crate::schema::{quote_ident, sql_string};
 use crate::store::{delay_ms, MysqlOutboxStore};
-
-/// The statuses that hold back later events of a key under strict ordering.
-const BLOCKING: &str = "('FAILED', 'PROCESSING', 'MANUAL_REQUIRED')";
+use crate::time::{sql_time_iso, system_time};
 
 /// Keys per `IN (…)` list.
 const KEYS_PER_STATEMENT: usize = 1000;
 
-/// `(id, …)` of the claimed or scanned rows, in the order [`event_from_row`] reads them.
-fn event_columns(key_column: &str) -> String {
-    format!(
-        "o.id, o.message_id, o.message_type, o.biz_key, o.{key}, o.topic, o.payload, o.headers, \
-         o.created_at, o.retry_count, o.max_retry_count",
-        key = quote_ident(key_column)
-    )
+/// `(id, …)` of the claimed or scanned rows (the kit's claim fields), in the order
+/// [`event_from_row`] reads them.
+pub(super) fn event_columns(key_column: &str) -> String {
+    columns::select_list(|field| format!("o.{}", quote_ident(field.column(key_column))))
 }
 
-const EVENT_COLUMNS: usize = 11;
+pub(super) const EVENT_COLUMNS: usize = columns::CLAIM_FIELDS.len();
 
 /// One row of [`event_columns`] as the stream would build it (without a commit time).
-fn event_from_row(row: &Row, table: &str) -> Result<OutboxEvent, ConnectorError> {
-    let required = |at: usize, name: &str| {
-        text(row, at)?.ok_or_else(|| {
-            ConnectorError::definite(format!("outbox `{table}`: column `{name}` is NULL"))
-        })
-    };
-    let bytes = |at: usize| -> Result<Bytes, ConnectorError> {
-        Ok(match row.as_ref(at) {
-            Some(mysql_async::Value::Bytes(b)) => Bytes::copy_from_slice(b),
-            _ => text(row, at)?.map(Bytes::from).unwrap_or_default(),
-        })
-    };
-    let number = |at: usize, name: &str| -> Result<i64, ConnectorError> {
-        int(row, at)?.ok_or_else(|| {
-            ConnectorError::definite(format!("outbox `{table}`: column `{name}` is NULL"))
-        })
-    };
-    let int32 = |at: usize, name: &str| -> Result<i32, ConnectorError> {
-        i32::try_from(number(at, name)?).map_err(|_| {
-            ConnectorError::definite(format!("outbox `{table}`: column `{name}` is out of range"))
-        })
-    };
-    let headers = match text(row, 7)? {
-        Some(json) => headers_from_json(&json).unwrap_or_default(),
-        None => Vec::new(),
-    };
-    Ok(OutboxEvent {
-        id: number(0, "id")?,
-        message_id: required(1, "message_id")?,
-        message_type: required(2, "message_type")?,
-        biz_key: required(3, "biz_key")?,
-        key: bytes(4)?,
-        topic: text(row, 5)?,
-        payload: bytes(6)?,
-        headers,
-        created_at: sql_time_iso(&required(8, "created_at")?),
-        retry_count: int32(9, "retry_count")?,
-        max_retry_count: int32(10, "max_retry_count")?,
-        commit_time: None,
-    })
+pub(super) fn event_from_row(row: &Row, table: &str) -> Result<OutboxEvent, ConnectorError> {
+    row::event_from_row(&SqlRow(row), table)
 }
 
-/// `2026-05-09 07:30:00.123456` (a TIMESTAMP read in a `+00:00` session) as the stream
-/// renders it: `2026-05-09T07:30:00.123456+00:00`, no fraction when it is zero.
-fn sql_time_iso(text: &str) -> String {
-    match parse_sql_time(text) {
-        Some((secs, micros)) => iso8601_utc(secs, micros),
-        None => text.to_owned(),
+/// An SQL result row of [`event_columns`] as the kit's row conversion reads it.
+struct SqlRow<'a>(&'a Row);
+
+impl RowSource for SqlRow<'_> {
+    fn value(&self, field: Field) -> Result<Cell, ConnectorError> {
+        let Some(at) = columns::position_in_claim(field) else {
+            return Ok(Cell::Null);
+        };
+        Ok(match self.0.as_ref(at) {
+            None | Some(mysql_async::Value::NULL) => Cell::Null,
+            Some(mysql_async::Value::Bytes(b)) if field == Field::CreatedAt => {
+                let text = String::from_utf8_lossy(b);
+                Cell::Bytes(Bytes::from(sql_time_iso(&text)))
+            }
+            Some(mysql_async::Value::Bytes(b)) => Cell::Bytes(Bytes::copy_from_slice(b)),
+            Some(mysql_async::Value::Int(i)) => Cell::Int(*i),
+            Some(_) => match text(self.0, at)? {
+                Some(t) if field == Field::CreatedAt => Cell::Bytes(Bytes::from(sql_time_iso(&t))),
+                Some(t) => Cell::Bytes(Bytes::from(t)),
+                None => Cell::Null,
+            },
+        })
     }
 }
 
-/// `YYYY-MM-DD HH:MM:SS[.ffffff]` (UTC) → (seconds since the epoch, microseconds).
-fn parse_sql_time(text: &str) -> Option<(i64, u32)> {
-    let (date, time) = text.trim().split_once(' ')?;
-    let mut d = date.split('-');
-    let (y, m, day): (i64, i64, i64) = (
-        d.next()?.parse().ok()?,
-        d.next()?.parse().ok()?,
-        d.next()?.parse().ok()?,
-    );
-    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
-    let mut t = hms.split(':');
-    let (h, mi, s): (i64, i64, i64) = (
-        t.next()?.parse().ok()?,
-        t.next()?.parse().ok()?,
-        t.next()?.parse().ok()?,
-    );
-    let mut micros: u32 = format!("{frac:0<6}").get(..6)?.parse().ok()?;
-    if frac.is_empty() {
-        micros = 0;
-    }
-    Some((
-        days_from_civil(y, m, day) * 86_400 + h * 3600 + mi * 60 + s,
-        micros,
-    ))
-}
-
-/// (year, month, day) → days since 1970-01-01 (H. Hinnant's algorithm).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-fn system_time(text: Option<String>) -> Option<SystemTime> {
-    let (secs, micros) = parse_sql_time(&text?)?;
-    let secs = u64::try_from(secs).ok()?;
-    SystemTime::UNIX_EPOCH
-        .checked_add(Duration::from_secs(secs) + Duration::from_micros(u64::from(micros)))
-}
-
-fn id_list(ids: impl IntoIterator<Item = i64>) -> String {
+pub(super) fn id_list(ids: impl IntoIterator<Item = i64>) -> String {
     let mut out = String::new();
     for (i, id) in ids.into_iter().enumerate() {
         if i > 0 {
@@ -158,10 +84,10 @@ fn id_list(ids: impl IntoIterator<Item = i64>) -> String {
 
 /// `status` first (from the old `retry_count`), then the increment: single-table UPDATEs
 /// assign left to right.
-const FAILED_STATUS: &str =
+pub(super) const FAILED_STATUS: &str =
     "status = CASE WHEN retry_count + 1 >= max_retry_count THEN 'MANUAL_REQUIRED' ELSE 'FAILED' END";
 
-fn next_retry(delay_ms_sql: &str) -> String {
+pub(super) fn next_retry(delay_ms_sql: &str) -> String {
     format!(
         "LEAST(NOW(6) + INTERVAL ({delay_ms_sql}) * 1000 MICROSECOND, TIMESTAMP'2038-01-19 03:14:07')"
     )
@@ -170,7 +96,7 @@ fn next_retry(delay_ms_sql: &str) -> String {
 impl MysqlOutboxStore {
     /// Runs `f` on the connection inside `START TRANSACTION … COMMIT` at READ COMMITTED;
     /// drops the connection when anything fails (the server rolls back).
-    async fn in_transaction<T, F>(&self, what: &str, f: F) -> Result<T, ConnectorError>
+    pub(super) async fn in_transaction<T, F>(&self, what: &str, f: F) -> Result<T, ConnectorError>
     where
         F: for<'c> FnOnce(
             &'c mut Conn,
@@ -203,7 +129,7 @@ impl MysqlOutboxStore {
     }
 
     /// Runs one statement outside an explicit transaction; returns the rows it changed.
-    async fn update(&self, sql: &str, what: &str) -> Result<u64, ConnectorError> {
+    pub(super) async fn update(&self, sql: &str, what: &str) -> Result<u64, ConnectorError> {
         let mut slot = self.conn.lock().await;
         if slot.is_none() {
             *slot = Some(self.connector.sql_conn().await?);
@@ -220,7 +146,7 @@ impl MysqlOutboxStore {
         }
     }
 
-    async fn rows(&self, sql: &str, what: &str) -> Result<Vec<Row>, ConnectorError> {
+    pub(super) async fn rows(&self, sql: &str, what: &str) -> Result<Vec<Row>, ConnectorError> {
         let mut slot = self.conn.lock().await;
         if slot.is_none() {
             *slot = Some(self.connector.sql_conn().await?);
@@ -250,9 +176,14 @@ impl MysqlOutboxStore {
                 return String::new();
             }
             let statuses = if also_init {
-                "('INIT', 'FAILED', 'PROCESSING', 'MANUAL_REQUIRED')"
+                status::sql_list(&[
+                    status::INIT,
+                    status::FAILED,
+                    status::PROCESSING,
+                    status::MANUAL_REQUIRED,
+                ])
             } else {
-                BLOCKING
+                status::blocking_sql_list()
             };
             let trouble = if also_init {
                 String::new()
@@ -466,9 +397,10 @@ impl MysqlOutboxStore {
         keys: Option<&[String]>,
     ) -> Result<HashSet<String>, ConnectorError> {
         let outbox = &self.outbox;
+        let blocking = status::blocking_sql_list();
         let base = format!(
             "SELECT DISTINCT biz_key FROM {outbox} WHERE next_retry_time IS NOT NULL \
-             AND status IN {BLOCKING}"
+             AND status IN {blocking}"
         );
         let what = "reading the keys held back by failed rows";
         let mut blocked = HashSet::new();
@@ -489,224 +421,5 @@ impl MysqlOutboxStore {
             }
         }
         Ok(blocked)
-    }
-}
-
-impl OutboxAdmin for MysqlOutboxStore {
-    async fn status_summary(&self) -> Result<StatusSummary, ConnectorError> {
-        let outbox = &self.outbox;
-        let rows = self
-            .rows(
-                &format!(
-                    "SELECT status, message_type, COUNT(*), MIN(created_at) FROM {outbox} \
-                     GROUP BY status, message_type ORDER BY status, message_type"
-                ),
-                "counting outbox rows",
-            )
-            .await?;
-        let mut summary = StatusSummary::default();
-        for row in &rows {
-            let status = text_or_empty(row, 0)?;
-            let oldest = system_time(text(row, 3)?);
-            if status == "INIT" || status == "FAILED" {
-                summary.oldest_unsent = match (summary.oldest_unsent, oldest) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
-            }
-            summary.counts.push(StatusCount {
-                status,
-                message_type: text_or_empty(row, 1)?,
-                rows: int(row, 2)?.unwrap_or(0),
-            });
-        }
-        let sql = format!(
-            "SELECT position, updated_at FROM {} WHERE pipeline = {}",
-            self.checkpoint,
-            sql_string(&self.connector.pipeline)
-        );
-        if let Some(row) = self.rows(&sql, "reading the checkpoint").await?.first() {
-            let text_position = text_or_empty(row, 0)?;
-            if let (Ok(position), Some(at)) = (
-                text_position.parse::<Position>(),
-                system_time(text(row, 1)?),
-            ) {
-                summary.source_lag_bytes = self.binlog_lag(&position).await.ok().flatten();
-                summary.checkpoint = Some((position, at));
-            }
-        }
-        Ok(summary)
-    }
-
-    async fn retry_rows(&self, selector: &RetrySelector) -> Result<u64, ConnectorError> {
-        selector.check()?;
-        let outbox = &self.outbox;
-        let set = "SET status = 'FAILED', next_retry_time = NOW(6), retry_count = 0, \
-                   claimed_at = NULL, claim_token = NULL, updated_at = NOW(6)";
-        match selector {
-            RetrySelector::Id(id) => {
-                let sql = format!(
-                    "UPDATE {outbox} {set} WHERE id = {id} AND status IN ('FAILED', 'MANUAL_REQUIRED')"
-                );
-                self.update(&sql, &format!("making row {id} due again"))
-                    .await
-            }
-            RetrySelector::Status {
-                status,
-                message_type,
-            } => {
-                let of_type = message_type
-                    .as_deref()
-                    .map(|t| format!(" AND message_type = {}", sql_string(t)))
-                    .unwrap_or_default();
-                let sql = format!(
-                    "UPDATE {outbox} {set} WHERE next_retry_time IS NOT NULL AND status = {}{of_type}",
-                    sql_string(status)
-                );
-                self.update(&sql, &format!("making {status} rows due again"))
-                    .await
-            }
-        }
-    }
-
-    async fn park_row(&self, id: i64, reason: &str) -> Result<bool, ConnectorError> {
-        let note = sql_string(&parked_by_operator(reason));
-        let sql = format!(
-            "UPDATE {} SET status = 'MANUAL_REQUIRED', \
-             next_retry_time = COALESCE(next_retry_time, NOW(6)), last_error = {note}, \
-             claimed_at = NULL, claim_token = NULL, updated_at = NOW(6) \
-             WHERE id = {id} AND status IN ('INIT', 'FAILED')",
-            self.outbox
-        );
-        Ok(self.update(&sql, &format!("parking row {id}")).await? > 0)
-    }
-
-    async fn resolve_row(&self, id: i64, reason: &str) -> Result<bool, ConnectorError> {
-        let note = sql_string(&resolved_by_operator(reason));
-        let sql = format!(
-            "UPDATE {} SET status = 'SUCCESS', sent_at = NULL, next_retry_time = NULL, \
-             last_error = {note}, claimed_at = NULL, claim_token = NULL, updated_at = NOW(6) \
-             WHERE id = {id} AND status <> 'SUCCESS'",
-            self.outbox
-        );
-        Ok(self.update(&sql, &format!("resolving row {id}")).await? > 0)
-    }
-
-    async fn janitor_batch(
-        &self,
-        retention: Duration,
-        action: &JanitorAction,
-        batch: usize,
-    ) -> Result<u64, ConnectorError> {
-        if batch == 0 {
-            return Ok(0);
-        }
-        let outbox = self.outbox.clone();
-        let retention_ms = delay_ms(retention);
-        // Rows resolved by an operator were never sent: they age from their update.
-        let old = format!(
-            "status = 'SUCCESS' AND COALESCE(sent_at, updated_at) < \
-             NOW(6) - INTERVAL {retention_ms} * 1000 MICROSECOND"
-        );
-        match action {
-            JanitorAction::Delete => {
-                let sql = format!("DELETE FROM {outbox} WHERE {old} ORDER BY id LIMIT {batch}");
-                self.update(&sql, "deleting old SUCCESS rows").await
-            }
-            JanitorAction::Archive(table) => {
-                let archive = qualified(table);
-                self.update(
-                    &format!("CREATE TABLE IF NOT EXISTS {archive} LIKE {outbox}"),
-                    &format!("creating the archive table {table}"),
-                )
-                .await?;
-                let what = format!(
-                    "moving old SUCCESS rows to {table} (its columns must match the outbox's)"
-                );
-                self.in_transaction(&what, move |conn| {
-                    Box::pin(async move {
-                        let ids: Vec<i64> = conn
-                            .query(format!(
-                                "SELECT id FROM {outbox} WHERE {old} ORDER BY id LIMIT {batch} \
-                                 FOR UPDATE SKIP LOCKED"
-                            ))
-                            .await?;
-                        if ids.is_empty() {
-                            return Ok(0);
-                        }
-                        let ids = id_list(ids);
-                        conn.query_drop(format!(
-                            "INSERT INTO {archive} SELECT * FROM {outbox} WHERE id IN ({ids})"
-                        ))
-                        .await?;
-                        conn.query_drop(format!("DELETE FROM {outbox} WHERE id IN ({ids})"))
-                            .await?;
-                        Ok(conn.affected_rows())
-                    })
-                })
-                .await
-            }
-        }
-    }
-
-    async fn scan_init(
-        &self,
-        after_id: i64,
-        limit: usize,
-    ) -> Result<Vec<OutboxEvent>, ConnectorError> {
-        let sql = format!(
-            "SELECT {} FROM {} o WHERE o.status = 'INIT' AND o.id > {after_id} ORDER BY o.id \
-             LIMIT {limit}",
-            event_columns(&self.connector.layout.key_column),
-            self.outbox
-        );
-        let table = &self.connector.layout.outbox_table;
-        self.rows(&sql, "scanning INIT rows")
-            .await?
-            .iter()
-            .map(|row| event_from_row(row, table))
-            .collect()
-    }
-}
-
-impl MysqlOutboxStore {
-    /// Binlog bytes written after `position`: the rest of its file and every later file.
-    async fn binlog_lag(&self, position: &Position) -> Result<Option<u64>, ConnectorError> {
-        let Position::Binlog(b) = position else {
-            return Ok(None);
-        };
-        let mut conn = self.connector.sql_conn().await?;
-        let logs = server::binary_logs(&mut conn).await?;
-        let Some(at) = logs.iter().position(|(name, _)| *name == b.file) else {
-            return Ok(None);
-        };
-        let rest = logs[at].1.saturating_sub(b.offset);
-        Ok(Some(
-            rest + logs[at + 1..].iter().map(|(_, size)| size).sum::<u64>(),
-        ))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sql_times_read_as_the_stream_renders_them() {
-        assert_eq!(
-            sql_time_iso("2026-05-09 07:30:00.123456"),
-            "2026-05-09T07:30:00.123456+00:00"
-        );
-        assert_eq!(
-            sql_time_iso("2026-05-09 07:30:00.000000"),
-            "2026-05-09T07:30:00+00:00"
-        );
-        assert_eq!(parse_sql_time("1970-01-01 00:00:01"), Some((1, 0)));
-        assert_eq!(
-            parse_sql_time("2000-03-01 00:00:00.5"),
-            Some((951_868_800, 500_000))
-        );
-        assert_eq!(sql_time_iso("garbage"), "garbage");
-        assert!(system_time(Some("2026-05-09 07:30:00".into())).is_some());
     }
 }

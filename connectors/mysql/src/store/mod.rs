@@ -7,8 +7,10 @@
 //! change what a statement means. When any statement fails the connection is dropped, so
 //! the server rolls the transaction back.
 
+mod claims;
+mod operator;
+
 use std::fmt::Write as _;
-use std::time::Duration;
 
 use mysql_async::Conn;
 use std::collections::HashSet;
@@ -20,13 +22,9 @@ use outboxd_connector::{
 };
 use tokio::sync::Mutex;
 
-use crate::connect::{execute, query_first, text};
+use crate::client::{execute, query_first, text};
 use crate::schema::{hex_literal, qualified, sql_string};
 use crate::MysqlConnector;
-
-/// Longest retry delay written (one year): TIMESTAMP ends in 2038, so far-off retries are
-/// clamped there too.
-const MAX_DELAY_MS: u64 = 365 * 24 * 3600 * 1000;
 
 /// Rows per statement: keeps statements well below `max_allowed_packet`.
 const ROWS_PER_STATEMENT: usize = 5000;
@@ -314,13 +312,12 @@ pub(crate) fn checkpoint_sql(table: &str, pipeline: &str, position: &Position) -
     )
 }
 
-pub(crate) fn delay_ms(delay: Duration) -> u64 {
-    u64::try_from(delay.as_millis()).map_or(MAX_DELAY_MS, |ms| ms.min(MAX_DELAY_MS))
-}
+pub(crate) use outboxd_connector_kit::retry::delay_ms;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn success_is_one_statement_for_the_batch() {
@@ -363,10 +360,5 @@ mod tests {
         assert!(sql.contains(&hex_literal(b"mariadb-bin.000002")), "{sql}");
         assert!(sql.contains(", 1234) >= ("), "{sql}");
         assert!(sql.find("updated_at = IF").unwrap() < sql.find("position = IF").unwrap());
-    }
-
-    #[test]
-    fn clamps_delays() {
-        assert_eq!(delay_ms(Duration::from_secs(u64::MAX)), MAX_DELAY_MS);
     }
 }

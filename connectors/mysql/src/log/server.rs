@@ -4,8 +4,8 @@
 use mysql_async::Conn;
 use outboxd_connector::{BinlogPosition, ConnectorError};
 
-use crate::connect::{classify, int, query, query_first, text, text_or_empty};
-use crate::gtid::GtidState;
+use crate::client::{classify, int, query, query_first, text, text_or_empty};
+use crate::log::gtid::GtidState;
 use crate::schema::sql_string;
 
 /// The server's flavor and version.

@@ -1,5 +1,5 @@
 //! The MySQL/MariaDB [`ChangeStream`]: the binlog read as a replica, decoded with
-//! `crate::decoder`, filtered to committed inserts into the outbox table.
+//! `crate::log::decode`, filtered to committed inserts into the outbox table.
 //!
 //! `MysqlChangeStream::open` takes the pipeline's lock (`GET_LOCK('outboxd:<pipeline>')`
 //! on a connection held for the life of the stream), reads the checkpoint row, checks that
@@ -23,11 +23,11 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::connect::{classify, execute, int, query, query_first, text_or_empty};
-use crate::decoder::{Decoded, Decoder};
-use crate::gtid::GtidState;
+use crate::client::{classify, execute, int, query, query_first, text_or_empty};
+use crate::log::decode::{Decoded, Decoder};
+use crate::log::gtid::GtidState;
 use crate::schema::{qualified, sql_string, table_ident};
-use crate::server::{self, ServerInfo};
+use crate::log::server::{self, ServerInfo};
 use crate::store::{checkpoint_sql, load_checkpoint};
 use crate::MysqlConnector;
 

@@ -28,11 +28,12 @@ use mysql_async::binlog::value::BinlogValue;
 use mysql_async::binlog::{BinlogChecksumAlg, EventType};
 use mysql_async::consts::ColumnType;
 use mysql_async::Value;
-use outboxd_connector::{
-    headers_from_json, BinlogPosition, CommittedTransaction, ConnectorError, OutboxEvent, Position,
-};
+use outboxd_connector::{BinlogPosition, CommittedTransaction, ConnectorError, OutboxEvent, Position};
+use outboxd_connector_kit::row::{self, RowSource, Value as Cell};
+use outboxd_connector_kit::{ColumnMap, Field};
 
-use crate::gtid::{uuid_text, Gtid, GtidState, MariaDbGtidPos};
+use crate::log::gtid::{uuid_text, Gtid, GtidState, MariaDbGtidPos};
+use crate::time::{fraction, iso8601_utc};
 
 /// MariaDB event types mysql_common does not know.
 const MARIADB_GTID_EVENT: u8 = 162;
@@ -557,8 +558,9 @@ impl Decoder {
                 row: &after,
                 index: &value_index,
                 table: &table_name,
+                columns: &table.columns,
             };
-            if let Some(event) = to_event(&row, &table.columns)? {
+            if let Some(event) = to_event(&row)? {
                 events.push(event);
             }
         }
@@ -738,22 +740,12 @@ fn contains_ci(haystack: &[u8], needle: &[u8]) -> bool {
             .any(|w| w.eq_ignore_ascii_case(needle))
 }
 
-/// Where each outbox column is, with what it needs to be read.
+/// Where each outbox column is (the kit's [`ColumnMap`]), checked against the binlog's
+/// table map.
 #[derive(Clone, Debug)]
 struct OutboxColumns {
     count: usize,
-    id: usize,
-    message_id: usize,
-    message_type: usize,
-    biz_key: usize,
-    key: usize,
-    topic: Option<usize>,
-    payload: usize,
-    headers: Option<usize>,
-    created_at: usize,
-    status: usize,
-    retry_count: usize,
-    max_retry_count: usize,
+    map: ColumnMap,
 }
 
 impl OutboxColumns {
@@ -763,40 +755,21 @@ impl OutboxColumns {
         table: &str,
         key_column: &str,
     ) -> Result<Self, ConnectorError> {
-        let find = |name: &str| names.iter().position(|c| c.eq_ignore_ascii_case(name));
-        let required = |name: &str| {
-            find(name).ok_or_else(|| {
-                ConnectorError::definite(format!(
-                    "outbox table `{table}` has no column `{name}` (see schemas/mysql/outbox.sql)"
-                ))
-            })
-        };
-        let is = |i: usize, kinds: &[ColumnType]| {
-            shape
-                .get(i)
-                .is_some_and(|t| kinds.iter().any(|k| *k as u8 == *t))
-        };
-        let expect = |name: &str, kinds: &[ColumnType], what: &str| {
-            let i = required(name)?;
-            if is(i, kinds) {
-                Ok(i)
-            } else {
-                Err(ConnectorError::definite(format!(
-                    "outbox table `{table}`: column `{name}` is not {what} in the binlog's \
-                     table map (were the column names read for another version of the table? \
-                     set binlog_row_metadata = FULL)"
-                )))
-            }
-        };
+        let map = ColumnMap::resolve(
+            |name| names.iter().position(|c| c.eq_ignore_ascii_case(name)),
+            key_column,
+            table,
+            "schemas/mysql/outbox.sql",
+        )?;
         use ColumnType::*;
-        let ints = [
+        let ints: &[ColumnType] = &[
             MYSQL_TYPE_TINY,
             MYSQL_TYPE_SHORT,
             MYSQL_TYPE_INT24,
             MYSQL_TYPE_LONG,
             MYSQL_TYPE_LONGLONG,
         ];
-        let strings = [
+        let strings: &[ColumnType] = &[
             MYSQL_TYPE_VARCHAR,
             MYSQL_TYPE_VAR_STRING,
             MYSQL_TYPE_STRING,
@@ -807,40 +780,72 @@ impl OutboxColumns {
             MYSQL_TYPE_JSON,
             MYSQL_TYPE_ENUM,
         ];
-        let times = [
+        let times: &[ColumnType] = &[
             MYSQL_TYPE_TIMESTAMP2,
             MYSQL_TYPE_TIMESTAMP,
             MYSQL_TYPE_DATETIME2,
             MYSQL_TYPE_DATETIME,
         ];
+        let expected = [
+            (Field::Id, ints, "an integer"),
+            (Field::MessageId, strings, "a string"),
+            (Field::MessageType, strings, "a string"),
+            (Field::BizKey, strings, "a string"),
+            (Field::Payload, strings, "JSON, a string or a blob"),
+            (Field::CreatedAt, times, "a TIMESTAMP or DATETIME"),
+            (Field::Status, strings, "a string"),
+            (Field::RetryCount, ints, "an integer"),
+            (Field::MaxRetryCount, ints, "an integer"),
+        ];
+        for (field, kinds, what) in expected {
+            let fits = map.get(field).is_some_and(|i| {
+                shape
+                    .get(i)
+                    .is_some_and(|t| kinds.iter().any(|k| *k as u8 == *t))
+            });
+            if !fits {
+                return Err(ConnectorError::definite(format!(
+                    "outbox table `{table}`: column `{}` is not {what} in the binlog's \
+                     table map (were the column names read for another version of the table? \
+                     set binlog_row_metadata = FULL)",
+                    field.label()
+                )));
+            }
+        }
         Ok(Self {
             count: shape.len(),
-            id: expect("id", &ints, "an integer")?,
-            message_id: expect("message_id", &strings, "a string")?,
-            message_type: expect("message_type", &strings, "a string")?,
-            biz_key: expect("biz_key", &strings, "a string")?,
-            key: required(key_column)?,
-            topic: find("topic"),
-            payload: expect("payload", &strings, "JSON, a string or a blob")?,
-            headers: find("headers"),
-            created_at: expect("created_at", &times, "a TIMESTAMP or DATETIME")?,
-            status: expect("status", &strings, "a string")?,
-            retry_count: expect("retry_count", &ints, "an integer")?,
-            max_retry_count: expect("max_retry_count", &ints, "an integer")?,
+            map,
         })
     }
 }
 
-/// One inserted row, addressed by table column.
+/// One inserted row, addressed by table column, as the kit's row conversion reads it.
 struct RowView<'a> {
     row: &'a BinlogRow,
     index: &'a [Option<usize>],
     table: &'a str,
+    columns: &'a OutboxColumns,
 }
 
 impl RowView<'_> {
-    fn value(&self, column: usize, name: &str) -> Result<&BinlogValue<'_>, ConnectorError> {
-        self.index
+    fn unexpected(&self, name: &str, value: &dyn fmt::Debug) -> ConnectorError {
+        ConnectorError::definite(format!(
+            "outbox `{}`: column `{name}` has an unexpected value {value:?}",
+            self.table
+        ))
+    }
+}
+
+impl RowSource for RowView<'_> {
+    /// Strings and blobs as stored, JSON as JSON text, integers as integers; `created_at`
+    /// as ISO 8601 (TIMESTAMP in UTC, `+00:00`; DATETIME without offset).
+    fn value(&self, field: Field) -> Result<Cell, ConnectorError> {
+        let Some(column) = self.columns.map.get(field) else {
+            return Ok(Cell::Null);
+        };
+        let name = field.label();
+        let value = self
+            .index
             .get(column)
             .copied()
             .flatten()
@@ -850,17 +855,37 @@ impl RowView<'_> {
                     "outbox `{}`: the binlog row lacks column `{name}`: set binlog_row_image = FULL",
                     self.table
                 ))
-            })
-    }
-
-    /// The column as bytes: strings and blobs as stored, JSON as JSON text, numbers in
-    /// decimal; `None` for NULL.
-    fn bytes(&self, column: usize, name: &str) -> Result<Option<Bytes>, ConnectorError> {
-        match self.value(column, name)? {
-            BinlogValue::Value(Value::NULL) => Ok(None),
-            BinlogValue::Value(Value::Bytes(b)) => Ok(Some(Bytes::copy_from_slice(b))),
-            BinlogValue::Value(Value::Int(i)) => Ok(Some(Bytes::from(i.to_string()))),
-            BinlogValue::Value(Value::UInt(u)) => Ok(Some(Bytes::from(u.to_string()))),
+            })?;
+        let time = field == Field::CreatedAt;
+        let iso = |text: String| Ok(Cell::Bytes(Bytes::from(text)));
+        match value {
+            BinlogValue::Value(Value::NULL) => Ok(Cell::Null),
+            BinlogValue::Value(Value::Date(y, mo, d, h, mi, s, us)) if time => iso(format!(
+                "{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}{}",
+                fraction(*us)
+            )),
+            BinlogValue::Value(Value::Int(secs)) if time => iso(iso8601_utc(*secs, 0)),
+            BinlogValue::Value(Value::Bytes(b)) if time => {
+                // TIMESTAMP2: `seconds[.micros]` since the epoch.
+                let text = std::str::from_utf8(b).unwrap_or_default();
+                let (secs, micros) = text.split_once('.').unwrap_or((text, "0"));
+                match (secs.parse::<i64>(), micros.parse::<u32>()) {
+                    (Ok(secs), Ok(micros)) => iso(iso8601_utc(secs, micros)),
+                    _ => Err(ConnectorError::definite(format!(
+                        "outbox `{}`: column `{name}` = `{text}` is not a timestamp",
+                        self.table
+                    ))),
+                }
+            }
+            other if time => Err(self.unexpected(name, other)),
+            BinlogValue::Value(Value::Bytes(b)) => Ok(Cell::Bytes(Bytes::copy_from_slice(b))),
+            BinlogValue::Value(Value::Int(i)) => Ok(Cell::Int(*i)),
+            BinlogValue::Value(Value::UInt(u)) => i64::try_from(*u).map(Cell::Int).map_err(|_| {
+                ConnectorError::definite(format!(
+                    "outbox `{}`: column `{name}` is out of range",
+                    self.table
+                ))
+            }),
             BinlogValue::Jsonb(json) => {
                 let json = serde_json::Value::try_from(json.clone()).map_err(|e| {
                     ConnectorError::definite(format!(
@@ -869,168 +894,16 @@ impl RowView<'_> {
                     ))
                     .with_source(e)
                 })?;
-                Ok(Some(Bytes::from(json.to_string())))
+                Ok(Cell::Bytes(Bytes::from(json.to_string())))
             }
-            other => Err(ConnectorError::definite(format!(
-                "outbox `{}`: column `{name}` has an unexpected value {other:?}",
-                self.table
-            ))),
-        }
-    }
-
-    fn text(&self, column: usize, name: &str) -> Result<Option<String>, ConnectorError> {
-        self.bytes(column, name)?
-            .map(|b| {
-                String::from_utf8(b.to_vec()).map_err(|_| {
-                    ConnectorError::definite(format!(
-                        "outbox `{}`: column `{name}` is not UTF-8",
-                        self.table
-                    ))
-                })
-            })
-            .transpose()
-    }
-
-    fn not_null(&self, column: usize, name: &str) -> Result<String, ConnectorError> {
-        self.text(column, name)?.ok_or_else(|| {
-            ConnectorError::definite(format!(
-                "outbox `{}`: column `{name}` is NULL in an insert",
-                self.table
-            ))
-        })
-    }
-
-    fn int(&self, column: usize, name: &str) -> Result<i64, ConnectorError> {
-        match self.value(column, name)? {
-            BinlogValue::Value(Value::Int(i)) => Ok(*i),
-            BinlogValue::Value(Value::UInt(u)) => i64::try_from(*u).map_err(|_| self.range(name)),
-            _ => {
-                let text = self.not_null(column, name)?;
-                text.parse().map_err(|_| {
-                    ConnectorError::definite(format!(
-                        "outbox `{}`: column `{name}` = `{text}` is not an integer",
-                        self.table
-                    ))
-                })
-            }
-        }
-    }
-
-    fn int32(&self, column: usize, name: &str) -> Result<i32, ConnectorError> {
-        i32::try_from(self.int(column, name)?).map_err(|_| self.range(name))
-    }
-
-    fn range(&self, name: &str) -> ConnectorError {
-        ConnectorError::definite(format!(
-            "outbox `{}`: column `{name}` is out of range",
-            self.table
-        ))
-    }
-
-    /// TIMESTAMP as ISO 8601 in UTC (`+00:00`); DATETIME as ISO 8601 without offset.
-    fn time(&self, column: usize, name: &str) -> Result<String, ConnectorError> {
-        match self.value(column, name)? {
-            BinlogValue::Value(Value::Date(y, mo, d, h, mi, s, us)) => Ok(format!(
-                "{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}{}",
-                fraction(*us)
-            )),
-            BinlogValue::Value(Value::Int(secs)) => Ok(iso8601_utc(*secs, 0)),
-            BinlogValue::Value(Value::Bytes(b)) => {
-                // TIMESTAMP2: `seconds[.micros]` since the epoch.
-                let text = std::str::from_utf8(b).unwrap_or_default();
-                let (secs, micros) = text.split_once('.').unwrap_or((text, "0"));
-                match (secs.parse::<i64>(), micros.parse::<u32>()) {
-                    (Ok(secs), Ok(micros)) => Ok(iso8601_utc(secs, micros)),
-                    _ => Err(ConnectorError::definite(format!(
-                        "outbox `{}`: column `{name}` = `{text}` is not a timestamp",
-                        self.table
-                    ))),
-                }
-            }
-            other => Err(ConnectorError::definite(format!(
-                "outbox `{}`: column `{name}` has an unexpected value {other:?}",
-                self.table
-            ))),
+            other => Err(self.unexpected(name, other)),
         }
     }
 }
 
 /// One inserted outbox row as an event; `None` when its status is not INIT.
-fn to_event(row: &RowView<'_>, c: &OutboxColumns) -> Result<Option<OutboxEvent>, ConnectorError> {
-    if row.text(c.status, "status")?.as_deref() != Some("INIT") {
-        return Ok(None);
-    }
-    let headers = match c
-        .headers
-        .map(|i| row.text(i, "headers"))
-        .transpose()?
-        .flatten()
-    {
-        Some(json) => headers_from_json(&json).unwrap_or_else(|| {
-            tracing::warn!(
-                table = row.table,
-                "outbox `headers` is not a JSON object; publishing without headers"
-            );
-            Vec::new()
-        }),
-        None => Vec::new(),
-    };
-    Ok(Some(OutboxEvent {
-        id: row.int(c.id, "id")?,
-        message_id: row.not_null(c.message_id, "message_id")?,
-        message_type: row.not_null(c.message_type, "message_type")?,
-        biz_key: row.not_null(c.biz_key, "biz_key")?,
-        key: row.bytes(c.key, "key column")?.unwrap_or_default(),
-        topic: c.topic.map(|i| row.text(i, "topic")).transpose()?.flatten(),
-        payload: row.bytes(c.payload, "payload")?.unwrap_or_default(),
-        headers,
-        created_at: row.time(c.created_at, "created_at")?,
-        retry_count: row.int32(c.retry_count, "retry_count")?,
-        max_retry_count: row.int32(c.max_retry_count, "max_retry_count")?,
-        commit_time: None,
-    }))
-}
-
-fn fraction(micros: u32) -> String {
-    if micros == 0 {
-        String::new()
-    } else {
-        format!(".{micros:06}")
-    }
-}
-
-/// Seconds since the epoch as `2026-05-09T07:30:00.123456+00:00`.
-pub(crate) fn iso8601_utc(secs: i64, micros: u32) -> String {
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}{}+00:00",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        fraction(micros)
-    )
-}
-
-/// Days since 1970-01-01 → (year, month, day), proleptic Gregorian (H. Hinnant's algorithm).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = if m <= 2 { y + 1 } else { y };
-    // d in 1..=31 and m in 1..=12 by construction.
-    (
-        y,
-        u32::try_from(m).unwrap_or(1),
-        u32::try_from(d).unwrap_or(1),
-    )
+fn to_event(row: &RowView<'_>) -> Result<Option<OutboxEvent>, ConnectorError> {
+    row::event_from_insert(row, row.table)
 }
 
 #[cfg(test)]

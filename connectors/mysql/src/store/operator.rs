@@ -1,0 +1,213 @@
+//! The operator's actions on a MySQL/MariaDB outbox ([`OutboxAdmin`]): `status`,
+//! `retry`, `park`, `resolve`, `janitor` and the INIT scan of `recover`, as the
+//! PostgreSQL connector does them (see `connectors/postgres/src/store/operator.rs`).
+
+use std::time::Duration;
+
+use mysql_async::prelude::Queryable;
+use outboxd_connector::{
+    parked_by_operator, resolved_by_operator, ConnectorError, JanitorAction, OutboxAdmin,
+    OutboxEvent, Position, RetrySelector, StatusCount, StatusSummary,
+};
+
+use crate::client::{int, text, text_or_empty};
+use crate::log::server;
+use crate::schema::{qualified, sql_string};
+use crate::store::claims::{event_columns, event_from_row, id_list};
+use crate::store::{delay_ms, MysqlOutboxStore};
+use crate::time::system_time;
+
+impl OutboxAdmin for MysqlOutboxStore {
+    async fn status_summary(&self) -> Result<StatusSummary, ConnectorError> {
+        let outbox = &self.outbox;
+        let rows = self
+            .rows(
+                &format!(
+                    "SELECT status, message_type, COUNT(*), MIN(created_at) FROM {outbox} \
+                     GROUP BY status, message_type ORDER BY status, message_type"
+                ),
+                "counting outbox rows",
+            )
+            .await?;
+        let mut summary = StatusSummary::default();
+        for row in &rows {
+            let status = text_or_empty(row, 0)?;
+            let oldest = system_time(text(row, 3)?);
+            if status == "INIT" || status == "FAILED" {
+                summary.oldest_unsent = match (summary.oldest_unsent, oldest) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+            summary.counts.push(StatusCount {
+                status,
+                message_type: text_or_empty(row, 1)?,
+                rows: int(row, 2)?.unwrap_or(0),
+            });
+        }
+        let sql = format!(
+            "SELECT position, updated_at FROM {} WHERE pipeline = {}",
+            self.checkpoint,
+            sql_string(&self.connector.pipeline)
+        );
+        if let Some(row) = self.rows(&sql, "reading the checkpoint").await?.first() {
+            let text_position = text_or_empty(row, 0)?;
+            if let (Ok(position), Some(at)) = (
+                text_position.parse::<Position>(),
+                system_time(text(row, 1)?),
+            ) {
+                summary.source_lag_bytes = self.binlog_lag(&position).await.ok().flatten();
+                summary.checkpoint = Some((position, at));
+            }
+        }
+        Ok(summary)
+    }
+
+    async fn retry_rows(&self, selector: &RetrySelector) -> Result<u64, ConnectorError> {
+        selector.check()?;
+        let outbox = &self.outbox;
+        let set = "SET status = 'FAILED', next_retry_time = NOW(6), retry_count = 0, \
+                   claimed_at = NULL, claim_token = NULL, updated_at = NOW(6)";
+        match selector {
+            RetrySelector::Id(id) => {
+                let sql = format!(
+                    "UPDATE {outbox} {set} WHERE id = {id} AND status IN ('FAILED', 'MANUAL_REQUIRED')"
+                );
+                self.update(&sql, &format!("making row {id} due again"))
+                    .await
+            }
+            RetrySelector::Status {
+                status,
+                message_type,
+            } => {
+                let of_type = message_type
+                    .as_deref()
+                    .map(|t| format!(" AND message_type = {}", sql_string(t)))
+                    .unwrap_or_default();
+                let sql = format!(
+                    "UPDATE {outbox} {set} WHERE next_retry_time IS NOT NULL AND status = {}{of_type}",
+                    sql_string(status)
+                );
+                self.update(&sql, &format!("making {status} rows due again"))
+                    .await
+            }
+        }
+    }
+
+    async fn park_row(&self, id: i64, reason: &str) -> Result<bool, ConnectorError> {
+        let note = sql_string(&parked_by_operator(reason));
+        let sql = format!(
+            "UPDATE {} SET status = 'MANUAL_REQUIRED', \
+             next_retry_time = COALESCE(next_retry_time, NOW(6)), last_error = {note}, \
+             claimed_at = NULL, claim_token = NULL, updated_at = NOW(6) \
+             WHERE id = {id} AND status IN ('INIT', 'FAILED')",
+            self.outbox
+        );
+        Ok(self.update(&sql, &format!("parking row {id}")).await? > 0)
+    }
+
+    async fn resolve_row(&self, id: i64, reason: &str) -> Result<bool, ConnectorError> {
+        let note = sql_string(&resolved_by_operator(reason));
+        let sql = format!(
+            "UPDATE {} SET status = 'SUCCESS', sent_at = NULL, next_retry_time = NULL, \
+             last_error = {note}, claimed_at = NULL, claim_token = NULL, updated_at = NOW(6) \
+             WHERE id = {id} AND status <> 'SUCCESS'",
+            self.outbox
+        );
+        Ok(self.update(&sql, &format!("resolving row {id}")).await? > 0)
+    }
+
+    async fn janitor_batch(
+        &self,
+        retention: Duration,
+        action: &JanitorAction,
+        batch: usize,
+    ) -> Result<u64, ConnectorError> {
+        if batch == 0 {
+            return Ok(0);
+        }
+        let outbox = self.outbox.clone();
+        let retention_ms = delay_ms(retention);
+        // Rows resolved by an operator were never sent: they age from their update.
+        let old = format!(
+            "status = 'SUCCESS' AND COALESCE(sent_at, updated_at) < \
+             NOW(6) - INTERVAL {retention_ms} * 1000 MICROSECOND"
+        );
+        match action {
+            JanitorAction::Delete => {
+                let sql = format!("DELETE FROM {outbox} WHERE {old} ORDER BY id LIMIT {batch}");
+                self.update(&sql, "deleting old SUCCESS rows").await
+            }
+            JanitorAction::Archive(table) => {
+                let archive = qualified(table);
+                self.update(
+                    &format!("CREATE TABLE IF NOT EXISTS {archive} LIKE {outbox}"),
+                    &format!("creating the archive table {table}"),
+                )
+                .await?;
+                let what = format!(
+                    "moving old SUCCESS rows to {table} (its columns must match the outbox's)"
+                );
+                self.in_transaction(&what, move |conn| {
+                    Box::pin(async move {
+                        let ids: Vec<i64> = conn
+                            .query(format!(
+                                "SELECT id FROM {outbox} WHERE {old} ORDER BY id LIMIT {batch} \
+                                 FOR UPDATE SKIP LOCKED"
+                            ))
+                            .await?;
+                        if ids.is_empty() {
+                            return Ok(0);
+                        }
+                        let ids = id_list(ids);
+                        conn.query_drop(format!(
+                            "INSERT INTO {archive} SELECT * FROM {outbox} WHERE id IN ({ids})"
+                        ))
+                        .await?;
+                        conn.query_drop(format!("DELETE FROM {outbox} WHERE id IN ({ids})"))
+                            .await?;
+                        Ok(conn.affected_rows())
+                    })
+                })
+                .await
+            }
+        }
+    }
+
+    async fn scan_init(
+        &self,
+        after_id: i64,
+        limit: usize,
+    ) -> Result<Vec<OutboxEvent>, ConnectorError> {
+        let sql = format!(
+            "SELECT {} FROM {} o WHERE o.status = 'INIT' AND o.id > {after_id} ORDER BY o.id \
+             LIMIT {limit}",
+            event_columns(&self.connector.layout.key_column),
+            self.outbox
+        );
+        let table = &self.connector.layout.outbox_table;
+        self.rows(&sql, "scanning INIT rows")
+            .await?
+            .iter()
+            .map(|row| event_from_row(row, table))
+            .collect()
+    }
+}
+
+impl MysqlOutboxStore {
+    /// Binlog bytes written after `position`: the rest of its file and every later file.
+    async fn binlog_lag(&self, position: &Position) -> Result<Option<u64>, ConnectorError> {
+        let Position::Binlog(b) = position else {
+            return Ok(None);
+        };
+        let mut conn = self.connector.sql_conn().await?;
+        let logs = server::binary_logs(&mut conn).await?;
+        let Some(at) = logs.iter().position(|(name, _)| *name == b.file) else {
+            return Ok(None);
+        };
+        let rest = logs[at].1.saturating_sub(b.offset);
+        Ok(Some(
+            rest + logs[at + 1..].iter().map(|(_, size)| size).sum::<u64>(),
+        ))
+    }
+}
