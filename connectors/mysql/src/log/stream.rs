@@ -19,7 +19,8 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use mysql_async::{BinlogStream, BinlogStreamRequest, Conn};
 use outboxd_connector::{BinlogPosition, ChangeItem, ChangeStream, ConnectorError, Position};
-use tokio::sync::{mpsc, watch};
+use outboxd_connector_kit::tail::{self, sleep_until_opt, Closed, Confirmations, Inlet, Outlet};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -31,10 +32,6 @@ use crate::log::server::{self, ServerInfo};
 use crate::store::{checkpoint_sql, load_checkpoint};
 use crate::MysqlConnector;
 
-/// Items buffered between the socket task and the core.
-const CHANNEL_CAPACITY: usize = 1024;
-/// Progress items are sent at most this often.
-const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 /// A confirmed position is written to the checkpoint row at most this often.
 pub const PERSIST_INTERVAL: Duration = Duration::from_secs(5);
 /// The lock connection is checked this often.
@@ -42,12 +39,10 @@ const PING_INTERVAL: Duration = Duration::from_secs(15);
 /// MariaDB replica capability: GTID events as they are (MARIA_SLAVE_CAPABILITY_GTID).
 const MARIADB_SLAVE_CAPABILITY_GTID: u32 = 4;
 
-type Item = Result<ChangeItem, ConnectorError>;
-
 /// The change stream of one MySQL pipeline. Dropping it stops reading and releases the
 /// pipeline's lock.
 pub struct MysqlChangeStream {
-    rx: mpsc::Receiver<Item>,
+    inlet: Inlet,
     confirmed: watch::Sender<Option<BinlogPosition>>,
     task: JoinHandle<()>,
     pipeline: String,
@@ -101,30 +96,30 @@ impl MysqlChangeStream {
             "binlog stream open"
         );
 
-        let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
+        let (outlet, inlet) = tail::channel(start.clone(), Position::Binlog);
         let (confirmed, confirmed_rx) = watch::channel(None);
         let heartbeat = connector.config().heartbeat;
         let task = Task {
             binlog,
-            lock,
             decoder,
-            tx,
-            confirmed: confirmed_rx,
-            checkpoint_table: qualified(&connector.layout().checkpoint_table),
+            outlet,
+            checkpoint: Checkpoint {
+                lock,
+                confirmed: confirmed_rx,
+                table: qualified(&connector.layout().checkpoint_table),
+                pipeline: pipeline.clone(),
+                persisted: start.clone(),
+                last_persist_at: Instant::now(),
+                persist_due: None,
+                last_ping: Instant::now(),
+            },
             pipeline: pipeline.clone(),
-            persisted: start.clone(),
-            last_persist_at: Instant::now(),
-            persist_due: None,
-            last_emitted: start.clone(),
-            progress_pending: false,
-            last_progress_at: None,
             idle_timeout: heartbeat * 3 + Duration::from_secs(5),
             last_heard: Instant::now(),
-            last_ping: Instant::now(),
         };
         let task = tokio::spawn(task.run());
         Ok(Self {
-            rx,
+            inlet,
             confirmed,
             task,
             pipeline,
@@ -146,14 +141,10 @@ impl Drop for MysqlChangeStream {
 
 impl ChangeStream for MysqlChangeStream {
     async fn next(&mut self) -> Result<ChangeItem, ConnectorError> {
-        // mpsc::Receiver::recv is cancel-safe, so this is too.
-        match self.rx.recv().await {
-            Some(item) => item,
-            None => Err(ConnectorError::transient(format!(
-                "the binlog stream of pipeline `{}` has ended",
-                self.pipeline
-            ))),
-        }
+        let pipeline = &self.pipeline;
+        self.inlet
+            .next(|| format!("the binlog stream of pipeline `{pipeline}` has ended"))
+            .await
     }
 
     async fn confirm(&mut self, position: &Position) -> Result<(), ConnectorError> {
@@ -301,30 +292,84 @@ async fn load_columns(
         .collect()
 }
 
-/// What ends the task without an error to report.
-struct Closed;
-
-/// The task that owns the binlog and lock connections.
-struct Task {
-    binlog: BinlogStream,
+/// The checkpoint row as this stream keeps it: the connection that holds the pipeline's
+/// lock, the positions the core confirmed, and their rate-limited persistence.
+struct Checkpoint {
     lock: Conn,
-    decoder: Decoder,
-    tx: mpsc::Sender<Item>,
     confirmed: watch::Receiver<Option<BinlogPosition>>,
-    checkpoint_table: String,
+    table: String,
     pipeline: String,
     /// The checkpoint row's position as far as this stream knows.
     persisted: BinlogPosition,
     last_persist_at: Instant,
     persist_due: Option<Instant>,
-    /// Position of the last item sent; progress never goes backward.
-    last_emitted: BinlogPosition,
-    /// The decoder passed a boundary not yet reported as progress.
-    progress_pending: bool,
-    last_progress_at: Option<Instant>,
+    last_ping: Instant,
+}
+
+impl Checkpoint {
+    /// Writes the confirmed position to the checkpoint row (which never moves backward).
+    async fn persist(&mut self) -> Result<(), ConnectorError> {
+        self.persist_due = None;
+        let Some(position) = self.confirmed.borrow().clone() else {
+            return Ok(());
+        };
+        if position <= self.persisted {
+            return Ok(());
+        }
+        let sql = checkpoint_sql(
+            &self.table,
+            &self.pipeline,
+            &Position::Binlog(position.clone()),
+        );
+        execute(
+            &mut self.lock,
+            &sql,
+            &format!("writing the checkpoint of pipeline `{}`", self.pipeline),
+        )
+        .await?;
+        tracing::debug!(pipeline = %self.pipeline, position = %Position::Binlog(position.clone()), "checkpoint persisted");
+        self.persisted = position;
+        self.last_persist_at = Instant::now();
+        self.last_ping = Instant::now();
+        Ok(())
+    }
+}
+
+impl Confirmations for Checkpoint {
+    async fn changed(&mut self) -> Result<(), Closed> {
+        self.confirmed.changed().await.map_err(|_| Closed)
+    }
+
+    /// The core confirmed something: schedule a checkpoint write (rate-limited).
+    fn on_confirm(&mut self) {
+        let advanced = self
+            .confirmed
+            .borrow_and_update()
+            .as_ref()
+            .is_some_and(|p| *p > self.persisted);
+        if advanced && self.persist_due.is_none() {
+            self.persist_due = Some(Instant::now().max(self.last_persist_at + PERSIST_INTERVAL));
+        }
+    }
+
+    fn due(&self) -> Option<Instant> {
+        self.persist_due
+    }
+
+    async fn on_due(&mut self) -> Result<(), ConnectorError> {
+        self.persist().await
+    }
+}
+
+/// The task that owns the binlog and lock connections.
+struct Task {
+    binlog: BinlogStream,
+    decoder: Decoder,
+    outlet: Outlet<BinlogPosition>,
+    checkpoint: Checkpoint,
+    pipeline: String,
     idle_timeout: Duration,
     last_heard: Instant,
-    last_ping: Instant,
 }
 
 impl Task {
@@ -334,15 +379,15 @@ impl Task {
             Err(e) => e,
         };
         tracing::debug!(pipeline = %self.pipeline, error = %error, "binlog stream failed");
-        let _ = self.tx.send(Err(error)).await;
+        self.outlet.fail(error).await;
     }
 
     async fn run_inner(&mut self) -> Result<Closed, ConnectorError> {
         loop {
-            let progress_at = (self.progress_pending && !self.decoder.in_transaction())
-                .then(|| self.progress_allowed_at());
+            let progress_at = self.outlet.progress_due(self.decoder.in_transaction());
             let silent_at = self.last_heard + self.idle_timeout;
-            let ping_at = self.last_ping + PING_INTERVAL;
+            let ping_at = self.checkpoint.last_ping + PING_INTERVAL;
+            let persist_at = self.checkpoint.due();
             tokio::select! {
                 event = self.binlog.next() => {
                     let event = match event {
@@ -364,16 +409,18 @@ impl Task {
                     // Time spent waiting for the core is not the server's silence.
                     self.last_heard = Instant::now();
                 }
-                changed = self.confirmed.changed() => {
+                changed = self.checkpoint.changed() => {
                     if changed.is_err() {
                         return Ok(Closed);
                     }
-                    self.on_confirm();
+                    self.checkpoint.on_confirm();
                 }
-                () = sleep_until_opt(self.persist_due) => self.persist().await?,
+                () = sleep_until_opt(persist_at) => self.checkpoint.persist().await?,
                 () = sleep_until_opt(progress_at) => {
-                    if let Err(Closed) = self.emit_progress().await {
-                        return Ok(Closed);
+                    if let Some(item) = self.outlet.take_progress() {
+                        if self.outlet.emit(item, &mut self.checkpoint).await.is_err() {
+                            return Ok(Closed);
+                        }
                     }
                 }
                 () = tokio::time::sleep_until(silent_at) => {
@@ -384,8 +431,8 @@ impl Task {
                     )));
                 }
                 () = tokio::time::sleep_until(ping_at) => {
-                    self.last_ping = Instant::now();
-                    execute(&mut self.lock, "DO 1", &format!(
+                    self.checkpoint.last_ping = Instant::now();
+                    execute(&mut self.checkpoint.lock, "DO 1", &format!(
                         "checking the connection that holds the lock of pipeline `{}`",
                         self.pipeline
                     )).await?;
@@ -404,123 +451,27 @@ impl Task {
                 Decoded::NeedColumns => {
                     let (db, table) = self.decoder.outbox();
                     let (db, table) = (db.to_owned(), table.to_owned());
-                    let names = load_columns(&mut self.lock, &db, &table).await?;
+                    let names = load_columns(&mut self.checkpoint.lock, &db, &table).await?;
                     tracing::debug!(outbox = %self.decoder.table_name(), columns = names.len(), "outbox columns read from information_schema");
                     self.decoder.provide_columns(names);
                 }
                 Decoded::Nothing | Decoded::Heartbeat => return Ok(Ok(())),
                 Decoded::Boundary => {
-                    if self.decoder.position() > self.last_emitted {
-                        self.progress_pending = true;
-                        if self.progress_allowed_at() <= Instant::now() {
-                            return Ok(self.emit_progress().await);
-                        }
-                    }
-                    return Ok(Ok(()));
+                    return Ok(match self.outlet.progress(self.decoder.position()) {
+                        Some(item) => self.outlet.emit(item, &mut self.checkpoint).await,
+                        None => Ok(()),
+                    });
                 }
                 Decoded::Transaction(txn) => {
                     if let Position::Binlog(b) = &txn.commit_position {
                         tracing::debug!(pipeline = %self.pipeline, position = %txn.commit_position, events = txn.events.len(), "outbox transaction");
-                        self.last_emitted = b.clone();
+                        self.outlet.transaction(b);
                     }
-                    self.progress_pending = false;
-                    return Ok(self.emit(ChangeItem::Transaction(txn)).await);
+                    let item = ChangeItem::Transaction(txn);
+                    return Ok(self.outlet.emit(item, &mut self.checkpoint).await);
                 }
             }
         }
-    }
-
-    fn progress_allowed_at(&self) -> Instant {
-        self.last_progress_at
-            .map_or_else(Instant::now, |at| at + PROGRESS_INTERVAL)
-    }
-
-    async fn emit_progress(&mut self) -> Result<(), Closed> {
-        self.progress_pending = false;
-        let position = self.decoder.position();
-        if position <= self.last_emitted {
-            return Ok(());
-        }
-        self.last_emitted = position.clone();
-        self.last_progress_at = Some(Instant::now());
-        self.emit(ChangeItem::Progress(Position::Binlog(position)))
-            .await
-    }
-
-    /// Sends `item` to the core, waiting for room; confirmations keep being recorded and
-    /// persisted meanwhile.
-    async fn emit(&mut self, item: ChangeItem) -> Result<(), Closed> {
-        loop {
-            let (confirmed, persist) = tokio::select! {
-                permit = self.tx.reserve() => {
-                    let permit = permit.map_err(|_| Closed)?;
-                    permit.send(Ok(item));
-                    return Ok(());
-                }
-                changed = self.confirmed.changed() => {
-                    changed.map_err(|_| Closed)?;
-                    (true, false)
-                }
-                () = sleep_until_opt(self.persist_due) => (false, true),
-            };
-            if confirmed {
-                self.on_confirm();
-            }
-            if persist {
-                if let Err(e) = self.persist().await {
-                    // Report it in order, after the item.
-                    let _ = self.tx.send(Ok(item)).await;
-                    let _ = self.tx.send(Err(e)).await;
-                    return Err(Closed);
-                }
-            }
-        }
-    }
-
-    /// The core confirmed something: schedule a checkpoint write (rate-limited).
-    fn on_confirm(&mut self) {
-        let advanced = self
-            .confirmed
-            .borrow_and_update()
-            .as_ref()
-            .is_some_and(|p| *p > self.persisted);
-        if advanced && self.persist_due.is_none() {
-            self.persist_due = Some(Instant::now().max(self.last_persist_at + PERSIST_INTERVAL));
-        }
-    }
-
-    /// Writes the confirmed position to the checkpoint row (which never moves backward).
-    async fn persist(&mut self) -> Result<(), ConnectorError> {
-        self.persist_due = None;
-        let Some(position) = self.confirmed.borrow().clone() else {
-            return Ok(());
-        };
-        if position <= self.persisted {
-            return Ok(());
-        }
-        let sql = checkpoint_sql(
-            &self.checkpoint_table,
-            &self.pipeline,
-            &Position::Binlog(position.clone()),
-        );
-        execute(
-            &mut self.lock,
-            &sql,
-            &format!("writing the checkpoint of pipeline `{}`", self.pipeline),
-        )
-        .await?;
-        tracing::debug!(pipeline = %self.pipeline, position = %Position::Binlog(position.clone()), "checkpoint persisted");
-        self.persisted = position;
-        self.last_persist_at = Instant::now();
-        self.last_ping = Instant::now();
-        Ok(())
-    }
-}
-
-async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 
