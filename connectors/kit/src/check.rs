@@ -47,6 +47,22 @@ pub fn outbox_columns_line(
     }
 }
 
+/// The `outbox payload` line: OK when `payload`'s type (as the engine's catalog names
+/// it) is one of `accepted`, else FAIL with `fix`. `None` when the table has no payload
+/// column (the columns line says so).
+pub fn payload_type_line(
+    columns: &[(String, String)],
+    accepted: &[&str],
+    fix: &str,
+) -> Option<CheckLine> {
+    let (_, ty) = columns.iter().find(|(c, _)| c == "payload")?;
+    Some(if accepted.contains(&ty.as_str()) {
+        CheckLine::ok("outbox payload", ty.clone())
+    } else {
+        CheckLine::fail("outbox payload", format!("payload is {ty}"), fix)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -58,7 +74,10 @@ mod tests {
             c != "claim_token" && c != "claimed_at"
         });
         assert_eq!(line.status, CheckStatus::Fail);
-        assert_eq!(line.detail, "outbox lacks column(s) claimed_at, claim_token");
+        assert_eq!(
+            line.detail,
+            "outbox lacks column(s) claimed_at, claim_token"
+        );
         let line = outbox_columns_line("outbox", "`outbox`", "tenant", "x.sql", |c| c != "tenant");
         assert_eq!(line.detail, "outbox lacks column(s) tenant");
         let ok = outbox_columns_line("outbox", "`outbox`", "biz_key", "x.sql", |_| true);

@@ -14,13 +14,18 @@
 //! - [`check`]: helpers for `outboxd check` lines.
 //! - [`status`]: the status literals and the statuses that block a key.
 //! - [`retry`]: the longest retry delay written to a row.
-//! - [`tls`]: [`SslMode`], the `sslmode` key of every engine's `[source]`.
+//! - [`tls`]: [`SslMode`], the `sslmode` key of every engine's `[source]`; [`config`]:
+//!   the defaults of the other keys every engine has.
+//! - [`store`]: small store-side pieces (empty write-backs, `status` rows, qualified
+//!   table names).
 
 pub mod check;
 pub mod columns;
+pub mod config;
 pub mod retry;
 pub mod row;
 pub mod status;
+pub mod store;
 pub mod tail;
 pub mod tls;
 

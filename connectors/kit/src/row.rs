@@ -200,7 +200,10 @@ mod tests {
         r.0.insert(Field::MessageId, Value::Null);
         let err = event_from_row(&r, "outbox").unwrap_err();
         assert!(!err.is_transient());
-        assert_eq!(err.message(), "outbox `outbox`: column `message_id` is NULL");
+        assert_eq!(
+            err.message(),
+            "outbox `outbox`: column `message_id` is NULL"
+        );
         let mut r = row();
         r.0.insert(Field::RetryCount, Value::Int(i64::MAX));
         let err = event_from_row(&r, "outbox").unwrap_err();

@@ -2,9 +2,9 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder, Row, SslOpts, Value};
 use outboxd_connector::{CheckReport, Connector, ConnectorError, OutboxLayout, ReadMode};
 
+use crate::log::stream::MysqlChangeStream;
 use crate::schema::{split_qualified, table_ident};
 use crate::store::MysqlOutboxStore;
-use crate::log::stream::MysqlChangeStream;
 use crate::{setup as admin, MysqlConfig, SslMode};
 
 /// Everything outboxd does with one MySQL or MariaDB pipeline, from its configuration.

@@ -8,7 +8,7 @@ use serde::Deserialize;
 #[serde(deny_unknown_fields)]
 pub struct MysqlConfig {
     /// Server host name or address.
-    #[serde(default = "default_host")]
+    #[serde(default = "outboxd_connector_kit::config::default_host")]
     pub host: String,
     /// Server port.
     #[serde(default = "default_port")]
@@ -29,7 +29,10 @@ pub struct MysqlConfig {
     #[serde(default)]
     pub sslmode: SslMode,
     /// Time allowed to establish a connection.
-    #[serde(default = "default_connect_timeout", with = "humantime_serde")]
+    #[serde(
+        default = "outboxd_connector_kit::config::default_connect_timeout",
+        with = "humantime_serde"
+    )]
     pub connect_timeout: Duration,
     /// Heartbeat period asked of the server while the binlog is idle; a stream that hears
     /// nothing for three periods (plus a margin) is treated as broken and reopened.
@@ -37,16 +40,8 @@ pub struct MysqlConfig {
     pub heartbeat: Duration,
 }
 
-fn default_host() -> String {
-    "127.0.0.1".into()
-}
-
 fn default_port() -> u16 {
     3306
-}
-
-fn default_connect_timeout() -> Duration {
-    Duration::from_secs(10)
 }
 
 fn default_heartbeat() -> Duration {

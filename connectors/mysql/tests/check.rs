@@ -12,7 +12,9 @@ use support::Fixture;
 #[tokio::test]
 async fn an_outbox_without_claim_token_fails_check() {
     let f = Fixture::new("check_claim");
-    Connector::init(&f.connector, ReadMode::Poll).await.expect("init");
+    Connector::init(&f.connector, ReadMode::Poll)
+        .await
+        .expect("init");
     let line = |report: &[outboxd_connector::CheckLine]| {
         report
             .iter()

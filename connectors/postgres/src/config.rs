@@ -8,7 +8,7 @@ use serde::Deserialize;
 #[serde(deny_unknown_fields)]
 pub struct PostgresConfig {
     /// Server host name or address.
-    #[serde(default = "default_host")]
+    #[serde(default = "outboxd_connector_kit::config::default_host")]
     pub host: String,
     /// Server port.
     #[serde(default = "default_port")]
@@ -33,12 +33,11 @@ pub struct PostgresConfig {
     #[serde(default = "default_status_interval", with = "humantime_serde")]
     pub status_interval: Duration,
     /// Time allowed to establish a connection.
-    #[serde(default = "default_connect_timeout", with = "humantime_serde")]
+    #[serde(
+        default = "outboxd_connector_kit::config::default_connect_timeout",
+        with = "humantime_serde"
+    )]
     pub connect_timeout: Duration,
-}
-
-fn default_host() -> String {
-    "127.0.0.1".into()
 }
 
 fn default_port() -> u16 {
@@ -46,10 +45,6 @@ fn default_port() -> u16 {
 }
 
 fn default_status_interval() -> Duration {
-    Duration::from_secs(10)
-}
-
-fn default_connect_timeout() -> Duration {
     Duration::from_secs(10)
 }
 

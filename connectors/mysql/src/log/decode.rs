@@ -28,7 +28,9 @@ use mysql_async::binlog::value::BinlogValue;
 use mysql_async::binlog::{BinlogChecksumAlg, EventType};
 use mysql_async::consts::ColumnType;
 use mysql_async::Value;
-use outboxd_connector::{BinlogPosition, CommittedTransaction, ConnectorError, OutboxEvent, Position};
+use outboxd_connector::{
+    BinlogPosition, CommittedTransaction, ConnectorError, OutboxEvent, Position,
+};
 use outboxd_connector_kit::row::{self, RowSource, Value as Cell};
 use outboxd_connector_kit::{ColumnMap, Field};
 

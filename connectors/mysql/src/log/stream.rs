@@ -27,8 +27,8 @@ use tokio::time::Instant;
 use crate::client::{classify, execute, int, query, query_first, text_or_empty};
 use crate::log::decode::{Decoded, Decoder};
 use crate::log::gtid::GtidState;
-use crate::schema::{qualified, sql_string, table_ident};
 use crate::log::server::{self, ServerInfo};
+use crate::schema::{qualified, sql_string, table_ident};
 use crate::store::{checkpoint_sql, load_checkpoint};
 use crate::MysqlConnector;
 

@@ -11,15 +11,16 @@ use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 use outboxd_connector::{CheckLine, CheckReport, ConnectorError, Position, ReadMode};
 
-use outboxd_connector_kit::check::{failed_query, outbox_columns_line, push};
+use outboxd_connector_kit::check::{failed_query, outbox_columns_line, payload_type_line, push};
+use outboxd_connector_kit::store::table_qualifiers;
 
 use crate::client::{execute, int, query, query_first, text_or_empty};
+use crate::log::server::{self, ServerInfo};
+use crate::log::stream::lock_holder;
 use crate::schema::{
     self, outbox_poll_index, qualified, quote_ident, split_qualified, sql_string, table_ident,
 };
-use crate::log::server::{self, ServerInfo};
 use crate::store::{checkpoint_sql, load_checkpoint};
-use crate::log::stream::lock_holder;
 use crate::MysqlConnector;
 
 const PAYLOAD_TYPES: &[&str] = &[
@@ -58,19 +59,7 @@ pub(crate) async fn init(
     let mut report = Vec::new();
 
     // Databases of qualified tables.
-    let mut databases: Vec<String> = Vec::new();
-    for table in [
-        &layout.outbox_table,
-        &layout.inbox_table,
-        &layout.checkpoint_table,
-    ] {
-        if let (Some(db), _) = split_qualified(table) {
-            if !databases.contains(&db) {
-                databases.push(db);
-            }
-        }
-    }
-    for db in databases {
+    for db in table_qualifiers(layout, |t| split_qualified(t).0) {
         let sql = format!(
             "SELECT 1 FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = {}",
             sql_string(&db)
@@ -541,17 +530,11 @@ async fn check_outbox(
         "schemas/mysql/outbox.sql",
         |r| columns.iter().any(|(c, _)| c.eq_ignore_ascii_case(r)),
     )];
-    if let Some((_, ty)) = columns.iter().find(|(c, _)| c == "payload") {
-        if PAYLOAD_TYPES.contains(&ty.as_str()) {
-            lines.push(CheckLine::ok("outbox payload", ty.clone()));
-        } else {
-            lines.push(CheckLine::fail(
-                "outbox payload",
-                format!("payload is {ty}"),
-                "declare payload as JSON or LONGBLOB (or a text type)",
-            ));
-        }
-    }
+    lines.extend(payload_type_line(
+        &columns,
+        PAYLOAD_TYPES,
+        "declare payload as JSON or LONGBLOB (or a text type)",
+    ));
     Ok(lines)
 }
 

@@ -20,6 +20,7 @@ use outboxd_connector::{
     DeliveryFailure, OutboxStore, ParkedEvent, Position, ReapPolicy, ReapReport, RetrySchedule,
     WriteBack,
 };
+use outboxd_connector_kit::store as kit_store;
 use tokio::sync::Mutex;
 
 use crate::client::{execute, query_first, text};
@@ -91,11 +92,7 @@ impl MysqlOutboxStore {
 
 impl OutboxStore for MysqlOutboxStore {
     async fn write_back(&self, batch: WriteBack<'_>) -> Result<(), ConnectorError> {
-        if batch.delivered.is_empty()
-            && batch.failed.is_empty()
-            && batch.parked.is_empty()
-            && batch.checkpoint.is_none()
-        {
+        if kit_store::is_empty(&batch) {
             return Ok(());
         }
         let mut sql = String::from("START TRANSACTION;\n");

@@ -10,6 +10,8 @@ use outboxd_connector::{
     OutboxEvent, Position, RetrySelector, StatusCount, StatusSummary,
 };
 
+use outboxd_connector_kit::store::add_status_row;
+
 use crate::client::{int, text, text_or_empty};
 use crate::log::server;
 use crate::schema::{qualified, sql_string};
@@ -31,19 +33,12 @@ impl OutboxAdmin for MysqlOutboxStore {
             .await?;
         let mut summary = StatusSummary::default();
         for row in &rows {
-            let status = text_or_empty(row, 0)?;
-            let oldest = system_time(text(row, 3)?);
-            if status == "INIT" || status == "FAILED" {
-                summary.oldest_unsent = match (summary.oldest_unsent, oldest) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
-            }
-            summary.counts.push(StatusCount {
-                status,
+            let count = StatusCount {
+                status: text_or_empty(row, 0)?,
                 message_type: text_or_empty(row, 1)?,
                 rows: int(row, 2)?.unwrap_or(0),
-            });
+            };
+            add_status_row(&mut summary, count, system_time(text(row, 3)?));
         }
         let sql = format!(
             "SELECT position, updated_at FROM {} WHERE pipeline = {}",

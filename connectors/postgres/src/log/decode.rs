@@ -39,7 +39,11 @@ impl OutboxColumns {
             table,
             "schemas/postgres/outbox.sql",
         )?;
-        let bytea = rel.columns.iter().map(|c| c.type_oid == BYTEA_OID).collect();
+        let bytea = rel
+            .columns
+            .iter()
+            .map(|c| c.type_oid == BYTEA_OID)
+            .collect();
         Ok(Self { map, bytea })
     }
 }

@@ -18,7 +18,8 @@ use outboxd_connector::{CheckLine, CheckReport, ConnectorError, OutboxLayout};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Row};
 
-use outboxd_connector_kit::check::{failed_query, outbox_columns_line, push};
+use outboxd_connector_kit::check::{failed_query, outbox_columns_line, payload_type_line, push};
+use outboxd_connector_kit::store::table_qualifiers;
 
 use crate::client::classify_pg_error;
 use crate::schema::{self, qualified, quote_ident, split_qualified};
@@ -76,19 +77,8 @@ pub(crate) async fn init(
     }
 
     // Schemas of schema-qualified tables.
-    let mut schemas: Vec<&str> = Vec::new();
-    for table in [
-        &layout.outbox_table,
-        &layout.inbox_table,
-        &layout.checkpoint_table,
-    ] {
-        if let (Some(schema), _) = split_qualified(table) {
-            if !schemas.contains(&schema) {
-                schemas.push(schema);
-            }
-        }
-    }
-    for schema in schemas {
+    for schema in table_qualifiers(layout, |t| split_qualified(t).0.map(str::to_owned)) {
+        let schema = schema.as_str();
         let exists = query_opt(
             &client,
             "SELECT 1 FROM pg_namespace WHERE nspname = $1",
@@ -370,7 +360,6 @@ pub(crate) async fn check(c: &PostgresConnector) -> CheckReport {
     report
 }
 
-
 async fn check_connection(
     client: &Client,
     c: &PostgresConnector,
@@ -538,17 +527,11 @@ async fn check_outbox(
         "schemas/postgres/outbox.sql",
         |r| columns.iter().any(|(c, _)| c == r),
     )];
-    if let Some((_, ty)) = columns.iter().find(|(c, _)| c == "payload") {
-        if PAYLOAD_TYPES.contains(&ty.as_str()) {
-            lines.push(CheckLine::ok("outbox payload", ty.clone()));
-        } else {
-            lines.push(CheckLine::fail(
-                "outbox payload",
-                format!("payload is {ty}"),
-                "declare payload as jsonb, json, bytea or text",
-            ));
-        }
-    }
+    lines.extend(payload_type_line(
+        &columns,
+        PAYLOAD_TYPES,
+        "declare payload as jsonb, json, bytea or text",
+    ));
 
     // Indexes that would make the SUCCESS write-back non-HOT.
     let rows = query(

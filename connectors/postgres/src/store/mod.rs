@@ -13,7 +13,6 @@
 //! rows the table holds. (A MANUAL_REQUIRED row keeps the `next_retry_time` of its last
 //! failure; it is never claimed, its status says so.)
 
-
 pub mod operator;
 
 use std::collections::HashSet;
@@ -31,6 +30,7 @@ use tokio_postgres::{Client, Row, Statement};
 
 use crate::client::classify_pg_error;
 use crate::schema::{qualified, quote_ident};
+use outboxd_connector_kit::store as kit_store;
 use outboxd_connector_kit::{columns, row, status, Field, RowSource, Value};
 
 use crate::log::decode::iso8601;
@@ -430,11 +430,7 @@ impl PgOutboxStore {
 
 impl OutboxStore for PgOutboxStore {
     async fn write_back(&self, batch: WriteBack<'_>) -> Result<(), ConnectorError> {
-        if batch.delivered.is_empty()
-            && batch.failed.is_empty()
-            && batch.parked.is_empty()
-            && batch.checkpoint.is_none()
-        {
+        if kit_store::is_empty(&batch) {
             return Ok(());
         }
         let mut locked = self.lock().await?;
@@ -729,8 +725,9 @@ impl RowSource for SqlRow<'_> {
         };
         Ok(match field {
             Field::Id => get::<Option<i64>>(self.row, at)?.map_or(Value::Null, Value::Int),
-            Field::RetryCount | Field::MaxRetryCount => get::<Option<i32>>(self.row, at)?
-                .map_or(Value::Null, |i| Value::Int(i64::from(i))),
+            Field::RetryCount | Field::MaxRetryCount => {
+                get::<Option<i32>>(self.row, at)?.map_or(Value::Null, |i| Value::Int(i64::from(i)))
+            }
             _ if bytea => get::<Option<Vec<u8>>>(self.row, at)?
                 .map_or(Value::Null, |b| Value::Bytes(Bytes::from(b))),
             Field::CreatedAt => get::<Option<String>>(self.row, at)?

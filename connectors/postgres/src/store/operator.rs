@@ -6,12 +6,14 @@
 //! transaction, so a running outboxd listening there can wake its retry worker at once
 //! instead of at its next idle check.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use outboxd_connector::{
     parked_by_operator, resolved_by_operator, ConnectorError, JanitorAction, OutboxAdmin,
     OutboxEvent, Position, RetrySelector, StatusCount, StatusSummary,
 };
+
+use outboxd_connector_kit::store::add_status_row;
 
 use crate::schema::qualified;
 use crate::store::{delay_ms, event_from_row, get, parse_checkpoint, PgOutboxStore};
@@ -81,19 +83,12 @@ impl OutboxAdmin for PgOutboxStore {
             .map_err(|e| self.error(&e, "counting outbox rows"))?;
         let mut summary = StatusSummary::default();
         for row in &rows {
-            let status: String = get(row, 0)?;
-            let oldest: Option<SystemTime> = get(row, 3)?;
-            if status == "INIT" || status == "FAILED" {
-                summary.oldest_unsent = match (summary.oldest_unsent, oldest) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
-            }
-            summary.counts.push(StatusCount {
-                status,
+            let count = StatusCount {
+                status: get(row, 0)?,
                 message_type: get(row, 1)?,
                 rows: get(row, 2)?,
-            });
+            };
+            add_status_row(&mut summary, count, get(row, 3)?);
         }
 
         let sql = format!(

@@ -1,0 +1,83 @@
+//! Small pieces of the store side that read the same in every engine.
+
+use std::time::SystemTime;
+
+use outboxd_connector::{OutboxLayout, StatusCount, StatusSummary, WriteBack};
+
+use crate::status;
+
+/// True when `batch` has nothing to write: no statuses and no checkpoint.
+pub fn is_empty(batch: &WriteBack<'_>) -> bool {
+    batch.delivered.is_empty()
+        && batch.failed.is_empty()
+        && batch.parked.is_empty()
+        && batch.checkpoint.is_none()
+}
+
+/// Adds one `(status, message_type, count, oldest created_at)` row of `outboxd status` to
+/// `summary`; INIT and FAILED rows count towards the oldest unsent row.
+pub fn add_status_row(summary: &mut StatusSummary, count: StatusCount, oldest: Option<SystemTime>) {
+    if count.status == status::INIT || count.status == status::FAILED {
+        summary.oldest_unsent = match (summary.oldest_unsent, oldest) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    summary.counts.push(count);
+}
+
+/// The schemas (PostgreSQL) or databases (MySQL) named by the layout's qualified table
+/// names, each once, in table order; `qualifier` splits a name as the engine's SQL does.
+pub fn table_qualifiers(
+    layout: &OutboxLayout,
+    qualifier: impl Fn(&str) -> Option<String>,
+) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for table in [
+        &layout.outbox_table,
+        &layout.inbox_table,
+        &layout.checkpoint_table,
+    ] {
+        if let Some(q) = qualifier(table) {
+            if !out.contains(&q) {
+                out.push(q);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn oldest_unsent_counts_init_and_failed_only() {
+        let mut s = StatusSummary::default();
+        let t = |secs| Some(SystemTime::UNIX_EPOCH + Duration::from_secs(secs));
+        let row = |status: &str| StatusCount {
+            status: status.into(),
+            message_type: "t".into(),
+            rows: 1,
+        };
+        add_status_row(&mut s, row("SUCCESS"), t(1));
+        add_status_row(&mut s, row("FAILED"), t(5));
+        add_status_row(&mut s, row("INIT"), t(3));
+        assert_eq!(s.oldest_unsent, t(3));
+        assert_eq!(s.counts.len(), 3);
+        assert!(is_empty(&WriteBack::default()));
+    }
+
+    #[test]
+    fn qualifiers_once_each() {
+        let layout = OutboxLayout {
+            outbox_table: "app.outbox".into(),
+            inbox_table: "app.inbox".into(),
+            checkpoint_table: "ops.ckpt".into(),
+            key_column: "biz_key".into(),
+        };
+        let split = |t: &str| t.split_once('.').map(|(q, _)| q.to_owned());
+        assert_eq!(table_qualifiers(&layout, split), ["app", "ops"]);
+    }
+}
