@@ -15,6 +15,29 @@ pub enum ErrorKind {
     Definite,
 }
 
+/// Why a [`ConnectorError`] happened, when the connector knows more than its
+/// [`ErrorKind`]: classified where the error arises (an SQLSTATE, a driver error variant),
+/// so a caller acts on it without reading the message.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorReason {
+    /// Nothing more specific than the kind.
+    #[default]
+    Unspecified,
+    /// The log position to resume from is gone: the replication slot was invalidated
+    /// or dropped, the binlog was purged. `outboxd recover` rescans the outbox.
+    PositionLost,
+    /// Another reader holds the replication slot or the pipeline's lock.
+    SlotInUse,
+    /// A database object outboxd needs (table, publication, slot) does not exist:
+    /// `outboxd init` creates it.
+    MissingObject,
+    /// The outbox's shape does not fit (a column missing or of another type).
+    SchemaMismatch,
+    /// TLS was asked for and the server does not offer it (or the handshake failed).
+    TlsUnavailable,
+}
+
 /// An error from a connector, classified so the core knows whether to retry.
 ///
 /// The message is written for the operator: it names the object involved and, for
@@ -22,6 +45,7 @@ pub enum ErrorKind {
 #[derive(Debug)]
 pub struct ConnectorError {
     kind: ErrorKind,
+    reason: ErrorReason,
     message: String,
     source: Option<Box<dyn StdError + Send + Sync + 'static>>,
 }
@@ -31,6 +55,7 @@ impl ConnectorError {
     pub fn transient(message: impl Into<String>) -> Self {
         Self {
             kind: ErrorKind::Transient,
+            reason: ErrorReason::Unspecified,
             message: message.into(),
             source: None,
         }
@@ -40,6 +65,7 @@ impl ConnectorError {
     pub fn definite(message: impl Into<String>) -> Self {
         Self {
             kind: ErrorKind::Definite,
+            reason: ErrorReason::Unspecified,
             message: message.into(),
             source: None,
         }
@@ -48,6 +74,24 @@ impl ConnectorError {
     /// Attaches the underlying cause (shown after the message).
     pub fn with_source(mut self, source: impl StdError + Send + Sync + 'static) -> Self {
         self.source = Some(Box::new(source));
+        self
+    }
+
+    /// Records why the error happened (see [`ErrorReason`]).
+    pub fn with_reason(mut self, reason: ErrorReason) -> Self {
+        self.reason = reason;
+        self
+    }
+
+    /// Why the error happened, when the connector knows.
+    pub fn reason(&self) -> ErrorReason {
+        self.reason
+    }
+
+    /// The same error with another message (the reason, kind and cause stay): for adding
+    /// the operator's fix to an error classified further down.
+    pub fn with_message(mut self, message: impl Into<String>) -> Self {
+        self.message = message.into();
         self
     }
 

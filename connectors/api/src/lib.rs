@@ -31,7 +31,7 @@ pub use claim::{
     ReapReport, RetrySchedule,
 };
 pub use connector::{Connector, ReadMode};
-pub use error::{ConnectorError, ErrorKind};
+pub use error::{ConnectorError, ErrorKind, ErrorReason};
 pub use event::{OutboxEvent, OutboxLayout};
 pub use headers::headers_from_json;
 pub use last_error::{

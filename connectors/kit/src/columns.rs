@@ -5,7 +5,7 @@
 //! conversion reads ([`Field`], [`ColumnMap`]). An engine adds only its dialect: casts,
 //! quoting, how its log names a column.
 
-use outboxd_connector::ConnectorError;
+use outboxd_connector::{ConnectorError, ErrorReason};
 
 /// A column the row → event conversion reads (see [`crate::row`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -195,7 +195,8 @@ impl ColumnMap {
             if slot.is_none() && !field.optional_in_log() {
                 return Err(ConnectorError::definite(format!(
                     "outbox table `{table}` has no column `{name}` (see {schema_file})"
-                )));
+                ))
+                .with_reason(ErrorReason::SchemaMismatch));
             }
         }
         Ok(Self { at })
@@ -253,6 +254,7 @@ mod tests {
         let first_six = |n: &str| all[..6].iter().position(|c| *c == n);
         let err = ColumnMap::resolve(first_six, "biz_key", "outbox", "x.sql").unwrap_err();
         assert!(err.message().contains("`created_at`"), "{err}");
+        assert_eq!(err.reason(), ErrorReason::SchemaMismatch);
         let find = |n: &str| all.iter().position(|c| *c == n);
         let map = ColumnMap::resolve(find, "biz_key", "outbox", "x.sql").unwrap();
         assert_eq!(map.get(Field::Key), Some(3));

@@ -1,6 +1,8 @@
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder, Row, SslOpts, Value};
-use outboxd_connector::{CheckReport, Connector, ConnectorError, OutboxLayout, ReadMode};
+use outboxd_connector::{
+    CheckReport, Connector, ConnectorError, ErrorReason, OutboxLayout, ReadMode,
+};
 
 use crate::log::stream::MysqlChangeStream;
 use crate::schema::{split_qualified, table_ident};
@@ -113,7 +115,7 @@ impl MysqlConnector {
             SslMode::Disable => self.connect(None).await,
             SslMode::Require => self.connect(Some(tls())).await,
             SslMode::Prefer => match self.connect(Some(tls())).await {
-                Err(e) if e.message().contains("SSL") => {
+                Err(e) if e.reason() == ErrorReason::TlsUnavailable => {
                     tracing::debug!(error = %e, "server offers no TLS; connecting without");
                     self.connect(None).await
                 }
@@ -234,11 +236,19 @@ pub(crate) fn classify(e: &mysql_async::Error, context: &str) -> ConnectorError 
             }
         }
         mysql_async::Error::Url(_) => ConnectorError::definite(format!("{context}: {e}")),
+        mysql_async::Error::Driver(mysql_async::DriverError::NoClientSslFlagFromServer) => {
+            ConnectorError::definite(format!("{context}: {e}"))
+                .with_reason(ErrorReason::TlsUnavailable)
+        }
+        // The TLS handshake failed: `prefer` then connects without, as libpq does.
+        mysql_async::Error::Io(mysql_async::IoError::Tls(_)) => {
+            ConnectorError::transient(format!("{context}: {e}"))
+                .with_reason(ErrorReason::TlsUnavailable)
+        }
         mysql_async::Error::Driver(
             mysql_async::DriverError::UnknownAuthPlugin { .. }
             | mysql_async::DriverError::MysqlOldPasswordDisabled
-            | mysql_async::DriverError::CleartextPluginDisabled
-            | mysql_async::DriverError::NoClientSslFlagFromServer,
+            | mysql_async::DriverError::CleartextPluginDisabled,
         ) => ConnectorError::definite(format!("{context}: {e}")),
         // I/O, TLS, closed connection.
         _ => ConnectorError::transient(format!("{context}: {e}")),

@@ -1,7 +1,9 @@
 use std::sync::OnceLock;
 
 use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
-use outboxd_connector::{CheckReport, Connector, ConnectorError, OutboxLayout, ReadMode};
+use outboxd_connector::{
+    CheckReport, Connector, ConnectorError, ErrorReason, OutboxLayout, ReadMode,
+};
 use postgres_openssl::MakeTlsConnector;
 use tokio_postgres::config::SslMode as PgSslMode;
 
@@ -304,6 +306,10 @@ pub(crate) fn classify_pg_error(e: &tokio_postgres::Error, context: &str) -> Con
             format!("{context}: {root}")
         }
     };
+    let reason = match (e.as_db_error(), e.code()) {
+        (Some(db), Some(code)) => sqlstate_reason(code.code(), db.message()),
+        _ => ErrorReason::Unspecified,
+    };
     let transient = match e.code() {
         // 08: connection exception, 40: transaction rollback (serialization, deadlock),
         // 53: insufficient resources, 57P01-03: admin/crash shutdown, cannot connect now,
@@ -319,9 +325,26 @@ pub(crate) fn classify_pg_error(e: &tokio_postgres::Error, context: &str) -> Con
         // No SQLSTATE: I/O error, closed connection, timeout.
         None => true,
     };
-    if transient {
+    let error = if transient {
         ConnectorError::transient(message)
     } else {
         ConnectorError::definite(message)
+    };
+    error.with_reason(reason)
+}
+
+/// What a server error means for the operator, from its SQLSTATE (and, for the one
+/// state PostgreSQL shares between causes, the server's own message field).
+pub(crate) fn sqlstate_reason(code: &str, server_message: &str) -> ErrorReason {
+    match code {
+        // undefined_object: a slot or publication that does not exist.
+        "42704" => ErrorReason::MissingObject,
+        // undefined_table, undefined_column.
+        "42P01" | "42703" => ErrorReason::SchemaMismatch,
+        // object_in_use: the slot is active for another reader.
+        "55006" => ErrorReason::SlotInUse,
+        // object_not_in_prerequisite_state, raised for a slot whose WAL was removed.
+        "55000" if server_message.contains("slot") => ErrorReason::PositionLost,
+        _ => ErrorReason::Unspecified,
     }
 }

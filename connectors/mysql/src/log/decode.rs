@@ -29,7 +29,7 @@ use mysql_async::binlog::{BinlogChecksumAlg, EventType};
 use mysql_async::consts::ColumnType;
 use mysql_async::Value;
 use outboxd_connector::{
-    BinlogPosition, CommittedTransaction, ConnectorError, OutboxEvent, Position,
+    BinlogPosition, CommittedTransaction, ConnectorError, ErrorReason, OutboxEvent, Position,
 };
 use outboxd_connector_kit::row::{self, RowSource, Value as Cell};
 use outboxd_connector_kit::{ColumnMap, Field};
@@ -811,7 +811,8 @@ impl OutboxColumns {
                      table map (were the column names read for another version of the table? \
                      set binlog_row_metadata = FULL)",
                     field.label()
-                )));
+                ))
+                .with_reason(ErrorReason::SchemaMismatch));
             }
         }
         Ok(Self {

@@ -2,7 +2,7 @@
 //! whether a checkpoint can still be resumed from.
 
 use mysql_async::Conn;
-use outboxd_connector::{BinlogPosition, ConnectorError};
+use outboxd_connector::{BinlogPosition, ConnectorError, ErrorReason};
 
 use crate::client::{classify, int, query, query_first, text, text_or_empty};
 use crate::log::gtid::GtidState;
@@ -135,6 +135,7 @@ pub(crate) fn purged_error(file: &str, pipeline: &str, detail: &str) -> Connecto
         "binlog `{file}` needed to resume pipeline `{pipeline}` was purged{detail}; run \
          `outboxd recover --config <file>` to rescan INIT rows"
     ))
+    .with_reason(ErrorReason::PositionLost)
 }
 
 /// Checks that the server can still stream from `position`: its file is listed and long

@@ -18,7 +18,9 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use mysql_async::{BinlogStream, BinlogStreamRequest, Conn};
-use outboxd_connector::{BinlogPosition, ChangeItem, ChangeStream, ConnectorError, Position};
+use outboxd_connector::{
+    BinlogPosition, ChangeItem, ChangeStream, ConnectorError, ErrorReason, Position,
+};
 use outboxd_connector_kit::tail::{self, sleep_until_opt, Closed, Confirmations, Inlet, Outlet};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -182,7 +184,8 @@ async fn acquire_lock(conn: &mut Conn, connector: &MysqlConnector) -> Result<(),
         .map_or_else(|| "?".to_owned(), |id| id.to_string());
     Err(ConnectorError::transient(format!(
         "pipeline `{pipeline}` is held by another outboxd (connection id {holder}); waiting"
-    )))
+    ))
+    .with_reason(ErrorReason::SlotInUse))
 }
 
 /// Row events are all outboxd can read: refuse other formats before streaming.
@@ -267,7 +270,8 @@ fn stream_error(e: &mysql_async::Error, at: &BinlogPosition, pipeline: &str) -> 
                  if that binlog was purged, run `outboxd recover --config <file>` to rescan \
                  INIT rows",
                 at.file, at.offset
-            ));
+            ))
+            .with_reason(ErrorReason::PositionLost);
         }
     }
     // classify() puts the server's message into ours.

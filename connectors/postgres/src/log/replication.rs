@@ -545,7 +545,7 @@ async fn negotiate_tls(
 }
 
 /// An `ErrorResponse` as a [`ConnectorError`], classified by SQLSTATE like
-/// `connect::classify_pg_error`.
+/// `client::classify_pg_error`.
 fn server_error(fields: ErrorFields<'_>, context: &str) -> ConnectorError {
     let (mut code, mut message, mut detail, mut hint) = (String::new(), String::new(), None, None);
     let mut fields = fields;
@@ -559,6 +559,7 @@ fn server_error(fields: ErrorFields<'_>, context: &str) -> ConnectorError {
             _ => {}
         }
     }
+    let reason = crate::client::sqlstate_reason(&code, &message);
     let mut text = format!("{context}: {message} (SQLSTATE {code})");
     if let Some(detail) = detail {
         text.push_str(&format!("; {detail}"));
@@ -566,11 +567,12 @@ fn server_error(fields: ErrorFields<'_>, context: &str) -> ConnectorError {
     if let Some(hint) = hint {
         text.push_str(&format!("; hint: {hint}"));
     }
-    if is_transient_sqlstate(&code) {
+    let error = if is_transient_sqlstate(&code) {
         ConnectorError::transient(text)
     } else {
         ConnectorError::definite(text)
-    }
+    };
+    error.with_reason(reason)
 }
 
 /// 08: connection exception, 40: transaction rollback, 53: insufficient resources,

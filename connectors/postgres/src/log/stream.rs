@@ -15,7 +15,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use outboxd_connector::{ChangeItem, ChangeStream, ConnectorError, Lsn, Position};
+use outboxd_connector::{ChangeItem, ChangeStream, ConnectorError, ErrorReason, Lsn, Position};
 use outboxd_connector_kit::tail::{self, sleep_until_opt, Closed, Confirmations, Inlet, Outlet};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -142,7 +142,8 @@ async fn check_slot(connector: &PostgresConnector, slot: &str) -> Result<Lsn, Co
         return Err(ConnectorError::definite(format!(
             "replication slot `{slot}` does not exist: run `outboxd init --config <file>` (or \
              `outboxd recover --config <file>` if it was dropped)"
-        )));
+        ))
+        .with_reason(ErrorReason::MissingObject));
     };
     let info: serde_json::Value = row
         .try_get(0)
@@ -152,7 +153,8 @@ async fn check_slot(connector: &PostgresConnector, slot: &str) -> Result<Lsn, Co
         return Err(ConnectorError::definite(format!(
             "replication slot `{slot}` was invalidated (the WAL it needed was removed): run \
              `outboxd recover --config <file>` to recreate it and rescan INIT/FAILED rows"
-        )));
+        ))
+        .with_reason(ErrorReason::PositionLost));
     }
     if let Some(plugin) = field("plugin").filter(|p| *p != "pgoutput") {
         return Err(ConnectorError::definite(format!(
@@ -172,7 +174,8 @@ async fn check_slot(connector: &PostgresConnector, slot: &str) -> Result<Lsn, Co
             .map_or_else(|| "?".to_owned(), ToString::to_string);
         return Err(ConnectorError::transient(format!(
             "replication slot `{slot}` is in use by pid {pid}; waiting"
-        )));
+        ))
+        .with_reason(ErrorReason::SlotInUse));
     }
     let confirmed = match field("confirmed_flush_lsn") {
         Some(text) => text
@@ -187,20 +190,22 @@ async fn check_slot(connector: &PostgresConnector, slot: &str) -> Result<Lsn, Co
 /// Adds the operator's fix to server errors about a missing or unusable slot or
 /// publication (they can appear at START_REPLICATION or at the first change decoded).
 fn with_fix(e: ConnectorError, slot: &str) -> ConnectorError {
-    let m = e.message();
-    let fix = if m.contains("SQLSTATE 42704") {
-        // undefined_object: the slot or publication was dropped.
-        "run `outboxd init --config <file>` to create it (or `outboxd recover --config <file>` \
-         if the slot was dropped)"
-    } else if m.contains("SQLSTATE 55000") && m.contains("slot") {
-        // object_not_in_prerequisite_state: the slot was invalidated (WAL removed).
-        "the slot is no longer usable: run `outboxd recover --config <file>` to recreate it and \
-         rescan INIT/FAILED rows"
-    } else {
-        return e;
+    let fix = match e.reason() {
+        // The slot or publication was dropped.
+        ErrorReason::MissingObject => {
+            "run `outboxd init --config <file>` to create it (or `outboxd recover --config \
+             <file>` if the slot was dropped)"
+        }
+        // The slot was invalidated (WAL removed).
+        ErrorReason::PositionLost => {
+            "the slot is no longer usable: run `outboxd recover --config <file>` to recreate it \
+             and rescan INIT/FAILED rows"
+        }
+        _ => return e,
     };
     tracing::debug!(%slot, error = %e, "replication error needs the operator");
-    ConnectorError::definite(format!("{m}: {fix}"))
+    let message = format!("{}: {fix}", e.message());
+    ConnectorError::definite(message).with_reason(e.reason())
 }
 
 /// Standby status updates: what the core confirmed, when it is due.
