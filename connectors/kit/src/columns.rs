@@ -38,7 +38,7 @@ pub enum Field {
 
 impl Field {
     /// The column's name; [`Field::Key`] is the configured key column.
-    pub fn column<'a>(self, key_column: &'a str) -> &'a str {
+    pub fn column(self, key_column: &str) -> &str {
         match self {
             Field::Key => key_column,
             other => other.fixed_name(),

@@ -1,0 +1,128 @@
+//! `outboxd init` for MySQL and MariaDB: missing tables and indexes, the starting
+//! checkpoint (see the module documentation of `setup`).
+
+use super::*;
+
+/// `outboxd init`: see the module documentation.
+pub(crate) async fn init(
+    c: &MysqlConnector,
+    mode: ReadMode,
+) -> Result<Vec<String>, ConnectorError> {
+    let mut conn = c.sql_conn().await?;
+    let server = server::info(&mut conn).await?;
+    // Refuse before changing anything when there is no binlog to start from.
+    let log_bin = server::variable(&mut conn, "log_bin")
+        .await?
+        .unwrap_or_default();
+    if mode == ReadMode::Log && !is_on(&log_bin) {
+        return Err(ConnectorError::definite(format!(
+            "the binary log is off on {} (log_bin = {log_bin}); {BINLOG_FIX}",
+            c.endpoint()
+        )));
+    }
+    let layout = c.layout();
+    let mut report = Vec::new();
+
+    // Databases of qualified tables.
+    for db in table_qualifiers(layout, |t| split_qualified(t).0) {
+        let sql = format!(
+            "SELECT 1 FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = {}",
+            sql_string(&db)
+        );
+        if query_first(&mut conn, &sql, "looking up databases")
+            .await?
+            .is_none()
+        {
+            let sql = format!(
+                "CREATE DATABASE IF NOT EXISTS {} CHARACTER SET utf8mb4",
+                quote_ident(&db)
+            );
+            execute(&mut conn, &sql, &format!("creating database {db}")).await?;
+            report.push(format!("created database {db}"));
+        }
+    }
+
+    let outbox_existed = table_exists(&mut conn, c, &layout.outbox_table).await?;
+    for ddl in schema::render_all(layout) {
+        if !table_exists(&mut conn, c, &ddl.table).await? {
+            execute(
+                &mut conn,
+                &ddl.sql,
+                &format!("creating table {}", ddl.table),
+            )
+            .await?;
+            report.push(format!("created table {}", ddl.table));
+            continue;
+        }
+        let mut created = false;
+        for (index, columns) in &ddl.indexes {
+            if !index_exists(&mut conn, c, &ddl.table, index).await? {
+                let sql = format!(
+                    "ALTER TABLE {} ADD INDEX {} ({columns})",
+                    qualified(&ddl.table),
+                    quote_ident(index)
+                );
+                execute(&mut conn, &sql, &format!("creating index {index}")).await?;
+                report.push(format!(
+                    "created index {index} on existing table {}",
+                    ddl.table
+                ));
+                created = true;
+            }
+        }
+        if !created {
+            report.push(format!("table {}: exists, nothing to do", ddl.table));
+        }
+    }
+
+    if mode == ReadMode::Poll {
+        let index = outbox_poll_index(layout);
+        if !index_exists(&mut conn, c, &layout.outbox_table, &index).await? {
+            let sql = format!(
+                "ALTER TABLE {} ADD INDEX {} (status, id)",
+                qualified(&layout.outbox_table),
+                quote_ident(&index)
+            );
+            execute(&mut conn, &sql, &format!("creating index {index}")).await?;
+            report.push(format!(
+                "created index {index} on {} (poll mode: finds INIT rows; the SUCCESS \
+                 write-back updates it too)",
+                layout.outbox_table
+            ));
+        }
+        report.push("poll mode: no binlog position needed".to_owned());
+        return Ok(report);
+    }
+
+    // The starting checkpoint.
+    let pipeline = c.pipeline();
+    match load_checkpoint(&mut conn, c).await? {
+        Some(position) => report.push(format!(
+            "checkpoint of pipeline {pipeline}: exists at {position}, nothing to do"
+        )),
+        None => {
+            let position = Position::Binlog(server::current_position(&mut conn, &server).await?);
+            let sql = checkpoint_sql(&qualified(&layout.checkpoint_table), pipeline, &position);
+            execute(&mut conn, &sql, "recording the starting checkpoint").await?;
+            report.push(format!(
+                "recorded checkpoint {position} for pipeline {pipeline}: the first run starts there"
+            ));
+            if outbox_existed {
+                let sql = format!(
+                    "SELECT COUNT(*) FROM {} WHERE status = 'INIT'",
+                    qualified(&layout.outbox_table)
+                );
+                let row = query_first(&mut conn, &sql, "counting INIT rows").await?;
+                let count = row.map(|r| int(&r, 0)).transpose()?.flatten().unwrap_or(0);
+                if count > 0 {
+                    report.push(format!(
+                        "note: {count} rows of {} are in INIT from before the checkpoint; run \
+                         `outboxd recover` to publish them",
+                        layout.outbox_table
+                    ));
+                }
+            }
+        }
+    }
+    Ok(report)
+}

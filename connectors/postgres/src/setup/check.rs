@@ -1,0 +1,422 @@
+//! `outboxd check` for PostgreSQL: one line per prerequisite of `run`, with its fix.
+
+use super::*;
+
+/// Oldest server version outboxd supports (`server_version_num`).
+const MIN_SERVER_VERSION: i32 = 120_000;
+
+const PAYLOAD_TYPES: &[&str] = &["jsonb", "json", "bytea", "text"];
+
+/// Slot lag above which `check` warns (1 GiB of WAL held back).
+const LAG_WARN_BYTES: i64 = 1 << 30;
+
+/// `outboxd check`: see the module documentation. Stops after the connection line when
+/// the server cannot be reached.
+pub(crate) async fn check(c: &PostgresConnector) -> CheckReport {
+    let mut report = Vec::new();
+    let client = match c.sql_client().await {
+        Ok(client) => client,
+        Err(e) => {
+            report.push(CheckLine::fail(
+                "connection",
+                format!("{e}"),
+                "check host, port, user, password, database and sslmode in [source], and that \
+                 pg_hba.conf admits this client",
+            ));
+            return report;
+        }
+    };
+    let version = match check_connection(&client, c).await {
+        Ok((line, version)) => {
+            report.push(line);
+            version
+        }
+        Err(e) => {
+            report.push(failed_query("connection", &e));
+            return report;
+        }
+    };
+
+    let layout = c.layout();
+    let slot_name = c.slot();
+    let publication = c.publication();
+    let slot = slot_info(&client, &slot_name, version).await;
+
+    push(&mut report, "wal_level", check_wal_level(&client).await);
+    push(&mut report, "role", check_role(&client).await);
+    let slot_exists = matches!(slot, Ok(Some(_)));
+    push(
+        &mut report,
+        "max_replication_slots",
+        check_slots_free(&client, slot_exists).await,
+    );
+    push(&mut report, "max_wal_senders", check_senders(&client).await);
+
+    match check_outbox(&client, layout).await {
+        Ok(lines) => report.extend(lines),
+        Err(e) => report.push(failed_query("outbox table", &e)),
+    }
+    push(
+        &mut report,
+        "publication",
+        check_publication(&client, &publication, layout).await,
+    );
+    match slot {
+        Ok(slot) => match check_slot(&client, &slot_name, slot).await {
+            Ok(lines) => report.extend(lines),
+            Err(e) => report.push(failed_query("replication slot", &e)),
+        },
+        Err(e) => report.push(failed_query("replication slot", &e)),
+    }
+    push(
+        &mut report,
+        "checkpoint table",
+        check_checkpoint_table(&client, layout).await,
+    );
+    report
+}
+
+async fn check_connection(
+    client: &Client,
+    c: &PostgresConnector,
+) -> Result<(CheckLine, i32), ConnectorError> {
+    let row = query_one(
+        client,
+        "SELECT current_setting('server_version'), current_setting('server_version_num')::int, \
+         pg_is_in_recovery()",
+        &[],
+        "reading the server version",
+    )
+    .await?;
+    let version: String = get(&row, 0)?;
+    let num: i32 = get(&row, 1)?;
+    let standby: bool = get(&row, 2)?;
+    let detail = format!("PostgreSQL {version} at {}", c.endpoint());
+    let line = if num < MIN_SERVER_VERSION {
+        CheckLine::fail(
+            "connection",
+            detail,
+            "outboxd needs PostgreSQL 12 or later; upgrade",
+        )
+    } else if standby {
+        CheckLine::fail(
+            "connection",
+            format!("{detail} is a standby (in recovery)"),
+            "point [source] at the primary: the write-back needs a writable database",
+        )
+    } else {
+        CheckLine::ok("connection", detail)
+    };
+    Ok((line, num))
+}
+
+async fn check_wal_level(client: &Client) -> Result<CheckLine, ConnectorError> {
+    let level = setting(client, "wal_level").await?;
+    Ok(if level == "logical" {
+        CheckLine::ok("wal_level", level)
+    } else {
+        CheckLine::fail(
+            "wal_level",
+            format!("{level} (logical decoding needs logical)"),
+            WAL_LEVEL_FIX,
+        )
+    })
+}
+
+async fn check_role(client: &Client) -> Result<CheckLine, ConnectorError> {
+    let row = query_one(
+        client,
+        "SELECT current_user::text, rolreplication, rolsuper FROM pg_roles \
+         WHERE rolname = current_user",
+        &[],
+        "reading the role's attributes",
+    )
+    .await?;
+    let user: String = get(&row, 0)?;
+    let replication: bool = get(&row, 1)?;
+    let superuser: bool = get(&row, 2)?;
+    Ok(match (superuser, replication) {
+        (true, _) => CheckLine::ok("role", format!("{user} is superuser")),
+        (false, true) => CheckLine::ok("role", format!("{user} has REPLICATION")),
+        (false, false) => CheckLine::fail(
+            "role",
+            format!("{user} has neither REPLICATION nor superuser"),
+            format!(
+                "ALTER ROLE {} WITH REPLICATION; (as a superuser; the role also needs to own the \
+                 outbox table for `init`, or to be granted SELECT, UPDATE on it)",
+                quote_ident(&user)
+            ),
+        ),
+    })
+}
+
+async fn check_slots_free(client: &Client, slot_exists: bool) -> Result<CheckLine, ConnectorError> {
+    let row = query_one(
+        client,
+        "SELECT current_setting('max_replication_slots')::int, \
+         (SELECT count(*) FROM pg_replication_slots)::int",
+        &[],
+        "counting replication slots",
+    )
+    .await?;
+    let max: i32 = get(&row, 0)?;
+    let used: i32 = get(&row, 1)?;
+    let detail = format!("{used} of {max} in use");
+    Ok(if max == 0 {
+        CheckLine::fail(
+            "max_replication_slots",
+            detail,
+            "set max_replication_slots = 10 in postgresql.conf and restart PostgreSQL",
+        )
+    } else if !slot_exists && used >= max {
+        CheckLine::fail(
+            "max_replication_slots",
+            format!("{detail}, none free for this pipeline's slot"),
+            "raise max_replication_slots and restart PostgreSQL, or drop an unused slot \
+             (SELECT pg_drop_replication_slot('<name>'))",
+        )
+    } else {
+        CheckLine::ok("max_replication_slots", detail)
+    })
+}
+
+async fn check_senders(client: &Client) -> Result<CheckLine, ConnectorError> {
+    let row = query_one(
+        client,
+        "SELECT current_setting('max_wal_senders')::int, \
+         (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender')::int",
+        &[],
+        "counting WAL senders",
+    )
+    .await?;
+    let max: i32 = get(&row, 0)?;
+    let used: i32 = get(&row, 1)?;
+    let detail = format!("{used} of {max} in use");
+    Ok(if max == 0 {
+        CheckLine::fail(
+            "max_wal_senders",
+            detail,
+            "set max_wal_senders = 10 in postgresql.conf and restart PostgreSQL",
+        )
+    } else if used >= max {
+        CheckLine::fail(
+            "max_wal_senders",
+            format!("{detail}, none free"),
+            "raise max_wal_senders and restart PostgreSQL, or stop another replication client",
+        )
+    } else {
+        CheckLine::ok("max_wal_senders", detail)
+    })
+}
+
+async fn check_outbox(
+    client: &Client,
+    layout: &OutboxLayout,
+) -> Result<Vec<CheckLine>, ConnectorError> {
+    let table = &layout.outbox_table;
+    let name = qualified(table);
+    let rows = query(
+        client,
+        "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
+         WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
+        &[&name],
+        "reading the outbox columns",
+    )
+    .await?;
+    if rows.is_empty() && !relation_exists(client, &name).await? {
+        return Ok(vec![CheckLine::fail(
+            "outbox table",
+            format!("{table} does not exist"),
+            format!(
+                "run `outboxd init`, or psql -v outbox_table={name} -f schemas/postgres/outbox.sql"
+            ),
+        )]);
+    }
+    let mut columns = Vec::with_capacity(rows.len());
+    for row in &rows {
+        columns.push((get::<String>(row, 0)?, get::<String>(row, 1)?));
+    }
+    let mut lines = vec![outbox_columns_line(
+        table,
+        &name,
+        &layout.key_column,
+        "schemas/postgres/outbox.sql",
+        |r| columns.iter().any(|(c, _)| c == r),
+    )];
+    lines.extend(payload_type_line(
+        &columns,
+        PAYLOAD_TYPES,
+        "declare payload as jsonb, json, bytea or text",
+    ));
+
+    // Indexes that would make the SUCCESS write-back non-HOT.
+    let rows = query(
+        client,
+        "SELECT c.relname::text, pg_get_indexdef(i.indexrelid) FROM pg_index i \
+         JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = to_regclass($1)",
+        &[&name],
+        "reading the outbox indexes",
+    )
+    .await?;
+    let mut offending = Vec::new();
+    for row in &rows {
+        let index: String = get(row, 0)?;
+        let def: String = get(row, 1)?;
+        let used = columns_in_index_def(&def);
+        let hit: Vec<&str> = SUCCESS_COLUMNS
+            .iter()
+            .copied()
+            .filter(|c| used.iter().any(|u| u == c))
+            .collect();
+        if !hit.is_empty() {
+            offending.push(format!("{index} ({})", hit.join(", ")));
+        }
+    }
+    if offending.is_empty() {
+        lines.push(CheckLine::ok(
+            "outbox indexes",
+            format!(
+                "{} index(es), none on a column the SUCCESS write-back changes",
+                rows.len()
+            ),
+        ));
+    } else {
+        lines.push(CheckLine::warn(
+            "outbox indexes",
+            format!(
+                "{} reference(s) a column the SUCCESS write-back changes: every write-back is a \
+                 non-HOT update (more WAL, index bloat)",
+                offending.join(", ")
+            ),
+            "index next_retry_time instead of status (see schemas/postgres/outbox.sql), or \
+             drop the index",
+        ));
+    }
+    Ok(lines)
+}
+
+async fn check_publication(
+    client: &Client,
+    publication: &str,
+    layout: &OutboxLayout,
+) -> Result<CheckLine, ConnectorError> {
+    let Some(info) = publication_info(client, publication).await? else {
+        return Ok(CheckLine::fail(
+            "publication",
+            format!("{publication} does not exist"),
+            format!(
+                "run `outboxd init`, or {}",
+                create_publication_sql(publication, layout)
+            ),
+        ));
+    };
+    let Some(outbox) = table_ident(client, layout).await? else {
+        return Ok(CheckLine::fail(
+            "publication",
+            format!("{publication} exists, but the outbox table does not"),
+            "run `outboxd init`",
+        ));
+    };
+    let problems = info.problems(&outbox);
+    Ok(if problems.is_empty() {
+        CheckLine::ok(
+            "publication",
+            format!(
+                "{publication} publishes inserts into {}",
+                layout.outbox_table
+            ),
+        )
+    } else {
+        CheckLine::fail(
+            "publication",
+            format!("{publication} {}", problems.join(" and ")),
+            info.fix_sql(publication, layout),
+        )
+    })
+}
+
+async fn check_slot(
+    client: &Client,
+    slot_name: &str,
+    slot: Option<SlotInfo>,
+) -> Result<Vec<CheckLine>, ConnectorError> {
+    let Some(slot) = slot else {
+        return Ok(vec![CheckLine::fail(
+            "replication slot",
+            format!("{slot_name} does not exist"),
+            format!(
+                "run `outboxd init`, or SELECT pg_create_logical_replication_slot('{slot_name}', \
+                 'pgoutput'); rows inserted before it exists need `outboxd recover`"
+            ),
+        )]);
+    };
+    let database = current_database(client).await?;
+    if let Some(problem) = slot.problems(&database).into_iter().next() {
+        return Ok(vec![CheckLine::fail(
+            "replication slot",
+            format!("{slot_name} {problem}"),
+            slot_fix(slot_name),
+        )]);
+    }
+    let mut lines = Vec::new();
+    let at = slot.confirmed_flush.as_deref().unwrap_or("?");
+    if slot.wal_status.as_deref() == Some("unreserved") {
+        lines.push(CheckLine::warn(
+            "replication slot",
+            format!(
+                "{slot_name} (pgoutput) confirmed at {at}; its WAL is about to be removed \
+                     (wal_status unreserved, max_slot_wal_keep_size)"
+            ),
+            "start outboxd now, or raise max_slot_wal_keep_size",
+        ));
+    } else {
+        lines.push(CheckLine::ok(
+            "replication slot",
+            format!("{slot_name} (pgoutput) confirmed at {at}"),
+        ));
+    }
+    match slot.lag_bytes {
+        Some(lag) if lag > LAG_WARN_BYTES => lines.push(CheckLine::warn(
+            "slot lag",
+            format!("{lag} bytes of WAL held back"),
+            "start outboxd (or find why it is not confirming); the server keeps this WAL on disk",
+        )),
+        Some(lag) => lines.push(CheckLine::ok("slot lag", format!("{lag} bytes behind"))),
+        None => lines.push(CheckLine::ok(
+            "slot lag",
+            "unknown (no confirmed position yet)",
+        )),
+    }
+    match slot.active_pid {
+        Some(pid) => lines.push(CheckLine::warn(
+            "slot reader",
+            format!("{slot_name} is in use by server process {pid}"),
+            format!(
+                "stop the other reader (another outboxd on this pipeline?), or \
+                 SELECT pg_terminate_backend({pid})"
+            ),
+        )),
+        None => lines.push(CheckLine::ok("slot reader", "not in use")),
+    }
+    Ok(lines)
+}
+
+async fn check_checkpoint_table(
+    client: &Client,
+    layout: &OutboxLayout,
+) -> Result<CheckLine, ConnectorError> {
+    let table = &layout.checkpoint_table;
+    Ok(if relation_exists(client, &qualified(table)).await? {
+        CheckLine::ok("checkpoint table", table.clone())
+    } else {
+        CheckLine::fail(
+            "checkpoint table",
+            format!("{table} does not exist"),
+            format!(
+                "run `outboxd init`, or psql -v checkpoint_table={} -f \
+                 schemas/postgres/checkpoint.sql",
+                qualified(table)
+            ),
+        )
+    })
+}

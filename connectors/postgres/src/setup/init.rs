@@ -1,0 +1,182 @@
+//! `outboxd init` for PostgreSQL: tables, then the publication, then the slot (see the
+//! module documentation of `setup`).
+
+use super::*;
+
+/// `outboxd init`: see the module documentation. Returns one line per item, saying what was
+/// created or that there was nothing to do.
+pub(crate) async fn init(
+    c: &PostgresConnector,
+    poll_mode: bool,
+) -> Result<Vec<String>, ConnectorError> {
+    let client = c.sql_client().await?;
+    let layout = c.layout();
+    let slot_name = c.slot();
+    let publication = c.publication();
+    let mut report = Vec::new();
+
+    // Refuse before changing anything when the slot cannot be created anyway.
+    let slot = if poll_mode {
+        None
+    } else {
+        slot_info(&client, &slot_name, 0).await?
+    };
+    if slot.is_none() && !poll_mode {
+        let wal_level = setting(&client, "wal_level").await?;
+        if wal_level != "logical" {
+            return Err(ConnectorError::definite(format!(
+                "cannot create replication slot `{slot_name}`: wal_level is `{wal_level}` on {}, \
+                 logical replication needs `logical`; {WAL_LEVEL_FIX}",
+                c.endpoint()
+            )));
+        }
+    }
+
+    // Schemas of schema-qualified tables.
+    for schema in table_qualifiers(layout, |t| split_qualified(t).0.map(str::to_owned)) {
+        let schema = schema.as_str();
+        let exists = query_opt(
+            &client,
+            "SELECT 1 FROM pg_namespace WHERE nspname = $1",
+            &[&schema],
+            "looking up schemas",
+        )
+        .await?
+        .is_some();
+        if !exists {
+            let sql = format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(schema));
+            execute(&client, &sql, &format!("creating schema {schema}")).await?;
+            report.push(format!("created schema {schema}"));
+        }
+    }
+
+    // Tables and their indexes.
+    let outbox_existed = relation_exists(&client, &qualified(&layout.outbox_table)).await?;
+    for ddl in schema::render_all(layout) {
+        let existed = relation_exists(&client, &qualified(&ddl.table)).await?;
+        let mut missing_indexes = Vec::new();
+        for index in &ddl.indexes {
+            if !relation_exists(&client, &index_name(&ddl.table, index)).await? {
+                missing_indexes.push(index.clone());
+            }
+        }
+        if !existed || !missing_indexes.is_empty() {
+            execute(&client, &ddl.sql, &format!("creating table {}", ddl.table)).await?;
+        }
+        if !existed {
+            report.push(format!("created table {}", ddl.table));
+        } else if missing_indexes.is_empty() {
+            report.push(format!("table {}: exists, nothing to do", ddl.table));
+        } else {
+            for index in missing_indexes {
+                report.push(format!(
+                    "created index {index} on existing table {}",
+                    ddl.table
+                ));
+            }
+        }
+    }
+
+    if poll_mode {
+        let ddl = schema::render_poll_index(layout);
+        for index in &ddl.indexes {
+            if relation_exists(&client, &index_name(&ddl.table, index)).await? {
+                report.push(format!("index {index}: exists, nothing to do"));
+            } else {
+                execute(&client, &ddl.sql, &format!("creating index {index}")).await?;
+                report.push(format!(
+                    "created index {index} on {} (poll mode: finds INIT rows; makes the SUCCESS \
+                     write-back a non-HOT update, see schemas/postgres/outbox_poll.sql)",
+                    ddl.table
+                ));
+            }
+        }
+        report.push("poll mode: no publication or replication slot needed".to_owned());
+        return Ok(report);
+    }
+
+    // Publication.
+    report.push(ensure_publication(&client, layout, &publication).await?);
+
+    // Replication slot.
+    match slot {
+        None => {
+            let row = query_opt(
+                &client,
+                "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+                &[&slot_name],
+                &format!("creating replication slot {slot_name}"),
+            )
+            .await?;
+            let lsn: Option<String> = row.and_then(|r| r.try_get(0).ok());
+            report.push(format!(
+                "created replication slot {slot_name} (pgoutput) at {}",
+                lsn.as_deref().unwrap_or("?")
+            ));
+            // Rows inserted before the slot existed are not in its log.
+            if outbox_existed {
+                let sql = format!(
+                    "SELECT count(*) FROM {} WHERE status = 'INIT'",
+                    qualified(&layout.outbox_table)
+                );
+                let row = query_opt(&client, &sql, &[], "counting INIT rows").await?;
+                let count: i64 = row.and_then(|r| r.try_get(0).ok()).unwrap_or(0);
+                if count > 0 {
+                    report.push(format!(
+                        "note: {count} rows of {} are in INIT from before the slot existed; \
+                         run `outboxd recover` to publish them",
+                        layout.outbox_table
+                    ));
+                }
+            }
+        }
+        Some(info) => {
+            let problems = info.problems(&current_database(&client).await?);
+            if let Some(problem) = problems.into_iter().next() {
+                return Err(ConnectorError::definite(format!(
+                    "replication slot `{slot_name}` {problem}"
+                )));
+            }
+            report.push(format!(
+                "replication slot {slot_name}: exists, nothing to do"
+            ));
+        }
+    }
+    Ok(report)
+}
+
+/// Creates the publication when it is missing; refuses (with the fixing SQL) one that
+/// does not fit. Returns what it did.
+pub(super) async fn ensure_publication(
+    client: &Client,
+    layout: &OutboxLayout,
+    publication: &str,
+) -> Result<String, ConnectorError> {
+    let outbox = table_ident(client, layout).await?.ok_or_else(|| {
+        ConnectorError::definite(format!(
+            "table {} does not exist: run `outboxd init --config <file>`",
+            layout.outbox_table
+        ))
+    })?;
+    match publication_info(client, publication).await? {
+        None => {
+            let sql = create_publication_sql(publication, layout);
+            execute(client, &sql, &format!("creating publication {publication}")).await?;
+            Ok(format!(
+                "created publication {publication} for inserts into {}",
+                layout.outbox_table
+            ))
+        }
+        Some(info) => {
+            let problems = info.problems(&outbox);
+            if !problems.is_empty() {
+                return Err(ConnectorError::definite(format!(
+                    "publication `{publication}` exists but {}; outboxd leaves it alone. Fix: {}",
+                    problems.join(" and "),
+                    info.fix_sql(publication, layout)
+                )));
+            }
+            Ok(format!("publication {publication}: exists, nothing to do"))
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! The log half of `outboxd recover` for PostgreSQL: the slot dropped and created again at
+//! the server's current position.
+
+use super::init::ensure_publication;
+use super::*;
+
+/// The log half of `outboxd recover`: drops the pipeline's slot (whatever its state, also
+/// invalidated) unless a reader holds it, makes sure the publication exists, and creates
+/// the slot again at the server's current WAL position. Returns what it did, one sentence.
+///
+/// Everything committed before the new slot's consistent point is not in its log: the
+/// caller publishes the INIT rows by scanning the table.
+pub(crate) async fn reset_log_position(c: &PostgresConnector) -> Result<String, ConnectorError> {
+    let client = c.sql_client().await?;
+    let layout = c.layout();
+    let slot_name = c.slot();
+    let publication = c.publication();
+    let in_use = |pid: &str| {
+        ConnectorError::definite(format!(
+            "replication slot `{slot_name}` is in use by server process {pid} (another outboxd \
+             running on this pipeline?): stop the running outboxd first, then run \
+             `outboxd recover --config <file>` again"
+        ))
+    };
+
+    let row = query_one(
+        &client,
+        "SELECT current_setting('server_version_num')::int",
+        &[],
+        "reading the server version",
+    )
+    .await?;
+    let version: i32 = get(&row, 0)?;
+    let mut said = Vec::new();
+    match slot_info(&client, &slot_name, version).await? {
+        Some(slot) => {
+            if let Some(pid) = slot.active_pid {
+                return Err(in_use(&pid.to_string()));
+            }
+            let dropped = client
+                .execute("SELECT pg_drop_replication_slot($1)", &[&slot_name])
+                .await;
+            if let Err(e) = dropped {
+                // 55006: it became active since we looked.
+                if e.code().map(|c| c.code()) == Some("55006") {
+                    return Err(in_use("(just started)"));
+                }
+                let context = format!("dropping replication slot {slot_name}");
+                return Err(classify_pg_error(&e, &context));
+            }
+            said.push(format!(
+                "dropped replication slot {slot_name} (confirmed at {}, wal_status {})",
+                slot.confirmed_flush.as_deref().unwrap_or("none"),
+                slot.wal_status.as_deref().unwrap_or("unknown"),
+            ));
+        }
+        None => said.push(format!("replication slot {slot_name} did not exist")),
+    }
+    // The publication before the slot: a slot created first cannot decode the changes
+    // made before its publication existed.
+    said.push(ensure_publication(&client, layout, &publication).await?);
+    let row = query_one(
+        &client,
+        "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+        &[&slot_name],
+        &format!("creating replication slot {slot_name}"),
+    )
+    .await?;
+    let lsn: String = get(&row, 0)?;
+    said.push(format!(
+        "created replication slot {slot_name} (pgoutput) at {lsn}"
+    ));
+    Ok(said.join("; "))
+}
