@@ -1262,17 +1262,6 @@ mod tests {
     }
 
     #[test]
-    fn iso8601_of_epoch_seconds() {
-        assert_eq!(iso8601_utc(0, 0), "1970-01-01T00:00:00+00:00");
-        assert_eq!(
-            iso8601_utc(1_778_311_800, 123_456),
-            "2026-05-09T07:30:00.123456+00:00"
-        );
-        assert_eq!(iso8601_utc(951_782_400, 0), "2000-02-29T00:00:00+00:00");
-        assert_eq!(iso8601_utc(-1, 0), "1969-12-31T23:59:59+00:00");
-    }
-
-    #[test]
     fn byte_helpers() {
         assert_eq!(trim_ascii(b"  BEGIN\n"), b"BEGIN");
         assert_eq!(trim_ascii(b"   "), b"");

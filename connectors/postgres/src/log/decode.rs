@@ -253,16 +253,7 @@ fn decode_bytea_hex(text: &[u8]) -> Option<Bytes> {
 mod tests {
     use super::*;
 
-    fn fixture(text: &str) -> Vec<Bytes> {
-        text.lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty() && !l.starts_with('#'))
-            .map(|l| {
-                let hex = l.split_whitespace().last().unwrap_or_default();
-                decode_bytea_hex(format!("\\x{hex}").as_bytes()).unwrap()
-            })
-            .collect()
-    }
+    use crate::pgoutput::fixture;
 
     #[test]
     fn assembles_a_captured_transaction() {

@@ -309,25 +309,27 @@ impl Reader<'_> {
     }
 }
 
+/// Parses a fixture file: one message per line, hex, `#` comments (for the unit tests of
+/// this decoder and of `log::decode`).
+#[cfg(test)]
+pub(crate) fn fixture(text: &str) -> Vec<Bytes> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let hex = l.split_whitespace().last().unwrap_or_default();
+            let bytes: Vec<u8> = (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+                .collect();
+            Bytes::from(bytes)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Parses a fixture file: one message per line, hex, `#` comments.
-    fn fixture(text: &str) -> Vec<Bytes> {
-        text.lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty() && !l.starts_with('#'))
-            .map(|l| {
-                let hex = l.split_whitespace().last().unwrap_or_default();
-                let bytes: Vec<u8> = (0..hex.len())
-                    .step_by(2)
-                    .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-                    .collect();
-                Bytes::from(bytes)
-            })
-            .collect()
-    }
 
     fn text(v: &ColumnValue) -> &str {
         match v {

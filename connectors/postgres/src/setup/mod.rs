@@ -34,6 +34,7 @@ use outboxd_connector_kit::store::table_qualifiers;
 
 use crate::client::classify_pg_error;
 use crate::schema::{self, qualified, quote_ident, split_qualified};
+use crate::store::get;
 use crate::PostgresConnector;
 
 /// Columns the SUCCESS write-back changes on a fresh row: an index that references any of
@@ -371,16 +372,6 @@ async fn query_one(
         .query_one(sql, params)
         .await
         .map_err(|e| classify_pg_error(&e, context))
-}
-
-fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
-    row: &'a Row,
-    at: usize,
-) -> Result<T, ConnectorError> {
-    row.try_get(at).map_err(|e| {
-        ConnectorError::definite(format!("unexpected answer from PostgreSQL (column {at})"))
-            .with_source(e)
-    })
 }
 
 #[cfg(test)]
