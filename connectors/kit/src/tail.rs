@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use outboxd_connector::{ChangeItem, ConnectorError, Position};
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 /// Items buffered between the log task and the core.
@@ -55,22 +56,38 @@ pub fn channel<P: Ord + Clone>(start: P, wrap: fn(P) -> Position) -> (Outlet<P>,
         last_progress_at: None,
         wrap,
     };
-    (outlet, Inlet { rx })
+    (outlet, Inlet { rx, task: None })
 }
 
-/// The stream's end of the channel.
+/// The stream's end of the channel. It owns the log task: dropping it stops the task.
 #[derive(Debug)]
 pub struct Inlet {
     rx: mpsc::Receiver<Item>,
+    task: Option<JoinHandle<()>>,
 }
 
 impl Inlet {
+    /// Spawns the log task that feeds this inlet (its future owns the [`Outlet`]).
+    pub fn spawn(&mut self, task: impl Future<Output = ()> + Send + 'static) {
+        if let Some(old) = self.task.replace(tokio::spawn(task)) {
+            old.abort();
+        }
+    }
+
     /// The next item; a transient error with `ended()`'s message when the task is gone.
     /// Cancel-safe (`mpsc::Receiver::recv` is).
     pub async fn next(&mut self, ended: impl FnOnce() -> String) -> Item {
         match self.rx.recv().await {
             Some(item) => item,
             None => Err(ConnectorError::transient(ended())),
+        }
+    }
+}
+
+impl Drop for Inlet {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
         }
     }
 }

@@ -23,7 +23,6 @@ use outboxd_connector::{
 };
 use outboxd_connector_kit::tail::{self, sleep_until_opt, Closed, Confirmations, Inlet, Outlet};
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::client::{classify, execute, int, query, query_first, text_or_empty};
@@ -46,7 +45,6 @@ const MARIADB_SLAVE_CAPABILITY_GTID: u32 = 4;
 pub struct MysqlChangeStream {
     inlet: Inlet,
     confirmed: watch::Sender<Option<BinlogPosition>>,
-    task: JoinHandle<()>,
     pipeline: String,
     start: BinlogPosition,
 }
@@ -98,7 +96,7 @@ impl MysqlChangeStream {
             "binlog stream open"
         );
 
-        let (outlet, inlet) = tail::channel(start.clone(), Position::Binlog);
+        let (outlet, mut inlet) = tail::channel(start.clone(), Position::Binlog);
         let (confirmed, confirmed_rx) = watch::channel(None);
         let heartbeat = connector.config().heartbeat;
         let task = Task {
@@ -119,11 +117,10 @@ impl MysqlChangeStream {
             idle_timeout: heartbeat * 3 + Duration::from_secs(5),
             last_heard: Instant::now(),
         };
-        let task = tokio::spawn(task.run());
+        inlet.spawn(task.run());
         Ok(Self {
             inlet,
             confirmed,
-            task,
             pipeline,
             start,
         })
@@ -132,12 +129,6 @@ impl MysqlChangeStream {
     /// Where this stream started (the checkpoint it resumed from).
     pub fn start(&self) -> &BinlogPosition {
         &self.start
-    }
-}
-
-impl Drop for MysqlChangeStream {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 

@@ -18,7 +18,6 @@ use std::time::Duration;
 use outboxd_connector::{ChangeItem, ChangeStream, ConnectorError, ErrorReason, Lsn, Position};
 use outboxd_connector_kit::tail::{self, sleep_until_opt, Closed, Confirmations, Inlet, Outlet};
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::log::decode::{Decoded, Decoder};
@@ -33,7 +32,6 @@ const CONFIRM_DELAY: Duration = Duration::from_millis(100);
 pub struct PgChangeStream {
     inlet: Inlet,
     confirmed: watch::Sender<Lsn>,
-    task: JoinHandle<()>,
     slot: String,
 }
 
@@ -66,7 +64,7 @@ impl PgChangeStream {
             .map_err(|e| with_fix(e, &slot))?;
         tracing::info!(%slot, %publication, confirmed_flush = %confirmed_flush, "replication stream open");
 
-        let (outlet, inlet) = tail::channel(confirmed_flush, Position::Lsn);
+        let (outlet, mut inlet) = tail::channel(confirmed_flush, Position::Lsn);
         let (confirmed, confirmed_rx) = watch::channel(confirmed_flush);
         let task = Task {
             stream,
@@ -75,11 +73,10 @@ impl PgChangeStream {
             reporter: Reporter::new(confirmed_rx, connector.config().status_interval),
             slot: slot.clone(),
         };
-        let task = tokio::spawn(task.run());
+        inlet.spawn(task.run());
         Ok(Self {
             inlet,
             confirmed,
-            task,
             slot,
         })
     }
@@ -87,12 +84,6 @@ impl PgChangeStream {
     /// The replication slot this stream reads.
     pub fn slot(&self) -> &str {
         &self.slot
-    }
-}
-
-impl Drop for PgChangeStream {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 
