@@ -44,6 +44,18 @@ pub struct OutboxLayout {
     pub key_column: String,
 }
 
+impl OutboxLayout {
+    /// A layout with these table names and the default key column (`biz_key`).
+    pub fn with_tables(outbox: &str, inbox: &str, checkpoint: &str) -> Self {
+        Self {
+            outbox_table: outbox.into(),
+            inbox_table: inbox.into(),
+            checkpoint_table: checkpoint.into(),
+            ..Self::default()
+        }
+    }
+}
+
 impl Default for OutboxLayout {
     fn default() -> Self {
         Self {

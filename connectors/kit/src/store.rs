@@ -71,12 +71,7 @@ mod tests {
 
     #[test]
     fn qualifiers_once_each() {
-        let layout = OutboxLayout {
-            outbox_table: "app.outbox".into(),
-            inbox_table: "app.inbox".into(),
-            checkpoint_table: "ops.ckpt".into(),
-            key_column: "biz_key".into(),
-        };
+        let layout = OutboxLayout::with_tables("app.outbox", "app.inbox", "ops.ckpt");
         let split = |t: &str| t.split_once('.').map(|(q, _)| q.to_owned());
         assert_eq!(table_qualifiers(&layout, split), ["app", "ops"]);
     }

@@ -174,15 +174,6 @@ fn render(script: &str, rename: &dyn Fn(&str) -> Option<String>) -> String {
 mod tests {
     use super::*;
 
-    fn layout(outbox: &str, inbox: &str, checkpoint: &str) -> OutboxLayout {
-        OutboxLayout {
-            outbox_table: outbox.into(),
-            inbox_table: inbox.into(),
-            checkpoint_table: checkpoint.into(),
-            key_column: "biz_key".into(),
-        }
-    }
-
     #[test]
     fn quotes_names_and_values() {
         assert_eq!(quote_ident("outbox"), "`outbox`");
@@ -216,7 +207,11 @@ mod tests {
 
     #[test]
     fn renders_qualified_names_with_their_stems() {
-        let ddl = render_all(&layout("app.orders_outbox", "app.Inbox", "ops.ckpt"));
+        let ddl = render_all(&OutboxLayout::with_tables(
+            "app.orders_outbox",
+            "app.Inbox",
+            "ops.ckpt",
+        ));
         let outbox = &ddl[0].sql;
         assert!(outbox.contains("CREATE TABLE IF NOT EXISTS `app`.`orders_outbox` ("));
         assert!(outbox.contains("`orders_outbox_retry_due_idx`"));

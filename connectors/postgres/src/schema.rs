@@ -165,15 +165,6 @@ fn render(script: &str, vars: &[(&str, String)]) -> String {
 mod tests {
     use super::*;
 
-    fn layout(outbox: &str, inbox: &str, checkpoint: &str) -> OutboxLayout {
-        OutboxLayout {
-            outbox_table: outbox.into(),
-            inbox_table: inbox.into(),
-            checkpoint_table: checkpoint.into(),
-            key_column: "biz_key".into(),
-        }
-    }
-
     #[test]
     fn quotes_identifiers_and_qualified_names() {
         assert_eq!(quote_ident("outbox"), "\"outbox\"");
@@ -222,7 +213,11 @@ mod tests {
 
     #[test]
     fn renders_schema_qualified_layout_without_leftovers() {
-        let ddl = render_all(&layout("app.orders_outbox", "app.Inbox", "ops.ckpt"));
+        let ddl = render_all(&OutboxLayout::with_tables(
+            "app.orders_outbox",
+            "app.Inbox",
+            "ops.ckpt",
+        ));
         let outbox = &ddl[0].sql;
         assert!(outbox.contains("CREATE TABLE IF NOT EXISTS \"app\".\"orders_outbox\" ("));
         assert!(outbox.contains("\"orders_outbox_retry_due_idx\""));
@@ -237,7 +232,7 @@ mod tests {
             assert!(table.sql.contains("PRIMARY KEY"));
         }
         assert!(outbox.contains("WITH (fillfactor = 80)"));
-        let poll = render_poll_index(&layout("app.orders_outbox", "i", "c"));
+        let poll = render_poll_index(&OutboxLayout::with_tables("app.orders_outbox", "i", "c"));
         assert_eq!(poll.indexes, ["orders_outbox_poll_idx"]);
         assert!(
             poll.sql.contains(
