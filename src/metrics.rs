@@ -512,7 +512,7 @@ impl<'a, C: Connector, S: Sink> Exporter<'a, C, S> {
         }
         let status = status_cache.as_ref().map(|c| &c.value);
         let inputs = ScrapeInputs {
-            producer_queue: i64::from(self.publisher.queue_depth()),
+            producer_queue: self.publisher.queue_depth(),
             status: status.and_then(|s| s.as_ref().ok()),
             status_ok: status.map(|s| s.is_ok()),
             kafka_reachable: Some(kafka.is_ok()),

@@ -160,7 +160,12 @@ impl<'a, O: OutboxStore, S: Sink> ClaimWorker<'a, O, S> {
         let mut keys = Vec::new();
         for (c, delivery) in pending {
             let result = delivery.await;
-            match Outcome::new(c.event.id, c.event.retry_count, result, &self.settings.retry) {
+            match Outcome::new(
+                c.event.id,
+                c.event.retry_count,
+                result,
+                &self.settings.retry,
+            ) {
                 Outcome::Delivered(d) => {
                     let topic = self.sink.destination(&c.event);
                     self.stats.metrics.acked(&topic, c.event.commit_time);
@@ -205,4 +210,3 @@ impl<'a, O: OutboxStore, S: Sink> ClaimWorker<'a, O, S> {
         Ok(())
     }
 }
-

@@ -173,10 +173,7 @@ async fn run<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i32
                 let log = async {
                     let shutdown = log_shutdown;
                     stop_on_error(
-                        relay::run(
-                            connector, &sink, &settings, &stats, &mut link, shutdown,
-                        )
-                        .await,
+                        relay::run(connector, &sink, &settings, &stats, &mut link, shutdown).await,
                     )
                 };
                 let notified = Arc::clone(&wake);

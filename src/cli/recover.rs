@@ -59,4 +59,3 @@ pub(super) async fn recover<C: Connector>(config: &Config, connector: &C) -> any
     );
     Ok(0)
 }
-

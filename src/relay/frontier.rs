@@ -65,7 +65,7 @@ impl AckFrontier {
     /// beyond every checkpoint returned before.
     pub(crate) fn advance(&mut self) -> Option<Position> {
         let done = self.slots.iter().take_while(|s| s.unwritten == 0).count();
-        let last = self.slots.drain(..done).last();
+        let last = self.slots.drain(..done).next_back();
         self.first_seq += done as u64;
         let position = last?.position;
         if self.checkpoint.as_ref() >= Some(&position) {
@@ -121,23 +121,38 @@ mod tests {
             let mut unwritten = std::collections::BTreeMap::new();
             let mut position = 0;
             for _ in 0..txs {
-                let n = if rng.gen_bool(0.2) { 0 } else { rng.gen_range(1..5) };
+                let n = if rng.gen_bool(0.2) {
+                    0
+                } else {
+                    rng.gen_range(1..5)
+                };
                 // Transactions have distinct positions; progress may repeat the last one.
-                position += if n == 0 { rng.gen_range(0..2) } else { rng.gen_range(1..3) };
+                position += if n == 0 {
+                    rng.gen_range(0..2)
+                } else {
+                    rng.gen_range(1..3)
+                };
                 let seq = f.push(lsn(position), n);
                 *unwritten.entry(position).or_insert(0usize) += n;
                 events.extend(std::iter::repeat_n((seq, position), n));
             }
             events.shuffle(&mut rng);
             let mut confirmed: Option<u64> = None;
-            let mut check = |f: &mut AckFrontier, unwritten: &std::collections::BTreeMap<u64, usize>| {
-                if let Some(Position::Lsn(Lsn(p))) = f.advance() {
-                    assert!(confirmed < Some(p), "seed {seed}: moved from {confirmed:?} to {p}");
-                    let pending = unwritten.range(..=p).any(|(_, n)| *n > 0);
-                    assert!(!pending, "seed {seed}: confirmed {p} past an unwritten event");
-                    confirmed = Some(p);
-                }
-            };
+            let mut check =
+                |f: &mut AckFrontier, unwritten: &std::collections::BTreeMap<u64, usize>| {
+                    if let Some(Position::Lsn(Lsn(p))) = f.advance() {
+                        assert!(
+                            confirmed < Some(p),
+                            "seed {seed}: moved from {confirmed:?} to {p}"
+                        );
+                        let pending = unwritten.range(..=p).any(|(_, n)| *n > 0);
+                        assert!(
+                            !pending,
+                            "seed {seed}: confirmed {p} past an unwritten event"
+                        );
+                        confirmed = Some(p);
+                    }
+                };
             check(&mut f, &unwritten);
             while !events.is_empty() {
                 let batch = rng.gen_range(1..=events.len().min(6));
@@ -147,7 +162,11 @@ mod tests {
                 }
                 check(&mut f, &unwritten);
             }
-            assert_eq!(confirmed, Some(position), "seed {seed}: did not reach the end");
+            assert_eq!(
+                confirmed,
+                Some(position),
+                "seed {seed}: did not reach the end"
+            );
         }
     }
 }

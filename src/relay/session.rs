@@ -304,12 +304,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
     }
 
     fn complete(&mut self, done: Completed) {
-        let outcome = Outcome::new(
-            done.id,
-            done.retry_count,
-            done.result,
-            &self.settings.retry,
-        );
+        let outcome = Outcome::new(done.id, done.retry_count, done.result, &self.settings.retry);
         match outcome {
             Outcome::Delivered(delivered) => {
                 self.stats.metrics.acked(&done.topic, done.commit_time);

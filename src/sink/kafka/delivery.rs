@@ -38,12 +38,12 @@ impl Future for KafkaDelivery {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<SinkResult> {
         match &mut self.get_mut().0 {
-            State::Done(failure) => Poll::Ready(Err(failure.take().unwrap_or_else(|| {
-                SinkFailure {
+            State::Done(failure) => {
+                Poll::Ready(Err(failure.take().unwrap_or_else(|| SinkFailure {
                     kind: FailureKind::Fatal,
                     error: "a Kafka delivery was polled after it completed".into(),
-                }
-            }))),
+                })))
+            }
             State::InFlight(future) => Pin::new(future).poll(cx).map(|result| match result {
                 Ok(Ok(delivery)) => Ok(Receipt {
                     partition: delivery.partition,

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 /// Producer settings outboxd always applies. Together they make the producer
 /// idempotent: no duplicates from internal retries and no reordering within a
 /// partition, which is what keeps each `biz_key` in order.
-pub(super) const SAFE_DEFAULTS: &[(&str, &str)] = &[("enable.idempotence", "true"), ("acks", "all")];
+pub(super) const SAFE_DEFAULTS: &[(&str, &str)] =
+    &[("enable.idempotence", "true"), ("acks", "all")];
 
 /// Options outboxd sets itself from typed config keys.
 const OWNED_OPTIONS: &[(&str, &str)] = &[
@@ -55,7 +56,6 @@ pub(crate) fn validate_options(options: &BTreeMap<String, String>) -> Result<(),
     }
     Ok(())
 }
-
 
 #[cfg(test)]
 mod tests {

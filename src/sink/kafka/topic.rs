@@ -61,7 +61,6 @@ impl TopicTemplate {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
