@@ -75,8 +75,8 @@ async fn execute_with<C: Connector>(
             Ok(0)
         }
         Command::Check => check(config, connector).await,
-        Command::Run => run(config, connector).await,
-        Command::Recover => recover(config, connector).await,
+        Command::Run => run(config, connector, &open_sink(config)?).await,
+        Command::Recover => recover(config, connector, &open_sink(config)?).await,
         Command::Admin(admin, format) => {
             let store = connector.open_store().await?;
             let context = AdminContext {
@@ -86,6 +86,11 @@ async fn execute_with<C: Connector>(
             admin::run(&store, &context, &admin, format).await
         }
     }
+}
+
+/// The one place the sink is chosen; a second sink is a branch here on its config.
+fn open_sink(config: &Config) -> Result<KafkaSink, anyhow::Error> {
+    KafkaSink::new(&config.kafka, &config.pipeline.name).map_err(anyhow::Error::msg)
 }
 
 fn read_mode(config: &Config) -> ReadMode {
@@ -98,9 +103,13 @@ fn read_mode(config: &Config) -> ReadMode {
 async fn check<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i32> {
     let mut report = vec![CheckLine::ok("config", "valid")];
     report.extend(connector.check(read_mode(config)).await);
-    match KafkaSink::new(&config.kafka, &config.pipeline.name) {
+    match open_sink(config) {
         Ok(sink) => report.push(sink.check(Duration::from_secs(5)).await),
-        Err(e) => report.push(CheckLine::fail("kafka", e, "fix the [kafka] section")),
+        Err(e) => report.push(CheckLine::fail(
+            "kafka",
+            e.to_string(),
+            "fix the [kafka] section",
+        )),
     }
     for line in &report {
         println!("{line}");
@@ -117,8 +126,11 @@ async fn check<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i
     Ok(0)
 }
 
-async fn run<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i32> {
-    let sink = KafkaSink::new(&config.kafka, &config.pipeline.name).map_err(anyhow::Error::msg)?;
+async fn run<C: Connector, S: Sink>(
+    config: &Config,
+    connector: &C,
+    sink: &S,
+) -> anyhow::Result<i32> {
     let stats = Arc::new(PipelineStats::default());
     let (stop, shutdown) = watch::channel(false);
     let stop = Arc::new(stop);
@@ -144,7 +156,7 @@ async fn run<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i32
         }
         None => None,
     };
-    let exporter = crate::metrics::Exporter::new(&stats, &sink, connector);
+    let exporter = crate::metrics::Exporter::new(&stats, sink, connector);
     let work = async {
         match config.source.mode {
             SourceMode::Log => {
@@ -173,7 +185,7 @@ async fn run<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i32
                 let log = async {
                     let shutdown = log_shutdown;
                     stop_on_error(
-                        relay::run(connector, &sink, &settings, &stats, &mut link, shutdown).await,
+                        relay::run(connector, sink, &settings, &stats, &mut link, shutdown).await,
                     )
                 };
                 let notified = Arc::clone(&wake);
@@ -182,7 +194,7 @@ async fn run<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i32
                     stop_on_error(
                         run_worker(
                             connector,
-                            &sink,
+                            sink,
                             worker_settings,
                             &stats,
                             wake,
@@ -206,7 +218,7 @@ async fn run<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i32
                 };
                 run_worker(
                     connector,
-                    &sink,
+                    sink,
                     worker_settings,
                     &stats,
                     wake,

@@ -6,7 +6,6 @@ use outboxd_connector::{Connector, OutboxAdmin, OutboxStore, WriteBack};
 
 use crate::config::Config;
 use crate::relay::outcome::Outcome;
-use crate::sink::kafka::KafkaSink;
 use crate::sink::Sink;
 
 /// `outboxd recover`: the log position is lost (slot dropped or invalidated, binlog
@@ -14,8 +13,11 @@ use crate::sink::Sink;
 /// committed from now on comes through the log, then publish every INIT row written
 /// before, in id order, writing statuses back as the log path does. A row committed in
 /// between may be sent twice; none is skipped.
-pub(super) async fn recover<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i32> {
-    let sink = KafkaSink::new(&config.kafka, &config.pipeline.name).map_err(anyhow::Error::msg)?;
+pub(super) async fn recover<C: Connector, S: Sink>(
+    config: &Config,
+    connector: &C,
+    sink: &S,
+) -> anyhow::Result<i32> {
     println!("{}", connector.reset_log_position().await?);
     let store = connector.open_store().await?;
     const BATCH: usize = 500;
