@@ -8,7 +8,7 @@
 //! - [`sink`]: the sink boundary and its Kafka implementation;
 //! - [`cli`]: the commands `main.rs` runs;
 //! - [`metrics`], [`http`]: observability;
-//! - `reconnect`: the one reconnect loop the long-running paths share.
+//! - `reconnect.rs`: the one reconnect loop the long-running paths share.
 
 pub mod claims;
 pub mod cli;

@@ -4,9 +4,9 @@
 //! poll mode (`source.mode = "poll"`) it is the whole relay, with INIT rows in scope. Each
 //! round claims rows in one short transaction, sends them through the [`Sink`], writes
 //! back only where the claim token still matches, and reaps claims abandoned by a stopped
-//! worker ([`worker`]). Failed rows wait out the [`backoff`]; the worker sleeps until the
-//! table's [`schedule`] says there is work, or until woken by the relay or by an
-//! operator's notification ([`notifications`]).
+//! worker (`worker.rs`). Failed rows wait out the backoff (`backoff.rs`); the worker
+//! sleeps until the table says there is work (`schedule.rs`), or until woken by the relay
+//! or by an operator's notification (`notifications.rs`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -1,12 +1,12 @@
 //! The log relay: source → sink → write-back → checkpoint.
 //!
-//! One [`session`] reads committed transactions from a [`ChangeStream`], hands each outbox
-//! event to the [`Sink`], and, as outcomes come back ([`outcome`]), writes the rows'
+//! One session (`session.rs`) reads committed transactions from a [`ChangeStream`], hands each outbox
+//! event to the [`Sink`], and, as outcomes come back (`outcome.rs`), writes the rows'
 //! statuses back in batches. The log position is confirmed only past the longest prefix
 //! of transactions whose every event is delivered (or marked FAILED) **and** written back
-//! ([`frontier`]): that is what makes delivery at-least-once across crashes.
+//! (`frontier.rs`): that is what makes delivery at-least-once across crashes.
 //!
-//! [`run`] wraps sessions in the one reconnect loop ([`crate::reconnect`]): transient
+//! [`run`] wraps sessions in the one reconnect loop (`src/reconnect.rs`): transient
 //! errors (including "another outboxd holds the slot", which is how a standby takes over)
 //! reconnect; definite ones and shutdown stop it.
 //!

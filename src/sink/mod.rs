@@ -2,7 +2,7 @@
 //!
 //! The relay and the claim worker hand each outbox event to a sink and get back, later, a
 //! [`Receipt`] or a classified [`SinkFailure`]; they never name the destination. Kafka
-//! ([`kafka::KafkaSink`]) is the one production sink; [`memory`] is an in-memory twin
+//! ([`kafka::KafkaSink`]) is the one production sink; `memory.rs` is an in-memory twin
 //! that unit tests of the core drive instead of a broker.
 //!
 //! Adding a sink: a module beside `kafka/` implementing [`Sink`], keeping the guarantee

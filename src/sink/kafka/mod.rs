@@ -1,6 +1,6 @@
-//! The Kafka sink: a librdkafka producer with safe defaults ([`options`]), topic routing
+//! The Kafka sink: a librdkafka producer with safe defaults (`options.rs`), topic routing
 //! ([`TopicTemplate`]), record headers, and the classification of delivery errors
-//! ([`delivery`]).
+//! (`delivery.rs`).
 //!
 //! Per-key order comes from the producer, not from outboxd: records are keyed by the
 //! row's key column, partitioned with murmur2 (as Java producers do), and the producer is
