@@ -18,6 +18,8 @@ pub mod metrics;
 mod reconnect;
 pub mod relay;
 pub mod sink;
+#[cfg(test)]
+mod testing;
 
 /// The CLI commands (`outboxd::commands::{execute, Command}`), kept at their old path.
 pub use cli::commands;

@@ -67,3 +67,6 @@ pub(crate) async fn run_worker<C: Connector, S: Sink>(
         .await
         .map_err(PipelineError::from)
 }
+
+#[cfg(test)]
+mod tests;

@@ -26,8 +26,6 @@ mod frontier;
 pub(crate) mod outcome;
 mod session;
 #[cfg(test)]
-mod testing;
-#[cfg(test)]
 mod tests;
 
 use session::Session;

@@ -1,7 +1,7 @@
 //! The relay session without Kafka or a database: the in-memory sink, store and stream
 //! drive the checkpoint, strict-ordering parking and release, the shutdown drain and a
 //! fatal sink error. Every confirmation is checked by the stream itself (see
-//! [`super::testing::MemoryStream`]): never backward, never past an INIT row.
+//! [`crate::testing::MemoryStream`]): never backward, never past an INIT row.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -13,12 +13,12 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::{mpsc, watch, Notify};
 
 use super::session::Session;
-use super::testing::{event, lsn, MemoryStore, MemoryStream, StreamLog};
 use super::{PipelineError, PipelineSettings, PipelineStats, RetryLink};
 use crate::config::{DeliveryConfig, Ordering as KeyOrdering, RetryConfig};
 use crate::reconnect::ReconnectBackoff;
 use crate::sink::memory::MemorySink;
 use crate::sink::FailureKind;
+use crate::testing::{event, lsn, MemoryStore, MemoryStream, StreamLog};
 
 struct Harness {
     store: Arc<MemoryStore>,

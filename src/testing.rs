@@ -1,16 +1,17 @@
-//! In-memory twins of the connector contract for unit tests of the relay: an
-//! [`OutboxStore`] keeping rows and the checkpoint in a map, and a [`ChangeStream`] fed by
-//! the test that checks, at every confirmation, that no transaction at or before the
-//! confirmed position still has an INIT row.
+//! In-memory twins of the connector contract for unit tests of the core (the relay and
+//! the claim worker): an [`OutboxStore`] keeping rows, claims and the checkpoint in a map,
+//! and a [`ChangeStream`] fed by the test that checks, at every confirmation, that no
+//! transaction at or before the confirmed position still has an INIT row.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use bytes::Bytes;
 use outboxd_connector::{
-    ChangeItem, ChangeStream, ClaimRequest, ClaimedEvent, ClaimedWriteBack, CommittedTransaction,
-    ConnectorError, Lsn, OutboxEvent, OutboxStore, Position, ReapPolicy, ReapReport, RetrySchedule,
-    WriteBack,
+    ChangeItem, ChangeStream, ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack,
+    CommittedTransaction, ConnectorError, Lsn, OutboxEvent, OutboxStore, Position, ReapPolicy,
+    ReapReport, RetrySchedule, WriteBack,
 };
 use tokio::sync::mpsc;
 
@@ -18,12 +19,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-pub(super) fn lsn(n: u64) -> Position {
+pub(crate) fn lsn(n: u64) -> Position {
     Position::Lsn(Lsn(n))
 }
 
 /// An outbox event of row `id` and business key `key`.
-pub(super) fn event(id: i64, key: &str) -> OutboxEvent {
+pub(crate) fn event(id: i64, key: &str) -> OutboxEvent {
     OutboxEvent {
         id,
         message_id: format!("m-{id}"),
@@ -42,10 +43,14 @@ pub(super) fn event(id: i64, key: &str) -> OutboxEvent {
 
 /// One outbox row.
 #[derive(Clone, Debug)]
-pub(super) struct Row {
-    pub(super) status: &'static str,
-    pub(super) biz_key: String,
-    pub(super) last_error: Option<String>,
+pub(crate) struct Row {
+    pub(crate) status: &'static str,
+    pub(crate) biz_key: String,
+    pub(crate) last_error: Option<String>,
+    pub(crate) retry_count: i32,
+    claim_token: Option<String>,
+    /// When a FAILED row is due again (`next_retry_time`).
+    due_at: Option<Instant>,
 }
 
 #[derive(Default)]
@@ -53,18 +58,19 @@ struct StoreState {
     rows: BTreeMap<i64, Row>,
     checkpoint: Option<Position>,
     write_backs: usize,
+    claims: u64,
 }
 
 /// An outbox table and checkpoint row in memory, with the write-back rules of the
 /// contract (SUCCESS only from INIT or FAILED, FAILED only from INIT, checkpoint forward).
 #[derive(Default)]
-pub(super) struct MemoryStore {
+pub(crate) struct MemoryStore {
     state: Mutex<StoreState>,
 }
 
 impl MemoryStore {
     /// Inserts INIT rows (as the application's transaction would).
-    pub(super) fn insert(&self, rows: &[(i64, &str)]) {
+    pub(crate) fn insert(&self, rows: &[(i64, &str)]) {
         let mut state = lock(&self.state);
         for (id, key) in rows {
             state.rows.insert(
@@ -73,27 +79,30 @@ impl MemoryStore {
                     status: "INIT",
                     biz_key: (*key).to_owned(),
                     last_error: None,
+                    retry_count: 0,
+                    claim_token: None,
+                    due_at: None,
                 },
             );
         }
     }
 
-    pub(super) fn row(&self, id: i64) -> Option<Row> {
+    pub(crate) fn row(&self, id: i64) -> Option<Row> {
         lock(&self.state).rows.get(&id).cloned()
     }
 
-    pub(super) fn status(&self, id: i64) -> &'static str {
+    pub(crate) fn status(&self, id: i64) -> &'static str {
         self.row(id).map_or("absent", |r| r.status)
     }
 
     /// What another writer (the claim worker, an operator) would do.
-    pub(super) fn set_status(&self, id: i64, status: &'static str) {
+    pub(crate) fn set_status(&self, id: i64, status: &'static str) {
         if let Some(row) = lock(&self.state).rows.get_mut(&id) {
             row.status = status;
         }
     }
 
-    pub(super) fn checkpoint(&self) -> Option<Position> {
+    pub(crate) fn checkpoint(&self) -> Option<Position> {
         lock(&self.state).checkpoint.clone()
     }
 }
@@ -113,6 +122,7 @@ impl OutboxStore for MemoryStore {
             if let Some(row) = state.rows.get_mut(&f.id).filter(|r| r.status == "INIT") {
                 row.status = "FAILED";
                 row.last_error = Some(f.error.clone());
+                row.due_at = Some(Instant::now() + f.retry_delay);
             }
         }
         for p in batch.parked {
@@ -133,12 +143,51 @@ impl OutboxStore for MemoryStore {
         Ok(self.checkpoint())
     }
 
-    async fn claim(&self, _request: ClaimRequest) -> Result<Vec<ClaimedEvent>, ConnectorError> {
-        Ok(Vec::new())
+    async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedEvent>, ConnectorError> {
+        let mut state = lock(&self.state);
+        state.claims += 1;
+        let claim = state.claims;
+        let mut claimed = Vec::new();
+        let now = Instant::now();
+        for (id, row) in state.rows.iter_mut() {
+            let due = row.due_at.is_none_or(|at| at <= now);
+            let in_scope = (row.status == "FAILED" && due)
+                || (request.scope == ClaimScope::NewAndDueFailed && row.status == "INIT");
+            if !in_scope || claimed.len() == request.limit {
+                continue;
+            }
+            let token = format!("claim-{claim}-{id}");
+            row.status = "PROCESSING";
+            row.claim_token = Some(token.clone());
+            let mut event = event(*id, &row.biz_key);
+            event.retry_count = row.retry_count;
+            claimed.push(ClaimedEvent {
+                event,
+                claim_token: ClaimToken(token),
+            });
+        }
+        Ok(claimed)
     }
 
-    async fn complete_claimed(&self, _batch: ClaimedWriteBack<'_>) -> Result<u64, ConnectorError> {
-        Ok(0)
+    async fn complete_claimed(&self, batch: ClaimedWriteBack<'_>) -> Result<u64, ConnectorError> {
+        let mut state = lock(&self.state);
+        let mut updated = 0;
+        for (d, token) in batch.delivered {
+            if let Some(row) = take_claim(&mut state.rows, d.id, token) {
+                row.status = "SUCCESS";
+                updated += 1;
+            }
+        }
+        for (f, token) in batch.failed {
+            if let Some(row) = take_claim(&mut state.rows, f.id, token) {
+                row.status = "FAILED";
+                row.retry_count += 1;
+                row.last_error = Some(f.error.clone());
+                row.due_at = Some(Instant::now() + f.retry_delay);
+                updated += 1;
+            }
+        }
+        Ok(updated)
     }
 
     async fn reap(&self, _policy: ReapPolicy) -> Result<ReapReport, ConnectorError> {
@@ -164,21 +213,34 @@ impl OutboxStore for MemoryStore {
     }
 }
 
+/// The row of `id` if `token` still holds its claim; the claim is cleared.
+fn take_claim<'a>(
+    rows: &'a mut BTreeMap<i64, Row>,
+    id: i64,
+    token: &ClaimToken,
+) -> Option<&'a mut Row> {
+    let row = rows
+        .get_mut(&id)
+        .filter(|r| r.claim_token.as_deref() == Some(token.0.as_str()))?;
+    row.claim_token = None;
+    Some(row)
+}
+
 /// What the stream saw: positions confirmed, and any confirmation that passed an INIT row.
 #[derive(Default)]
-pub(super) struct StreamLog {
-    pub(super) confirmed: Vec<Position>,
-    pub(super) violations: Vec<String>,
+pub(crate) struct StreamLog {
+    pub(crate) confirmed: Vec<Position>,
+    pub(crate) violations: Vec<String>,
 }
 
 /// The test's end of a [`MemoryStream`].
-pub(super) struct LogWriter {
+pub(crate) struct LogWriter {
     items: mpsc::UnboundedSender<Result<ChangeItem, ConnectorError>>,
 }
 
 impl LogWriter {
     /// A committed transaction at `lsn(position)` inserting `events`.
-    pub(super) fn commit(&self, position: u64, events: Vec<OutboxEvent>) {
+    pub(crate) fn commit(&self, position: u64, events: Vec<OutboxEvent>) {
         let tx = CommittedTransaction {
             commit_position: lsn(position),
             commit_time: None,
@@ -190,7 +252,7 @@ impl LogWriter {
 
 /// A log tail fed by a [`LogWriter`]. Once the writer is gone it waits forever, as an idle
 /// log does.
-pub(super) struct MemoryStream {
+pub(crate) struct MemoryStream {
     items: mpsc::UnboundedReceiver<Result<ChangeItem, ConnectorError>>,
     store: Arc<MemoryStore>,
     /// Row ids of each transaction yielded, by position.
@@ -199,7 +261,7 @@ pub(super) struct MemoryStream {
 }
 
 impl MemoryStream {
-    pub(super) fn new(store: Arc<MemoryStore>) -> (Self, LogWriter, Arc<Mutex<StreamLog>>) {
+    pub(crate) fn new(store: Arc<MemoryStore>) -> (Self, LogWriter, Arc<Mutex<StreamLog>>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let log = Arc::new(Mutex::new(StreamLog::default()));
         let stream = Self {
