@@ -98,22 +98,9 @@ pub async fn concurrent_claimers_skip_locked_rows_and_never_share_one<H: Harness
     assert_eq!(ids_of(&first), [ids[1]], "locked row skipped");
     h.unlock(lock).await;
 
-    let stores = futures_util::future::try_join_all(
-        (0..4).map(|_| outboxd_connector::Connector::open_store(h.connector())),
-    )
-    .await
-    .expect("stores");
-    let rounds = stores.iter().map(|s| async move {
-        let mut mine = Vec::new();
-        loop {
-            let got = s.claim(due_failed(7, false)).await.expect("claim");
-            if got.is_empty() {
-                return mine;
-            }
-            mine.extend(ids_of(&got));
-        }
-    });
-    let per_claimer = futures_util::future::join_all(rounds).await;
+    drop(store);
+
+    let per_claimer = race_claimers(&h, 4, 7).await;
     let mut all: Vec<i64> = per_claimer.iter().flatten().copied().collect();
     let total = all.len();
     all.sort_unstable();
@@ -123,13 +110,48 @@ pub async fn concurrent_claimers_skip_locked_rows_and_never_share_one<H: Harness
     expected.push(ids[0]);
     expected.sort_unstable();
     assert_eq!(all, expected, "every row claimed");
+    h.cleanup().await;
+}
+
+/// Claimers racing share the work: a claim skips only the rows other claims took, so
+/// while one claimer's transaction is open the others still find due rows (a claim that
+/// locked every due row it scanned would leave them empty-handed).
+pub async fn concurrent_claimers_share_the_due_rows<H: Harness>() {
+    let h: H = initialised("cl_share", ReadMode::Log).await;
+    let keys: Vec<String> = (0..120).map(|i| format!("k{i}")).collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let ids = h.insert(&NewRow::keys(&keys)).await;
+    h.set(&ids, &Setup::status("FAILED", Some(-1))).await;
+    let per_claimer = race_claimers(&h, 4, 7).await;
+    let total: usize = per_claimer.iter().map(Vec::len).sum();
+    assert_eq!(total, ids.len(), "every row claimed once");
     assert!(
         per_claimer.iter().filter(|c| !c.is_empty()).count() > 1,
         "claims were spread over claimers: {:?}",
         per_claimer.iter().map(Vec::len).collect::<Vec<_>>()
     );
-    drop((store, stores));
     h.cleanup().await;
+}
+
+/// `claimers` stores claiming `limit` due FAILED rows at a time, concurrently, each until
+/// its claim comes back empty; the ids each one claimed.
+async fn race_claimers<H: Harness>(h: &H, claimers: usize, limit: usize) -> Vec<Vec<i64>> {
+    let stores = futures_util::future::try_join_all(
+        (0..claimers).map(|_| outboxd_connector::Connector::open_store(h.connector())),
+    )
+    .await
+    .expect("stores");
+    let rounds = stores.iter().map(|s| async move {
+        let mut mine = Vec::new();
+        loop {
+            let got = s.claim(due_failed(limit, false)).await.expect("claim");
+            if got.is_empty() {
+                return mine;
+            }
+            mine.extend(ids_of(&got));
+        }
+    });
+    futures_util::future::join_all(rounds).await
 }
 
 /// Strict: one row per key, and none of a key whose earlier row is PROCESSING or

@@ -25,12 +25,14 @@ mod support;
 
 pub use harness::{Harness, NewRow, RowState, Setup};
 
-/// Generates one `#[tokio::test]` per scenario for harness `$harness`:
+/// Generates one `#[tokio::test]` per scenario for harness `$harness`, and a test that
+/// fails when a scenario of [`SCENARIOS`] is left out (mark a scenario the engine fails
+/// `#[ignore = "why"]` instead):
 ///
 /// ```ignore
 /// outboxd_conformance::conformance_tests!(PgHarness;
 ///     store::write_back_moves_rows_through_the_state_machine,
-///     #[ignore = "why"] claims::reaper_returns_expired_claims,
+///     #[ignore = "why"] claims::concurrent_claimers_share_the_due_rows,
 /// );
 /// ```
 #[macro_export]
@@ -43,35 +45,52 @@ macro_rules! conformance_tests {
                 $crate::$module::$scenario::<$harness>().await;
             }
         )*
+
+        #[test]
+        fn every_conformance_scenario_is_instantiated() {
+            $crate::assert_all_instantiated(&[
+                $(concat!(stringify!($module), "::", stringify!($scenario))),*
+            ]);
+        }
     };
 }
 
-/// Every scenario, for engines that pass them all.
-#[macro_export]
-macro_rules! all_conformance_tests {
-    ($harness:ty) => {
-        $crate::conformance_tests!($harness;
-            store::write_back_moves_rows_through_the_state_machine,
-            store::checkpoint_commits_with_the_batch_and_never_moves_backward,
-            store::open_store_without_tables_is_a_definite_error,
-            claims::claim_takes_due_failed_rows_in_id_order,
-            claims::concurrent_claimers_skip_locked_rows_and_never_share_one,
-            claims::strict_claim_takes_only_the_earliest_row_of_each_blocked_key,
-            claims::poll_claim_takes_init_and_due_failed_rows_in_key_order,
-            claims::strict_poll_claim_waits_for_an_earlier_row_locked_elsewhere,
-            claims::complete_claimed_writes_only_where_the_claim_still_holds,
-            claims::reaper_returns_expired_claims_to_failed_or_manual_required,
-            claims::parked_rows_become_failed_and_due_with_the_reason,
-            claims::blocked_keys_and_retry_schedule_read_the_rows_in_trouble,
-            admin::status_summary_counts_rows_and_reads_the_checkpoint,
-            admin::retry_makes_rows_due_again,
-            admin::park_and_resolve_record_the_operator_reason,
-            admin::janitor_deletes_or_archives_old_success_rows,
-            admin::scan_init_pages_through_init_rows_in_id_order,
-            stream::only_committed_transactions_are_read_in_commit_order,
-            stream::a_reopened_stream_resumes_after_the_confirmed_position,
-            stream::a_second_reader_is_transient,
-            stream::a_lost_log_position_is_a_definite_error,
-        );
-    };
+/// Every scenario, as `module::function`.
+pub const SCENARIOS: &[&str] = &[
+    "store::write_back_moves_rows_through_the_state_machine",
+    "store::checkpoint_commits_with_the_batch_and_never_moves_backward",
+    "store::open_store_without_tables_is_a_definite_error",
+    "claims::claim_takes_due_failed_rows_in_id_order",
+    "claims::concurrent_claimers_skip_locked_rows_and_never_share_one",
+    "claims::concurrent_claimers_share_the_due_rows",
+    "claims::strict_claim_takes_only_the_earliest_row_of_each_blocked_key",
+    "claims::poll_claim_takes_init_and_due_failed_rows_in_key_order",
+    "claims::strict_poll_claim_waits_for_an_earlier_row_locked_elsewhere",
+    "claims::complete_claimed_writes_only_where_the_claim_still_holds",
+    "claims::reaper_returns_expired_claims_to_failed_or_manual_required",
+    "claims::parked_rows_become_failed_and_due_with_the_reason",
+    "claims::blocked_keys_and_retry_schedule_read_the_rows_in_trouble",
+    "admin::status_summary_counts_rows_and_reads_the_checkpoint",
+    "admin::retry_makes_rows_due_again",
+    "admin::park_and_resolve_record_the_operator_reason",
+    "admin::janitor_deletes_or_archives_old_success_rows",
+    "admin::scan_init_pages_through_init_rows_in_id_order",
+    "stream::only_committed_transactions_are_read_in_commit_order",
+    "stream::a_reopened_stream_resumes_after_the_confirmed_position",
+    "stream::a_second_reader_is_transient",
+    "stream::a_lost_log_position_is_a_definite_error",
+];
+
+/// Panics unless `instantiated` names every scenario of [`SCENARIOS`] (used by
+/// [`conformance_tests!`]).
+pub fn assert_all_instantiated(instantiated: &[&str]) {
+    let missing: Vec<&str> = SCENARIOS
+        .iter()
+        .copied()
+        .filter(|s| !instantiated.contains(s))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "conformance scenarios not instantiated for this engine: {missing:?}"
+    );
 }

@@ -211,4 +211,27 @@ impl Harness for Pg {
     }
 }
 
-outboxd_conformance::all_conformance_tests!(Pg);
+outboxd_conformance::conformance_tests!(Pg;
+    store::write_back_moves_rows_through_the_state_machine,
+    store::checkpoint_commits_with_the_batch_and_never_moves_backward,
+    store::open_store_without_tables_is_a_definite_error,
+    claims::claim_takes_due_failed_rows_in_id_order,
+    claims::concurrent_claimers_skip_locked_rows_and_never_share_one,
+    claims::concurrent_claimers_share_the_due_rows,
+    claims::strict_claim_takes_only_the_earliest_row_of_each_blocked_key,
+    claims::poll_claim_takes_init_and_due_failed_rows_in_key_order,
+    claims::strict_poll_claim_waits_for_an_earlier_row_locked_elsewhere,
+    claims::complete_claimed_writes_only_where_the_claim_still_holds,
+    claims::reaper_returns_expired_claims_to_failed_or_manual_required,
+    claims::parked_rows_become_failed_and_due_with_the_reason,
+    claims::blocked_keys_and_retry_schedule_read_the_rows_in_trouble,
+    admin::status_summary_counts_rows_and_reads_the_checkpoint,
+    admin::retry_makes_rows_due_again,
+    admin::park_and_resolve_record_the_operator_reason,
+    admin::janitor_deletes_or_archives_old_success_rows,
+    admin::scan_init_pages_through_init_rows_in_id_order,
+    stream::only_committed_transactions_are_read_in_commit_order,
+    stream::a_reopened_stream_resumes_after_the_confirmed_position,
+    stream::a_second_reader_is_transient,
+    stream::a_lost_log_position_is_a_definite_error,
+);
