@@ -58,6 +58,11 @@ pub async fn status_summary_counts_rows_and_reads_the_checkpoint<H: Harness>() {
         "oldest INIT row is an hour old: {age:?}"
     );
     assert!(summary.source_lag_bytes.is_some(), "log mode reads the lag");
+    assert_eq!(
+        summary.checkpoint.map(|(at, _)| at),
+        store.load_checkpoint().await.expect("load"),
+        "the checkpoint init left (none, or where the log stood)"
+    );
 
     let position = h.positions()[0].clone();
     store

@@ -115,6 +115,12 @@ impl Setup {
 pub trait Harness: Sized {
     /// The engine's connector.
     type Connector: Connector;
+    /// How the engine renders UTC in [`OutboxEvent::created_at`](outboxd_connector::OutboxEvent),
+    /// e.g. `+00` (PostgreSQL) or `+00:00` (MySQL).
+    const UTC_OFFSET: &'static str;
+    /// The `headers` object every row is inserted with (`{"trace": "abc", "n": 7}`) as
+    /// the engine stores it, in its order: `jsonb` orders keys, a text column keeps them.
+    const STORED_HEADERS: &'static [(&'static str, &'static str)];
     /// A transaction holding a row lock (`SELECT … FOR UPDATE`) on a separate connection.
     type Lock;
 

@@ -8,7 +8,7 @@ use outboxd_connector::{
     ChangeItem, ChangeStream, CommittedTransaction, Connector, ConnectorError, ErrorKind, ReadMode,
 };
 
-use crate::support::{initialised, open_when_free};
+use crate::support::{initialised, open_when_free, stored_headers};
 use crate::{Harness, NewRow};
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -51,6 +51,8 @@ pub async fn only_committed_transactions_are_read_in_commit_order<H: Harness>() 
     assert_eq!(&e.key[..], b"k1");
     assert_eq!(&e.payload[..], br#"{"k": 1}"#);
     assert_eq!((e.retry_count, e.max_retry_count), (0, 3));
+    assert!(e.created_at.ends_with(H::UTC_OFFSET), "{}", e.created_at);
+    assert_eq!(e.headers, stored_headers::<H>());
     assert!(first.commit_time.is_some());
     let second = next_transaction(&mut stream).await;
     assert_eq!(keys(&second), ["k2"], "the rolled-back row never appears");

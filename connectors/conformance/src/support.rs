@@ -6,6 +6,8 @@ use outboxd_connector::{
     ClaimRequest, ClaimScope, ClaimedEvent, Connector, ConnectorError, ReadMode,
 };
 
+use bytes::Bytes;
+
 use crate::Harness;
 
 /// A harness whose outbox is initialised for `mode`.
@@ -57,4 +59,12 @@ where
             Err(e) => panic!("cannot open: {e}"),
         }
     }
+}
+
+/// The headers every inserted row has, as the engine stores them.
+pub(crate) fn stored_headers<H: Harness>() -> Vec<(String, Bytes)> {
+    H::STORED_HEADERS
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), Bytes::from_static(v.as_bytes())))
+        .collect()
 }

@@ -68,6 +68,8 @@ impl Maria {
 
 impl Harness for Maria {
     type Connector = MysqlConnector;
+    const UTC_OFFSET: &'static str = "+00:00";
+    const STORED_HEADERS: &'static [(&'static str, &'static str)] = &[("trace", "abc"), ("n", "7")];
     type Lock = Conn;
 
     async fn create(prefix: &str) -> Self {

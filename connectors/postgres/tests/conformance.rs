@@ -46,6 +46,8 @@ impl Pg {
 
 impl Harness for Pg {
     type Connector = PostgresConnector;
+    const UTC_OFFSET: &'static str = "+00";
+    const STORED_HEADERS: &'static [(&'static str, &'static str)] = &[("n", "7"), ("trace", "abc")];
     type Lock = tokio_postgres::Client;
 
     async fn create(prefix: &str) -> Self {
