@@ -77,6 +77,8 @@ pub const SCENARIOS: &[&str] = &[
     "admin::scan_init_pages_through_init_rows_in_id_order",
     "stream::only_committed_transactions_are_read_in_commit_order",
     "stream::a_reopened_stream_resumes_after_the_confirmed_position",
+    "stream::rows_written_while_no_stream_is_open_are_read_later",
+    "stream::status_updates_are_not_events",
     "stream::a_second_reader_is_transient",
     "stream::a_lost_log_position_is_a_definite_error",
 ];

@@ -5,7 +5,8 @@
 use std::time::{Duration, Instant};
 
 use outboxd_connector::{
-    ChangeItem, ChangeStream, CommittedTransaction, Connector, ConnectorError, ErrorKind, ReadMode,
+    ChangeItem, ChangeStream, CommittedTransaction, Connector, ConnectorError, Delivered,
+    DeliveryFailure, ErrorKind, OutboxAdmin, OutboxStore, ReadMode, WriteBack,
 };
 
 use crate::support::{initialised, open_when_free, stored_headers};
@@ -107,6 +108,68 @@ pub async fn a_reopened_stream_resumes_after_the_confirmed_position<H: Harness>(
     assert_eq!(keys(&again), ["c2"], "c1 was confirmed, c2 was not");
     assert_eq!(again.commit_position, second.commit_position);
     drop(stream);
+    h.cleanup().await;
+}
+
+/// Rows committed after `init` but before any stream was open, and rows committed while
+/// the stream was closed, are read when it opens: the log position is kept, never "now";
+/// what was not confirmed may be read again.
+pub async fn rows_written_while_no_stream_is_open_are_read_later<H: Harness>() {
+    let h: H = initialised("sm_closed", ReadMode::Log).await;
+    h.insert(&NewRow::keys(&["early"])).await;
+    let mut stream = open_when_free(|| h.connector().open_stream()).await;
+    let first = next_transaction(&mut stream).await;
+    assert_eq!(keys(&first), ["early"]);
+    drop(stream);
+
+    h.insert(&NewRow::keys(&["while-closed"])).await;
+    let mut stream = open_when_free(|| h.connector().open_stream()).await;
+    // Nothing was confirmed: "early" may come again (at-least-once), then the new row.
+    let mut next = next_transaction(&mut stream).await;
+    if keys(&next) == ["early"] {
+        assert_eq!(next.commit_position, first.commit_position);
+        next = next_transaction(&mut stream).await;
+    }
+    assert_eq!(keys(&next), ["while-closed"]);
+    assert!(next.commit_position > first.commit_position);
+    drop(stream);
+    h.cleanup().await;
+}
+
+/// The store's own updates of outbox rows (write-back, operator actions) are not events:
+/// after them, the next transaction read is the next insert.
+pub async fn status_updates_are_not_events<H: Harness>() {
+    let h: H = initialised("sm_updates", ReadMode::Log).await;
+    let mut stream = open_when_free(|| h.connector().open_stream()).await;
+    let ids = h.insert(&NewRow::keys(&["a", "b", "c"])).await;
+    let txn = next_transaction(&mut stream).await;
+    assert_eq!(keys(&txn), ["a", "b", "c"]);
+
+    let store = h.connector().open_store().await.expect("store");
+    let delivered = [Delivered {
+        id: ids[0],
+        partition: 0,
+        offset: 1,
+    }];
+    let failed = [DeliveryFailure {
+        id: ids[1],
+        error: "broker down".into(),
+        retry_delay: Duration::ZERO,
+    }];
+    store
+        .write_back(WriteBack {
+            delivered: &delivered,
+            failed: &failed,
+            checkpoint: Some(&txn.commit_position),
+            ..WriteBack::default()
+        })
+        .await
+        .expect("write back");
+    assert!(store.park_row(ids[2], "by hand").await.expect("park"));
+    h.insert(&NewRow::keys(&["d"])).await;
+    let next = next_transaction(&mut stream).await;
+    assert_eq!(keys(&next), ["d"], "no event for the updates");
+    drop((stream, store));
     h.cleanup().await;
 }
 
