@@ -15,6 +15,10 @@
 //! - [`claims`]: claims, tokens, strict order, reaper, parked rows, schedule;
 //! - [`admin`]: the operator's actions;
 //! - [`stream`]: the log tail.
+//!
+//! A new engine: implement [`Harness`] in its `tests/conformance.rs` and list every
+//! scenario in [`conformance_tests!`] (a test fails when one is missing). A scenario the
+//! engine fails is a connector bug: mark it `#[ignore = "…"]` with what goes wrong.
 
 pub mod admin;
 pub mod claims;
@@ -25,7 +29,8 @@ mod support;
 
 pub use harness::{Harness, NewRow, RowState, Setup};
 
-/// Generates one `#[tokio::test]` per scenario for harness `$harness`, and a test that
+/// Generates one `#[tokio::test]` (multi-threaded runtime: the calling crate needs tokio
+/// with `macros` and `rt-multi-thread`) per scenario for harness `$harness`, and a test that
 /// fails when a scenario of [`SCENARIOS`] is left out (mark a scenario the engine fails
 /// `#[ignore = "why"]` instead):
 ///
