@@ -111,6 +111,15 @@ impl Setup {
     }
 }
 
+/// One of the tables of an outbox, private to the scenario.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Table {
+    /// The outbox table.
+    Outbox,
+    /// The checkpoint table (the scenario's own, not one shared with other pipelines).
+    Checkpoint,
+}
+
 /// An engine's test fixture for one scenario.
 pub trait Harness: Sized {
     /// The engine's connector.
@@ -164,6 +173,10 @@ pub trait Harness: Sized {
     /// the server's retention would: drop the slot, or point the checkpoint at a binlog
     /// the server no longer has. No stream is open.
     async fn lose_log_position(&self);
+
+    /// Renames this outbox's `table` away (`away`) or back, so that statements on it
+    /// fail meanwhile.
+    async fn hide_table(&self, table: Table, away: bool);
 
     /// The name of a table the janitor may archive into (created by the janitor).
     fn archive_table(&self) -> String;

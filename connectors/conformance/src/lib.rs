@@ -27,7 +27,7 @@ pub mod store;
 pub mod stream;
 mod support;
 
-pub use harness::{Harness, NewRow, RowState, Setup};
+pub use harness::{Harness, NewRow, RowState, Setup, Table};
 
 /// Generates one `#[tokio::test]` (multi-threaded runtime: the calling crate needs tokio
 /// with `macros` and `rt-multi-thread`) per scenario for harness `$harness`, and a test that

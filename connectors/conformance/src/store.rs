@@ -9,7 +9,7 @@ use outboxd_connector::{
 };
 
 use crate::support::{initialised, store};
-use crate::{Harness, NewRow};
+use crate::{Harness, NewRow, Table};
 
 /// SUCCESS with where the record landed; FAILED with `retry_count + 1`, the error and
 /// the next retry time; MANUAL_REQUIRED at `max_retry_count`; a replayed batch changes
@@ -177,8 +177,8 @@ pub async fn write_back_moves_rows_through_the_state_machine<H: Harness>() {
     h.cleanup().await;
 }
 
-/// The checkpoint is written with the statuses of its batch, ordered as positions (not
-/// as text), never moved backward, and read back by a new store.
+/// The checkpoint is written with the statuses of its batch (both or neither), ordered as
+/// positions (not as text), never moved backward, and read back by a new store.
 pub async fn checkpoint_commits_with_the_batch_and_never_moves_backward<H: Harness>() {
     let h: H = initialised("wb_ck", ReadMode::Log).await;
     let [p0, p1, p2, p3] = h.positions();
@@ -221,6 +221,41 @@ pub async fn checkpoint_commits_with_the_batch_and_never_moves_backward<H: Harne
             "{older} is before {p2}: ignored"
         );
     }
+    // A batch that fails commits nothing: neither its statuses nor its checkpoint,
+    // whichever of its statements fails.
+    let more = h.insert(&NewRow::keys(&["b"])).await;
+    let delivered = [Delivered {
+        id: more[0],
+        partition: 0,
+        offset: 2,
+    }];
+    for table in [Table::Outbox, Table::Checkpoint] {
+        h.hide_table(table, true).await;
+        let failed = store
+            .write_back(WriteBack {
+                delivered: &delivered,
+                checkpoint: Some(&p3),
+                ..WriteBack::default()
+            })
+            .await;
+        h.hide_table(table, false).await;
+        assert!(
+            failed.is_err(),
+            "a write-back without the {table:?} table succeeded"
+        );
+        let reopened = h.connector().open_store().await.expect("reopen");
+        assert_eq!(
+            reopened.load_checkpoint().await.expect("load"),
+            Some(p2.clone()),
+            "the checkpoint of a failed batch ({table:?} missing) is not written"
+        );
+        assert_eq!(
+            h.row(more[0]).await.status,
+            "INIT",
+            "the statuses of a failed batch ({table:?} missing) are not written"
+        );
+    }
+
     store
         .write_back(WriteBack {
             checkpoint: Some(&p3),

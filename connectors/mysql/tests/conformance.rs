@@ -1,18 +1,20 @@
 //! The connector contract's scenarios (`outboxd_conformance`) against a real MariaDB:
-//! each scenario gets its own outbox table and checkpoint row (`support::Fixture`), and
+//! each scenario gets its own outbox and checkpoint tables (`support::Fixture`), and
 //! this harness reads and sets rows with plain SQL through mysql_async.
 
 mod support;
 
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
-use outboxd_conformance::{Harness, NewRow, RowState, Setup};
-use outboxd_connector::Position;
+use outboxd_conformance::{Harness, NewRow, RowState, Setup, Table};
+use outboxd_connector::{OutboxLayout, Position};
 use outboxd_mysql::MysqlConnector;
 use support::Fixture;
 
 struct Maria {
     f: Fixture,
+    /// This scenario's own checkpoint table (the fixture's default is shared).
+    checkpoint: String,
     /// The server's binlog base name, e.g. `mariadb-bin`.
     binlog_base: String,
 }
@@ -73,7 +75,14 @@ impl Harness for Maria {
     type Lock = Conn;
 
     async fn create(prefix: &str) -> Self {
-        let f = Fixture::new(prefix);
+        let mut f = Fixture::new(prefix);
+        let checkpoint = format!("ckpt_{}", f.name);
+        let layout = OutboxLayout {
+            outbox_table: f.table.clone(),
+            checkpoint_table: checkpoint.clone(),
+            ..OutboxLayout::default()
+        };
+        f.connector = MysqlConnector::new(support::config(), &f.name, layout).expect("connector");
         let mut conn = f.sql().await;
         let status: mysql_async::Row = conn
             .query_first("SHOW MASTER STATUS")
@@ -84,7 +93,11 @@ impl Harness for Maria {
         let binlog_base = file
             .rsplit_once('.')
             .map_or(file.clone(), |(base, _)| base.to_owned());
-        Maria { f, binlog_base }
+        Maria {
+            f,
+            checkpoint,
+            binlog_base,
+        }
     }
 
     fn connector(&self) -> &MysqlConnector {
@@ -222,7 +235,8 @@ impl Harness for Maria {
         let mut conn = self.f.sql().await;
         let position: Option<String> = conn
             .query_first(format!(
-                "SELECT position FROM outboxd_checkpoint WHERE pipeline = {}",
+                "SELECT position FROM `{}` WHERE pipeline = {}",
+                self.checkpoint,
                 literal(&self.f.name)
             ))
             .await
@@ -234,12 +248,30 @@ impl Harness for Maria {
         // A binlog older than any the server has: as if it had been purged.
         let mut conn = self.f.sql().await;
         conn.query_drop(format!(
-            "UPDATE outboxd_checkpoint SET position = {} WHERE pipeline = {}",
+            "UPDATE `{}` SET position = {} WHERE pipeline = {}",
+            self.checkpoint,
             literal(&format!("binlog:{}.000000:4", self.binlog_base)),
             literal(&self.f.name)
         ))
         .await
         .expect("forge checkpoint");
+    }
+
+    async fn hide_table(&self, table: Table, away: bool) {
+        let name = match table {
+            Table::Outbox => &self.f.table,
+            Table::Checkpoint => &self.checkpoint,
+        };
+        let away_name = format!("{name}_away");
+        let (from, to) = if away {
+            (name, &away_name)
+        } else {
+            (&away_name, name)
+        };
+        let mut conn = self.f.sql().await;
+        conn.query_drop(format!("RENAME TABLE `{from}` TO `{to}`"))
+            .await
+            .expect("rename table");
     }
 
     fn archive_table(&self) -> String {
@@ -256,7 +288,11 @@ impl Harness for Maria {
     async fn cleanup(self) {
         let mut conn = self.f.sql().await;
         let _ = conn
-            .query_drop(format!("DROP TABLE IF EXISTS `{}`", self.archive()))
+            .query_drop(format!(
+                "DROP TABLE IF EXISTS `{}`, `{}`",
+                self.archive(),
+                self.checkpoint
+            ))
             .await;
         self.f.cleanup().await;
     }

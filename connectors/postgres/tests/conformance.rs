@@ -4,7 +4,7 @@
 
 mod support_store;
 
-use outboxd_conformance::{Harness, NewRow, RowState, Setup};
+use outboxd_conformance::{Harness, NewRow, RowState, Setup, Table};
 use outboxd_connector::{Lsn, Position};
 use outboxd_postgres::PostgresConnector;
 use support_store::Fixture;
@@ -192,6 +192,26 @@ impl Harness for Pg {
             .execute("SELECT pg_drop_replication_slot($1)", &[&self.0.slot])
             .await
             .expect("drop slot");
+    }
+
+    async fn hide_table(&self, table: Table, away: bool) {
+        let name = match table {
+            Table::Outbox => "outbox",
+            Table::Checkpoint => "outboxd_checkpoint",
+        };
+        let (from, to) = if away {
+            (name.to_owned(), format!("{name}_away"))
+        } else {
+            (format!("{name}_away"), name.to_owned())
+        };
+        self.0
+            .client
+            .batch_execute(&format!(
+                "ALTER TABLE \"{}\".{from} RENAME TO {to}",
+                self.0.schema
+            ))
+            .await
+            .expect("rename table");
     }
 
     fn archive_table(&self) -> String {
