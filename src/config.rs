@@ -370,9 +370,9 @@ impl Config {
                 "kafka.bootstrap_servers is empty".into(),
             ));
         }
-        crate::kafka::TopicTemplate::parse(&self.kafka.topic_template)
+        crate::sink::kafka::TopicTemplate::parse(&self.kafka.topic_template)
             .map_err(ConfigError::Invalid)?;
-        crate::kafka::validate_options(&self.kafka.options).map_err(ConfigError::Invalid)?;
+        crate::sink::kafka::validate_options(&self.kafka.options).map_err(ConfigError::Invalid)?;
         let d = &self.delivery;
         if d.max_in_flight == 0 || d.max_in_flight > 1_000_000 {
             return Err(ConfigError::Invalid(

@@ -1,13 +1,29 @@
 //! outboxd: a change-data-capture relay for the transactional outbox pattern.
 //!
-//! The core is engine-independent: it drives any [`outboxd_connector::Connector`]
-//! (PostgreSQL today) into Kafka. `main.rs` is a thin CLI over [`commands`].
+//! The core is engine-independent: it drives any [`outboxd_connector::Connector`] into a
+//! [`sink::Sink`] (Kafka). Its folders follow the runtime paths:
+//!
+//! - [`relay`]: the log relay — session, ack frontier, outcome mapping;
+//! - [`claims`]: the claim worker — retries, reaper, poll mode, backoff;
+//! - [`sink`]: the sink boundary and its Kafka implementation;
+//! - [`cli`]: the commands `main.rs` runs;
+//! - [`metrics`], [`http`]: observability;
+//! - `reconnect.rs`: the one reconnect loop the long-running paths share.
 
-pub mod admin_cli;
-pub mod commands;
+pub mod claims;
+pub mod cli;
 pub mod config;
 pub mod http;
-pub mod kafka;
 pub mod metrics;
-pub mod pipeline;
-pub mod retry;
+mod reconnect;
+pub mod relay;
+pub mod sink;
+#[cfg(test)]
+mod testing;
+
+/// The CLI commands (`outboxd::commands::{execute, Command}`), kept at their old path.
+pub use cli::commands;
+
+/// The operator commands (`outboxd::admin_cli::{AdminCommand, OutputFormat, …}`), kept at
+/// their old path.
+pub use cli::admin as admin_cli;

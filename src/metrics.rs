@@ -20,8 +20,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use outboxd_connector::{Connector, OutboxAdmin, Position, StatusSummary};
 
 use crate::http::{Response, Routes};
-use crate::kafka::Publisher;
-use crate::pipeline::PipelineStats;
+use crate::relay::PipelineStats;
+use crate::sink::Sink;
 
 /// The database's status summary is queried at most this often.
 pub const STATUS_CACHE: Duration = Duration::from_secs(15);
@@ -473,9 +473,9 @@ struct Cached<T> {
 }
 
 /// Serves `/metrics`, `/healthz` and `/readyz` for one running pipeline.
-pub struct Exporter<'a, C: Connector> {
+pub struct Exporter<'a, C: Connector, S: Sink> {
     stats: &'a PipelineStats,
-    publisher: &'a Publisher,
+    publisher: &'a S,
     connector: &'a C,
     /// The SQL connection for status queries, opened on the first scrape, dropped after
     /// an error.
@@ -484,9 +484,9 @@ pub struct Exporter<'a, C: Connector> {
     kafka: tokio::sync::Mutex<Option<Cached<Result<(), String>>>>,
 }
 
-impl<'a, C: Connector> Exporter<'a, C> {
+impl<'a, C: Connector, S: Sink> Exporter<'a, C, S> {
     /// An exporter over the pipeline's counters, its producer and its connector.
-    pub fn new(stats: &'a PipelineStats, publisher: &'a Publisher, connector: &'a C) -> Self {
+    pub fn new(stats: &'a PipelineStats, publisher: &'a S, connector: &'a C) -> Self {
         Self {
             stats,
             publisher,
@@ -512,7 +512,7 @@ impl<'a, C: Connector> Exporter<'a, C> {
         }
         let status = status_cache.as_ref().map(|c| &c.value);
         let inputs = ScrapeInputs {
-            producer_queue: i64::from(self.publisher.queue_depth()),
+            producer_queue: self.publisher.queue_depth(),
             status: status.and_then(|s| s.as_ref().ok()),
             status_ok: status.map(|s| s.is_ok()),
             kafka_reachable: Some(kafka.is_ok()),
@@ -580,7 +580,7 @@ impl<'a, C: Connector> Exporter<'a, C> {
     }
 }
 
-impl<C: Connector> Routes for Exporter<'_, C> {
+impl<C: Connector, S: Sink> Routes for Exporter<'_, C, S> {
     async fn respond(&self, path: &str) -> Response {
         match path {
             "/metrics" => self.metrics().await,

@@ -1,4 +1,7 @@
-//! The binlog stream and the store against a real MariaDB (`scripts/services`).
+//! What only the MySQL/MariaDB binlog stream does, against a real MariaDB
+//! (`scripts/services`): GTIDs riding along, the pipeline lock, DDL mid-stream, progress
+//! written to the checkpoint row. The contract's store and stream scenarios run from
+//! `tests/conformance.rs`.
 
 mod support;
 

@@ -1,16 +1,18 @@
-//! `init`, `check`, the operator's actions (`status`, `retry`, `park`, `resolve`,
-//! `janitor`, the INIT scan) and the slot reset of `recover`, against a real server.
+//! `init`, `check`, the NOTIFY of the operator's `retry` and `resolve`, poll mode's init
+//! and the slot reset of `recover`, against a real server.
+//!
+//! What the operator's actions do to the rows (`status`, `retry`, `park`, `resolve`,
+//! `janitor`, the INIT scan) is a conformance scenario: `tests/conformance.rs`.
 
 mod support_store;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use outboxd_connector::{
-    ChangeStream, CheckLine, CheckReport, CheckStatus, JanitorAction, OutboxAdmin, OutboxStore,
-    Position, RetrySelector, WriteBack,
+    ChangeStream, CheckLine, CheckReport, CheckStatus, OutboxAdmin, RetrySelector,
 };
 use outboxd_postgres::retry_channel;
 use support_store::{unique, Fixture, PgEnv};
@@ -358,18 +360,6 @@ async fn initialised(prefix: &str) -> Fixture {
     fx
 }
 
-/// `(status, retry_count, next_retry_time IS NOT NULL, claim_token IS NULL, last_error,
-/// sent_at IS NOT NULL)`.
-async fn state(fx: &Fixture, id: i64) -> (String, i32, bool, bool, Option<String>, bool) {
-    let sql = format!(
-        "SELECT status, retry_count, next_retry_time IS NOT NULL, claim_token IS NULL, \
-         last_error, sent_at IS NOT NULL FROM {} WHERE id = $1",
-        fx.outbox()
-    );
-    let r = fx.client.query_one(&sql, &[&id]).await.expect("row");
-    (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5))
-}
-
 /// A connection that LISTENs on `channel`; notifications arrive on the receiver.
 async fn listen(
     env: &PgEnv,
@@ -401,40 +391,25 @@ async fn listen(
     (client, rx)
 }
 
+/// `retry` and `resolve` wake a running daemon through NOTIFY on the pipeline's channel,
+/// only when they changed a row. (What they do to the rows: the conformance scenarios
+/// `retry_makes_rows_due_again` and `park_and_resolve_record_the_operator_reason`.)
 #[tokio::test]
-async fn retry_makes_rows_due_again_and_notifies_the_daemon() {
-    let fx = initialised("ad_retry").await;
-    let ids = fx.insert_keyed(&["a", "b", "c", "d", "e"]).await;
-    fx.set_status(&ids[..3], "MANUAL_REQUIRED", Some("-1 hour"))
+async fn retry_and_resolve_notify_the_daemon() {
+    let fx = initialised("ad_notify").await;
+    let ids = fx.insert_keyed(&["a", "b", "c"]).await;
+    fx.set_status(&ids[..1], "MANUAL_REQUIRED", Some("-1 hour"))
         .await;
-    fx.set_status(&ids[3..4], "FAILED", Some("1 hour")).await;
-    fx.client
-        .execute(
-            &format!(
-                "UPDATE {} SET retry_count = 3, last_error = 'broker said no', \
-                 message_type = 'special' WHERE id = $1",
-                fx.outbox()
-            ),
-            &[&ids[2]],
-        )
-        .await
-        .expect("type");
     let store = fx.connector.open_store().await.expect("store");
     let channel = retry_channel(fx.connector.pipeline());
     let (_listener, mut notes) = listen(&fx.env, &channel).await;
 
-    // One row by id.
     assert_eq!(
         store
-            .retry_rows(&RetrySelector::Id(ids[3]))
+            .retry_rows(&RetrySelector::Id(ids[0]))
             .await
             .expect("retry"),
         1
-    );
-    let (status, retries, next, unclaimed, _, _) = state(&fx, ids[3]).await;
-    assert_eq!(
-        (status.as_str(), retries, next, unclaimed),
-        ("FAILED", 0, true, true)
     );
     let note = tokio::time::timeout(Duration::from_secs(10), notes.recv())
         .await
@@ -445,281 +420,38 @@ async fn retry_makes_rows_due_again_and_notifies_the_daemon() {
         (channel.as_str(), "retry")
     );
 
-    // By status and type.
-    let selector = |t: Option<&str>| RetrySelector::Status {
-        status: "MANUAL_REQUIRED".into(),
-        message_type: t.map(str::to_owned),
-    };
+    // Nothing changed: no notification.
     assert_eq!(
         store
-            .retry_rows(&selector(Some("special")))
+            .retry_rows(&RetrySelector::Id(ids[1]))
             .await
-            .expect("retry"),
-        1
-    );
-    let (status, retries, _, _, error, _) = state(&fx, ids[2]).await;
-    assert_eq!((status.as_str(), retries), ("FAILED", 0));
-    assert_eq!(
-        error.as_deref(),
-        Some("broker said no"),
-        "the last error stays"
-    );
-    assert_eq!(store.retry_rows(&selector(None)).await.expect("retry"), 2);
-    assert_eq!(store.retry_rows(&selector(None)).await.expect("retry"), 0);
-    assert_eq!(fx.status(ids[4]).await, "INIT");
-
-    // Nothing changed: no notification. INIT rows are not retried.
-    while notes.try_recv().is_ok() {}
-    assert_eq!(
-        store
-            .retry_rows(&RetrySelector::Id(ids[4]))
-            .await
-            .expect("retry"),
+            .expect("retry INIT"),
         0
-    );
-    let bad = RetrySelector::Status {
-        status: "INIT".into(),
-        message_type: None,
-    };
-    let err = store
-        .retry_rows(&bad)
-        .await
-        .expect_err("INIT is not retried");
-    assert!(
-        !err.is_transient() && err.message().contains("FAILED and MANUAL_REQUIRED"),
-        "{err}"
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         notes.try_recv().is_err(),
         "no notification without a change"
     );
-}
-
-#[tokio::test]
-async fn park_and_resolve_record_the_operator_reason() {
-    let fx = initialised("ad_park").await;
-    let ids = fx.insert_keyed(&["a", "a", "b", "c"]).await;
-    fx.set_status(&ids[3..], "SUCCESS", None).await;
-    let store = fx.connector.open_store().await.expect("store");
-    let channel = retry_channel(fx.connector.pipeline());
-    let (_listener, mut notes) = listen(&fx.env, &channel).await;
 
     assert!(store
-        .park_row(ids[0], "customer deleted")
-        .await
-        .expect("park"));
-    let (status, _, next, _, error, _) = state(&fx, ids[0]).await;
-    assert_eq!(status, "MANUAL_REQUIRED");
-    assert!(next, "parked rows stay in the partial indexes");
-    assert_eq!(
-        error.as_deref(),
-        Some("parked by operator: customer deleted")
-    );
-    assert!(
-        !store.park_row(ids[3], "x").await.expect("park SUCCESS"),
-        "SUCCESS is final"
-    );
-    assert!(!store.park_row(ids[0], "x").await.expect("park again"));
-    // Strict ordering now holds back a's later events.
-    let blocked = store.blocked_keys(None).await.expect("blocked");
-    assert!(blocked.contains("a"), "{blocked:?}");
-
-    assert!(store
-        .resolve_row(ids[0], "sent by hand")
+        .resolve_row(ids[2], "sent by hand")
         .await
         .expect("resolve"));
-    let (status, _, next, unclaimed, error, sent) = state(&fx, ids[0]).await;
-    assert_eq!(
-        (status.as_str(), next, unclaimed, sent),
-        ("SUCCESS", false, true, false)
-    );
-    assert_eq!(
-        error.as_deref(),
-        Some("resolved by operator without sending: sent by hand")
-    );
-    assert!(store.blocked_keys(None).await.expect("blocked").is_empty());
     let note = tokio::time::timeout(Duration::from_secs(10), notes.recv())
         .await
         .expect("NOTIFY on resolve")
         .expect("listener");
     assert_eq!(note.payload(), "resolve");
     assert!(!store
-        .resolve_row(ids[0], "again")
+        .resolve_row(ids[2], "again")
         .await
         .expect("resolve again"));
-    // An INIT row can be resolved too (skipped for good).
-    assert!(store
-        .resolve_row(ids[2], "obsolete")
-        .await
-        .expect("resolve INIT"));
-    assert_eq!(fx.status(ids[2]).await, "SUCCESS");
-    assert!(!store
-        .resolve_row(i64::MAX, "none")
-        .await
-        .expect("no such row"));
-}
-
-#[tokio::test]
-async fn janitor_deletes_or_archives_old_success_rows_in_batches() {
-    let fx = initialised("ad_janitor").await;
-    let old = fx.insert_rows(7, 10).await;
-    let recent = fx.insert_rows(2, 10).await;
-    let resolved = fx.insert_rows(1, 10).await;
-    let unsent = fx.insert_rows(1, 10).await;
-    let table = fx.outbox();
-    fx.client
-        .batch_execute(&format!(
-            "UPDATE {table} SET status = 'SUCCESS', sent_at = now() - interval '10 days' \
-             WHERE id BETWEEN {} AND {};
-             UPDATE {table} SET status = 'SUCCESS', sent_at = now() WHERE id BETWEEN {} AND {};
-             UPDATE {table} SET status = 'SUCCESS', sent_at = NULL, \
-                    updated_at = now() - interval '10 days' WHERE id = {};
-             UPDATE {table} SET created_at = now() - interval '30 days' WHERE id = {}",
-            old[0], old[6], recent[0], recent[1], resolved[0], unsent[0]
-        ))
-        .await
-        .expect("age rows");
-    let store = fx.connector.open_store().await.expect("store");
-    let week = Duration::from_secs(7 * 24 * 3600);
-
-    // Archive: 3 + 3 + 2 (the resolved row ages from updated_at), then 0.
-    let archive = format!("{}.outbox_archive", fx.schema);
-    let action = JanitorAction::Archive(archive.clone());
-    let mut batches = Vec::new();
-    loop {
-        let n = store
-            .janitor_batch(week, &action, 3)
-            .await
-            .expect("janitor");
-        batches.push(n);
-        if n == 0 {
-            break;
-        }
-    }
-    assert_eq!(batches, [3, 3, 2, 0]);
-    let archived: Vec<i64> = fx
-        .client
-        .query(
-            &format!(
-                "SELECT id FROM \"{}\".outbox_archive ORDER BY id",
-                fx.schema
-            ),
-            &[],
-        )
-        .await
-        .expect("archive")
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    let mut expected = old.clone();
-    expected.push(resolved[0]);
-    assert_eq!(archived, expected, "archived with their ids");
-    let left: i64 = fx
-        .client
-        .query_one(&format!("SELECT count(*) FROM {table}"), &[])
-        .await
-        .expect("count")
-        .get(0);
-    assert_eq!(left, 3, "recent SUCCESS and unsent rows stay");
-
-    // Delete: nothing old is left; with a zero retention the recent ones go.
-    assert_eq!(
-        store
-            .janitor_batch(week, &JanitorAction::Delete, 100)
-            .await
-            .expect("delete"),
-        0
-    );
-    assert_eq!(
-        store
-            .janitor_batch(Duration::ZERO, &JanitorAction::Delete, 100)
-            .await
-            .expect("delete"),
-        2
-    );
-    assert_eq!(
-        fx.status(unsent[0]).await,
-        "INIT",
-        "unsent rows are never deleted"
-    );
-}
-
-#[tokio::test]
-async fn status_summary_counts_rows_and_reads_checkpoint_and_lag() {
-    let fx = initialised("ad_status").await;
-    let ids = fx.insert_rows(5, 10).await;
-    fx.set_status(&ids[..2], "SUCCESS", None).await;
-    fx.set_status(&ids[2..3], "MANUAL_REQUIRED", Some("-1 hour"))
-        .await;
-    fx.client
-        .execute(
-            &format!(
-                "UPDATE {} SET created_at = now() - interval '1 hour' WHERE id = $1",
-                fx.outbox()
-            ),
-            &[&ids[3]],
-        )
-        .await
-        .expect("age");
-    let store = fx.connector.open_store().await.expect("store");
-    let summary = store.status_summary().await.expect("summary");
-    let count = |status: &str| {
-        summary
-            .counts
-            .iter()
-            .filter(|c| c.status == status)
-            .map(|c| c.rows)
-            .sum::<i64>()
-    };
-    assert_eq!(
-        (count("INIT"), count("SUCCESS"), count("MANUAL_REQUIRED")),
-        (2, 2, 1)
-    );
-    assert!(summary
-        .counts
-        .iter()
-        .all(|c| c.message_type == "order.created"));
-    let age = summary
-        .oldest_unsent
-        .and_then(|t| SystemTime::now().duration_since(t).ok())
-        .expect("oldest unsent");
+    tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
-        (3500..3700).contains(&age.as_secs()),
-        "oldest INIT row is an hour old: {age:?}"
+        notes.try_recv().is_err(),
+        "no notification without a change"
     );
-    assert_eq!(summary.checkpoint, None);
-    assert!(summary.source_lag_bytes.is_some(), "init created the slot");
-
-    let position: Position = "lsn:0/1000".parse().expect("lsn");
-    store
-        .write_back(WriteBack {
-            checkpoint: Some(&position),
-            ..WriteBack::default()
-        })
-        .await
-        .expect("checkpoint");
-    let summary = store.status_summary().await.expect("summary");
-    let (at, written) = summary.checkpoint.expect("checkpoint");
-    assert_eq!(at, position);
-    assert!(SystemTime::now().duration_since(written).expect("past") < Duration::from_secs(60));
-}
-
-#[tokio::test]
-async fn scan_init_pages_through_init_rows_in_id_order() {
-    let fx = initialised("ad_scan").await;
-    let ids = fx.insert_keyed(&["a", "b", "c", "d", "e"]).await;
-    fx.set_status(&ids[1..2], "SUCCESS", None).await;
-    fx.set_status(&ids[3..4], "FAILED", Some("1 hour")).await;
-    let store = fx.connector.open_store().await.expect("store");
-    let page = store.scan_init(0, 2).await.expect("scan");
-    let got: Vec<i64> = page.iter().map(|e| e.id).collect();
-    assert_eq!(got, [ids[0], ids[2]]);
-    assert_eq!(page[0].biz_key, "a");
-    assert_eq!(&page[0].payload[..], br#"{"k": 1}"#);
-    let next = store.scan_init(ids[2], 2).await.expect("scan");
-    assert_eq!(next.iter().map(|e| e.id).collect::<Vec<_>>(), [ids[4]]);
-    assert!(store.scan_init(ids[4], 2).await.expect("scan").is_empty());
 }
 
 async fn restart_lsn(client: &tokio_postgres::Client, slot: &str) -> Option<String> {

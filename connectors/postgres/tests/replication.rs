@@ -323,50 +323,6 @@ async fn rolled_back_and_other_tables_yield_only_committed_outbox_rows() {
 }
 
 #[tokio::test]
-async fn confirm_advances_the_slot_and_a_reopened_stream_resumes_after_it() {
-    let f = Fixture::new("confirm").await;
-    let mut stream = f.connector.open_stream().await.unwrap();
-    f.insert("c-1", "k").await;
-    let first = next_transaction(&mut stream).await;
-    f.insert("c-2", "k").await;
-    let second = next_transaction(&mut stream).await;
-    let Position::Lsn(lsn) = first.commit_position else {
-        panic!()
-    };
-    stream.confirm(&first.commit_position).await.unwrap();
-    f.wait_confirmed_at_least(lsn).await;
-    assert!(
-        f.confirmed_flush().await < second_lsn(&second),
-        "never past what was confirmed"
-    );
-
-    // Reopen: the unconfirmed second transaction comes again, the first does not.
-    drop(stream);
-    let deadline = Instant::now() + DEADLINE;
-    let mut stream = loop {
-        match f.connector.open_stream().await {
-            Ok(s) => break s,
-            // The old session may still hold the slot for a moment.
-            Err(e) if e.is_transient() && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("{e}"),
-        }
-    };
-    let again = next_transaction(&mut stream).await;
-    assert_eq!(again.events[0].message_id, "c-2");
-    assert_eq!(again.commit_position, second.commit_position);
-    f.cleanup(Some(stream)).await;
-}
-
-fn second_lsn(t: &outboxd_connector::CommittedTransaction) -> Lsn {
-    match t.commit_position {
-        Position::Lsn(l) => l,
-        _ => panic!(),
-    }
-}
-
-#[tokio::test]
 async fn idle_outbox_reports_progress_and_confirming_it_moves_the_slot() {
     let f = Fixture::new("progress").await;
     let start = f.confirmed_flush().await;

@@ -1,6 +1,6 @@
-//! Shared by tests/store.rs and tests/admin.rs: a uniquely named set of tables, publication
-//! and slot on the test PostgreSQL (`OUTBOXD_TEST_PG_*`, see `scripts/services env`),
-//! removed again when the fixture is dropped, also after a panic.
+//! Shared by tests/store.rs, tests/admin.rs and tests/conformance.rs: a uniquely named
+//! set of tables, publication and slot on the test PostgreSQL (`OUTBOXD_TEST_PG_*`, see
+//! `scripts/services env`), removed again when the fixture is dropped, also after a panic.
 #![allow(dead_code, unreachable_pub)]
 
 use std::sync::atomic::{AtomicU32, Ordering};

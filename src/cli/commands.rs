@@ -5,25 +5,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use std::path::Path;
-use std::time::Instant;
 
-use outboxd_connector::{
-    CheckLine, CheckStatus, ClaimScope, Connector, Delivered, DeliveryFailure, OutboxAdmin,
-    OutboxStore, ReadMode, WriteBack,
-};
+use outboxd_connector::{CheckLine, CheckStatus, ClaimScope, Connector, ReadMode};
 use outboxd_mysql::MysqlConnector;
 use outboxd_postgres::PostgresConnector;
 use tokio::sync::{mpsc, watch, Notify};
 
-use crate::admin_cli::{self, AdminCommand, AdminContext, OutputFormat};
+use super::admin::{self, AdminCommand, AdminContext, OutputFormat};
+use super::recover::recover;
+use crate::claims::{run_worker, watch_retries, WorkerSettings};
 use crate::config::{
     Config, Ordering as KeyOrdering, SourceConfig, SourceMode, DEFAULT_IDLE_CHECK,
 };
-use crate::kafka::{DeliveryOutcome, Publisher};
-use crate::pipeline::{self, PipelineError, PipelineSettings, PipelineStats, RetryLink};
-use crate::retry::{
-    next_retry_delay, wait_or_shutdown, ClaimWorker, ReconnectBackoff, WorkerSettings,
-};
+use crate::relay::{self, PipelineError, PipelineSettings, PipelineStats, RetryLink};
+use crate::sink::kafka::KafkaSink;
+use crate::sink::Sink;
 
 /// A command of the CLI.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,17 +75,22 @@ async fn execute_with<C: Connector>(
             Ok(0)
         }
         Command::Check => check(config, connector).await,
-        Command::Run => run(config, connector).await,
-        Command::Recover => recover(config, connector).await,
+        Command::Run => run(config, connector, &open_sink(config)?).await,
+        Command::Recover => recover(config, connector, &open_sink(config)?).await,
         Command::Admin(admin, format) => {
             let store = connector.open_store().await?;
             let context = AdminContext {
                 pipeline: config.pipeline.name.clone(),
                 outbox_table: config.outbox.layout().outbox_table,
             };
-            admin_cli::run(&store, &context, &admin, format).await
+            admin::run(&store, &context, &admin, format).await
         }
     }
+}
+
+/// The one place the sink is chosen; a second sink is a branch here on its config.
+fn open_sink(config: &Config) -> Result<KafkaSink, anyhow::Error> {
+    KafkaSink::new(&config.kafka, &config.pipeline.name).map_err(anyhow::Error::msg)
 }
 
 fn read_mode(config: &Config) -> ReadMode {
@@ -102,9 +103,13 @@ fn read_mode(config: &Config) -> ReadMode {
 async fn check<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i32> {
     let mut report = vec![CheckLine::ok("config", "valid")];
     report.extend(connector.check(read_mode(config)).await);
-    match Publisher::new(&config.kafka, &config.pipeline.name) {
-        Ok(publisher) => report.push(publisher.check(Duration::from_secs(5)).await),
-        Err(e) => report.push(CheckLine::fail("kafka", e, "fix the [kafka] section")),
+    match open_sink(config) {
+        Ok(sink) => report.push(sink.check(Duration::from_secs(5)).await),
+        Err(e) => report.push(CheckLine::fail(
+            "kafka",
+            e.to_string(),
+            "fix the [kafka] section",
+        )),
     }
     for line in &report {
         println!("{line}");
@@ -121,9 +126,11 @@ async fn check<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i
     Ok(0)
 }
 
-async fn run<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i32> {
-    let publisher =
-        Publisher::new(&config.kafka, &config.pipeline.name).map_err(anyhow::Error::msg)?;
+async fn run<C: Connector, S: Sink>(
+    config: &Config,
+    connector: &C,
+    sink: &S,
+) -> anyhow::Result<i32> {
     let stats = Arc::new(PipelineStats::default());
     let (stop, shutdown) = watch::channel(false);
     let stop = Arc::new(stop);
@@ -149,7 +156,7 @@ async fn run<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i32
         }
         None => None,
     };
-    let exporter = crate::metrics::Exporter::new(&stats, &publisher, connector);
+    let exporter = crate::metrics::Exporter::new(&stats, sink, connector);
     let work = async {
         match config.source.mode {
             SourceMode::Log => {
@@ -178,10 +185,7 @@ async fn run<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i32
                 let log = async {
                     let shutdown = log_shutdown;
                     stop_on_error(
-                        pipeline::run(
-                            connector, &publisher, &settings, &stats, &mut link, shutdown,
-                        )
-                        .await,
+                        relay::run(connector, sink, &settings, &stats, &mut link, shutdown).await,
                     )
                 };
                 let notified = Arc::clone(&wake);
@@ -190,7 +194,7 @@ async fn run<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i32
                     stop_on_error(
                         run_worker(
                             connector,
-                            &publisher,
+                            sink,
                             worker_settings,
                             &stats,
                             wake,
@@ -214,7 +218,7 @@ async fn run<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i32
                 };
                 run_worker(
                     connector,
-                    &publisher,
+                    sink,
                     worker_settings,
                     &stats,
                     wake,
@@ -227,7 +231,7 @@ async fn run<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i32
     };
     // The endpoint answers while the pipeline runs, drain included.
     let result = crate::http::serve_while(listener, &exporter, work).await;
-    publisher.flush(Duration::from_secs(5));
+    sink.flush(Duration::from_secs(5)).await;
     result?;
     tracing::info!(
         published = stats.published.load(std::sync::atomic::Ordering::Relaxed),
@@ -235,135 +239,6 @@ async fn run<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i32
         failed = stats.failed.load(std::sync::atomic::Ordering::Relaxed),
         parked = stats.parked.load(std::sync::atomic::Ordering::Relaxed),
         "stopped cleanly"
-    );
-    Ok(0)
-}
-
-/// Wakes the retry worker on the engine's operator notifications, reconnecting the
-/// listener after failures, until shutdown. Engines without notifications wait for
-/// shutdown.
-async fn watch_retries<C: Connector>(
-    connector: &C,
-    wake: &Arc<Notify>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let on_notify = || wake.notify_one();
-    loop {
-        tokio::select! {
-            _ = shutdown.wait_for(|stop| *stop) => return,
-            e = connector.watch_retries(&on_notify) => {
-                tracing::debug!(error = %e, "retry notifications interrupted; listening again in 1 s");
-            }
-        }
-        wait_or_shutdown(Duration::from_secs(1), &mut shutdown).await;
-    }
-}
-
-/// Runs the claim worker with its own store connection, reopening it after transient
-/// errors, until shutdown.
-async fn run_worker<C: Connector>(
-    connector: &C,
-    publisher: &Publisher,
-    settings: WorkerSettings,
-    stats: &PipelineStats,
-    wake: Arc<Notify>,
-    delivered_keys: mpsc::UnboundedSender<String>,
-    mut shutdown: watch::Receiver<bool>,
-) -> Result<(), PipelineError> {
-    let mut backoff = ReconnectBackoff::new();
-    while !*shutdown.borrow() {
-        let result = async {
-            let store = connector.open_store().await?;
-            // In poll mode the claim worker is the source: ready while it has its connection.
-            let polling = settings.scope == ClaimScope::NewAndDueFailed;
-            stats
-                .streaming
-                .fetch_or(polling, std::sync::atomic::Ordering::Relaxed);
-            let worker = ClaimWorker::new(
-                &store,
-                publisher,
-                settings.clone(),
-                stats,
-                Arc::clone(&wake),
-                delivered_keys.clone(),
-            );
-            worker.run(shutdown.clone()).await
-        }
-        .await;
-        if settings.scope == ClaimScope::NewAndDueFailed {
-            stats
-                .streaming
-                .store(false, std::sync::atomic::Ordering::Relaxed);
-        }
-        match result {
-            Ok(()) => return Ok(()),
-            Err(e) if e.is_transient() => {
-                let pause = backoff.next_delay();
-                tracing::warn!(error = %e, retry_in = ?pause, "claim worker: database unavailable");
-                wait_or_shutdown(pause, &mut shutdown).await;
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
-}
-
-/// `outboxd recover`: the log position is lost (slot dropped or invalidated, binlog
-/// purged). Start the log afresh at the server's current position first, so every row
-/// committed from now on comes through the log, then publish every INIT row written
-/// before, in id order, writing statuses back as the log path does. A row committed in
-/// between may be sent twice; none is skipped.
-async fn recover<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i32> {
-    let publisher =
-        Publisher::new(&config.kafka, &config.pipeline.name).map_err(anyhow::Error::msg)?;
-    println!("{}", connector.reset_log_position().await?);
-    let store = connector.open_store().await?;
-    const BATCH: usize = 500;
-    let started = Instant::now();
-    let (mut after_id, mut sent, mut failed) = (0i64, 0u64, 0u64);
-    loop {
-        let rows = store.scan_init(after_id, BATCH).await?;
-        let Some(last) = rows.last() else { break };
-        after_id = last.id;
-        let mut pending = Vec::with_capacity(rows.len());
-        for event in &rows {
-            pending.push((event, publisher.send(event).await));
-        }
-        let (mut delivered, mut failures) = (Vec::new(), Vec::new());
-        for (event, delivery) in pending {
-            match delivery.outcome().await {
-                DeliveryOutcome::Acked { partition, offset } => delivered.push(Delivered {
-                    id: event.id,
-                    partition,
-                    offset,
-                }),
-                DeliveryOutcome::Failed { error, .. } => {
-                    tracing::warn!(id = event.id, message_id = %event.message_id, %error, "recover: delivery failed");
-                    let retry_delay = next_retry_delay(&config.retry, event.retry_count);
-                    failures.push(DeliveryFailure {
-                        id: event.id,
-                        error,
-                        retry_delay,
-                    });
-                }
-            }
-        }
-        let batch = WriteBack {
-            delivered: &delivered,
-            failed: &failures,
-            ..WriteBack::default()
-        };
-        store.write_back(batch).await?;
-        sent += delivered.len() as u64;
-        failed += failures.len() as u64;
-        let rate = (sent + failed) as f64 / started.elapsed().as_secs_f64().max(0.001);
-        println!(
-            "recover: {sent} published, {failed} failed (up to id {after_id}, {rate:.0} rows/s)"
-        );
-    }
-    println!(
-        "recover done: {sent} INIT rows published, {failed} marked FAILED (the retry worker of \
-         `outboxd run` retries them); start `outboxd run` to resume from the new log position"
     );
     Ok(0)
 }

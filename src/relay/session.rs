@@ -1,155 +1,33 @@
-//! Source → Kafka → write-back → checkpoint.
+//! One connected session of the log relay: the in-flight window, strict-ordering parking,
+//! the write-back batch, and the drain at shutdown or after a stream error.
 //!
-//! One session reads committed transactions from a [`ChangeStream`], hands each outbox
-//! event to the [`Publisher`], and, as acknowledgements come back, writes the rows'
-//! statuses back in batches. The log position is confirmed only past the longest prefix
-//! of transactions whose every event is acknowledged (or marked FAILED) **and** written
-//! back: that is what makes delivery at-least-once across crashes.
-//!
-//! [`run`] wraps sessions in a loop that reconnects after transient errors (including
-//! "another outboxd holds the slot", which is how a standby takes over) and stops on
-//! definite ones or on shutdown.
+//! Dataflow: `stream.next()` → for each event, park it (strict ordering, key blocked) or
+//! `sink.send` it into `deliveries` → outcomes come back in any order → `complete` turns
+//! each into a row write-back and marks its slot in the [`AckFrontier`] → `flush` writes
+//! the batch back with the checkpoint it completes, in one transaction, then confirms that
+//! position to the stream.
 
-use std::collections::{HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use futures_util::future::BoxFuture;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use outboxd_connector::{
-    ChangeItem, ChangeStream, CommittedTransaction, Connector, ConnectorError, Delivered,
-    DeliveryFailure, OutboxEvent, OutboxStore, ParkedEvent, Position, WriteBack,
+    ChangeItem, ChangeStream, CommittedTransaction, ConnectorError, Delivered, DeliveryFailure,
+    OutboxEvent, OutboxStore, ParkedEvent, Position, WriteBack,
 };
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{watch, Notify};
 use tokio::time::sleep_until;
 
-use crate::config::{DeliveryConfig, Ordering as KeyOrdering, RetryConfig};
-use crate::kafka::{DeliveryOutcome, PendingDelivery, Publisher};
-use crate::retry::{next_retry_delay, wait_or_shutdown, ReconnectBackoff};
-
-/// Counters of a running pipeline, shared with status reporting and metrics.
-#[derive(Debug, Default)]
-pub struct PipelineStats {
-    /// Events acknowledged by Kafka and written back SUCCESS.
-    pub published: AtomicU64,
-    /// Events written back FAILED or MANUAL_REQUIRED.
-    pub failed: AtomicU64,
-    /// Committed transactions read from the log.
-    pub transactions: AtomicU64,
-    /// Events read from the log and not yet written back.
-    pub in_flight: AtomicU64,
-    /// Events parked by strict ordering behind an earlier event of their key.
-    pub parked: AtomicU64,
-    /// Claimed rows the retry worker (or poll mode) published successfully.
-    pub retried: AtomicU64,
-    /// Claimed rows that failed again.
-    pub retry_failed: AtomicU64,
-    /// Rows the reaper returned from an abandoned PROCESSING claim.
-    pub reaped: AtomicU64,
-    /// The last position confirmed to the source.
-    pub confirmed: Mutex<Option<Position>>,
-    /// True while a log session is open (`/readyz`).
-    pub streaming: AtomicBool,
-    /// Outcomes by topic, publish latency, lag and checkpoint age (`/metrics`).
-    pub metrics: crate::metrics::PipelineMetrics,
-}
-
-/// What a pipeline needs besides its connector and publisher.
-#[derive(Clone, Debug)]
-pub struct PipelineSettings {
-    /// In-flight bounds, batching, shutdown deadline.
-    pub delivery: DeliveryConfig,
-    /// Backoff of failed rows.
-    pub retry: RetryConfig,
-    /// Per-key ordering under failures.
-    pub ordering: KeyOrdering,
-}
-
-/// How the log pipeline and the retry worker talk: the pipeline wakes the worker when
-/// it writes FAILED or parked rows; the worker reports keys whose rows it delivered, so
-/// the pipeline can check whether strict ordering still holds them back.
-pub struct RetryLink {
-    /// Notified by the pipeline after FAILED or parked rows are written.
-    pub wake_worker: Arc<Notify>,
-    /// Keys of rows the retry worker delivered.
-    pub delivered_keys: mpsc::UnboundedReceiver<String>,
-}
-
-/// Why a pipeline stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum PipelineError {
-    /// The database side failed for good; the message says what to do.
-    #[error(transparent)]
-    Source(#[from] ConnectorError),
-    /// The Kafka producer became unusable.
-    #[error(
-        "the Kafka producer failed fatally: {0}; outboxd stops so a restart gets a fresh producer"
-    )]
-    ProducerFatal(String),
-}
-
-impl PipelineError {
-    fn is_transient(&self) -> bool {
-        matches!(self, PipelineError::Source(e) if e.is_transient())
-    }
-}
-
-/// Runs the pipeline until `shutdown` turns true (returns `Ok`) or a definite error.
-///
-/// Transient errors (connection lost, slot held by another reader, database restarting)
-/// are logged and retried with backoff; events in flight at that moment are drained and
-/// written back first, and anything unconfirmed is read again from the log.
-pub async fn run<C: Connector>(
-    connector: &C,
-    publisher: &Publisher,
-    settings: &PipelineSettings,
-    stats: &Arc<PipelineStats>,
-    link: &mut RetryLink,
-    mut shutdown: watch::Receiver<bool>,
-) -> Result<(), PipelineError> {
-    let mut backoff = ReconnectBackoff::new();
-    tracing::info!(source = %connector.describe(), "pipeline starting");
-    while !*shutdown.borrow() {
-        let session = async {
-            let store = connector.open_store().await?;
-            let mut stream = connector.open_stream().await?;
-            tracing::info!(source = %connector.describe(), "streaming");
-            stats.streaming.store(true, Ordering::Relaxed);
-            let wake = Arc::clone(&link.wake_worker);
-            let mut session = Session::new(&store, publisher, settings, stats, wake);
-            session.load_blocked_keys().await?;
-            session.written_through = store.load_checkpoint().await?;
-            session
-                .run(&mut stream, link, &mut shutdown, &mut backoff)
-                .await
-        };
-        let session = session.await;
-        stats.streaming.store(false, Ordering::Relaxed);
-        match session {
-            Ok(()) => return Ok(()),
-            Err(e) if e.is_transient() => {
-                let delay = backoff.next_delay();
-                let confirmed = stats
-                    .confirmed
-                    .lock()
-                    .ok()
-                    .and_then(|c| c.as_ref().map(ToString::to_string))
-                    .unwrap_or_default();
-                tracing::warn!(error = %e, retry_in = ?delay, %confirmed, "source unavailable; retrying");
-                wait_or_shutdown(delay, &mut shutdown).await;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-/// A log position and how many of its events still await write-back.
-struct Slot {
-    position: Position,
-    unwritten: usize,
-}
+use super::frontier::AckFrontier;
+use super::outcome::Outcome;
+use super::{PipelineError, PipelineSettings, PipelineStats, RetryLink};
+use crate::config::Ordering as KeyOrdering;
+use crate::reconnect::ReconnectBackoff;
+use crate::sink::{FailureKind, Sink, SinkResult};
 
 /// The result of one record, tagged with where it belongs.
 struct Completed {
@@ -160,14 +38,19 @@ struct Completed {
     biz_key: String,
     topic: String,
     commit_time: Option<SystemTime>,
-    outcome: DeliveryOutcome,
+    result: SinkResult,
 }
 
-/// Records handed to Kafka whose outcome is not yet known.
+/// Records handed to the sink whose outcome is not yet known.
 type Deliveries = FuturesUnordered<BoxFuture<'static, Completed>>;
 
-async fn track(seq: u64, event: OutboxEvent, topic: String, pending: PendingDelivery) -> Completed {
-    let outcome = pending.outcome().await;
+async fn track<D: Future<Output = SinkResult>>(
+    seq: u64,
+    event: OutboxEvent,
+    topic: String,
+    delivery: D,
+) -> Completed {
+    let result = delivery.await;
     Completed {
         topic,
         commit_time: event.commit_time,
@@ -176,20 +59,18 @@ async fn track(seq: u64, event: OutboxEvent, topic: String, pending: PendingDeli
         retry_count: event.retry_count,
         message_id: event.message_id,
         biz_key: event.biz_key,
-        outcome,
+        result,
     }
 }
 
 /// One connected session: the in-flight window and the write-back batch.
-struct Session<'a, O> {
+pub(super) struct Session<'a, O, S> {
     store: &'a O,
-    publisher: &'a Publisher,
+    sink: &'a S,
     settings: &'a PipelineSettings,
     stats: &'a PipelineStats,
-    /// Log positions read and not yet confirmed, in log order.
-    slots: VecDeque<Slot>,
-    /// Sequence number of `slots[0]`.
-    first_seq: u64,
+    /// Log positions read and not yet confirmed.
+    frontier: AckFrontier,
     /// Events sent and not yet written back.
     in_flight: usize,
     delivered: Vec<Delivered>,
@@ -212,21 +93,20 @@ struct Session<'a, O> {
     wake_worker: Arc<Notify>,
 }
 
-impl<'a, O: OutboxStore> Session<'a, O> {
-    fn new(
+impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
+    pub(super) fn new(
         store: &'a O,
-        publisher: &'a Publisher,
+        sink: &'a S,
         settings: &'a PipelineSettings,
         stats: &'a PipelineStats,
         wake_worker: Arc<Notify>,
     ) -> Self {
         Self {
             store,
-            publisher,
+            sink,
             settings,
             stats,
-            slots: VecDeque::new(),
-            first_seq: 0,
+            frontier: AckFrontier::default(),
             in_flight: 0,
             delivered: Vec::new(),
             failed: Vec::new(),
@@ -242,6 +122,11 @@ impl<'a, O: OutboxStore> Session<'a, O> {
         }
     }
 
+    /// The checkpoint row read when the session opened.
+    pub(super) fn set_written_through(&mut self, checkpoint: Option<Position>) {
+        self.written_through = checkpoint;
+    }
+
     fn already_written(&self, position: &Position) -> bool {
         self.written_through.as_ref().is_some_and(|w| position <= w)
     }
@@ -251,7 +136,7 @@ impl<'a, O: OutboxStore> Session<'a, O> {
     }
 
     /// Strict ordering starts from the keys the table says are in trouble.
-    async fn load_blocked_keys(&mut self) -> Result<(), ConnectorError> {
+    pub(super) async fn load_blocked_keys(&mut self) -> Result<(), ConnectorError> {
         if self.strict() {
             self.blocked = self.store.blocked_keys(None).await?;
             if !self.blocked.is_empty() {
@@ -264,9 +149,9 @@ impl<'a, O: OutboxStore> Session<'a, O> {
         Ok(())
     }
 
-    async fn run<S: ChangeStream>(
+    pub(super) async fn run<T: ChangeStream>(
         &mut self,
-        stream: &mut S,
+        stream: &mut T,
         link: &mut RetryLink,
         shutdown: &mut watch::Receiver<bool>,
         backoff: &mut ReconnectBackoff,
@@ -377,11 +262,7 @@ impl<'a, O: OutboxStore> Session<'a, O> {
     }
 
     fn push_slot(&mut self, position: Position, events: usize) -> u64 {
-        let seq = self.first_seq + self.slots.len() as u64;
-        self.slots.push_back(Slot {
-            position,
-            unwritten: events,
-        });
+        let seq = self.frontier.push(position, events);
         self.in_flight += events;
         self.stats
             .in_flight
@@ -416,49 +297,36 @@ impl<'a, O: OutboxStore> Session<'a, O> {
                 self.batch_started.get_or_insert_with(Instant::now);
                 continue;
             }
-            let topic = self.publisher.topic_for(&event);
-            let pending = self.publisher.send(&event).await;
-            deliveries.push(Box::pin(track(seq, event, topic, pending)));
+            let topic = self.sink.destination(&event);
+            let delivery = self.sink.send(&event).await;
+            deliveries.push(Box::pin(track(seq, event, topic, delivery)));
         }
     }
 
     fn complete(&mut self, done: Completed) {
-        match done.outcome {
-            DeliveryOutcome::Acked { partition, offset } => {
+        let outcome = Outcome::new(done.id, done.retry_count, done.result, &self.settings.retry);
+        match outcome {
+            Outcome::Delivered(delivered) => {
                 self.stats.metrics.acked(&done.topic, done.commit_time);
-                self.delivered.push(Delivered {
-                    id: done.id,
-                    partition,
-                    offset,
-                });
+                self.delivered.push(delivered);
             }
-            DeliveryOutcome::Failed { error, fatal } => {
+            Outcome::Failed { failure, kind } => {
                 self.stats.metrics.failed(&done.topic);
-                let position = done
-                    .seq
-                    .checked_sub(self.first_seq)
-                    .and_then(|i| self.slots.get(i as usize))
-                    .map(|slot| &slot.position);
                 tracing::warn!(
                     id = done.id,
                     message_id = %done.message_id,
                     topic = %done.topic,
-                    position = %display_position(position),
-                    %error,
+                    position = %display_position(self.frontier.position(done.seq)),
+                    error = %failure.error,
                     "delivery failed; the row becomes FAILED and is retried later"
                 );
-                if fatal && self.fatal.is_none() {
-                    self.fatal = Some(error.clone());
+                if kind == FailureKind::Fatal && self.fatal.is_none() {
+                    self.fatal = Some(failure.error.clone());
                 }
                 if self.strict() {
                     self.blocked.insert(done.biz_key);
                 }
-                let retry_delay = next_retry_delay(&self.settings.retry, done.retry_count);
-                self.failed.push(DeliveryFailure {
-                    id: done.id,
-                    error,
-                    retry_delay,
-                });
+                self.failed.push(failure);
             }
         }
         self.batch_seqs.push(done.seq);
@@ -468,20 +336,13 @@ impl<'a, O: OutboxStore> Session<'a, O> {
     /// Writes the batch back with the checkpoint it completes, then confirms that
     /// position to the source. Transient store errors are retried a few times before
     /// the session gives up (and the rows are read again from the log).
-    async fn flush<S: ChangeStream>(&mut self, stream: &mut S) -> Result<(), PipelineError> {
+    async fn flush<T: ChangeStream>(&mut self, stream: &mut T) -> Result<(), PipelineError> {
         for seq in self.batch_seqs.drain(..) {
-            // Every seq in the batch belongs to a slot still queued: slots leave the queue
-            // only once all their events are written back.
-            let index = (seq - self.first_seq) as usize;
-            if let Some(slot) = self.slots.get_mut(index) {
-                slot.unwritten -= 1;
-            }
+            self.frontier.written(seq);
         }
-        let done_prefix = self.slots.iter().take_while(|s| s.unwritten == 0).count();
-        let checkpoint = done_prefix
-            .checked_sub(1)
-            .map(|i| self.slots[i].position.clone());
-        let checkpoint = checkpoint.filter(|p| self.last_confirmed.as_ref() < Some(p));
+        // If anything below fails the session ends, and what it did not confirm is read
+        // again from the log: the frontier may move before the write-back is durable.
+        let checkpoint = self.frontier.advance();
 
         if !self.delivered.is_empty() || !self.failed.is_empty() || !self.parked.is_empty() {
             let batch = WriteBack {
@@ -512,8 +373,6 @@ impl<'a, O: OutboxStore> Session<'a, O> {
         self.batch_started = None;
         self.release_keys().await?;
 
-        self.slots.drain(..done_prefix);
-        self.first_seq += done_prefix as u64;
         if let Some(position) = checkpoint {
             stream.confirm(&position).await?;
             tracing::debug!(%position, "confirmed");
@@ -525,9 +384,7 @@ impl<'a, O: OutboxStore> Session<'a, O> {
         }
         Ok(())
     }
-}
 
-impl<O: OutboxStore> Session<'_, O> {
     /// Unblocks the keys whose rows the retry worker delivered, once the table shows no
     /// FAILED, PROCESSING or MANUAL_REQUIRED row of theirs. Runs after a flush, so every
     /// row this session parked is already in the table when it looks.

@@ -1,0 +1,103 @@
+//! The contract of `outboxd_connector`, as scenarios run against every engine.
+//!
+//! Each scenario is an async function generic over a [`Harness`]: the engine's test
+//! crate implements the harness with plain SQL through its own client (a fresh isolated
+//! outbox per scenario, rows inserted in committed or rolled-back transactions, status
+//! columns read and set) and instantiates every scenario with
+//! [`conformance_tests!`], one `#[tokio::test]` each. The scenarios themselves only call
+//! the contract's traits ([`Connector`](outboxd_connector::Connector),
+//! [`OutboxStore`](outboxd_connector::OutboxStore),
+//! [`OutboxAdmin`](outboxd_connector::OutboxAdmin),
+//! [`ChangeStream`](outboxd_connector::ChangeStream)), so a behaviour one engine passes
+//! and another fails is a contract violation, not a test difference.
+//!
+//! - [`store`]: write-back, replay, checkpoint;
+//! - [`claims`]: claims, tokens, strict order, reaper, parked rows, schedule;
+//! - [`admin`]: the operator's actions;
+//! - [`stream`]: the log tail.
+//!
+//! A new engine: implement [`Harness`] in its `tests/conformance.rs` and list every
+//! scenario in [`conformance_tests!`] (a test fails when one is missing). A scenario the
+//! engine fails is a connector bug: mark it `#[ignore = "…"]` with what goes wrong.
+
+pub mod admin;
+pub mod claims;
+mod harness;
+pub mod store;
+pub mod stream;
+mod support;
+
+pub use harness::{Harness, NewRow, RowState, Setup, Table};
+
+/// Generates one `#[tokio::test]` (multi-threaded runtime: the calling crate needs tokio
+/// with `macros` and `rt-multi-thread`) per scenario for harness `$harness`, and a test that
+/// fails when a scenario of [`SCENARIOS`] is left out (mark a scenario the engine fails
+/// `#[ignore = "why"]` instead):
+///
+/// ```ignore
+/// outboxd_conformance::conformance_tests!(PgHarness;
+///     store::write_back_moves_rows_through_the_state_machine,
+///     #[ignore = "why"] claims::concurrent_claimers_share_the_due_rows,
+/// );
+/// ```
+#[macro_export]
+macro_rules! conformance_tests {
+    ($harness:ty; $($(#[$meta:meta])* $module:ident :: $scenario:ident),* $(,)?) => {
+        $(
+            $(#[$meta])*
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $scenario() {
+                $crate::$module::$scenario::<$harness>().await;
+            }
+        )*
+
+        #[test]
+        fn every_conformance_scenario_is_instantiated() {
+            $crate::assert_all_instantiated(&[
+                $(concat!(stringify!($module), "::", stringify!($scenario))),*
+            ]);
+        }
+    };
+}
+
+/// Every scenario, as `module::function`.
+pub const SCENARIOS: &[&str] = &[
+    "store::write_back_moves_rows_through_the_state_machine",
+    "store::checkpoint_commits_with_the_batch_and_never_moves_backward",
+    "store::open_store_without_tables_is_a_definite_error",
+    "claims::claim_takes_due_failed_rows_in_id_order",
+    "claims::concurrent_claimers_skip_locked_rows_and_never_share_one",
+    "claims::concurrent_claimers_share_the_due_rows",
+    "claims::strict_claim_takes_only_the_earliest_row_of_each_blocked_key",
+    "claims::poll_claim_takes_init_and_due_failed_rows_in_key_order",
+    "claims::strict_poll_claim_waits_for_an_earlier_row_locked_elsewhere",
+    "claims::complete_claimed_writes_only_where_the_claim_still_holds",
+    "claims::reaper_returns_expired_claims_to_failed_or_manual_required",
+    "claims::parked_rows_become_failed_and_due_with_the_reason",
+    "claims::blocked_keys_and_retry_schedule_read_the_rows_in_trouble",
+    "admin::status_summary_counts_rows_and_reads_the_checkpoint",
+    "admin::retry_makes_rows_due_again",
+    "admin::park_and_resolve_record_the_operator_reason",
+    "admin::janitor_deletes_or_archives_old_success_rows",
+    "admin::scan_init_pages_through_init_rows_in_id_order",
+    "stream::only_committed_transactions_are_read_in_commit_order",
+    "stream::a_reopened_stream_resumes_after_the_confirmed_position",
+    "stream::rows_written_while_no_stream_is_open_are_read_later",
+    "stream::status_updates_are_not_events",
+    "stream::a_second_reader_is_transient",
+    "stream::a_lost_log_position_is_a_definite_error",
+];
+
+/// Panics unless `instantiated` names every scenario of [`SCENARIOS`] (used by
+/// [`conformance_tests!`]).
+pub fn assert_all_instantiated(instantiated: &[&str]) {
+    let missing: Vec<&str> = SCENARIOS
+        .iter()
+        .copied()
+        .filter(|s| !instantiated.contains(s))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "conformance scenarios not instantiated for this engine: {missing:?}"
+    );
+}

@@ -1,0 +1,300 @@
+//! [`OutboxStore::write_back`] and the checkpoint: the status state machine, idempotent
+//! replay, `last_error` truncation, and a checkpoint that commits with its batch and never
+//! moves backward.
+
+use std::time::Duration;
+
+use outboxd_connector::{
+    Connector, Delivered, DeliveryFailure, OutboxStore, ReadMode, WriteBack, LAST_ERROR_MAX_CHARS,
+};
+
+use crate::support::{initialised, store};
+use crate::{Harness, NewRow, Table};
+
+/// SUCCESS with where the record landed; FAILED with `retry_count + 1`, the error and
+/// the next retry time; MANUAL_REQUIRED at `max_retry_count`; a replayed batch changes
+/// nothing; a late failure never undoes a SUCCESS; delivered wins over failed in one
+/// batch.
+pub async fn write_back_moves_rows_through_the_state_machine<H: Harness>() {
+    let h: H = initialised("wb_sm", ReadMode::Log).await;
+    let ids = h.insert(&NewRow::keys(&["a", "b", "c"])).await;
+    let manual = h.insert(&[NewRow::keyed("d").max_retries(1)]).await[0];
+    let store = store(&h).await;
+
+    let quoted = "topic 'x' is not authorised; it's \"bad\"";
+    let delivered = [Delivered {
+        id: ids[0],
+        partition: 2,
+        offset: 42,
+    }];
+    let failed = [
+        DeliveryFailure {
+            id: ids[1],
+            error: quoted.into(),
+            retry_delay: Duration::from_secs(30),
+        },
+        DeliveryFailure {
+            id: manual,
+            error: "é".repeat(5000),
+            retry_delay: Duration::from_millis(1500),
+        },
+    ];
+    let batch = WriteBack {
+        delivered: &delivered,
+        failed: &failed,
+        parked: &[],
+        checkpoint: None,
+    };
+    store.write_back(batch).await.expect("write back");
+
+    let ok = h.row(ids[0]).await;
+    assert_eq!(ok.status, "SUCCESS");
+    assert!(ok.sent);
+    assert_eq!((ok.partition, ok.offset), (Some(2), Some(42)));
+    assert_eq!(
+        (ok.retry_count, ok.last_error, ok.next_retry_in),
+        (0, None, None)
+    );
+
+    let failed_row = h.row(ids[1]).await;
+    assert_eq!(
+        (failed_row.status.as_str(), failed_row.retry_count),
+        ("FAILED", 1)
+    );
+    assert_eq!(failed_row.last_error.as_deref(), Some(quoted));
+    let due = failed_row.next_retry_in.expect("next_retry_time set");
+    assert!(
+        (25.0..=31.0).contains(&due),
+        "next retry in {due}s, expected ~30s"
+    );
+    assert!(!failed_row.sent);
+
+    let manual_row = h.row(manual).await;
+    assert_eq!(manual_row.status, "MANUAL_REQUIRED");
+    assert_eq!(manual_row.retry_count, 1);
+    assert_eq!(
+        manual_row.last_error.map(|e| e.chars().count()),
+        Some(LAST_ERROR_MAX_CHARS),
+        "last_error is cut on a character boundary"
+    );
+
+    let untouched = h.row(ids[2]).await;
+    assert_eq!(
+        (untouched.status.as_str(), untouched.retry_count),
+        ("INIT", 0)
+    );
+
+    // Replaying the same batch (after a crash) changes nothing.
+    store.write_back(batch).await.expect("replay");
+    let again = h.row(ids[0]).await;
+    assert_eq!(
+        (again.status.as_str(), again.partition, again.offset),
+        ("SUCCESS", Some(2), Some(42))
+    );
+    let again = h.row(ids[1]).await;
+    assert_eq!((again.status.as_str(), again.retry_count), ("FAILED", 1));
+    let again = h.row(manual).await;
+    assert_eq!(
+        (again.status.as_str(), again.retry_count),
+        ("MANUAL_REQUIRED", 1)
+    );
+
+    // A FAILED row delivered later becomes SUCCESS and leaves the retry index; a
+    // MANUAL_REQUIRED row stays for the operator; a late failure does not undo a SUCCESS.
+    let delivered = [
+        Delivered {
+            id: ids[1],
+            partition: 0,
+            offset: 7,
+        },
+        Delivered {
+            id: manual,
+            partition: 0,
+            offset: 8,
+        },
+    ];
+    let late_failure = [DeliveryFailure {
+        id: ids[0],
+        error: "late".into(),
+        retry_delay: Duration::from_secs(1),
+    }];
+    store
+        .write_back(WriteBack {
+            delivered: &delivered,
+            failed: &late_failure,
+            parked: &[],
+            checkpoint: None,
+        })
+        .await
+        .expect("second write back");
+    let retried = h.row(ids[1]).await;
+    assert_eq!(retried.status, "SUCCESS");
+    assert_eq!(
+        (
+            retried.retry_count,
+            retried.last_error,
+            retried.next_retry_in
+        ),
+        (1, None, None)
+    );
+    assert_eq!(retried.offset, Some(7));
+    assert_eq!(h.row(manual).await.status, "MANUAL_REQUIRED");
+    let first = h.row(ids[0]).await;
+    assert_eq!(
+        (first.status.as_str(), first.retry_count, first.offset),
+        ("SUCCESS", 0, Some(42))
+    );
+
+    // Delivered and failed in one batch: delivered wins.
+    let both = ids[2];
+    let d = [Delivered {
+        id: both,
+        partition: 1,
+        offset: 1,
+    }];
+    let f = [DeliveryFailure {
+        id: both,
+        error: "x".into(),
+        retry_delay: Duration::ZERO,
+    }];
+    store
+        .write_back(WriteBack {
+            delivered: &d,
+            failed: &f,
+            parked: &[],
+            checkpoint: None,
+        })
+        .await
+        .expect("both");
+    assert_eq!(h.row(both).await.status, "SUCCESS");
+
+    // An empty batch is a no-op.
+    store
+        .write_back(WriteBack::default())
+        .await
+        .expect("empty batch");
+    drop(store);
+    h.cleanup().await;
+}
+
+/// The checkpoint is written with the statuses of its batch (both or neither), ordered as
+/// positions (not as text), never moved backward, and read back by a new store.
+pub async fn checkpoint_commits_with_the_batch_and_never_moves_backward<H: Harness>() {
+    let h: H = initialised("wb_ck", ReadMode::Log).await;
+    let [p0, p1, p2, p3] = h.positions();
+    let store = store(&h).await;
+    if let Some(start) = store.load_checkpoint().await.expect("load") {
+        assert!(start < p0, "init's checkpoint {start} is before {p0}");
+    }
+
+    let ids = h.insert(&NewRow::keys(&["a"])).await;
+    let delivered = [Delivered {
+        id: ids[0],
+        partition: 0,
+        offset: 1,
+    }];
+    store
+        .write_back(WriteBack {
+            delivered: &delivered,
+            checkpoint: Some(&p2),
+            ..WriteBack::default()
+        })
+        .await
+        .expect("write back");
+    assert_eq!(
+        store.load_checkpoint().await.expect("load"),
+        Some(p2.clone())
+    );
+    assert_eq!(h.row(ids[0]).await.status, "SUCCESS");
+
+    for older in [&p0, &p1] {
+        store
+            .write_back(WriteBack {
+                checkpoint: Some(older),
+                ..WriteBack::default()
+            })
+            .await
+            .expect("older checkpoint");
+        assert_eq!(
+            store.load_checkpoint().await.expect("load"),
+            Some(p2.clone()),
+            "{older} is before {p2}: ignored"
+        );
+    }
+    // A batch that fails commits nothing: neither its statuses nor its checkpoint,
+    // whichever of its statements fails.
+    let more = h.insert(&NewRow::keys(&["b"])).await;
+    let delivered = [Delivered {
+        id: more[0],
+        partition: 0,
+        offset: 2,
+    }];
+    for table in [Table::Outbox, Table::Checkpoint] {
+        h.hide_table(table, true).await;
+        let failed = store
+            .write_back(WriteBack {
+                delivered: &delivered,
+                checkpoint: Some(&p3),
+                ..WriteBack::default()
+            })
+            .await;
+        h.hide_table(table, false).await;
+        assert!(
+            failed.is_err(),
+            "a write-back without the {table:?} table succeeded"
+        );
+        let reopened = h.connector().open_store().await.expect("reopen");
+        assert_eq!(
+            reopened.load_checkpoint().await.expect("load"),
+            Some(p2.clone()),
+            "the checkpoint of a failed batch ({table:?} missing) is not written"
+        );
+        assert_eq!(
+            h.row(more[0]).await.status,
+            "INIT",
+            "the statuses of a failed batch ({table:?} missing) are not written"
+        );
+    }
+
+    store
+        .write_back(WriteBack {
+            checkpoint: Some(&p3),
+            ..WriteBack::default()
+        })
+        .await
+        .expect("newer checkpoint");
+    assert_eq!(
+        store.load_checkpoint().await.expect("load"),
+        Some(p3.clone())
+    );
+    // The same position again is fine.
+    store
+        .write_back(WriteBack {
+            checkpoint: Some(&p3),
+            ..WriteBack::default()
+        })
+        .await
+        .expect("same checkpoint");
+    assert_eq!(
+        store.load_checkpoint().await.expect("load"),
+        Some(p3.clone())
+    );
+
+    // A second store (a restarted outboxd) reads the same checkpoint.
+    let reopened = h.connector().open_store().await.expect("reopen");
+    assert_eq!(reopened.load_checkpoint().await.expect("load"), Some(p3));
+    drop((store, reopened));
+    h.cleanup().await;
+}
+
+/// Before `init`, opening the store is a definite error that says to run it.
+pub async fn open_store_without_tables_is_a_definite_error<H: Harness>() {
+    let h = H::create("wb_nt").await;
+    let err = match h.connector().open_store().await {
+        Ok(_) => panic!("a store opened without tables"),
+        Err(e) => e,
+    };
+    assert!(!err.is_transient(), "{err}");
+    assert!(err.to_string().contains("outboxd init"), "{err}");
+    h.cleanup().await;
+}

@@ -1,0 +1,229 @@
+//! The log tail through [`ChangeStream`]: only committed transactions, in commit order
+//! with increasing positions; a reopened stream resumes after what was confirmed; one
+//! reader at a time; a lost position is a definite error, never a silent restart.
+
+use std::time::{Duration, Instant};
+
+use outboxd_connector::{
+    ChangeItem, ChangeStream, CommittedTransaction, Connector, ConnectorError, Delivered,
+    DeliveryFailure, ErrorKind, OutboxAdmin, OutboxStore, ReadMode, WriteBack,
+};
+
+use crate::support::{initialised, open_when_free, stored_headers};
+use crate::{Harness, NewRow};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// The next transaction of the stream, skipping progress items.
+async fn next_transaction<S: ChangeStream>(stream: &mut S) -> CommittedTransaction {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let item = tokio::time::timeout(left, stream.next())
+            .await
+            .expect("no transaction in time")
+            .expect("stream item");
+        if let ChangeItem::Transaction(txn) = item {
+            return txn;
+        }
+    }
+}
+
+fn keys(txn: &CommittedTransaction) -> Vec<&str> {
+    txn.events.iter().map(|e| e.biz_key.as_str()).collect()
+}
+
+/// A rolled-back transaction yields nothing; committed ones arrive whole, in commit
+/// order, with their rows in insertion order and increasing commit positions.
+pub async fn only_committed_transactions_are_read_in_commit_order<H: Harness>() {
+    let h: H = initialised("sm_commit", ReadMode::Log).await;
+    let mut stream = open_when_free(|| h.connector().open_stream()).await;
+    let first_ids = h.insert(&NewRow::keys(&["k1", "k1"])).await;
+    h.insert_rolled_back(&NewRow::keys(&["ghost"])).await;
+    let second_ids = h.insert(&NewRow::keys(&["k2"])).await;
+
+    let first = next_transaction(&mut stream).await;
+    assert_eq!(keys(&first), ["k1", "k1"], "one transaction, both rows");
+    assert_eq!(
+        first.events.iter().map(|e| e.id).collect::<Vec<_>>(),
+        first_ids
+    );
+    let e = &first.events[0];
+    assert_eq!(&e.key[..], b"k1");
+    assert_eq!(&e.payload[..], br#"{"k": 1}"#);
+    assert_eq!((e.retry_count, e.max_retry_count), (0, 3));
+    assert!(e.created_at.ends_with(H::UTC_OFFSET), "{}", e.created_at);
+    assert_eq!(e.headers, stored_headers::<H>());
+    assert!(first.commit_time.is_some());
+    let second = next_transaction(&mut stream).await;
+    assert_eq!(keys(&second), ["k2"], "the rolled-back row never appears");
+    assert_eq!(second.events[0].id, second_ids[0]);
+    assert!(second.commit_position > first.commit_position);
+
+    // Nothing else is pending: a later transaction is the next one seen.
+    h.insert(&NewRow::keys(&["k3"])).await;
+    let third = next_transaction(&mut stream).await;
+    assert_eq!(keys(&third), ["k3"]);
+    assert!(third.commit_position > second.commit_position);
+    drop(stream);
+    h.cleanup().await;
+}
+
+/// After `confirm` reaches the server, a reopened stream starts after the confirmed
+/// transaction: the unconfirmed one comes again (at-least-once), the confirmed one not.
+pub async fn a_reopened_stream_resumes_after_the_confirmed_position<H: Harness>() {
+    let h: H = initialised("sm_resume", ReadMode::Log).await;
+    let mut stream = open_when_free(|| h.connector().open_stream()).await;
+    h.insert(&NewRow::keys(&["c1"])).await;
+    let first = next_transaction(&mut stream).await;
+    h.insert(&NewRow::keys(&["c2"])).await;
+    let second = next_transaction(&mut stream).await;
+    assert_eq!((keys(&first), keys(&second)), (vec!["c1"], vec!["c2"]));
+
+    stream
+        .confirm(&first.commit_position)
+        .await
+        .expect("confirm");
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let confirmed = h.confirmed_position().await;
+        if confirmed.as_ref() >= Some(&first.commit_position) {
+            assert!(
+                confirmed.as_ref() < Some(&second.commit_position),
+                "never past what was confirmed: {confirmed:?}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "confirmed position stuck at {confirmed:?}, want {}",
+            first.commit_position
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    drop(stream);
+    let mut stream = open_when_free(|| h.connector().open_stream()).await;
+    let again = next_transaction(&mut stream).await;
+    assert_eq!(keys(&again), ["c2"], "c1 was confirmed, c2 was not");
+    assert_eq!(again.commit_position, second.commit_position);
+    drop(stream);
+    h.cleanup().await;
+}
+
+/// Rows committed after `init` but before any stream was open, and rows committed while
+/// the stream was closed, are read when it opens: the log position is kept, never "now";
+/// what was not confirmed may be read again.
+pub async fn rows_written_while_no_stream_is_open_are_read_later<H: Harness>() {
+    let h: H = initialised("sm_closed", ReadMode::Log).await;
+    h.insert(&NewRow::keys(&["early"])).await;
+    let mut stream = open_when_free(|| h.connector().open_stream()).await;
+    let first = next_transaction(&mut stream).await;
+    assert_eq!(keys(&first), ["early"]);
+    drop(stream);
+
+    h.insert(&NewRow::keys(&["while-closed"])).await;
+    let mut stream = open_when_free(|| h.connector().open_stream()).await;
+    // Nothing was confirmed: "early" may come again (at-least-once), then the new row.
+    let mut next = next_transaction(&mut stream).await;
+    if keys(&next) == ["early"] {
+        assert_eq!(next.commit_position, first.commit_position);
+        next = next_transaction(&mut stream).await;
+    }
+    assert_eq!(keys(&next), ["while-closed"]);
+    assert!(next.commit_position > first.commit_position);
+    drop(stream);
+    h.cleanup().await;
+}
+
+/// The store's own updates of outbox rows (write-back, operator actions) are not events:
+/// after them, the next transaction read is the next insert.
+pub async fn status_updates_are_not_events<H: Harness>() {
+    let h: H = initialised("sm_updates", ReadMode::Log).await;
+    let mut stream = open_when_free(|| h.connector().open_stream()).await;
+    let ids = h.insert(&NewRow::keys(&["a", "b", "c"])).await;
+    let txn = next_transaction(&mut stream).await;
+    assert_eq!(keys(&txn), ["a", "b", "c"]);
+
+    let store = h.connector().open_store().await.expect("store");
+    let delivered = [Delivered {
+        id: ids[0],
+        partition: 0,
+        offset: 1,
+    }];
+    let failed = [DeliveryFailure {
+        id: ids[1],
+        error: "broker down".into(),
+        retry_delay: Duration::ZERO,
+    }];
+    store
+        .write_back(WriteBack {
+            delivered: &delivered,
+            failed: &failed,
+            checkpoint: Some(&txn.commit_position),
+            ..WriteBack::default()
+        })
+        .await
+        .expect("write back");
+    assert!(store.park_row(ids[2], "by hand").await.expect("park"));
+    h.insert(&NewRow::keys(&["d"])).await;
+    let next = next_transaction(&mut stream).await;
+    assert_eq!(keys(&next), ["d"], "no event for the updates");
+    drop((stream, store));
+    h.cleanup().await;
+}
+
+/// While one stream reads, a second is refused with a transient error (the core waits);
+/// once the first is gone, the second opens.
+pub async fn a_second_reader_is_transient<H: Harness>() {
+    let h: H = initialised("sm_busy", ReadMode::Log).await;
+    let first = open_when_free(|| h.connector().open_stream()).await;
+    let err = match h.connector().open_stream().await {
+        Ok(_) => panic!("two readers of one pipeline"),
+        Err(e) => e,
+    };
+    assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
+    assert!(
+        err.message().contains("in use") || err.message().contains("held by"),
+        "{err}"
+    );
+    drop(first);
+    let second = open_when_free(|| h.connector().open_stream()).await;
+    drop(second);
+    h.cleanup().await;
+}
+
+/// When the position to resume from is gone (slot dropped, binlog purged), opening or
+/// reading the stream fails with a definite error that names an `outboxd` command to run.
+pub async fn a_lost_log_position_is_a_definite_error<H: Harness>() {
+    let h: H = initialised("sm_lost", ReadMode::Log).await;
+    h.insert(&NewRow::keys(&["before"])).await;
+    h.lose_log_position().await;
+    let err = first_error(h.connector()).await;
+    assert_eq!(err.kind(), ErrorKind::Definite, "{err}");
+    assert!(
+        err.message().contains("outboxd "),
+        "names the command to run: {err}"
+    );
+    h.cleanup().await;
+}
+
+/// The error of opening the stream, or else of reading it.
+async fn first_error<C: Connector>(connector: &C) -> ConnectorError {
+    let mut stream = match connector.open_stream().await {
+        Ok(stream) => stream,
+        Err(e) => return e,
+    };
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.next()).await {
+            Err(_) => panic!("the stream neither failed nor ended in {DEADLINE:?}"),
+            Ok(Ok(ChangeItem::Progress(_))) => {}
+            Ok(Ok(ChangeItem::Transaction(t))) => {
+                panic!("the stream started afresh and read {t:?}")
+            }
+            Ok(Err(e)) => return e,
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! The connector contract's scenarios (`outboxd_conformance`) against a real PostgreSQL:
+//! each scenario gets its own schema, publication and slot (`support_store::Fixture`),
+//! and this harness reads and sets rows with plain SQL through tokio-postgres.
+
+mod support_store;
+
+use outboxd_conformance::{Harness, NewRow, RowState, Setup, Table};
+use outboxd_connector::{Lsn, Position};
+use outboxd_postgres::PostgresConnector;
+use support_store::Fixture;
+
+struct Pg(Fixture);
+
+/// `'text'` as an SQL literal.
+fn literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+/// `now() + seconds`.
+fn from_now(seconds: i64) -> String {
+    format!("now() + interval '1 second' * {seconds}")
+}
+
+impl Pg {
+    async fn insert_in(&self, rows: &[NewRow], end: &str) -> Vec<i64> {
+        let client = &self.0.client;
+        client.batch_execute("BEGIN").await.expect("begin");
+        let sql = format!(
+            "INSERT INTO {} (message_id, message_type, biz_key, payload, headers, max_retry_count) \
+             VALUES ('m-' || gen_random_uuid(), $1, $2, '{{\"k\": 1}}', \
+             '{{\"trace\": \"abc\", \"n\": 7}}', $3) RETURNING id",
+            self.0.outbox()
+        );
+        let mut ids = Vec::new();
+        for row in rows {
+            let inserted = client
+                .query_one(&sql, &[&row.message_type, &row.key, &row.max_retry_count])
+                .await
+                .expect("insert");
+            ids.push(inserted.get(0));
+        }
+        client.batch_execute(end).await.expect("end transaction");
+        ids
+    }
+}
+
+impl Harness for Pg {
+    type Connector = PostgresConnector;
+    const UTC_OFFSET: &'static str = "+00";
+    const STORED_HEADERS: &'static [(&'static str, &'static str)] = &[("n", "7"), ("trace", "abc")];
+    type Lock = tokio_postgres::Client;
+
+    async fn create(prefix: &str) -> Self {
+        Pg(Fixture::new(prefix).await)
+    }
+
+    fn connector(&self) -> &PostgresConnector {
+        &self.0.connector
+    }
+
+    async fn insert(&self, rows: &[NewRow]) -> Vec<i64> {
+        self.insert_in(rows, "COMMIT").await
+    }
+
+    async fn insert_rolled_back(&self, rows: &[NewRow]) {
+        self.insert_in(rows, "ROLLBACK").await;
+    }
+
+    async fn row(&self, id: i64) -> RowState {
+        let sql = format!(
+            "SELECT status, retry_count, extract(epoch FROM next_retry_time - now())::float8, \
+             claim_token::text, claimed_at IS NOT NULL, last_error, sent_at IS NOT NULL, \
+             kafka_partition, kafka_offset FROM {} WHERE id = $1",
+            self.0.outbox()
+        );
+        let r = self
+            .0
+            .client
+            .query_one(&sql, &[&id])
+            .await
+            .expect("read row");
+        RowState {
+            status: r.get(0),
+            retry_count: r.get(1),
+            next_retry_in: r.get(2),
+            claim_token: r.get(3),
+            claimed: r.get(4),
+            last_error: r.get(5),
+            sent: r.get(6),
+            partition: r.get(7),
+            offset: r.get(8),
+        }
+    }
+
+    async fn set(&self, ids: &[i64], setup: &Setup) {
+        let mut set = Vec::new();
+        if let Some(status) = setup.status {
+            set.push(format!("status = {}", literal(status)));
+        }
+        if let Some(next) = setup.next_retry_in {
+            set.push(format!(
+                "next_retry_time = {}",
+                next.map_or_else(|| "NULL".into(), from_now)
+            ));
+        }
+        if let Some(n) = setup.retry_count {
+            set.push(format!("retry_count = {n}"));
+        }
+        if let Some(n) = setup.max_retry_count {
+            set.push(format!("max_retry_count = {n}"));
+        }
+        if let Some(token) = &setup.claim_token {
+            set.push(format!("claim_token = {}", literal(token)));
+        }
+        if let Some(ago) = setup.claimed_ago {
+            set.push(format!("claimed_at = {}", from_now(-ago)));
+        }
+        if let Some(t) = &setup.message_type {
+            set.push(format!("message_type = {}", literal(t)));
+        }
+        if let Some(e) = &setup.last_error {
+            set.push(format!("last_error = {}", literal(e)));
+        }
+        if let Some(ago) = setup.created_ago {
+            set.push(format!("created_at = {}", from_now(-ago)));
+        }
+        if let Some(ago) = setup.updated_ago {
+            set.push(format!("updated_at = {}", from_now(-ago)));
+        }
+        if let Some(sent) = setup.sent_ago {
+            set.push(format!(
+                "sent_at = {}",
+                sent.map_or_else(|| "NULL".into(), |ago| from_now(-ago))
+            ));
+        }
+        let sql = format!(
+            "UPDATE {} SET {} WHERE id = ANY($1)",
+            self.0.outbox(),
+            set.join(", ")
+        );
+        self.0
+            .client
+            .execute(&sql, &[&ids])
+            .await
+            .expect("set columns");
+    }
+
+    async fn lock_row(&self, id: i64) -> tokio_postgres::Client {
+        let other = self.0.env.client().await;
+        other
+            .batch_execute(&format!(
+                "BEGIN; SELECT 1 FROM {} WHERE id = {id} FOR UPDATE",
+                self.0.outbox()
+            ))
+            .await
+            .expect("lock");
+        other
+    }
+
+    async fn unlock(&self, lock: tokio_postgres::Client) {
+        lock.batch_execute("ROLLBACK").await.expect("rollback");
+    }
+
+    fn positions(&self) -> [Position; 4] {
+        // As text, "lsn:10/0" sorts before "lsn:9/…": the checkpoint compares LSNs.
+        [
+            "lsn:0/16B3748",
+            "lsn:9/FFFFFEFF",
+            "lsn:9/FFFFFF00",
+            "lsn:10/0",
+        ]
+        .map(|p| p.parse().expect("position"))
+    }
+
+    async fn confirmed_position(&self) -> Option<Position> {
+        let row = self
+            .0
+            .client
+            .query_opt(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+                &[&self.0.slot],
+            )
+            .await
+            .expect("slot");
+        let lsn: Option<String> = row.and_then(|r| r.get(0));
+        lsn.map(|l| Position::Lsn(l.parse::<Lsn>().expect("lsn")))
+    }
+
+    async fn lose_log_position(&self) {
+        self.0
+            .client
+            .execute("SELECT pg_drop_replication_slot($1)", &[&self.0.slot])
+            .await
+            .expect("drop slot");
+    }
+
+    async fn hide_table(&self, table: Table, away: bool) {
+        let name = match table {
+            Table::Outbox => "outbox",
+            Table::Checkpoint => "outboxd_checkpoint",
+        };
+        let (from, to) = if away {
+            (name.to_owned(), format!("{name}_away"))
+        } else {
+            (format!("{name}_away"), name.to_owned())
+        };
+        self.0
+            .client
+            .batch_execute(&format!(
+                "ALTER TABLE \"{}\".{from} RENAME TO {to}",
+                self.0.schema
+            ))
+            .await
+            .expect("rename table");
+    }
+
+    fn archive_table(&self) -> String {
+        format!("{}.outbox_archive", self.0.schema)
+    }
+
+    async fn archived_ids(&self) -> Vec<i64> {
+        let sql = format!(
+            "SELECT id FROM \"{}\".outbox_archive ORDER BY id",
+            self.0.schema
+        );
+        let rows = self.0.client.query(&sql, &[]).await.expect("archive");
+        rows.iter().map(|r| r.get(0)).collect()
+    }
+
+    async fn cleanup(self) {
+        // The fixture drops its schema, publication and slot.
+        drop(self.0);
+    }
+}
+
+outboxd_conformance::conformance_tests!(Pg;
+    store::write_back_moves_rows_through_the_state_machine,
+    store::checkpoint_commits_with_the_batch_and_never_moves_backward,
+    store::open_store_without_tables_is_a_definite_error,
+    claims::claim_takes_due_failed_rows_in_id_order,
+    claims::concurrent_claimers_skip_locked_rows_and_never_share_one,
+    claims::concurrent_claimers_share_the_due_rows,
+    claims::strict_claim_takes_only_the_earliest_row_of_each_blocked_key,
+    claims::poll_claim_takes_init_and_due_failed_rows_in_key_order,
+    claims::strict_poll_claim_waits_for_an_earlier_row_locked_elsewhere,
+    claims::complete_claimed_writes_only_where_the_claim_still_holds,
+    claims::reaper_returns_expired_claims_to_failed_or_manual_required,
+    claims::parked_rows_become_failed_and_due_with_the_reason,
+    claims::blocked_keys_and_retry_schedule_read_the_rows_in_trouble,
+    admin::status_summary_counts_rows_and_reads_the_checkpoint,
+    admin::retry_makes_rows_due_again,
+    admin::park_and_resolve_record_the_operator_reason,
+    admin::janitor_deletes_or_archives_old_success_rows,
+    admin::scan_init_pages_through_init_rows_in_id_order,
+    stream::only_committed_transactions_are_read_in_commit_order,
+    stream::a_reopened_stream_resumes_after_the_confirmed_position,
+    stream::rows_written_while_no_stream_is_open_are_read_later,
+    stream::status_updates_are_not_events,
+    stream::a_second_reader_is_transient,
+    stream::a_lost_log_position_is_a_definite_error,
+);

@@ -1,0 +1,212 @@
+//! The claim worker: claim rows, send them, write back where the claim still holds, reap
+//! abandoned claims, sleep until the table announces work.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use outboxd_connector::{
+    ClaimRequest, ClaimScope, ClaimedEvent, ClaimedWriteBack, ConnectorError, OutboxStore,
+    ReapPolicy, RetrySchedule,
+};
+use tokio::sync::{mpsc, watch, Notify};
+
+use super::schedule::next_look;
+use crate::config::RetryConfig;
+use crate::reconnect::ReconnectBackoff;
+use crate::relay::outcome::Outcome;
+use crate::relay::PipelineStats;
+use crate::sink::Sink;
+
+/// What the claim worker takes and how often it looks.
+#[derive(Clone, Debug)]
+pub struct WorkerSettings {
+    /// Backoff, batch, claim timeout.
+    pub retry: RetryConfig,
+    /// DueFailed for the retry worker beside the log; NewAndDueFailed in poll mode.
+    pub scope: ClaimScope,
+    /// Rows per claim.
+    pub batch_size: usize,
+    /// Longest sleep when the table announces no work (poll interval in poll mode);
+    /// `None`: until woken.
+    pub idle_check: Option<Duration>,
+    /// Strict per-key order.
+    pub strict_order: bool,
+}
+
+/// The claim worker: retries due FAILED rows beside the log pipeline, or, in poll mode,
+/// is the whole relay (INIT rows too). Also runs the reaper.
+///
+/// Each round claims rows in one short transaction (PROCESSING, fresh claim token),
+/// publishes them outside any transaction, and writes back only where the token still
+/// matches. It sleeps until the earliest `next_retry_time` or claim expiry the table
+/// announces, or until woken (by the log pipeline on a failure, or by an operator's
+/// notification), and at most `idle_check` when set; with no failed row in the table it
+/// issues no query until then.
+pub struct ClaimWorker<'a, O, S> {
+    store: &'a O,
+    sink: &'a S,
+    settings: WorkerSettings,
+    stats: &'a PipelineStats,
+    wake: Arc<Notify>,
+    delivered_keys: mpsc::UnboundedSender<String>,
+}
+
+impl<'a, O: OutboxStore, S: Sink> ClaimWorker<'a, O, S> {
+    /// A worker over `store`; `wake` is notified by the log pipeline, `delivered_keys`
+    /// tells it which keys this worker delivered (strict ordering).
+    pub fn new(
+        store: &'a O,
+        sink: &'a S,
+        settings: WorkerSettings,
+        stats: &'a PipelineStats,
+        wake: Arc<Notify>,
+        delivered_keys: mpsc::UnboundedSender<String>,
+    ) -> Self {
+        Self {
+            store,
+            sink,
+            settings,
+            stats,
+            wake,
+            delivered_keys,
+        }
+    }
+
+    /// Runs until `shutdown` turns true. Transient errors are logged and retried after
+    /// a pause; definite ones end the worker.
+    pub async fn run(&self, mut shutdown: watch::Receiver<bool>) -> Result<(), ConnectorError> {
+        let mut next_round = Instant::now();
+        let mut backoff = ReconnectBackoff::new();
+        loop {
+            tokio::select! {
+                _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep_until(next_round.into()) => {}
+            }
+            match self.round(&mut shutdown).await {
+                Ok(next) => {
+                    backoff.reset();
+                    next_round = next;
+                }
+                Err(e) if e.is_transient() => {
+                    let pause = backoff.next_delay();
+                    tracing::warn!(error = %e, retry_in = ?pause, "claim worker: database unavailable");
+                    next_round = Instant::now() + pause;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Claims and publishes until a claim comes back short, reaps abandoned claims, and
+    /// returns when to look again.
+    async fn round(&self, shutdown: &mut watch::Receiver<bool>) -> Result<Instant, ConnectorError> {
+        loop {
+            let request = ClaimRequest {
+                scope: self.settings.scope,
+                limit: self.settings.batch_size,
+                strict_order: self.settings.strict_order,
+            };
+            let claimed = self.store.claim(request).await?;
+            let full = claimed.len() == self.settings.batch_size;
+            if !claimed.is_empty() {
+                self.publish_claimed(claimed).await?;
+            }
+            if !full || *shutdown.borrow() {
+                break;
+            }
+        }
+        let policy = ReapPolicy {
+            claim_timeout: self.settings.retry.claim_timeout,
+            retry_delay: self.settings.retry.base,
+        };
+        let mut schedule = self.store.retry_schedule().await?;
+        let now = SystemTime::now();
+        let expired = |s: &RetrySchedule| {
+            s.oldest_claim
+                .is_some_and(|claimed| claimed + policy.claim_timeout <= now)
+        };
+        if expired(&schedule) {
+            let report = self.store.reap(policy).await?;
+            if report.failed + report.manual_required > 0 {
+                tracing::warn!(
+                    failed = report.failed,
+                    manual_required = report.manual_required,
+                    "reaped rows whose claim expired (a worker stopped while publishing)"
+                );
+                self.stats
+                    .reaped
+                    .fetch_add(report.failed + report.manual_required, Ordering::Relaxed);
+            }
+            schedule = self.store.retry_schedule().await?;
+        }
+        Ok(next_look(
+            &schedule,
+            policy.claim_timeout,
+            self.settings.idle_check,
+            now,
+        ))
+    }
+
+    async fn publish_claimed(&self, claimed: Vec<ClaimedEvent>) -> Result<(), ConnectorError> {
+        let mut pending = Vec::with_capacity(claimed.len());
+        for c in claimed {
+            let delivery = self.sink.send(&c.event).await;
+            pending.push((c, delivery));
+        }
+        let mut delivered = Vec::new();
+        let mut failed = Vec::new();
+        let mut keys = Vec::new();
+        for (c, delivery) in pending {
+            let result = delivery.await;
+            match Outcome::new(
+                c.event.id,
+                c.event.retry_count,
+                result,
+                &self.settings.retry,
+            ) {
+                Outcome::Delivered(d) => {
+                    let topic = self.sink.destination(&c.event);
+                    self.stats.metrics.acked(&topic, c.event.commit_time);
+                    delivered.push((d, c.claim_token));
+                    keys.push(c.event.biz_key);
+                }
+                Outcome::Failed { failure, .. } => {
+                    self.stats.metrics.failed(&self.sink.destination(&c.event));
+                    tracing::warn!(
+                        id = c.event.id,
+                        message_id = %c.event.message_id,
+                        retry_count = c.event.retry_count,
+                        error = %failure.error,
+                        "retry failed"
+                    );
+                    failed.push((failure, c.claim_token));
+                }
+            }
+        }
+        let batch = ClaimedWriteBack {
+            delivered: &delivered,
+            failed: &failed,
+        };
+        let updated = self.store.complete_claimed(batch).await?;
+        let expected = (delivered.len() + failed.len()) as u64;
+        if updated < expected {
+            tracing::warn!(
+                lost = expected - updated,
+                "some claims expired before their write-back; those rows keep their newer state"
+            );
+        }
+        self.stats
+            .retried
+            .fetch_add(delivered.len() as u64, Ordering::Relaxed);
+        self.stats
+            .retry_failed
+            .fetch_add(failed.len() as u64, Ordering::Relaxed);
+        for key in keys {
+            // The log pipeline may have stopped; then there is nobody to release keys for.
+            let _ = self.delivered_keys.send(key);
+        }
+        Ok(())
+    }
+}

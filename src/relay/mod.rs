@@ -1,0 +1,140 @@
+//! The log relay: source → sink → write-back → checkpoint.
+//!
+//! One session (`session.rs`) reads committed transactions from a [`ChangeStream`], hands each outbox
+//! event to the [`Sink`], and, as outcomes come back (`outcome.rs`), writes the rows'
+//! statuses back in batches. The log position is confirmed only past the longest prefix
+//! of transactions whose every event is delivered (or marked FAILED) **and** written back
+//! (`frontier.rs`): that is what makes delivery at-least-once across crashes.
+//!
+//! [`run`] wraps sessions in the one reconnect loop (`src/reconnect.rs`): transient
+//! errors (including "another outboxd holds the slot", which is how a standby takes over)
+//! reconnect; definite ones and shutdown stop it.
+//!
+//! [`ChangeStream`]: outboxd_connector::ChangeStream
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use outboxd_connector::{Connector, ConnectorError, OutboxStore, Position};
+use tokio::sync::{mpsc, watch, Notify};
+
+use crate::config::{DeliveryConfig, Ordering as KeyOrdering, RetryConfig};
+use crate::reconnect::{reconnecting, ReconnectBackoff, SessionError};
+use crate::sink::Sink;
+
+mod frontier;
+pub(crate) mod outcome;
+mod session;
+#[cfg(test)]
+mod tests;
+
+use session::Session;
+
+/// Counters of a running pipeline, shared with status reporting and metrics.
+#[derive(Debug, Default)]
+pub struct PipelineStats {
+    /// Events acknowledged by Kafka and written back SUCCESS.
+    pub published: AtomicU64,
+    /// Events written back FAILED or MANUAL_REQUIRED.
+    pub failed: AtomicU64,
+    /// Committed transactions read from the log.
+    pub transactions: AtomicU64,
+    /// Events read from the log and not yet written back.
+    pub in_flight: AtomicU64,
+    /// Events parked by strict ordering behind an earlier event of their key.
+    pub parked: AtomicU64,
+    /// Claimed rows the retry worker (or poll mode) published successfully.
+    pub retried: AtomicU64,
+    /// Claimed rows that failed again.
+    pub retry_failed: AtomicU64,
+    /// Rows the reaper returned from an abandoned PROCESSING claim.
+    pub reaped: AtomicU64,
+    /// The last position confirmed to the source.
+    pub confirmed: Mutex<Option<Position>>,
+    /// True while a log session is open (`/readyz`).
+    pub streaming: AtomicBool,
+    /// Outcomes by topic, publish latency, lag and checkpoint age (`/metrics`).
+    pub metrics: crate::metrics::PipelineMetrics,
+}
+
+/// What a pipeline needs besides its connector and sink.
+#[derive(Clone, Debug)]
+pub struct PipelineSettings {
+    /// In-flight bounds, batching, shutdown deadline.
+    pub delivery: DeliveryConfig,
+    /// Backoff of failed rows.
+    pub retry: RetryConfig,
+    /// Per-key ordering under failures.
+    pub ordering: KeyOrdering,
+}
+
+/// How the log relay and the claim worker talk: the relay wakes the worker when it
+/// writes FAILED or parked rows; the worker reports keys whose rows it delivered, so the
+/// relay can check whether strict ordering still holds them back.
+pub struct RetryLink {
+    /// Notified by the relay after FAILED or parked rows are written.
+    pub wake_worker: Arc<Notify>,
+    /// Keys of rows the claim worker delivered.
+    pub delivered_keys: mpsc::UnboundedReceiver<String>,
+}
+
+/// Why a pipeline stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    /// The database side failed for good; the message says what to do.
+    #[error(transparent)]
+    Source(#[from] ConnectorError),
+    /// The Kafka producer became unusable.
+    #[error(
+        "the Kafka producer failed fatally: {0}; outboxd stops so a restart gets a fresh producer"
+    )]
+    ProducerFatal(String),
+}
+
+impl SessionError for PipelineError {
+    fn is_transient(&self) -> bool {
+        matches!(self, PipelineError::Source(e) if e.is_transient())
+    }
+}
+
+/// Runs the relay until `shutdown` turns true (returns `Ok`) or a definite error.
+///
+/// Transient errors (connection lost, slot held by another reader, database restarting)
+/// are logged and retried with backoff; events in flight at that moment are drained and
+/// written back first, and anything unconfirmed is read again from the log.
+pub async fn run<C: Connector, S: Sink>(
+    connector: &C,
+    sink: &S,
+    settings: &PipelineSettings,
+    stats: &Arc<PipelineStats>,
+    link: &mut RetryLink,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), PipelineError> {
+    tracing::info!(source = %connector.describe(), "pipeline starting");
+    let session = async |backoff: &mut ReconnectBackoff, mut shutdown: watch::Receiver<bool>| {
+        let store = connector.open_store().await?;
+        let mut stream = connector.open_stream().await?;
+        tracing::info!(source = %connector.describe(), "streaming");
+        stats.streaming.store(true, Ordering::Relaxed);
+        let wake = Arc::clone(&link.wake_worker);
+        let result = async {
+            let mut session = Session::new(&store, sink, settings, stats, wake);
+            session.load_blocked_keys().await?;
+            session.set_written_through(store.load_checkpoint().await?);
+            session.run(&mut stream, link, &mut shutdown, backoff).await
+        }
+        .await;
+        stats.streaming.store(false, Ordering::Relaxed);
+        result
+    };
+    let on_retry = |e: &PipelineError, delay| {
+        let confirmed = stats
+            .confirmed
+            .lock()
+            .ok()
+            .and_then(|c| c.as_ref().map(ToString::to_string))
+            .unwrap_or_default();
+        tracing::warn!(error = %e, retry_in = ?delay, %confirmed, "source unavailable; retrying");
+    };
+    reconnecting(ReconnectBackoff::new(), shutdown, session, on_retry).await
+}

@@ -1,0 +1,353 @@
+//! The relay session without Kafka or a database: the in-memory sink, store and stream
+//! drive the checkpoint, strict-ordering parking and release, the shutdown drain and a
+//! fatal sink error. Every confirmation is checked by the stream itself (see
+//! [`crate::testing::MemoryStream`]): never backward, never past an INIT row.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use outboxd_connector::OutboxStore;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use tokio::sync::{mpsc, watch, Notify};
+
+use super::session::Session;
+use super::{PipelineError, PipelineSettings, PipelineStats, RetryLink};
+use crate::config::{DeliveryConfig, Ordering as KeyOrdering, RetryConfig};
+use crate::reconnect::ReconnectBackoff;
+use crate::sink::memory::MemorySink;
+use crate::sink::FailureKind;
+use crate::testing::{event, lsn, MemoryStore, MemoryStream, StreamLog};
+
+struct Harness {
+    store: Arc<MemoryStore>,
+    sink: MemorySink,
+    settings: PipelineSettings,
+    stats: PipelineStats,
+    wake: Arc<Notify>,
+}
+
+impl Harness {
+    fn new(shutdown_deadline: Duration) -> Self {
+        Self {
+            store: Arc::new(MemoryStore::default()),
+            sink: MemorySink::default(),
+            settings: PipelineSettings {
+                delivery: DeliveryConfig {
+                    max_in_flight: 1000,
+                    writeback_batch: 100,
+                    writeback_interval: Duration::from_millis(5),
+                    shutdown_deadline,
+                },
+                retry: RetryConfig::default(),
+                ordering: KeyOrdering::Strict,
+            },
+            stats: PipelineStats::default(),
+            wake: Arc::new(Notify::new()),
+        }
+    }
+
+    /// One session as `relay::run` opens it.
+    async fn session(
+        &self,
+        stream: &mut MemoryStream,
+        link: &mut RetryLink,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> Result<(), PipelineError> {
+        let mut session = Session::new(
+            &*self.store,
+            &self.sink,
+            &self.settings,
+            &self.stats,
+            Arc::clone(&self.wake),
+        );
+        session.load_blocked_keys().await?;
+        session.set_written_through(self.store.load_checkpoint().await?);
+        let mut backoff = ReconnectBackoff::new();
+        session.run(stream, link, &mut shutdown, &mut backoff).await
+    }
+}
+
+fn link() -> (RetryLink, mpsc::UnboundedSender<String>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let link = RetryLink {
+        wake_worker: Arc::new(Notify::new()),
+        delivered_keys: rx,
+    };
+    (link, tx)
+}
+
+/// Polls `condition` until it holds; fails the test after 5 s.
+async fn wait_until(what: &str, condition: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+fn assert_no_violations(log: &Mutex<StreamLog>) {
+    let log = log.lock().unwrap();
+    assert!(log.violations.is_empty(), "{:?}", log.violations);
+}
+
+fn last_confirmed(log: &Mutex<StreamLog>) -> Option<outboxd_connector::Position> {
+    log.lock().unwrap().confirmed.last().cloned()
+}
+
+#[tokio::test]
+async fn after_a_failure_later_events_of_the_key_are_parked_and_other_keys_flow() {
+    let h = Harness::new(Duration::from_secs(2));
+    let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
+    let (mut link, delivered_keys) = link();
+    let (stop, shutdown) = watch::channel(false);
+    h.store
+        .insert(&[(1, "K"), (2, "K"), (3, "L"), (4, "K"), (5, "K")]);
+    h.sink.fail_id(1, FailureKind::Retryable);
+
+    let driver = async {
+        log.commit(10, vec![event(1, "K")]);
+        wait_until("row 1 FAILED", || h.store.status(1) == "FAILED").await;
+        log.commit(20, vec![event(2, "K"), event(3, "L")]);
+        wait_until("row 2 parked, row 3 sent", || {
+            h.store.status(2) == "FAILED" && h.store.status(3) == "SUCCESS"
+        })
+        .await;
+        let parked = h
+            .store
+            .row(2)
+            .and_then(|r| r.last_error)
+            .unwrap_or_default();
+        assert!(
+            parked.starts_with("parked: an earlier event of biz_key `K`"),
+            "{parked}"
+        );
+        assert_eq!(h.sink.sent_ids(), [1, 3], "row 2 must not reach the sink");
+        wait_until("20 confirmed", || {
+            last_confirmed(&confirmed) == Some(lsn(20))
+        })
+        .await;
+
+        // The claim worker delivered a row of K, but the table still shows K's failed
+        // rows: K stays blocked.
+        let _ = delivered_keys.send("K".into());
+        log.commit(30, vec![event(4, "K")]);
+        wait_until("row 4 parked", || h.store.status(4) == "FAILED").await;
+        assert_eq!(h.sink.sent_ids(), [1, 3]);
+
+        // Now every earlier row of K is delivered: the next report releases the key.
+        for id in [1, 2, 4] {
+            h.store.set_status(id, "SUCCESS");
+        }
+        let _ = delivered_keys.send("K".into());
+        log.commit(40, vec![event(5, "K")]);
+        wait_until("row 5 sent", || h.store.status(5) == "SUCCESS").await;
+        assert_eq!(h.sink.sent_ids(), [1, 3, 5]);
+        wait_until("40 confirmed", || {
+            last_confirmed(&confirmed) == Some(lsn(40))
+        })
+        .await;
+        stop.send_replace(true);
+    };
+    let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
+    result.unwrap();
+    assert_no_violations(&confirmed);
+    assert_eq!(h.store.checkpoint(), Some(lsn(40)));
+    assert_eq!(h.stats.parked.load(std::sync::atomic::Ordering::Relaxed), 2);
+}
+
+#[tokio::test]
+async fn shutdown_writes_back_in_flight_deliveries_before_it_returns() {
+    let h = Harness::new(Duration::from_secs(5));
+    let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
+    let (mut link, _keys) = link();
+    let (stop, shutdown) = watch::channel(false);
+    h.store.insert(&[(1, "A"), (2, "B"), (3, "A")]);
+    h.sink.hold();
+
+    let driver = async {
+        log.commit(10, vec![event(1, "A"), event(2, "B")]);
+        log.commit(20, vec![event(3, "A")]);
+        wait_until("three in flight", || h.sink.held() == [1, 2, 3]).await;
+        stop.send_replace(true);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // Out of log order: the checkpoint still waits for the whole prefix.
+        for id in [3, 2, 1] {
+            assert!(h.sink.complete(id));
+        }
+    };
+    let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
+    result.unwrap();
+    for id in [1, 2, 3] {
+        assert_eq!(h.store.status(id), "SUCCESS", "row {id}");
+    }
+    assert_eq!(h.store.checkpoint(), Some(lsn(20)));
+    assert_eq!(last_confirmed(&confirmed), Some(lsn(20)));
+    assert_no_violations(&confirmed);
+}
+
+#[tokio::test]
+async fn past_the_shutdown_deadline_unacknowledged_rows_stay_unconfirmed() {
+    let h = Harness::new(Duration::from_millis(100));
+    let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
+    let (mut link, _keys) = link();
+    let (stop, shutdown) = watch::channel(false);
+    h.store.insert(&[(1, "A"), (2, "B")]);
+    h.sink.hold();
+
+    let driver = async {
+        log.commit(10, vec![event(1, "A")]);
+        log.commit(20, vec![event(2, "B")]);
+        wait_until("two in flight", || h.sink.held() == [1, 2]).await;
+        assert!(h.sink.complete(1));
+        wait_until("10 confirmed", || {
+            last_confirmed(&confirmed) == Some(lsn(10))
+        })
+        .await;
+        stop.send_replace(true);
+    };
+    let started = Instant::now();
+    let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
+    result.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert_eq!(h.store.status(1), "SUCCESS");
+    assert_eq!(
+        h.store.status(2),
+        "INIT",
+        "read again from the log on restart"
+    );
+    assert_eq!(h.store.checkpoint(), Some(lsn(10)));
+    assert_eq!(last_confirmed(&confirmed), Some(lsn(10)));
+    assert_no_violations(&confirmed);
+}
+
+#[tokio::test]
+async fn a_fatal_sink_error_writes_back_then_ends_the_session() {
+    let h = Harness::new(Duration::from_secs(5));
+    let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
+    let (mut link, _keys) = link();
+    let (_stop, shutdown) = watch::channel(false);
+    h.store.insert(&[(1, "A"), (2, "B"), (3, "C"), (4, "D")]);
+    h.sink.fail_id(2, FailureKind::Fatal);
+    h.sink.hold();
+
+    let driver = async {
+        log.commit(10, vec![event(1, "A")]);
+        log.commit(20, vec![event(2, "B")]);
+        log.commit(30, vec![event(3, "C")]);
+        wait_until("three in flight", || h.sink.held() == [1, 2, 3]).await;
+        assert!(h.sink.complete(2));
+        wait_until("row 2 FAILED", || h.store.status(2) == "FAILED").await;
+        // The session reads no more once the sink is unusable.
+        log.commit(40, vec![event(4, "D")]);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(h.sink.complete(1));
+        assert!(h.sink.complete(3));
+    };
+    let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
+    match result {
+        Err(PipelineError::ProducerFatal(error)) => assert!(error.contains("row 2"), "{error}"),
+        other => panic!("expected ProducerFatal, got {other:?}"),
+    }
+    assert_eq!(h.sink.sent_ids(), [1, 2, 3]);
+    assert_eq!(
+        [1, 2, 3, 4].map(|id| h.store.status(id)),
+        ["SUCCESS", "FAILED", "SUCCESS", "INIT"]
+    );
+    assert_eq!(h.store.checkpoint(), Some(lsn(30)));
+    assert_no_violations(&confirmed);
+}
+
+/// Random transactions completed in random orders, relaxed ordering so every event is
+/// sent: each confirmation is checked by the stream, and the last one is reached.
+#[tokio::test]
+async fn random_completion_orders_confirm_the_written_prefix_only() {
+    for seed in 0..25u64 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut h = Harness::new(Duration::from_secs(5));
+        h.settings.ordering = KeyOrdering::Relaxed;
+        h.settings.delivery.writeback_batch = rng.gen_range(1..8);
+        let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
+        let (mut link, _keys) = link();
+        let (stop, shutdown) = watch::channel(false);
+        h.sink.hold();
+        let mut txs = Vec::new();
+        let mut id = 0;
+        for t in 1..=rng.gen_range(1..12u64) {
+            let events: Vec<_> = (0..rng.gen_range(1..4))
+                .map(|_| {
+                    id += 1;
+                    h.store.insert(&[(id, "k")]);
+                    event(id, &format!("k{}", id % 3))
+                })
+                .collect();
+            txs.push((t * 10, events));
+        }
+        let last = txs.last().map(|(p, _)| *p);
+        let mut ids: Vec<i64> = (1..=id).collect();
+        ids.shuffle(&mut rng);
+
+        let driver = async {
+            for (position, events) in txs {
+                log.commit(position, events);
+            }
+            wait_until("all in flight", || h.sink.held().len() == ids.len()).await;
+            for id in &ids {
+                assert!(h.sink.complete(*id));
+                if rng.gen_bool(0.3) {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
+            wait_until("the last position confirmed", || {
+                last_confirmed(&confirmed) == last.map(lsn)
+            })
+            .await;
+            stop.send_replace(true);
+        };
+        let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
+        result.unwrap();
+        assert_no_violations(&confirmed);
+        assert!(
+            ids.iter().all(|id| h.store.status(*id) == "SUCCESS"),
+            "seed {seed}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn relaxed_ordering_sends_later_events_of_a_failing_key() {
+    let mut h = Harness::new(Duration::from_secs(2));
+    h.settings.ordering = KeyOrdering::Relaxed;
+    let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
+    let (mut link, _keys) = link();
+    let (stop, shutdown) = watch::channel(false);
+    h.store.insert(&[(1, "K"), (2, "K"), (3, "L")]);
+    h.sink.fail_key("K", FailureKind::Rejected);
+
+    let driver = async {
+        log.commit(10, vec![event(1, "K")]);
+        wait_until("row 1 FAILED", || h.store.status(1) == "FAILED").await;
+        log.commit(20, vec![event(2, "K"), event(3, "L")]);
+        wait_until("20 confirmed", || {
+            last_confirmed(&confirmed) == Some(lsn(20))
+        })
+        .await;
+        stop.send_replace(true);
+    };
+    let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
+    result.unwrap();
+    assert_eq!(h.sink.sent_ids(), [1, 2, 3]);
+    assert_eq!(
+        [1, 2, 3].map(|id| h.store.status(id)),
+        ["FAILED", "FAILED", "SUCCESS"]
+    );
+    let error = h
+        .store
+        .row(2)
+        .and_then(|r| r.last_error)
+        .unwrap_or_default();
+    assert!(error.contains("Rejected failure of row 2"), "{error}");
+    assert_eq!(h.stats.parked.load(std::sync::atomic::Ordering::Relaxed), 0);
+    assert_no_violations(&confirmed);
+}

@@ -1,0 +1,107 @@
+//! One record handed to librdkafka, and what its errors mean for the row and the producer.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::DeliveryFuture;
+
+use crate::sink::{FailureKind, Receipt, SinkFailure, SinkResult};
+
+/// A record handed to the producer; resolves to its outcome.
+///
+/// A plain enum rather than an `async` block so the relay's per-record future stays the
+/// one allocation it was before the sink boundary existed.
+#[must_use = "a delivery resolves to the record's outcome"]
+pub struct KafkaDelivery(State);
+
+enum State {
+    /// Waiting for the broker's acknowledgement.
+    InFlight(DeliveryFuture),
+    /// Already decided (rejected before it was queued); taken when polled.
+    Done(Option<SinkFailure>),
+}
+
+impl KafkaDelivery {
+    pub(super) fn in_flight(future: DeliveryFuture) -> Self {
+        Self(State::InFlight(future))
+    }
+
+    pub(super) fn failed(e: &KafkaError) -> Self {
+        Self(State::Done(Some(classify(e))))
+    }
+}
+
+impl Future for KafkaDelivery {
+    type Output = SinkResult;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<SinkResult> {
+        match &mut self.get_mut().0 {
+            State::Done(failure) => {
+                Poll::Ready(Err(failure.take().unwrap_or_else(|| SinkFailure {
+                    kind: FailureKind::Fatal,
+                    error: "a Kafka delivery was polled after it completed".into(),
+                })))
+            }
+            State::InFlight(future) => Pin::new(future).poll(cx).map(|result| match result {
+                Ok(Ok(delivery)) => Ok(Receipt {
+                    partition: delivery.partition,
+                    offset: delivery.offset,
+                }),
+                Ok(Err((e, _message))) => Err(classify(&e)),
+                Err(_canceled) => Err(SinkFailure {
+                    kind: FailureKind::Fatal,
+                    error: "the Kafka producer was shut down before the record was acknowledged"
+                        .into(),
+                }),
+            }),
+        }
+    }
+}
+
+/// Fatal: the idempotent producer is unusable. Rejected: this record can never be
+/// produced as it is. Anything else (timeouts, unavailable brokers, unknown topics that
+/// may yet be created) may succeed later.
+fn classify(e: &KafkaError) -> SinkFailure {
+    let kind = match e.rdkafka_error_code() {
+        Some(RDKafkaErrorCode::Fatal) => FailureKind::Fatal,
+        Some(
+            RDKafkaErrorCode::MessageSizeTooLarge
+            | RDKafkaErrorCode::InvalidMessageSize
+            | RDKafkaErrorCode::MessageBatchTooLarge
+            | RDKafkaErrorCode::InvalidRecord
+            | RDKafkaErrorCode::InvalidTopic,
+        ) => FailureKind::Rejected,
+        _ => FailureKind::Retryable,
+    };
+    SinkFailure {
+        kind,
+        error: e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_classified_by_what_they_mean_for_the_row() {
+        let produce = |code| KafkaError::MessageProduction(code);
+        assert_eq!(
+            classify(&produce(RDKafkaErrorCode::Fatal)).kind,
+            FailureKind::Fatal
+        );
+        assert_eq!(
+            classify(&produce(RDKafkaErrorCode::MessageSizeTooLarge)).kind,
+            FailureKind::Rejected
+        );
+        let timeout = classify(&produce(RDKafkaErrorCode::MessageTimedOut));
+        assert_eq!(timeout.kind, FailureKind::Retryable);
+        // The text is librdkafka's, unchanged: it is what `last_error` has always shown.
+        assert_eq!(
+            timeout.error,
+            produce(RDKafkaErrorCode::MessageTimedOut).to_string()
+        );
+    }
+}

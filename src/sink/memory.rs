@@ -1,0 +1,143 @@
+//! An in-memory sink for unit tests of the core: records what it was sent, fails chosen
+//! ids or keys with a chosen [`FailureKind`], and can hold deliveries until the test
+//! completes them, in whatever order the test picks.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use outboxd_connector::{CheckLine, OutboxEvent};
+use tokio::sync::oneshot;
+
+use crate::sink::{FailureKind, Receipt, Sink, SinkFailure, SinkResult};
+
+/// See the module doc.
+#[derive(Default)]
+pub(crate) struct MemorySink {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    sent: Vec<OutboxEvent>,
+    fail_ids: HashMap<i64, FailureKind>,
+    fail_keys: HashMap<String, FailureKind>,
+    hold: bool,
+    /// Held deliveries by row id, with the outcome they will get.
+    held: BTreeMap<i64, (oneshot::Sender<SinkResult>, SinkResult)>,
+    next_offset: i64,
+}
+
+impl MemorySink {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The record of row `id` fails with `kind`.
+    pub(crate) fn fail_id(&self, id: i64, kind: FailureKind) {
+        self.state().fail_ids.insert(id, kind);
+    }
+
+    /// Every record of `key` fails with `kind`.
+    pub(crate) fn fail_key(&self, key: &str, kind: FailureKind) {
+        self.state().fail_keys.insert(key.to_owned(), kind);
+    }
+
+    /// From now on, deliveries wait for [`MemorySink::complete`] instead of resolving at
+    /// once.
+    pub(crate) fn hold(&self) {
+        self.state().hold = true;
+    }
+
+    /// Resolves the held delivery of row `id`; false when none is held.
+    pub(crate) fn complete(&self, id: i64) -> bool {
+        match self.state().held.remove(&id) {
+            Some((tx, result)) => {
+                let _ = tx.send(result);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Ids of the deliveries held, ascending.
+    pub(crate) fn held(&self) -> Vec<i64> {
+        self.state().held.keys().copied().collect()
+    }
+
+    /// Ids of every record sent, in send order.
+    pub(crate) fn sent_ids(&self) -> Vec<i64> {
+        self.state().sent.iter().map(|e| e.id).collect()
+    }
+}
+
+/// A delivery of the memory sink.
+pub(crate) struct MemoryDelivery(oneshot::Receiver<SinkResult>);
+
+impl Future for MemoryDelivery {
+    type Output = SinkResult;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<SinkResult> {
+        Pin::new(&mut self.0).poll(cx).map(|r| {
+            r.unwrap_or_else(|_| {
+                Err(SinkFailure {
+                    kind: FailureKind::Fatal,
+                    error: "the memory sink dropped the record".into(),
+                })
+            })
+        })
+    }
+}
+
+impl Sink for MemorySink {
+    type Delivery = MemoryDelivery;
+
+    async fn send(&self, event: &OutboxEvent) -> MemoryDelivery {
+        let mut state = self.state();
+        let failure = state
+            .fail_ids
+            .get(&event.id)
+            .or_else(|| state.fail_keys.get(&event.biz_key))
+            .copied();
+        let result = match failure {
+            Some(kind) => Err(SinkFailure {
+                kind,
+                error: format!("memory sink: {kind:?} failure of row {}", event.id),
+            }),
+            None => {
+                state.next_offset += 1;
+                Ok(Receipt {
+                    partition: 0,
+                    offset: state.next_offset,
+                })
+            }
+        };
+        state.sent.push(event.clone());
+        let (tx, rx) = oneshot::channel();
+        if state.hold {
+            state.held.insert(event.id, (tx, result));
+        } else {
+            let _ = tx.send(result);
+        }
+        MemoryDelivery(rx)
+    }
+
+    fn destination(&self, event: &OutboxEvent) -> String {
+        format!("memory.{}", event.message_type)
+    }
+
+    async fn flush(&self, _deadline: Duration) {}
+
+    async fn check(&self, _timeout: Duration) -> CheckLine {
+        CheckLine::ok("memory", "in-memory sink")
+    }
+
+    fn queue_depth(&self) -> i64 {
+        self.state().held.len() as i64
+    }
+}

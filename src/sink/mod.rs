@@ -1,0 +1,102 @@
+//! Where events go: the [`Sink`] boundary.
+//!
+//! The relay and the claim worker hand each outbox event to a sink and get back, later, a
+//! [`Receipt`] or a classified [`SinkFailure`]; they never name the destination. Kafka
+//! ([`kafka::KafkaSink`]) is the one production sink; `memory.rs` is an in-memory twin
+//! that unit tests of the core drive instead of a broker.
+//!
+//! Adding a sink: a module beside `kafka/` implementing [`Sink`], keeping the guarantee
+//! stated on the trait, and a line where `cli/commands.rs` builds the sink.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use outboxd_connector::{CheckLine, OutboxEvent};
+
+pub mod kafka;
+#[cfg(test)]
+pub(crate) mod memory;
+
+/// Where a delivered record landed: Kafka's partition and offset, or the sink's
+/// equivalent (written to the row's `kafka_partition` / `kafka_offset`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Receipt {
+    /// Partition (or shard, stream) of the record.
+    pub partition: i32,
+    /// Offset of the record within it.
+    pub offset: i64,
+}
+
+/// What a failed delivery means for the row and for the sink.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailureKind {
+    /// The record may go later (broker unavailable, timeout): the row becomes FAILED and
+    /// is retried with backoff.
+    Retryable,
+    /// This record can never go as it is (too large, invalid): the row becomes FAILED
+    /// with the reason, so an operator sees it; retries reach MANUAL_REQUIRED.
+    Rejected,
+    /// The sink itself is unusable (for Kafka: a fatal idempotent-producer error). The
+    /// row becomes FAILED; the relay writes back what it has and restarts with a fresh
+    /// sink.
+    Fatal,
+}
+
+/// A delivery that did not end in a [`Receipt`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SinkFailure {
+    /// What the failure means.
+    pub kind: FailureKind,
+    /// The destination's or client's error text, stored in `last_error` as is.
+    pub error: String,
+}
+
+impl fmt::Display for SinkFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.error)
+    }
+}
+
+/// The outcome of one delivery.
+pub type SinkResult = Result<Receipt, SinkFailure>;
+
+/// A destination for outbox events.
+///
+/// # The guarantee a sink must keep
+/// - An `Ok` [`Receipt`] means the record is **durable in the destination** (for Kafka:
+///   acknowledged by every in-sync replica). The row is then written SUCCESS and the log
+///   position may be confirmed past it: a receipt given too early loses the event.
+/// - Records of one key that are [`send`](Sink::send) in order reach the destination in
+///   that order, whatever is retried internally (for Kafka: the idempotent producer and
+///   the key → partition mapping). The core sends a key's next event only after the
+///   previous one was handed over, and stops sending a key after a failure (strict
+///   ordering), so together no event overtakes an earlier one of its key.
+/// - A failure is classified ([`FailureKind`]); its text is what the row's `last_error`
+///   shows.
+///
+/// Sending is in two steps so many records can be in flight at once: `send` hands the
+/// record over (waiting only while the sink's local queue is full) and returns
+/// [`Sink::Delivery`], which resolves when the destination has decided.
+pub trait Sink: Send + Sync {
+    /// Resolves to the outcome of one record. Owned (`'static`) so the relay can keep
+    /// thousands in flight without borrowing the sink.
+    type Delivery: Future<Output = SinkResult> + Send + 'static;
+
+    /// Hands one record to the sink. Errors that concern only this record come back
+    /// through the returned delivery, immediately.
+    fn send(&self, event: &OutboxEvent) -> impl Future<Output = Self::Delivery> + Send;
+
+    /// The destination of an event (the Kafka topic), used as the `topic` label of the
+    /// outcome metrics.
+    fn destination(&self, event: &OutboxEvent) -> String;
+
+    /// Waits up to `deadline` for records handed over to be delivered (at shutdown).
+    fn flush(&self, deadline: Duration) -> impl Future<Output = ()> + Send;
+
+    /// `outboxd check` and `/readyz`: can the destination be reached.
+    fn check(&self, timeout: Duration) -> impl Future<Output = CheckLine> + Send;
+
+    /// Records handed over and not yet decided (the `outboxd_producer_queue` gauge).
+    fn queue_depth(&self) -> i64;
+}

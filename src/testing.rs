@@ -1,0 +1,309 @@
+//! In-memory twins of the connector contract for unit tests of the core (the relay and
+//! the claim worker): an [`OutboxStore`] keeping rows, claims and the checkpoint in a map,
+//! and a [`ChangeStream`] fed by the test that checks, at every confirmation, that no
+//! transaction at or before the confirmed position still has an INIT row.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use bytes::Bytes;
+use outboxd_connector::{
+    ChangeItem, ChangeStream, ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack,
+    CommittedTransaction, ConnectorError, Lsn, OutboxEvent, OutboxStore, Position, ReapPolicy,
+    ReapReport, RetrySchedule, WriteBack,
+};
+use tokio::sync::mpsc;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+pub(crate) fn lsn(n: u64) -> Position {
+    Position::Lsn(Lsn(n))
+}
+
+/// An outbox event of row `id` and business key `key`.
+pub(crate) fn event(id: i64, key: &str) -> OutboxEvent {
+    OutboxEvent {
+        id,
+        message_id: format!("m-{id}"),
+        message_type: "test.event".into(),
+        biz_key: key.into(),
+        key: Bytes::from(key.to_owned()),
+        topic: None,
+        payload: Bytes::from_static(b"{}"),
+        headers: Vec::new(),
+        created_at: "2026-01-01T00:00:00Z".into(),
+        retry_count: 0,
+        max_retry_count: 10,
+        commit_time: None,
+    }
+}
+
+/// One outbox row.
+#[derive(Clone, Debug)]
+pub(crate) struct Row {
+    pub(crate) status: &'static str,
+    pub(crate) biz_key: String,
+    pub(crate) last_error: Option<String>,
+    pub(crate) retry_count: i32,
+    claim_token: Option<String>,
+    /// When a FAILED row is due again (`next_retry_time`).
+    due_at: Option<Instant>,
+}
+
+#[derive(Default)]
+struct StoreState {
+    rows: BTreeMap<i64, Row>,
+    checkpoint: Option<Position>,
+    write_backs: usize,
+    claims: u64,
+}
+
+/// An outbox table and checkpoint row in memory, with the write-back rules of the
+/// contract (SUCCESS only from INIT or FAILED, FAILED only from INIT, checkpoint forward).
+#[derive(Default)]
+pub(crate) struct MemoryStore {
+    state: Mutex<StoreState>,
+}
+
+impl MemoryStore {
+    /// Inserts INIT rows (as the application's transaction would).
+    pub(crate) fn insert(&self, rows: &[(i64, &str)]) {
+        let mut state = lock(&self.state);
+        for (id, key) in rows {
+            state.rows.insert(
+                *id,
+                Row {
+                    status: "INIT",
+                    biz_key: (*key).to_owned(),
+                    last_error: None,
+                    retry_count: 0,
+                    claim_token: None,
+                    due_at: None,
+                },
+            );
+        }
+    }
+
+    pub(crate) fn row(&self, id: i64) -> Option<Row> {
+        lock(&self.state).rows.get(&id).cloned()
+    }
+
+    pub(crate) fn status(&self, id: i64) -> &'static str {
+        self.row(id).map_or("absent", |r| r.status)
+    }
+
+    /// What another writer (the claim worker, an operator) would do.
+    pub(crate) fn set_status(&self, id: i64, status: &'static str) {
+        if let Some(row) = lock(&self.state).rows.get_mut(&id) {
+            row.status = status;
+        }
+    }
+
+    pub(crate) fn checkpoint(&self) -> Option<Position> {
+        lock(&self.state).checkpoint.clone()
+    }
+}
+
+impl OutboxStore for MemoryStore {
+    async fn write_back(&self, batch: WriteBack<'_>) -> Result<(), ConnectorError> {
+        let mut state = lock(&self.state);
+        state.write_backs += 1;
+        for d in batch.delivered {
+            if let Some(row) = state.rows.get_mut(&d.id) {
+                if matches!(row.status, "INIT" | "FAILED") {
+                    row.status = "SUCCESS";
+                }
+            }
+        }
+        for f in batch.failed {
+            if let Some(row) = state.rows.get_mut(&f.id).filter(|r| r.status == "INIT") {
+                row.status = "FAILED";
+                row.last_error = Some(f.error.clone());
+                row.due_at = Some(Instant::now() + f.retry_delay);
+            }
+        }
+        for p in batch.parked {
+            if let Some(row) = state.rows.get_mut(&p.id).filter(|r| r.status == "INIT") {
+                row.status = "FAILED";
+                row.last_error = Some(p.reason.clone());
+            }
+        }
+        if let Some(position) = batch.checkpoint {
+            if state.checkpoint.as_ref() < Some(position) {
+                state.checkpoint = Some(position.clone());
+            }
+        }
+        Ok(())
+    }
+
+    async fn load_checkpoint(&self) -> Result<Option<Position>, ConnectorError> {
+        Ok(self.checkpoint())
+    }
+
+    async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedEvent>, ConnectorError> {
+        let mut state = lock(&self.state);
+        state.claims += 1;
+        let claim = state.claims;
+        let mut claimed = Vec::new();
+        let now = Instant::now();
+        for (id, row) in state.rows.iter_mut() {
+            let due = row.due_at.is_none_or(|at| at <= now);
+            let in_scope = (row.status == "FAILED" && due)
+                || (request.scope == ClaimScope::NewAndDueFailed && row.status == "INIT");
+            if !in_scope || claimed.len() == request.limit {
+                continue;
+            }
+            let token = format!("claim-{claim}-{id}");
+            row.status = "PROCESSING";
+            row.claim_token = Some(token.clone());
+            let mut event = event(*id, &row.biz_key);
+            event.retry_count = row.retry_count;
+            claimed.push(ClaimedEvent {
+                event,
+                claim_token: ClaimToken(token),
+            });
+        }
+        Ok(claimed)
+    }
+
+    async fn complete_claimed(&self, batch: ClaimedWriteBack<'_>) -> Result<u64, ConnectorError> {
+        let mut state = lock(&self.state);
+        let mut updated = 0;
+        for (d, token) in batch.delivered {
+            if let Some(row) = take_claim(&mut state.rows, d.id, token) {
+                row.status = "SUCCESS";
+                updated += 1;
+            }
+        }
+        for (f, token) in batch.failed {
+            if let Some(row) = take_claim(&mut state.rows, f.id, token) {
+                row.status = "FAILED";
+                row.retry_count += 1;
+                row.last_error = Some(f.error.clone());
+                row.due_at = Some(Instant::now() + f.retry_delay);
+                updated += 1;
+            }
+        }
+        Ok(updated)
+    }
+
+    async fn reap(&self, _policy: ReapPolicy) -> Result<ReapReport, ConnectorError> {
+        Ok(ReapReport::default())
+    }
+
+    async fn retry_schedule(&self) -> Result<RetrySchedule, ConnectorError> {
+        Ok(RetrySchedule::default())
+    }
+
+    async fn blocked_keys(
+        &self,
+        keys: Option<&[String]>,
+    ) -> Result<HashSet<String>, ConnectorError> {
+        let state = lock(&self.state);
+        Ok(state
+            .rows
+            .values()
+            .filter(|r| matches!(r.status, "FAILED" | "PROCESSING" | "MANUAL_REQUIRED"))
+            .filter(|r| keys.is_none_or(|keys| keys.contains(&r.biz_key)))
+            .map(|r| r.biz_key.clone())
+            .collect())
+    }
+}
+
+/// The row of `id` if `token` still holds its claim; the claim is cleared.
+fn take_claim<'a>(
+    rows: &'a mut BTreeMap<i64, Row>,
+    id: i64,
+    token: &ClaimToken,
+) -> Option<&'a mut Row> {
+    let row = rows
+        .get_mut(&id)
+        .filter(|r| r.claim_token.as_deref() == Some(token.0.as_str()))?;
+    row.claim_token = None;
+    Some(row)
+}
+
+/// What the stream saw: positions confirmed, and any confirmation that passed an INIT row.
+#[derive(Default)]
+pub(crate) struct StreamLog {
+    pub(crate) confirmed: Vec<Position>,
+    pub(crate) violations: Vec<String>,
+}
+
+/// The test's end of a [`MemoryStream`].
+pub(crate) struct LogWriter {
+    items: mpsc::UnboundedSender<Result<ChangeItem, ConnectorError>>,
+}
+
+impl LogWriter {
+    /// A committed transaction at `lsn(position)` inserting `events`.
+    pub(crate) fn commit(&self, position: u64, events: Vec<OutboxEvent>) {
+        let tx = CommittedTransaction {
+            commit_position: lsn(position),
+            commit_time: None,
+            events,
+        };
+        let _ = self.items.send(Ok(ChangeItem::Transaction(tx)));
+    }
+}
+
+/// A log tail fed by a [`LogWriter`]. Once the writer is gone it waits forever, as an idle
+/// log does.
+pub(crate) struct MemoryStream {
+    items: mpsc::UnboundedReceiver<Result<ChangeItem, ConnectorError>>,
+    store: Arc<MemoryStore>,
+    /// Row ids of each transaction yielded, by position.
+    yielded: Vec<(Position, Vec<i64>)>,
+    log: Arc<Mutex<StreamLog>>,
+}
+
+impl MemoryStream {
+    pub(crate) fn new(store: Arc<MemoryStore>) -> (Self, LogWriter, Arc<Mutex<StreamLog>>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let log = Arc::new(Mutex::new(StreamLog::default()));
+        let stream = Self {
+            items: rx,
+            store,
+            yielded: Vec::new(),
+            log: Arc::clone(&log),
+        };
+        (stream, LogWriter { items: tx }, log)
+    }
+}
+
+impl ChangeStream for MemoryStream {
+    async fn next(&mut self) -> Result<ChangeItem, ConnectorError> {
+        match self.items.recv().await {
+            Some(item) => {
+                if let Ok(ChangeItem::Transaction(tx)) = &item {
+                    let ids = tx.events.iter().map(|e| e.id).collect();
+                    self.yielded.push((tx.commit_position.clone(), ids));
+                }
+                item
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    async fn confirm(&mut self, position: &Position) -> Result<(), ConnectorError> {
+        let mut log = lock(&self.log);
+        if let Some(last) = log.confirmed.last().filter(|last| *last >= position) {
+            let violation = format!("confirmed {position} after {last}");
+            log.violations.push(violation);
+        }
+        for (at, ids) in self.yielded.iter().filter(|(at, _)| at <= position) {
+            for id in ids {
+                if self.store.status(*id) == "INIT" {
+                    log.violations.push(format!(
+                        "confirmed {position} with row {id} of {at} still INIT"
+                    ));
+                }
+            }
+        }
+        log.confirmed.push(position.clone());
+        Ok(())
+    }
+}
