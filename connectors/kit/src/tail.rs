@@ -16,7 +16,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use outboxd_connector::{ChangeItem, ConnectorError, Position};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -188,6 +188,19 @@ impl<P: Ord + Clone> Outlet<P> {
     }
 }
 
+/// Records a position the core confirmed, for the log task to report: only a position
+/// past the current one changes the value (and wakes the task); confirmations never go
+/// backward. `None < Some(_)`, so an `Option` works for "nothing confirmed yet".
+pub fn advance<P: Ord>(confirmed: &watch::Sender<P>, position: P) {
+    confirmed.send_if_modified(|current| {
+        let forward = position > *current;
+        if forward {
+            *current = position;
+        }
+        forward
+    });
+}
+
 /// Sleeps until `at`; forever when `None` (a `select!` branch that never fires).
 pub async fn sleep_until_opt(at: Option<Instant>) {
     match at {
@@ -214,6 +227,14 @@ mod tests {
         async fn on_due(&mut self) -> Result<(), ConnectorError> {
             Ok(())
         }
+    }
+
+    #[test]
+    fn confirmations_only_advance() {
+        let (tx, rx) = watch::channel(None);
+        advance(&tx, Some(Lsn(5)));
+        advance(&tx, Some(Lsn(3)));
+        assert_eq!(*rx.borrow(), Some(Lsn(5)));
     }
 
     #[tokio::test]

@@ -9,7 +9,7 @@
 //! transactions, reads them back through the replication protocol (`mysql_async`'s binlog
 //! stream, as outboxd does, registered with a throwaway server_id) and writes every event,
 //! re-serialised byte for byte with its CRC32 checked, to
-//! `src/testdata/mariadb_outbox.hex`, one event per line after a comment naming it.
+//! `src/log/testdata/mariadb_outbox.hex`, one event per line after a comment naming it.
 
 mod support;
 
@@ -23,7 +23,7 @@ use mysql_async::BinlogStreamRequest;
 use support::Fixture;
 
 #[tokio::test]
-#[ignore = "writes src/testdata/mariadb_outbox.hex; run by hand against scripts/services"]
+#[ignore = "writes src/log/testdata/mariadb_outbox.hex; run by hand against scripts/services"]
 async fn capture_mariadb_fixture() {
     let f = Fixture::new("capture");
     let mut sql = f.sql().await;
@@ -139,7 +139,7 @@ async fn capture_mariadb_fixture() {
     }
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/src/testdata/mariadb_outbox.hex"
+        "/src/log/testdata/mariadb_outbox.hex"
     );
     std::fs::write(path, out).expect("write fixture");
     println!("wrote {path}");

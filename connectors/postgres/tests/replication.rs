@@ -6,7 +6,7 @@
 //! own table, publication and slot, and drops the slot at the end.
 //!
 //! `cargo test -p outboxd-postgres --test replication -- --ignored capture` regenerates
-//! the pgoutput fixtures in `src/testdata/`.
+//! the pgoutput fixtures in `src/log/testdata/`.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime};
@@ -544,7 +544,7 @@ async fn unreachable_server_is_transient() {
     assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
 }
 
-/// Writes `src/testdata/*.hex` from a real server: the raw XLogData payloads of one
+/// Writes `src/log/testdata/*.hex` from a real server: the raw XLogData payloads of one
 /// transaction with two outbox inserts, then of a transaction with an UPDATE, a DELETE and a
 /// TRUNCATE.
 #[tokio::test]
@@ -610,7 +610,7 @@ async fn capture_pgoutput_fixtures() {
     let header = "# Raw pgoutput (proto_version 1) XLogData payloads captured from PostgreSQL 15\n\
                   # by `cargo test -p outboxd-postgres --test replication -- --ignored capture`:\n\
                   # one message a line, `<tag> <hex>`.\n";
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/testdata");
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/log/testdata");
     std::fs::write(
         format!("{dir}/pgoutput_insert_tx.hex"),
         format!("{header}# BEGIN; two INSERTs into fixture_outbox (schemas/postgres/outbox.sql); COMMIT\n{}", hex(&transactions[0])),

@@ -1,5 +1,5 @@
 //! Assembles committed outbox transactions from binlog events. A pure state machine (no
-//! I/O): [`crate::stream`] feeds it the events of the replication stream, the unit tests
+//! I/O): [`crate::stream`] (`log/stream.rs`) feeds it the events of the replication stream, the unit tests
 //! feed it events captured from a real MariaDB server.
 //!
 //! - Transactions are delimited by their GTID event (MySQL `GTID`/`ANONYMOUS_GTID`,

@@ -147,13 +147,7 @@ impl ChangeStream for MysqlChangeStream {
                 self.pipeline
             )));
         };
-        self.confirmed.send_if_modified(|current| {
-            let advance = current.as_ref().is_none_or(|c| position > c);
-            if advance {
-                *current = Some(position.clone());
-            }
-            advance
-        });
+        tail::advance(&self.confirmed, Some(position.clone()));
         Ok(())
     }
 }

@@ -530,7 +530,7 @@ async fn negotiate_tls(
     let tls_err = |e: openssl::error::ErrorStack| {
         ConnectorError::definite(format!("{context}: cannot set up TLS")).with_source(e)
     };
-    // As in connect.rs: sslmode prefer/require promise encryption, not verification.
+    // As in client.rs: sslmode prefer/require promise encryption, not verification.
     let mut configuration = crate::client::ssl_connector()?
         .configure()
         .map_err(tls_err)?;

@@ -102,14 +102,7 @@ impl ChangeStream for PgChangeStream {
                 self.slot
             )));
         };
-        let lsn = *lsn;
-        self.confirmed.send_if_modified(|current| {
-            let advance = lsn > *current;
-            if advance {
-                *current = lsn;
-            }
-            advance
-        });
+        tail::advance(&self.confirmed, *lsn);
         Ok(())
     }
 }
