@@ -19,15 +19,15 @@ use bytes::Bytes;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
 use outboxd_connector::{
-    last_error_text, ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack,
-    ConnectorError, OutboxEvent, ReapPolicy, ReapReport, RetrySchedule,
+    ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack, ConnectorError,
+    OutboxEvent, ReapPolicy, ReapReport, RetrySchedule,
 };
 use outboxd_connector_kit::row::{self, RowSource, Value as Cell};
 use outboxd_connector_kit::{columns, status, Field};
 
 use crate::client::{classify, query, text, text_or_empty};
 use crate::schema::{quote_ident, sql_string};
-use crate::store::{delay_ms, MysqlOutboxStore};
+use crate::store::{delay_ms, failure_cases, MysqlOutboxStore};
 use crate::time::{sql_time_iso, system_time};
 
 /// Keys per `IN (…)` list.
@@ -286,17 +286,9 @@ impl MysqlOutboxStore {
             ));
         }
         if !batch.failed.is_empty() {
-            let mut errors = String::from("CASE id");
-            let mut delays = String::from("CASE id");
+            let (errors, delays) = failure_cases(batch.failed.iter().map(|(f, _)| f));
             let mut pairs = String::new();
             for (i, (f, token)) in batch.failed.iter().enumerate() {
-                let _ = write!(
-                    errors,
-                    " WHEN {} THEN {}",
-                    f.id,
-                    sql_string(&last_error_text(&f.error))
-                );
-                let _ = write!(delays, " WHEN {} THEN {}", f.id, delay_ms(f.retry_delay));
                 if i > 0 {
                     pairs.push_str(" OR ");
                 }

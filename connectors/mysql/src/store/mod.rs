@@ -227,17 +227,9 @@ fn failed_sql(sql: &mut String, outbox: &str, rows: &[DeliveryFailure]) {
     if rows.is_empty() {
         return;
     }
-    let mut errors = String::from("CASE id");
-    let mut delays = String::from("CASE id");
+    let (mut errors, mut delays) = failure_cases(rows.iter());
     let mut ids = String::new();
     for (i, f) in rows.iter().enumerate() {
-        let _ = write!(
-            errors,
-            " WHEN {} THEN {}",
-            f.id,
-            sql_string(&last_error_text(&f.error))
-        );
-        let _ = write!(delays, " WHEN {} THEN {}", f.id, delay_ms(f.retry_delay));
         if i > 0 {
             ids.push_str(", ");
         }
@@ -256,6 +248,25 @@ fn failed_sql(sql: &mut String, outbox: &str, rows: &[DeliveryFailure]) {
          updated_at = NOW(6) \
          WHERE id IN ({ids}) AND status = 'INIT';"
     );
+}
+
+/// `CASE id WHEN … THEN …` (without `END`) of each failure's `last_error` text and of its
+/// retry delay in milliseconds.
+pub(crate) fn failure_cases<'a>(
+    failures: impl Iterator<Item = &'a DeliveryFailure>,
+) -> (String, String) {
+    let mut errors = String::from("CASE id");
+    let mut delays = String::from("CASE id");
+    for f in failures {
+        let _ = write!(
+            errors,
+            " WHEN {} THEN {}",
+            f.id,
+            sql_string(&last_error_text(&f.error))
+        );
+        let _ = write!(delays, " WHEN {} THEN {}", f.id, delay_ms(f.retry_delay));
+    }
+    (errors, delays)
 }
 
 /// Rows parked behind an earlier event of their key: FAILED, due now, `retry_count` kept.

@@ -150,18 +150,26 @@ async fn check_role(client: &Client) -> Result<CheckLine, ConnectorError> {
     })
 }
 
+/// `(max, used, "used of max in use")` of a server limit, from a query of the two.
+async fn capacity(
+    client: &Client,
+    sql: &str,
+    what: &str,
+) -> Result<(i32, i32, String), ConnectorError> {
+    let row = query_one(client, sql, &[], what).await?;
+    let max: i32 = get(&row, 0)?;
+    let used: i32 = get(&row, 1)?;
+    Ok((max, used, format!("{used} of {max} in use")))
+}
+
 async fn check_slots_free(client: &Client, slot_exists: bool) -> Result<CheckLine, ConnectorError> {
-    let row = query_one(
+    let (max, used, detail) = capacity(
         client,
         "SELECT current_setting('max_replication_slots')::int, \
          (SELECT count(*) FROM pg_replication_slots)::int",
-        &[],
         "counting replication slots",
     )
     .await?;
-    let max: i32 = get(&row, 0)?;
-    let used: i32 = get(&row, 1)?;
-    let detail = format!("{used} of {max} in use");
     Ok(if max == 0 {
         CheckLine::fail(
             "max_replication_slots",
@@ -181,17 +189,13 @@ async fn check_slots_free(client: &Client, slot_exists: bool) -> Result<CheckLin
 }
 
 async fn check_senders(client: &Client) -> Result<CheckLine, ConnectorError> {
-    let row = query_one(
+    let (max, used, detail) = capacity(
         client,
         "SELECT current_setting('max_wal_senders')::int, \
          (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender')::int",
-        &[],
         "counting WAL senders",
     )
     .await?;
-    let max: i32 = get(&row, 0)?;
-    let used: i32 = get(&row, 1)?;
-    let detail = format!("{used} of {max} in use");
     Ok(if max == 0 {
         CheckLine::fail(
             "max_wal_senders",

@@ -101,17 +101,9 @@ pub(crate) async fn init(
     // Replication slot.
     match slot {
         None => {
-            let row = query_opt(
-                &client,
-                "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
-                &[&slot_name],
-                &format!("creating replication slot {slot_name}"),
-            )
-            .await?;
-            let lsn: Option<String> = row.and_then(|r| r.try_get(0).ok());
+            let lsn = create_slot(&client, &slot_name).await?;
             report.push(format!(
-                "created replication slot {slot_name} (pgoutput) at {}",
-                lsn.as_deref().unwrap_or("?")
+                "created replication slot {slot_name} (pgoutput) at {lsn}"
             ));
             // Rows inserted before the slot existed are not in its log.
             if outbox_existed {

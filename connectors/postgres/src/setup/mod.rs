@@ -374,6 +374,18 @@ async fn query_one(
         .map_err(|e| classify_pg_error(&e, context))
 }
 
+/// Creates the pipeline's logical slot (pgoutput) and returns the LSN it starts at.
+async fn create_slot(client: &Client, slot: &str) -> Result<String, ConnectorError> {
+    let row = query_one(
+        client,
+        "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+        &[&slot],
+        &format!("creating replication slot {slot}"),
+    )
+    .await?;
+    get(&row, 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

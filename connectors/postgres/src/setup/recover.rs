@@ -59,14 +59,7 @@ pub(crate) async fn reset_log_position(c: &PostgresConnector) -> Result<String, 
     // The publication before the slot: a slot created first cannot decode the changes
     // made before its publication existed.
     said.push(ensure_publication(&client, layout, &publication).await?);
-    let row = query_one(
-        &client,
-        "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
-        &[&slot_name],
-        &format!("creating replication slot {slot_name}"),
-    )
-    .await?;
-    let lsn: String = get(&row, 0)?;
+    let lsn = create_slot(&client, &slot_name).await?;
     said.push(format!(
         "created replication slot {slot_name} (pgoutput) at {lsn}"
     ));
