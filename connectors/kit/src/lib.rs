@@ -11,7 +11,7 @@
 //! - [`tail`]: the skeleton of the task that owns a log connection: the bounded channel to
 //!   the core, emit with backpressure while confirmations keep flowing, the progress rate
 //!   limit, the error hand-off.
-//! - [`check`]: helpers for `outboxd check` lines.
+//! - [`check`]: helpers for `outboxd check` lines; [`setup`]: pieces of `outboxd init`.
 //! - [`status`]: the status literals and the statuses that block a key.
 //! - [`retry`]: the longest retry delay written to a row.
 //! - [`tls`]: [`SslMode`], the `sslmode` key of every engine's `[source]`; [`config`]:
@@ -24,6 +24,7 @@ pub mod columns;
 pub mod config;
 pub mod retry;
 pub mod row;
+pub mod setup;
 pub mod status;
 pub mod store;
 pub mod tail;

@@ -1,6 +1,8 @@
 //! `outboxd init` for MySQL and MariaDB: missing tables and indexes, the starting
 //! checkpoint (see the module documentation of `setup`).
 
+use outboxd_connector_kit::setup;
+
 use super::*;
 
 /// `outboxd init`: see the module documentation.
@@ -108,19 +110,14 @@ pub(crate) async fn init(
                 "recorded checkpoint {position} for pipeline {pipeline}: the first run starts there"
             ));
             if outbox_existed {
-                let sql = format!(
-                    "SELECT COUNT(*) FROM {} WHERE status = 'INIT'",
-                    qualified(&layout.outbox_table)
-                );
+                let sql = setup::count_init_sql(&qualified(&layout.outbox_table));
                 let row = query_first(&mut conn, &sql, "counting INIT rows").await?;
                 let count = row.map(|r| int(&r, 0)).transpose()?.flatten().unwrap_or(0);
-                if count > 0 {
-                    report.push(format!(
-                        "note: {count} rows of {} are in INIT from before the checkpoint; run \
-                         `outboxd recover` to publish them",
-                        layout.outbox_table
-                    ));
-                }
+                report.extend(setup::init_rows_note(
+                    count,
+                    &layout.outbox_table,
+                    "the checkpoint",
+                ));
             }
         }
     }

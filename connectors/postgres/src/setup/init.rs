@@ -1,6 +1,8 @@
 //! `outboxd init` for PostgreSQL: tables, then the publication, then the slot (see the
 //! module documentation of `setup`).
 
+use outboxd_connector_kit::setup;
+
 use super::*;
 
 /// `outboxd init`: see the module documentation. Returns one line per item, saying what was
@@ -107,19 +109,14 @@ pub(crate) async fn init(
             ));
             // Rows inserted before the slot existed are not in its log.
             if outbox_existed {
-                let sql = format!(
-                    "SELECT count(*) FROM {} WHERE status = 'INIT'",
-                    qualified(&layout.outbox_table)
-                );
+                let sql = setup::count_init_sql(&qualified(&layout.outbox_table));
                 let row = query_opt(&client, &sql, &[], "counting INIT rows").await?;
                 let count: i64 = row.and_then(|r| r.try_get(0).ok()).unwrap_or(0);
-                if count > 0 {
-                    report.push(format!(
-                        "note: {count} rows of {} are in INIT from before the slot existed; \
-                         run `outboxd recover` to publish them",
-                        layout.outbox_table
-                    ));
-                }
+                report.extend(setup::init_rows_note(
+                    count,
+                    &layout.outbox_table,
+                    "the slot existed",
+                ));
             }
         }
         Some(info) => {

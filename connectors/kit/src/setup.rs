@@ -1,0 +1,44 @@
+//! Pieces of `outboxd init` that read the same in every engine.
+
+use crate::status;
+
+/// Counts the outbox's INIT rows; `quoted_table` as the engine's SQL writes the name.
+pub fn count_init_sql(quoted_table: &str) -> String {
+    format!(
+        "SELECT COUNT(*) FROM {quoted_table} WHERE status = '{}'",
+        status::INIT
+    )
+}
+
+/// The note `init` adds when INIT rows predate the log position it just recorded (they
+/// are not in the log it will read): `since` names that position ("the checkpoint",
+/// "the slot existed").
+pub fn init_rows_note(count: i64, table: &str, since: &str) -> Option<String> {
+    (count > 0).then(|| {
+        format!(
+            "note: {count} rows of {table} are in INIT from before {since}; run `outboxd \
+             recover` to publish them"
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn note_only_when_rows_wait() {
+        assert_eq!(init_rows_note(0, "outbox", "the checkpoint"), None);
+        assert_eq!(
+            init_rows_note(3, "outbox", "the checkpoint").as_deref(),
+            Some(
+                "note: 3 rows of outbox are in INIT from before the checkpoint; run `outboxd \
+                 recover` to publish them"
+            )
+        );
+        assert_eq!(
+            count_init_sql("`o`"),
+            "SELECT COUNT(*) FROM `o` WHERE status = 'INIT'"
+        );
+    }
+}
