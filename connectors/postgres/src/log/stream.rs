@@ -1,11 +1,13 @@
 //! The PostgreSQL [`ChangeStream`]: logical replication from the pipeline's slot, decoded
 //! with [`crate::pgoutput`], filtered to committed inserts into the outbox table.
 //!
-//! [`PgChangeStream::open`] checks the slot over SQL, starts replication and spawns a task
-//! that owns the socket. The task assembles transactions (Begin..Commit), turns outbox
-//! inserts into [`OutboxEvent`]s and sends [`ChangeItem`]s through a bounded channel: when
-//! the core falls behind, the task stops reading the socket (backpressure) but keeps
-//! sending standby status updates so the server does not time the session out.
+//! `PgChangeStream::open` checks the slot over SQL, starts replication and spawns a task
+//! that owns the socket. The task hands the messages to `log::decode` (transactions
+//! assembled Begin..Commit, outbox inserts turned into
+//! [`OutboxEvent`](outboxd_connector::OutboxEvent)s) and sends [`ChangeItem`]s through the
+//! kit's bounded channel ([`outboxd_connector_kit::tail`]): when the core falls behind, the
+//! task stops reading the socket (backpressure) but keeps sending standby status updates
+//! so the server does not time the session out.
 //!
 //! Positions: a transaction's position is the end LSN of its commit; progress is a
 //! keepalive's WAL end (only between transactions) or the end LSN of a transaction without
