@@ -6,6 +6,10 @@
 //! `COMMIT`. Every value is a number or a hex literal, so no `sql_mode` or character set can
 //! change what a statement means. When any statement fails the connection is dropped, so
 //! the server rolls the transaction back.
+//!
+//! `claims.rs` holds the claims, the claimed write-back, the reaper, the retry schedule
+//! and the blocked keys; `operator.rs` the operator's actions. Rows become events through
+//! the connector kit's row conversion, as on the log path.
 
 mod claims;
 mod operator;

@@ -12,6 +12,9 @@
 //! retry schedule, the reaper, strict ordering and `blocked_keys`, however many SUCCESS
 //! rows the table holds. (A MANUAL_REQUIRED row keeps the `next_retry_time` of its last
 //! failure; it is never claimed, its status says so.)
+//!
+//! The operator's actions live in [`operator`]. Claimed rows become events through the
+//! connector kit's row conversion, as on the log path.
 
 pub mod operator;
 
