@@ -128,3 +128,19 @@ impl StdError for ConnectorError {
             .map(|s| s as &(dyn StdError + 'static))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_travel_with_the_error() {
+        let plain = ConnectorError::transient("x");
+        assert_eq!(plain.reason(), ErrorReason::Unspecified);
+        let lost = ConnectorError::definite("slot gone").with_reason(ErrorReason::PositionLost);
+        let fixed = lost.with_message("slot gone: run `outboxd recover`");
+        assert_eq!(fixed.reason(), ErrorReason::PositionLost);
+        assert_eq!(fixed.kind(), ErrorKind::Definite);
+        assert_eq!(fixed.message(), "slot gone: run `outboxd recover`");
+    }
+}

@@ -190,8 +190,9 @@ fn with_fix(e: ConnectorError, slot: &str) -> ConnectorError {
         _ => return e,
     };
     tracing::debug!(%slot, error = %e, "replication error needs the operator");
+    // Both reasons come from definite SQLSTATEs (42704, 55000): only the fix is added.
     let message = format!("{}: {fix}", e.message());
-    ConnectorError::definite(message).with_reason(e.reason())
+    e.with_message(message)
 }
 
 /// Standby status updates: what the core confirmed, when it is due.
