@@ -10,12 +10,9 @@
 //! [`PipelineStats`]: crate::relay::PipelineStats
 
 mod health;
-pub(crate) mod metrics;
+mod metrics;
 mod process;
 mod server;
-
-#[cfg(test)]
-mod legacy;
 
 pub(crate) use health::Health;
 pub use metrics::{position_number, PipelineMetrics};
