@@ -127,7 +127,7 @@ async fn check<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i
     Ok(0)
 }
 
-/// `sink` is shared with the endpoint, whose routes own what they use.
+/// `shared_sink` is the endpoint's too: its routes own (a share of) what they use.
 async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
     config: &Config,
     connector: &C,
