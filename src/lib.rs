@@ -7,14 +7,13 @@
 //! - [`claims`]: the claim worker — retries, reaper, poll mode, backoff;
 //! - [`sink`]: the sink boundary and its Kafka implementation;
 //! - [`cli`]: the commands `main.rs` runs;
-//! - [`metrics`], [`http`]: observability;
+//! - [`observability`]: the `/metrics`, `/healthz`, `/readyz` endpoint and its series;
 //! - `reconnect.rs`: the one reconnect loop the long-running paths share.
 
 pub mod claims;
 pub mod cli;
 pub mod config;
-pub mod http;
-pub mod metrics;
+pub mod observability;
 mod reconnect;
 pub mod relay;
 pub mod sink;

@@ -10,29 +10,131 @@ use common::{
     consume_all, free_port, http_get, metric_value, metrics_section, wait_for, TestPipeline,
 };
 
-/// Every series `/metrics` must show once events have flowed and the status was queried.
-const EXPECTED_SERIES: &[&str] = &[
-    "outboxd_events_published_total",
-    "outboxd_events_failed_total",
-    "outboxd_publish_latency_seconds_bucket",
-    "outboxd_publish_latency_seconds_count",
-    "outboxd_lag_seconds",
-    "outboxd_events_in_flight",
-    "outboxd_transactions_total",
-    "outboxd_events_parked_total",
-    "outboxd_retries_total",
-    "outboxd_producer_queue_depth",
-    "outboxd_source_streaming",
-    "outboxd_kafka_reachable",
-    "outboxd_checkpoint_position",
-    "outboxd_checkpoint_age_seconds",
-    "outboxd_status_query_up",
-    "outboxd_outbox_rows",
-    "outboxd_outbox_oldest_unsent_age_seconds",
-    "outboxd_source_lag_bytes",
-    "process_resident_memory_bytes",
-    "process_cpu_seconds_total",
+/// The kind of a series as the Prometheus text format declares it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// Every series the README's metrics table lists, with its type and label names: what
+/// `/metrics` must show once events have flowed and the status was queried.
+const README_SERIES: &[(&str, Kind, &[&str])] = &[
+    ("outboxd_events_published_total", Kind::Counter, &["topic"]),
+    ("outboxd_events_failed_total", Kind::Counter, &["topic"]),
+    ("outboxd_publish_latency_seconds", Kind::Histogram, &[]),
+    ("outboxd_lag_seconds", Kind::Gauge, &[]),
+    ("outboxd_events_in_flight", Kind::Gauge, &[]),
+    ("outboxd_transactions_total", Kind::Counter, &[]),
+    ("outboxd_events_parked_total", Kind::Counter, &[]),
+    ("outboxd_retries_total", Kind::Counter, &["outcome"]),
+    ("outboxd_rows_reaped_total", Kind::Counter, &[]),
+    ("outboxd_producer_queue_depth", Kind::Gauge, &[]),
+    ("outboxd_source_streaming", Kind::Gauge, &[]),
+    ("outboxd_kafka_reachable", Kind::Gauge, &[]),
+    ("outboxd_checkpoint_position", Kind::Gauge, &[]),
+    ("outboxd_checkpoint_age_seconds", Kind::Gauge, &[]),
+    ("outboxd_status_query_up", Kind::Gauge, &[]),
+    ("outboxd_outbox_rows", Kind::Gauge, &["status"]),
+    ("outboxd_outbox_oldest_unsent_age_seconds", Kind::Gauge, &[]),
+    ("outboxd_source_lag_bytes", Kind::Gauge, &[]),
+    ("process_resident_memory_bytes", Kind::Gauge, &[]),
+    ("process_cpu_seconds_total", Kind::Counter, &[]),
 ];
+
+/// Upper bounds of the publish latency histogram's buckets, as dashboards query them.
+const LATENCY_BUCKETS: [f64; 16] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
+/// Parses a `/metrics` body with a Prometheus text-format parser and checks it against
+/// the README: every series present with its type, its labels and a HELP text, no line
+/// the parser could not read.
+fn assert_readme_series(body: &str) {
+    let scrape = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_owned())))
+        .expect("a Prometheus text exposition");
+    // The parser skips what it cannot read: every sample line must have become a sample
+    // (a histogram's buckets fold into one, its _sum and _count stay apart).
+    let sample_lines = body
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .count();
+    let parsed_lines: usize = scrape
+        .samples
+        .iter()
+        .map(|s| match &s.value {
+            prometheus_parse::Value::Histogram(buckets) => buckets.len(),
+            _ => 1,
+        })
+        .sum();
+    assert_eq!(sample_lines, parsed_lines, "unparsed lines in\n{body}");
+
+    for (name, kind, labels) in README_SERIES {
+        let samples: Vec<_> = scrape
+            .samples
+            .iter()
+            .filter(|s| s.metric == *name)
+            .collect();
+        assert!(!samples.is_empty(), "{name} missing from /metrics:\n{body}");
+        for sample in &samples {
+            let parsed_kind = match &sample.value {
+                prometheus_parse::Value::Counter(_) => Some(Kind::Counter),
+                prometheus_parse::Value::Gauge(_) => Some(Kind::Gauge),
+                prometheus_parse::Value::Histogram(_) => Some(Kind::Histogram),
+                _ => None,
+            };
+            assert_eq!(parsed_kind, Some(*kind), "type of {name}:\n{body}");
+            let mut names: Vec<&str> = sample.labels.keys().map(String::as_str).collect();
+            names.sort_unstable();
+            assert_eq!(names, *labels, "labels of {name}:\n{body}");
+        }
+        assert!(
+            scrape.docs.get(*name).is_some_and(|help| !help.is_empty()),
+            "no HELP for {name}"
+        );
+        if *kind == Kind::Histogram {
+            let prometheus_parse::Value::Histogram(buckets) = &samples[0].value else {
+                unreachable!("checked above");
+            };
+            let bounds: Vec<f64> = buckets.iter().map(|b| b.less_than).collect();
+            let mut expected = LATENCY_BUCKETS.to_vec();
+            expected.push(f64::INFINITY);
+            assert_eq!(bounds, expected, "buckets of {name}");
+            for part in ["_sum", "_count"] {
+                let series = format!("{name}{part}");
+                assert!(
+                    scrape.samples.iter().any(|s| s.metric == series),
+                    "{series} missing:\n{body}"
+                );
+            }
+        }
+    }
+    let statuses: Vec<&str> = scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == "outboxd_outbox_rows")
+        .filter_map(|s| s.labels.get("status"))
+        .collect();
+    for status in ["INIT", "PROCESSING", "FAILED", "MANUAL_REQUIRED"] {
+        assert!(
+            statuses.contains(&status),
+            "outboxd_outbox_rows{{status=\"{status}\"}}"
+        );
+    }
+}
+
+/// One raw request on 127.0.0.1:`port`; the whole reply (the server closes the connection).
+async fn exchange(port: u16, request: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("endpoint");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).await.expect("reply");
+    reply
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn graceful_restart_under_load_sends_every_event_exactly_once() {
@@ -123,12 +225,18 @@ async fn graceful_restart_under_load_sends_every_event_exactly_once() {
     assert!(ready.1.contains("ready"), "{ready:?}");
     let (status, metrics) = http_get(port, "/metrics").await.expect("/metrics answers");
     assert_eq!(status, 200);
-    for name in EXPECTED_SERIES {
-        assert!(
-            metrics.lines().any(|l| l.starts_with(name)),
-            "{name} missing from /metrics:\n{metrics}"
-        );
-    }
+    assert_readme_series(&metrics);
+    // The head as before: the text format's content type; HEAD has it without the body.
+    let reply = exchange(port, "HEAD /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n").await;
+    let head = reply.to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 200 "), "{reply}");
+    assert!(
+        head.contains("\r\ncontent-type: text/plain; version=0.0.4; charset=utf-8\r\n"),
+        "{reply}"
+    );
+    assert!(reply.ends_with("\r\n\r\n"), "HEAD has no body: {reply}");
+    let reply = exchange(port, "POST /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n").await;
+    assert!(reply.starts_with("HTTP/1.1 405 "), "{reply}");
     let topic_label = format!("{{topic=\"{}\"}}", p.topic);
     let published = metric_value(&metrics, "outboxd_events_published_total", &topic_label)
         .expect("published counter of the topic");

@@ -17,6 +17,7 @@ use crate::claims::{run_worker, watch_retries, WorkerSettings};
 use crate::config::{
     Config, Ordering as KeyOrdering, SourceConfig, SourceMode, DEFAULT_IDLE_CHECK,
 };
+use crate::observability;
 use crate::relay::{self, PipelineError, PipelineSettings, PipelineStats, RetryLink};
 use crate::sink::kafka::KafkaSink;
 use crate::sink::Sink;
@@ -62,7 +63,7 @@ pub async fn execute(command: Command, config: &Config, config_path: &Path) -> a
     })
 }
 
-async fn execute_with<C: Connector>(
+async fn execute_with<C: Connector + Clone + 'static>(
     command: Command,
     config: &Config,
     connector: &C,
@@ -75,7 +76,7 @@ async fn execute_with<C: Connector>(
             Ok(0)
         }
         Command::Check => check(config, connector).await,
-        Command::Run => run(config, connector, &open_sink(config)?).await,
+        Command::Run => run(config, connector, Arc::new(open_sink(config)?)).await,
         Command::Recover => recover(config, connector, &open_sink(config)?).await,
         Command::Admin(admin, format) => {
             let store = connector.open_store().await?;
@@ -126,11 +127,13 @@ async fn check<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i
     Ok(0)
 }
 
-async fn run<C: Connector, S: Sink>(
+/// `shared_sink` is the endpoint's too: its routes own (a share of) what they use.
+async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
     config: &Config,
     connector: &C,
-    sink: &S,
+    shared_sink: Arc<S>,
 ) -> anyhow::Result<i32> {
+    let sink: &S = &shared_sink;
     let stats = Arc::new(PipelineStats::default());
     let (stop, shutdown) = watch::channel(false);
     let stop = Arc::new(stop);
@@ -148,7 +151,7 @@ async fn run<C: Connector, S: Sink>(
     let wake = Arc::new(Notify::new());
     let listener = match &config.metrics {
         Some(metrics) => {
-            let listener = crate::http::bind(metrics.listen)
+            let listener = observability::bind(metrics.listen)
                 .await
                 .map_err(anyhow::Error::msg)?;
             tracing::info!(listen = %metrics.listen, "serving /metrics, /healthz and /readyz");
@@ -156,7 +159,11 @@ async fn run<C: Connector, S: Sink>(
         }
         None => None,
     };
-    let exporter = crate::metrics::Exporter::new(&stats, sink, connector);
+    let health = observability::Health::new(
+        Arc::clone(&stats),
+        Arc::clone(&shared_sink),
+        connector.clone(),
+    );
     let work = async {
         match config.source.mode {
             SourceMode::Log => {
@@ -230,7 +237,7 @@ async fn run<C: Connector, S: Sink>(
         }
     };
     // The endpoint answers while the pipeline runs, drain included.
-    let result = crate::http::serve_while(listener, &exporter, work).await;
+    let result = observability::serve_while(listener, observability::router(health), work).await;
     sink.flush(Duration::from_secs(5)).await;
     result?;
     tracing::info!(

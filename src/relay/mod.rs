@@ -54,7 +54,7 @@ pub struct PipelineStats {
     /// True while a log session is open (`/readyz`).
     pub streaming: AtomicBool,
     /// Outcomes by topic, publish latency, lag and checkpoint age (`/metrics`).
-    pub metrics: crate::metrics::PipelineMetrics,
+    pub metrics: crate::observability::PipelineMetrics,
 }
 
 /// What a pipeline needs besides its connector and sink.

@@ -1,0 +1,191 @@
+//! What `/readyz` and `/metrics` ask beyond the pipeline's own counters, and the caches
+//! that keep those questions cheap:
+//! - Kafka's reachability: a metadata request, at most every [`KAFKA_CHECK`];
+//! - the database's status summary (rows by status, oldest unsent row, slot lag): one
+//!   query **on scrape**, at most every [`STATUS_CACHE`], on a connection opened at the
+//!   first scrape. An outboxd that nobody scrapes sends no query to an idle outbox table,
+//!   and a busy scraper costs at most one query per 15 s.
+
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use outboxd_connector::{CheckStatus, Connector, OutboxAdmin, StatusSummary};
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+use super::metrics::{self, ScrapeInputs};
+use crate::relay::PipelineStats;
+use crate::sink::Sink;
+
+/// The database's status summary is queried at most this often.
+pub(crate) const STATUS_CACHE: Duration = Duration::from_secs(15);
+/// Kafka's reachability is checked at most this often.
+pub(crate) const KAFKA_CHECK: Duration = Duration::from_secs(10);
+/// How long one reachability check may take.
+const KAFKA_CHECK_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The last status query's result, shared by the scrapes it serves.
+type StatusResult = Arc<Result<StatusSummary, String>>;
+
+/// The health of one running pipeline, as the endpoint reports it.
+pub(crate) struct Health<C: Connector, S: Sink> {
+    stats: Arc<PipelineStats>,
+    sink: Arc<S>,
+    connector: C,
+    /// The SQL connection for status queries, opened on the first scrape, dropped after
+    /// an error.
+    store: Mutex<Option<C::Store>>,
+    status: TtlCache<StatusResult>,
+    kafka: TtlCache<Result<(), String>>,
+}
+
+impl<C: Connector, S: Sink> Health<C, S> {
+    /// Health over the pipeline's counters, its sink and (a copy of) its connector.
+    pub(crate) fn new(stats: Arc<PipelineStats>, sink: Arc<S>, connector: C) -> Self {
+        Self {
+            stats,
+            sink,
+            connector,
+            store: Mutex::new(None),
+            status: TtlCache::new(STATUS_CACHE),
+            kafka: TtlCache::new(KAFKA_CHECK),
+        }
+    }
+
+    /// `/readyz`: the reason text, `Ok` when the source streams and Kafka is reachable.
+    pub(crate) async fn readiness(&self) -> Result<String, String> {
+        let streaming = self.stats.streaming.load(Ordering::Relaxed);
+        readiness(streaming, self.kafka_reachable().await)
+    }
+
+    /// `/metrics`: every series, in the Prometheus text format.
+    pub(crate) async fn metrics(&self) -> String {
+        let kafka = self.kafka_reachable().await;
+        let status = self.status.get(self.query_status()).await;
+        let inputs = ScrapeInputs {
+            producer_queue: self.sink.queue_depth(),
+            status: status.as_ref().as_ref().ok(),
+            status_ok: Some(status.is_ok()),
+            kafka_reachable: Some(kafka.is_ok()),
+        };
+        metrics::render(&self.stats, &inputs)
+    }
+
+    /// Kafka's reachability, checked at most every [`KAFKA_CHECK`].
+    async fn kafka_reachable(&self) -> Result<(), String> {
+        self.kafka
+            .get(async {
+                let line = self.sink.check(KAFKA_CHECK_TIMEOUT).await;
+                match line.status {
+                    CheckStatus::Fail => Err(line.to_string()),
+                    _ => Ok(()),
+                }
+            })
+            .await
+    }
+
+    async fn query_status(&self) -> StatusResult {
+        let mut store = self.store.lock().await;
+        if store.is_none() {
+            match self.connector.open_store().await {
+                Ok(opened) => *store = Some(opened),
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics: cannot open the status connection");
+                    return Arc::new(Err(e.to_string()));
+                }
+            }
+        }
+        let Some(open) = store.as_ref() else {
+            return Arc::new(Err("no status connection".into()));
+        };
+        match open.status_summary().await {
+            Ok(summary) => Arc::new(Ok(summary)),
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics: status query failed");
+                *store = None;
+                Arc::new(Err(e.to_string()))
+            }
+        }
+    }
+}
+
+/// Ready when the source streams (log mode: the replication session is open; poll mode:
+/// the claim worker runs) and Kafka answered; otherwise the reasons.
+fn readiness(streaming: bool, kafka: Result<(), String>) -> Result<String, String> {
+    match (streaming, kafka) {
+        (true, Ok(())) => Ok("ready: source streaming, Kafka reachable\n".into()),
+        (false, kafka) => Err(format!(
+            "not ready: the source is not streaming{}\n",
+            kafka.err().map_or(String::new(), |e| format!("; {e}"))
+        )),
+        (true, Err(e)) => Err(format!("not ready: {e}\n")),
+    }
+}
+
+/// A value computed again at most once per `ttl`. Callers in between get the cached
+/// value; callers during a refresh wait for it, so concurrent scrapes cost one query.
+struct TtlCache<T> {
+    ttl: Duration,
+    slot: Mutex<Option<(Instant, T)>>,
+}
+
+impl<T: Clone> TtlCache<T> {
+    fn new(ttl: Duration) -> Self {
+        Self {
+            ttl,
+            slot: Mutex::new(None),
+        }
+    }
+
+    /// The cached value, or `refresh`'s when the cache is empty or older than `ttl`.
+    async fn get(&self, refresh: impl Future<Output = T>) -> T {
+        let mut slot = self.slot.lock().await;
+        if let Some((at, value)) = slot.as_ref() {
+            if at.elapsed() < self.ttl {
+                return value.clone();
+            }
+        }
+        let value = refresh.await;
+        *slot = Some((Instant::now(), value.clone()));
+        value
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+
+    #[tokio::test]
+    async fn cache_refreshes_only_when_stale() {
+        let calls = AtomicU32::new(0);
+        let refresh = || async { calls.fetch_add(1, Ordering::Relaxed) };
+        let cached = TtlCache::new(Duration::from_secs(3600));
+        assert_eq!(cached.get(refresh()).await, 0);
+        assert_eq!(cached.get(refresh()).await, 0);
+        assert_eq!(calls.load(Ordering::Relaxed), 1);
+
+        let stale = TtlCache::new(Duration::ZERO);
+        assert_eq!(stale.get(refresh()).await, 1);
+        assert_eq!(stale.get(refresh()).await, 2);
+    }
+
+    #[test]
+    fn readiness_names_what_is_missing() {
+        assert!(readiness(true, Ok(())).is_ok());
+        assert_eq!(
+            readiness(false, Ok(())),
+            Err("not ready: the source is not streaming\n".into())
+        );
+        assert_eq!(
+            readiness(false, Err("kafka: timed out".into())),
+            Err("not ready: the source is not streaming; kafka: timed out\n".into())
+        );
+        assert_eq!(
+            readiness(true, Err("kafka: timed out".into())),
+            Err("not ready: kafka: timed out\n".into())
+        );
+    }
+}

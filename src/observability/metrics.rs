@@ -1,0 +1,551 @@
+//! The `/metrics` exposition: every series outboxd publishes, through `prometheus-client`
+//! in the Prometheus text format 0.0.4.
+//!
+//! Two kinds of values:
+//! - what the pipeline counts as it runs: the plain counters of [`PipelineStats`] and, in
+//!   [`PipelineMetrics`], the outcomes by topic and the publish latency histogram, which
+//!   are `prometheus-client` metrics updated in place;
+//! - what a scrape asks for ([`ScrapeInputs`]): the database's status summary and Kafka's
+//!   reachability (both cached by [`super::health`]), the producer's queue depth.
+//!
+//! [`render`] registers both in a registry made for that scrape and encodes it. The
+//! atomics of [`PipelineStats`] are read once there, so the relay's hot path never touches
+//! a metrics type. Names, types, labels and help texts are the ones the README lists; a
+//! counter is registered without its `_total`, which the encoder appends.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use outboxd_connector::{Position, StatusSummary};
+use prometheus_client::encoding::{prometheus_text, EncodeLabelSet};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use super::process::ProcessCollector;
+use crate::relay::PipelineStats;
+
+/// `Content-Type` of [`render`]'s output.
+pub(crate) const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+
+/// Upper bounds, in seconds, of the publish latency histogram's buckets.
+const LATENCY_BUCKETS: [f64; 16] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
+/// The statuses reported by `outboxd_outbox_rows`, always all of them (0 when absent), so
+/// an alert on one of them has a series to look at.
+const REPORTED_STATUSES: [&str; 4] = ["INIT", "PROCESSING", "FAILED", "MANUAL_REQUIRED"];
+
+/// The label of the per-topic counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TopicLabel {
+    topic: String,
+}
+
+/// A label set of one fixed label, for series whose label values are known in advance.
+type FixedLabel = [(&'static str, &'static str); 1];
+
+/// What the pipeline records for metrics beyond its plain counters: outcomes by topic,
+/// the commit → acknowledgement latency, the lag, and when the position was last confirmed.
+#[derive(Debug)]
+pub struct PipelineMetrics {
+    published: Family<TopicLabel, Counter>,
+    failed: Family<TopicLabel, Counter>,
+    /// Both counters of each topic seen so far: a topic shows both series (`failed` at 0
+    /// until its first failure), and an event of a known topic costs one lookup by `&str`.
+    topics: RwLock<HashMap<String, TopicCounters>>,
+    latency: Histogram,
+    /// Commit time (µs since the Unix epoch) the end-to-end lag is measured from.
+    lag_base_micros: AtomicU64,
+    confirmed_at: Mutex<Option<Instant>>,
+}
+
+impl Default for PipelineMetrics {
+    fn default() -> Self {
+        Self {
+            published: Family::default(),
+            failed: Family::default(),
+            topics: RwLock::default(),
+            latency: Histogram::new(LATENCY_BUCKETS),
+            lag_base_micros: AtomicU64::new(0),
+            confirmed_at: Mutex::new(None),
+        }
+    }
+}
+
+impl PipelineMetrics {
+    /// Kafka acknowledged a record of `topic` whose transaction committed at `commit_time`.
+    pub fn acked(&self, topic: &str, commit_time: Option<SystemTime>) {
+        self.count(topic, |c| &c.published);
+        if let Some(commit) = commit_time {
+            // A commit clock ahead of ours counts as zero latency.
+            let latency = SystemTime::now().duration_since(commit).unwrap_or_default();
+            self.latency.observe(latency.as_secs_f64());
+            self.lag_base_micros
+                .store(unix_micros(commit), Ordering::Relaxed);
+        }
+    }
+
+    /// A record of `topic` was not delivered (its row becomes FAILED).
+    pub fn failed(&self, topic: &str) {
+        self.count(topic, |c| &c.failed);
+    }
+
+    /// A transaction was read from the log while nothing was in flight: the lag is
+    /// measured from its commit until the next acknowledgement.
+    pub fn read_while_idle(&self, commit_time: Option<SystemTime>) {
+        if let Some(commit) = commit_time {
+            self.lag_base_micros
+                .store(unix_micros(commit), Ordering::Relaxed);
+        }
+    }
+
+    /// The log position was confirmed to the source just now.
+    pub fn confirmed(&self) {
+        if let Ok(mut at) = self.confirmed_at.lock() {
+            *at = Some(Instant::now());
+        }
+    }
+
+    fn count(&self, topic: &str, counter: impl Fn(&TopicCounters) -> &Counter) {
+        if let Ok(topics) = self.topics.read() {
+            if let Some(counters) = topics.get(topic) {
+                counter(counters).inc();
+                return;
+            }
+        }
+        let Ok(mut topics) = self.topics.write() else {
+            return;
+        };
+        let counters = topics.entry(topic.to_owned()).or_insert_with(|| {
+            let label = TopicLabel {
+                topic: topic.to_owned(),
+            };
+            TopicCounters {
+                published: self.published.get_or_create_owned(&label),
+                failed: self.failed.get_or_create_owned(&label),
+            }
+        });
+        counter(counters).inc();
+    }
+
+    /// Now minus the commit time of the last acknowledged event while events are in
+    /// flight; zero when none is.
+    fn lag(&self, in_flight: u64, now: SystemTime) -> Duration {
+        match self.lag_base_micros.load(Ordering::Relaxed) {
+            base if in_flight > 0 && base > 0 => {
+                Duration::from_micros(unix_micros(now).saturating_sub(base))
+            }
+            _ => Duration::ZERO,
+        }
+    }
+}
+
+/// The two series of one topic (handles into the families).
+#[derive(Debug)]
+struct TopicCounters {
+    published: Counter,
+    failed: Counter,
+}
+
+fn unix_micros(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// The log position as one number: the LSN on PostgreSQL; on MySQL/MariaDB the binlog
+/// file's sequence number in the high 32 bits and the offset in the low 32 bits, so the
+/// number grows as the position does.
+pub fn position_number(position: &Position) -> u64 {
+    match position {
+        Position::Lsn(lsn) => lsn.0,
+        Position::Binlog(b) => {
+            let file: u64 = b
+                .file
+                .rsplit('.')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            (file << 32) | (b.offset & 0xFFFF_FFFF)
+        }
+    }
+}
+
+/// Values of one scrape that come from outside the pipeline's counters.
+#[derive(Debug, Default)]
+pub(crate) struct ScrapeInputs<'a> {
+    /// Records in librdkafka's queue or in flight to the broker.
+    pub(crate) producer_queue: i64,
+    /// The database's summary, when the last query succeeded.
+    pub(crate) status: Option<&'a StatusSummary>,
+    /// Whether the last status query succeeded (`None`: not asked yet).
+    pub(crate) status_ok: Option<bool>,
+    /// Result of the last Kafka reachability check (`None`: not checked yet).
+    pub(crate) kafka_reachable: Option<bool>,
+}
+
+/// Renders every metric in the Prometheus text format ([`CONTENT_TYPE`]).
+pub(crate) fn render(stats: &PipelineStats, inputs: &ScrapeInputs<'_>) -> String {
+    let registry = registry(stats, inputs);
+    let mut out = String::with_capacity(4096);
+    // Writing into a String fails only if an encoder returns an error, which ours never do.
+    if let Err(e) = prometheus_text::encode(&mut out, &registry) {
+        tracing::warn!(error = %e, "metrics: encoding failed");
+    }
+    out
+}
+
+/// One scrape's registry: the pipeline's live metrics and a snapshot of everything else.
+/// Series that have no value yet (no position confirmed, status never queried) are left
+/// out rather than shown as 0.
+fn registry(stats: &PipelineStats, inputs: &ScrapeInputs<'_>) -> Registry {
+    let m = &stats.metrics;
+    let now = SystemTime::now();
+    let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+    let in_flight = load(&stats.in_flight);
+    let mut r = Registry::default();
+
+    r.register(
+        "outboxd_events_published",
+        "Records acknowledged by Kafka, by topic",
+        m.published.clone(),
+    );
+    r.register(
+        "outboxd_events_failed",
+        "Records Kafka did not take (their rows became FAILED), by topic",
+        m.failed.clone(),
+    );
+    r.register(
+        "outboxd_publish_latency_seconds",
+        "From the source transaction's commit to Kafka's acknowledgement of the record",
+        m.latency.clone(),
+    );
+    r.register(
+        "outboxd_lag_seconds",
+        "Now minus the commit time of the last event Kafka acknowledged, while events are \
+         in flight; 0 when none is",
+        ConstGauge::new(m.lag(in_flight, now).as_secs_f64()),
+    );
+    r.register(
+        "outboxd_events_in_flight",
+        "Events read from the log and not yet written back",
+        ConstGauge::new(in_flight),
+    );
+    r.register(
+        "outboxd_transactions",
+        "Committed transactions with outbox rows read from the log",
+        ConstCounter::new(load(&stats.transactions)),
+    );
+    r.register(
+        "outboxd_events_parked",
+        "Events held back behind an earlier failed event of the same key (strict ordering)",
+        ConstCounter::new(load(&stats.parked)),
+    );
+    let retries = Family::<FixedLabel, Counter>::default();
+    for (outcome, value) in [
+        ("published", load(&stats.retried)),
+        ("failed", load(&stats.retry_failed)),
+    ] {
+        retries.get_or_create(&[("outcome", outcome)]).inc_by(value);
+    }
+    r.register(
+        "outboxd_retries",
+        "Publish attempts of rows that had failed before (retry worker or poll mode), by outcome",
+        retries,
+    );
+    r.register(
+        "outboxd_rows_reaped",
+        "Rows returned from an abandoned PROCESSING claim by the reaper",
+        ConstCounter::new(load(&stats.reaped)),
+    );
+    r.register(
+        "outboxd_producer_queue_depth",
+        "Records in the Kafka producer's queue or in flight to the broker",
+        ConstGauge::new(inputs.producer_queue),
+    );
+    r.register(
+        "outboxd_source_streaming",
+        "1 while the log stream is open",
+        flag(stats.streaming.load(Ordering::Relaxed)),
+    );
+    if let Some(reachable) = inputs.kafka_reachable {
+        r.register(
+            "outboxd_kafka_reachable",
+            "1 if the last cluster metadata request (at most every 10 s) succeeded",
+            flag(reachable),
+        );
+    }
+
+    let confirmed = stats.confirmed.lock().ok().and_then(|c| c.clone());
+    if let Some(position) = confirmed {
+        // An integer gauge: an LSN above 2^53 would lose digits as a float.
+        r.register(
+            "outboxd_checkpoint_position",
+            "The last log position confirmed to the source, as a number (PostgreSQL: the LSN)",
+            ConstGauge::new(position_number(&position)),
+        );
+    }
+    if let Some(at) = m.confirmed_at.lock().ok().and_then(|at| *at) {
+        r.register(
+            "outboxd_checkpoint_age_seconds",
+            "Seconds since the log position was last confirmed",
+            ConstGauge::new(at.elapsed().as_secs_f64()),
+        );
+    }
+
+    if let Some(ok) = inputs.status_ok {
+        r.register(
+            "outboxd_status_query_up",
+            "1 if the last status query on the outbox table succeeded (asked on scrape, \
+             at most every 15 s)",
+            flag(ok),
+        );
+    }
+    if let Some(status) = inputs.status {
+        register_status(&mut r, status, now);
+    }
+
+    r.register_collector(Box::new(ProcessCollector));
+    r
+}
+
+/// The series that come from the database's status summary.
+fn register_status(r: &mut Registry, status: &StatusSummary, now: SystemTime) {
+    let rows = Family::<FixedLabel, Gauge>::default();
+    for wanted in REPORTED_STATUSES {
+        let count: i64 = status
+            .counts
+            .iter()
+            .filter(|c| c.status == wanted)
+            .map(|c| c.rows)
+            .sum();
+        rows.get_or_create(&[("status", wanted)]).set(count);
+    }
+    r.register(
+        "outboxd_outbox_rows",
+        "Outbox rows by status (SUCCESS rows are not counted)",
+        rows,
+    );
+    let oldest = status.oldest_unsent.map_or(0.0, |t| {
+        now.duration_since(t).unwrap_or_default().as_secs_f64()
+    });
+    r.register(
+        "outboxd_outbox_oldest_unsent_age_seconds",
+        "Age of the oldest INIT or FAILED row; 0 when there is none",
+        ConstGauge::new(oldest),
+    );
+    if let Some(lag) = status.source_lag_bytes {
+        r.register(
+            "outboxd_source_lag_bytes",
+            "How far the source's log is ahead of the confirmed position (PostgreSQL: \
+             the slot's WAL held back)",
+            ConstGauge::new(lag),
+        );
+    }
+}
+
+fn flag(on: bool) -> ConstGauge {
+    ConstGauge::new(i64::from(on))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use outboxd_connector::{BinlogPosition, Lsn, StatusCount};
+
+    #[test]
+    fn histogram_keeps_its_buckets() {
+        let stats = PipelineStats::default();
+        for latency in [
+            Duration::from_micros(500),
+            Duration::from_millis(3),
+            Duration::from_secs(1000),
+        ] {
+            stats.metrics.latency.observe(latency.as_secs_f64());
+        }
+        let out = render(&stats, &ScrapeInputs::default());
+        let name = "outboxd_publish_latency_seconds";
+        for line in [
+            "# TYPE outboxd_publish_latency_seconds histogram",
+            "_bucket{le=\"0.001\"} 1",
+            "_bucket{le=\"0.0025\"} 1",
+            "_bucket{le=\"0.005\"} 2",
+            "_bucket{le=\"1\"} 2",
+            "_bucket{le=\"300\"} 2",
+            "_bucket{le=\"+Inf\"} 3",
+            "_count 3",
+        ] {
+            let line = match line.strip_prefix('_') {
+                Some(suffix) => format!("{name}_{suffix}"),
+                None => line.to_owned(),
+            };
+            assert!(out.lines().any(|l| l == line), "no `{line}` in\n{out}");
+        }
+        let buckets = out
+            .lines()
+            .filter(|l| l.starts_with("outboxd_publish_latency_seconds_bucket"))
+            .count();
+        assert_eq!(buckets, LATENCY_BUCKETS.len() + 1, "{out}");
+        let sum: f64 = out
+            .lines()
+            .find_map(|l| l.strip_prefix("outboxd_publish_latency_seconds_sum "))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_default();
+        assert!((sum - 1000.0035).abs() < 1e-6, "{sum}");
+    }
+
+    #[test]
+    fn rendering_names_every_series() {
+        let stats = PipelineStats::default();
+        stats.metrics.acked(
+            "t.\"a\"",
+            Some(SystemTime::now() - Duration::from_millis(20)),
+        );
+        stats.metrics.acked("t.b", None);
+        stats.metrics.failed("t.b");
+        stats.metrics.confirmed();
+        stats.retried.store(4, Ordering::Relaxed);
+        if let Ok(mut c) = stats.confirmed.lock() {
+            *c = Some(Position::Lsn(Lsn(0x16_0000_0010)));
+        }
+        let summary = StatusSummary {
+            counts: vec![
+                StatusCount {
+                    status: "MANUAL_REQUIRED".into(),
+                    message_type: "a".into(),
+                    rows: 2,
+                },
+                StatusCount {
+                    status: "MANUAL_REQUIRED".into(),
+                    message_type: "b".into(),
+                    rows: 3,
+                },
+            ],
+            oldest_unsent: Some(SystemTime::now() - Duration::from_secs(60)),
+            checkpoint: None,
+            source_lag_bytes: Some(4096),
+        };
+        let text = render(
+            &stats,
+            &ScrapeInputs {
+                producer_queue: 7,
+                status: Some(&summary),
+                status_ok: Some(true),
+                kafka_reachable: Some(true),
+            },
+        );
+        for line in [
+            "# HELP outboxd_events_published_total Records acknowledged by Kafka, by topic.",
+            "# TYPE outboxd_events_published_total counter",
+            "outboxd_events_published_total{topic=\"t.\\\"a\\\"\"} 1",
+            "outboxd_events_published_total{topic=\"t.b\"} 1",
+            "outboxd_events_failed_total{topic=\"t.b\"} 1",
+            "outboxd_events_failed_total{topic=\"t.\\\"a\\\"\"} 0",
+            "outboxd_publish_latency_seconds_count 1",
+            "# TYPE outboxd_retries_total counter",
+            "outboxd_retries_total{outcome=\"published\"} 4",
+            "outboxd_retries_total{outcome=\"failed\"} 0",
+            "# TYPE outboxd_outbox_rows gauge",
+            "outboxd_outbox_rows{status=\"MANUAL_REQUIRED\"} 5",
+            "outboxd_outbox_rows{status=\"INIT\"} 0",
+            "outboxd_source_lag_bytes 4096",
+            "outboxd_producer_queue_depth 7",
+            "outboxd_checkpoint_position 94489280528",
+            "outboxd_kafka_reachable 1",
+            "outboxd_status_query_up 1",
+            "outboxd_lag_seconds 0.0",
+            "# TYPE process_cpu_seconds_total counter",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing `{line}` in\n{text}"
+            );
+        }
+        assert!(text.contains("\noutboxd_checkpoint_age_seconds "));
+        assert!(text.contains("\noutboxd_outbox_oldest_unsent_age_seconds 6"));
+        assert!(text.contains("\nprocess_resident_memory_bytes "));
+        // Every sample belongs to a family with HELP and TYPE.
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap_or_default();
+            let base = name
+                .trim_end_matches("_bucket")
+                .trim_end_matches("_sum")
+                .trim_end_matches("_count");
+            assert!(
+                text.contains(&format!("# TYPE {base} "))
+                    || text.contains(&format!("# TYPE {name} ")),
+                "no TYPE for {name}"
+            );
+            assert!(
+                text.contains(&format!("# HELP {base} "))
+                    || text.contains(&format!("# HELP {name} ")),
+                "no HELP for {name}"
+            );
+        }
+    }
+
+    #[test]
+    fn series_without_a_value_are_left_out() {
+        let text = render(&PipelineStats::default(), &ScrapeInputs::default());
+        for absent in [
+            "outboxd_kafka_reachable",
+            "outboxd_checkpoint_position",
+            "outboxd_checkpoint_age_seconds",
+            "outboxd_status_query_up",
+            "outboxd_outbox_rows",
+            "outboxd_source_lag_bytes",
+        ] {
+            assert!(!text.contains(absent), "{absent} in\n{text}");
+        }
+        // A failed status query shows as down, without stale row counts.
+        let text = render(
+            &PipelineStats::default(),
+            &ScrapeInputs {
+                status_ok: Some(false),
+                ..ScrapeInputs::default()
+            },
+        );
+        assert!(
+            text.lines().any(|l| l == "outboxd_status_query_up 0"),
+            "{text}"
+        );
+        assert!(!text.contains("outboxd_outbox_rows"), "{text}");
+    }
+
+    #[test]
+    fn lag_counts_only_while_events_are_in_flight() {
+        let stats = PipelineStats::default();
+        stats
+            .metrics
+            .read_while_idle(Some(SystemTime::now() - Duration::from_secs(5)));
+        let lag = |stats: &PipelineStats| -> f64 {
+            render(stats, &ScrapeInputs::default())
+                .lines()
+                .find_map(|l| l.strip_prefix("outboxd_lag_seconds ")?.parse().ok())
+                .unwrap_or(-1.0)
+        };
+        assert_eq!(lag(&stats), 0.0);
+        stats.in_flight.store(3, Ordering::Relaxed);
+        let lag = lag(&stats);
+        assert!((5.0..6.0).contains(&lag), "{lag}");
+    }
+
+    #[test]
+    fn positions_become_growing_numbers() {
+        assert_eq!(position_number(&Position::Lsn(Lsn(42))), 42);
+        let binlog = |file: &str, offset| {
+            position_number(&Position::Binlog(BinlogPosition {
+                file: file.into(),
+                offset,
+                gtid_set: None,
+            }))
+        };
+        assert!(binlog("mysql-bin.000002", 4) > binlog("mysql-bin.000001", 9_000_000));
+        assert_eq!(binlog("mysql-bin.000001", 4), (1 << 32) | 4);
+    }
+}

@@ -1,0 +1,19 @@
+//! Observability: what an operator's scraper and probes see of a running pipeline.
+//!
+//! The dataflow: the relay and the claim worker count into [`PipelineStats`] (plain
+//! atomics) and [`PipelineMetrics`] (`prometheus-client` metrics) as they run. The HTTP
+//! endpoint ([`server`]) answers `/metrics`, `/healthz` and `/readyz`; on each request
+//! [`health`] adds what only the outside knows (Kafka's reachability, the database's
+//! status summary, each behind its cache) and [`metrics`] renders every series, with the
+//! process's own figures from [`process`].
+//!
+//! [`PipelineStats`]: crate::relay::PipelineStats
+
+mod health;
+mod metrics;
+mod process;
+mod server;
+
+pub(crate) use health::Health;
+pub use metrics::{position_number, PipelineMetrics};
+pub(crate) use server::{bind, router, serve_while};

@@ -1,0 +1,276 @@
+//! The HTTP endpoint: `/metrics`, `/healthz`, `/readyz` as an axum [`Router`], served
+//! with hyper's HTTP/1.1 server on the `metrics.listen` address.
+//!
+//! [`router`] returns the routes so that other HTTP surfaces (the inbox's ingress) can be
+//! merged into the same router and served on the same address; [`serve_until`] and
+//! [`serve_while`] serve a router.
+//!
+//! Connections are driven here rather than by `axum::serve`, for the limits a probe
+//! endpoint needs and `axum::serve` does not set: request heads of at most
+//! [`MAX_HEAD`] read within [`IO_TIMEOUT`], at most [`MAX_CONNECTIONS`] at once, one
+//! request per connection (`Connection: close`, which simple probes rely on to read to
+//! the end), and every connection dropped with the server instead of left in spawned
+//! tasks after the pipeline has stopped.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use outboxd_connector::Connector;
+use tokio::net::{TcpListener, TcpStream};
+
+use super::health::Health;
+use super::metrics;
+use crate::sink::Sink;
+
+/// Longest request head accepted (hyper's smallest read buffer).
+const MAX_HEAD: usize = 8 * 1024;
+/// Time allowed to receive the request head.
+const IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections served at once; more wait in the listen backlog.
+const MAX_CONNECTIONS: usize = 16;
+
+/// Binds `addr` for [`serve_until`], with an error that names the config key.
+pub(crate) async fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
+    TcpListener::bind(addr).await.map_err(|e| {
+        format!(
+            "cannot listen on metrics.listen = \"{addr}\": {e}; choose a free address or remove \
+             the [metrics] section"
+        )
+    })
+}
+
+/// `/metrics`, `/healthz` and `/readyz` over one pipeline's [`Health`]; GET and HEAD.
+/// Other paths answer 404: merge further routes before serving.
+pub(crate) fn router<C, S>(health: Health<C, S>) -> Router
+where
+    C: Connector + 'static,
+    S: Sink + 'static,
+{
+    Router::new()
+        .route("/metrics", get(scrape::<C, S>).fallback(method_not_allowed))
+        .route("/healthz", get(alive).fallback(method_not_allowed))
+        .route("/readyz", get(ready::<C, S>).fallback(method_not_allowed))
+        .fallback(not_found)
+        .with_state(Arc::new(health))
+}
+
+async fn scrape<C: Connector, S: Sink>(
+    State(health): State<Arc<Health<C, S>>>,
+) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
+        health.metrics().await,
+    )
+}
+
+/// Liveness: the process runs and answers.
+async fn alive() -> &'static str {
+    "ok\n"
+}
+
+async fn ready<C: Connector, S: Sink>(
+    State(health): State<Arc<Health<C, S>>>,
+) -> impl IntoResponse {
+    match health.readiness().await {
+        Ok(text) => (StatusCode::OK, text),
+        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, reason),
+    }
+}
+
+async fn not_found() -> impl IntoResponse {
+    (
+        StatusCode::NOT_FOUND,
+        "not found; try /metrics, /healthz or /readyz\n",
+    )
+}
+
+async fn method_not_allowed() -> impl IntoResponse {
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        [(header::ALLOW, "GET, HEAD")],
+        "only GET and HEAD\n",
+    )
+}
+
+/// Runs `work` to completion with `router` answering on `listener` beside it, in the same
+/// task; the server stops when `work` is done. Without a listener, just `work`.
+pub(crate) async fn serve_while<T>(
+    listener: Option<TcpListener>,
+    router: Router,
+    work: impl Future<Output = T>,
+) -> T {
+    let Some(listener) = listener else {
+        return work.await;
+    };
+    let (done, stopped) = tokio::sync::oneshot::channel::<()>();
+    let work = async {
+        let result = work.await;
+        drop(done);
+        result
+    };
+    let server = serve_until(listener, router, async {
+        let _ = stopped.await;
+    });
+    let (result, ()) = tokio::join!(work, server);
+    result
+}
+
+/// Accepts connections on `listener` and answers them with `router` until `shutdown`
+/// completes; connections still open then are closed.
+pub(crate) async fn serve_until(
+    listener: TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()>,
+) {
+    let mut shutdown = pin!(shutdown);
+    let mut connections = FuturesUnordered::new();
+    loop {
+        tokio::select! {
+            () = &mut shutdown => return,
+            accepted = listener.accept(), if connections.len() < MAX_CONNECTIONS => match accepted {
+                Ok((stream, _peer)) => connections.push(serve_connection(stream, router.clone())),
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "metrics listener: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            Some(()) = connections.next(), if !connections.is_empty() => {}
+        }
+    }
+}
+
+/// One request on one connection, then close.
+async fn serve_connection(stream: TcpStream, router: Router) {
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(IO_TIMEOUT)
+        .max_buf_size(MAX_HEAD)
+        .keep_alive(false);
+    let connection = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(router));
+    if let Err(e) = connection.await {
+        tracing::debug!(error = %e, "metrics listener: connection ended with an error");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Sends `request` raw and reads the whole reply (the server closes the connection).
+    async fn exchange(addr: SocketAddr, request: &[u8]) -> String {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(request).await.unwrap();
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).await.unwrap();
+        reply
+    }
+
+    fn routes() -> Router {
+        Router::new()
+            .route("/healthz", get(alive).fallback(method_not_allowed))
+            .route(
+                "/echo",
+                get(|| async { "you asked for /echo" }).fallback(method_not_allowed),
+            )
+            .fallback(not_found)
+    }
+
+    #[tokio::test]
+    async fn serves_get_and_head_and_survives_garbage() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = async {
+            // Garbage and an early close do not stop the server.
+            let reply = exchange(addr, b"\x00\x01\x02 nonsense\r\n\r\n").await;
+            assert!(reply.starts_with("HTTP/1.1 400 "), "{reply}");
+            drop(TcpStream::connect(addr).await.unwrap());
+
+            let reply = exchange(addr, b"GET /healthz?x=1 HTTP/1.1\r\nHost: x\r\n\r\n").await;
+            assert!(reply.starts_with("HTTP/1.1 200 OK\r\n"), "{reply}");
+            let lower = reply.to_ascii_lowercase();
+            assert!(lower.contains("\r\nconnection: close\r\n"), "{reply}");
+            assert!(
+                lower.contains("\r\ncontent-type: text/plain; charset=utf-8\r\n"),
+                "{reply}"
+            );
+            assert!(reply.ends_with("\r\n\r\nok\n"), "{reply}");
+
+            // HEAD: the same head, no body.
+            let reply = exchange(addr, b"HEAD /echo HTTP/1.1\r\nHost: x\r\n\r\n").await;
+            assert!(reply.starts_with("HTTP/1.1 200 OK\r\n"), "{reply}");
+            assert!(
+                reply
+                    .to_ascii_lowercase()
+                    .contains("\r\ncontent-length: 19\r\n"),
+                "{reply}"
+            );
+            assert!(reply.ends_with("\r\n\r\n"), "{reply}");
+
+            // HTTP/1.0 clients are answered too.
+            let reply = exchange(addr, b"GET /echo HTTP/1.0\r\n\r\n").await;
+            assert!(reply.ends_with("\r\n\r\nyou asked for /echo"), "{reply}");
+
+            let reply = exchange(addr, b"POST /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await;
+            assert!(reply.starts_with("HTTP/1.1 405 "), "{reply}");
+            assert!(reply.ends_with("only GET and HEAD\n"), "{reply}");
+
+            let reply = exchange(addr, b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n").await;
+            assert!(reply.starts_with("HTTP/1.1 404 "), "{reply}");
+
+            // A head larger than the limit is refused, not buffered.
+            let mut big = b"GET /healthz HTTP/1.1\r\nX-Big: ".to_vec();
+            big.extend(std::iter::repeat_n(b'a', 2 * MAX_HEAD));
+            big.extend_from_slice(b"\r\n\r\n");
+            let mut stream = TcpStream::connect(addr).await.unwrap();
+            let _ = stream.write_all(&big).await;
+            let mut reply = Vec::new();
+            let _ = stream.read_to_end(&mut reply).await;
+            let reply = String::from_utf8_lossy(&reply);
+            assert!(
+                reply.is_empty() || reply.starts_with("HTTP/1.1 431 "),
+                "{reply}"
+            );
+        };
+        serve_while(Some(listener), routes(), client).await;
+    }
+
+    #[tokio::test]
+    async fn a_silent_client_does_not_block_others() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = async {
+            // More silent connections than the limit: the head timeout closes them.
+            let mut silent = Vec::new();
+            for _ in 0..MAX_CONNECTIONS + 2 {
+                silent.push(TcpStream::connect(addr).await.unwrap());
+            }
+            let reply = tokio::time::timeout(
+                IO_TIMEOUT * 3,
+                exchange(addr, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"),
+            )
+            .await
+            .expect("answered once the silent connections timed out");
+            assert!(reply.ends_with("\r\n\r\nok\n"), "{reply}");
+        };
+        serve_while(Some(listener), routes(), client).await;
+    }
+
+    #[tokio::test]
+    async fn without_a_listener_only_the_work_runs() {
+        assert_eq!(serve_while(None, routes(), async { 7 }).await, 7);
+    }
+}
