@@ -6,12 +6,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use outboxd_connector::OutboxLayout;
-use outboxd_mysql::MysqlConfig;
-use outboxd_postgres::PostgresConfig;
 use serde::Deserialize;
 
+pub use crate::engines::SourceConfig;
 /// Environment variable that overrides `source.password`.
-pub const ENV_SOURCE_PASSWORD: &str = "OUTBOXD_SOURCE_PASSWORD";
+pub use outboxd_connector::ENV_SOURCE_PASSWORD;
 /// Environment variable that sets the librdkafka option `sasl.password`.
 pub const ENV_KAFKA_SASL_PASSWORD: &str = "OUTBOXD_KAFKA_SASL_PASSWORD";
 /// Environment variable that overrides `kafka.bootstrap_servers`.
@@ -117,16 +116,6 @@ pub enum SourceMode {
     Log,
     /// The claim query every `poll.interval`.
     Poll,
-}
-
-/// `[source]`, selected by `kind`.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(tag = "kind", rename_all = "lowercase")]
-pub enum SourceConfig {
-    /// PostgreSQL logical replication (pgoutput).
-    Postgres(PostgresConfig),
-    /// MySQL 8 or MariaDB binlog (ROW events), read as a replica.
-    Mysql(MysqlConfig),
 }
 
 /// `[outbox]`
@@ -336,12 +325,7 @@ impl Config {
 
     /// Applies the environment overrides for secrets and endpoints.
     pub fn apply_env(&mut self, var: impl Fn(&str) -> Option<String>) {
-        if let Some(password) = var(ENV_SOURCE_PASSWORD) {
-            match &mut self.source.engine {
-                SourceConfig::Postgres(pg) => pg.password = Some(password),
-                SourceConfig::Mysql(my) => my.password = Some(password),
-            }
-        }
+        self.source.engine.apply_env(&var);
         if let Some(password) = var(ENV_KAFKA_SASL_PASSWORD) {
             self.kafka.options.insert("sasl.password".into(), password);
         }

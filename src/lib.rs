@@ -8,11 +8,13 @@
 //! - [`sink`]: the sink boundary and its Kafka implementation;
 //! - [`cli`]: the commands `main.rs` runs;
 //! - [`observability`]: the `/metrics`, `/healthz`, `/readyz` endpoint and its series;
-//! - `reconnect.rs`: the one reconnect loop the long-running paths share.
+//! - `reconnect.rs`: the one reconnect loop the long-running paths share;
+//! - `engines.rs`: the engine registry, the one file that names database engines.
 
 pub mod claims;
 pub mod cli;
 pub mod config;
+mod engines;
 pub mod observability;
 mod reconnect;
 pub mod relay;

@@ -10,7 +10,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use outboxd_connector::{
     ChangeItem, ChangeStream, ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack,
-    CommittedTransaction, ConnectorError, Lsn, OutboxEvent, OutboxStore, Position, ReapPolicy,
+    CommittedTransaction, ConnectorError, OutboxEvent, OutboxStore, Position, ReapPolicy,
     ReapReport, RetrySchedule, WriteBack,
 };
 use tokio::sync::mpsc;
@@ -19,8 +19,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// A position of the in-memory stream: `n` in the log.
 pub(crate) fn lsn(n: u64) -> Position {
-    Position::Lsn(Lsn(n))
+    Position::new(u128::from(n), format!("lsn:0/{n:X}"))
 }
 
 /// An outbox event of row `id` and business key `key`.

@@ -513,7 +513,7 @@ mod tests {
     #[test]
     fn status_table_pivots_types_against_statuses() {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
-        let position: Position = "lsn:0/16B3748".parse().unwrap();
+        let position = Position::new(0x16B_3748, "lsn:0/16B3748");
         let summary = StatusSummary {
             counts: vec![
                 count("FAILED", "order.created", 2),

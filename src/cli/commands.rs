@@ -6,17 +6,14 @@ use std::time::Duration;
 
 use std::path::Path;
 
-use outboxd_connector::{CheckLine, CheckStatus, ClaimScope, Connector, ReadMode};
-use outboxd_mysql::MysqlConnector;
-use outboxd_postgres::PostgresConnector;
+use outboxd_connector::{CheckLine, CheckStatus, ClaimScope, Connector, Engine, ReadMode};
 use tokio::sync::{mpsc, watch, Notify};
 
 use super::admin::{self, AdminCommand, AdminContext, OutputFormat};
 use super::recover::recover;
 use crate::claims::{run_worker, watch_retries, WorkerSettings};
-use crate::config::{
-    Config, Ordering as KeyOrdering, SourceConfig, SourceMode, DEFAULT_IDLE_CHECK,
-};
+use crate::config::{Config, Ordering as KeyOrdering, SourceMode, DEFAULT_IDLE_CHECK};
+use crate::engines::WithEngine;
 use crate::observability;
 use crate::relay::{self, PipelineError, PipelineSettings, PipelineStats, RetryLink};
 use crate::sink::kafka::KafkaSink;
@@ -44,23 +41,33 @@ pub enum Command {
 /// `config_path` is only used in messages: errors that name a command to run (for
 /// example `outboxd recover --config <file>`) get the real path.
 pub async fn execute(command: Command, config: &Config, config_path: &Path) -> anyhow::Result<i32> {
-    let result = match &config.source.engine {
-        SourceConfig::Postgres(pg) => {
-            let connector =
-                PostgresConnector::new(pg.clone(), &config.pipeline.name, config.outbox.layout())?;
-            execute_with(command, config, &connector).await
-        }
-        SourceConfig::Mysql(my) => {
-            let connector =
-                MysqlConnector::new(my.clone(), &config.pipeline.name, config.outbox.layout())?;
-            execute_with(command, config, &connector).await
-        }
-    };
+    let work = Execute { command, config };
+    let result = config
+        .source
+        .engine
+        .with_connector(&config.pipeline.name, config.outbox.layout(), work)
+        .await
+        .map_err(anyhow::Error::from)
+        .and_then(|result| result);
     result.map_err(|e| {
         anyhow::anyhow!(e
             .to_string()
             .replace("<file>", &config_path.display().to_string()))
     })
+}
+
+/// A command, handed to the engine registry to run with the configured connector.
+struct Execute<'a> {
+    command: Command,
+    config: &'a Config,
+}
+
+impl WithEngine for Execute<'_> {
+    type Output = anyhow::Result<i32>;
+
+    async fn run<E: Engine>(self, connector: E) -> anyhow::Result<i32> {
+        execute_with(self.command, self.config, &connector).await
+    }
 }
 
 async fn execute_with<C: Connector + Clone + 'static>(

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use outboxd_connector::{Position, StatusSummary};
+use outboxd_connector::StatusSummary;
 use prometheus_client::encoding::{prometheus_text, EncodeLabelSet};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
@@ -158,24 +158,6 @@ fn unix_micros(t: SystemTime) -> u64 {
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
-/// The log position as one number: the LSN on PostgreSQL; on MySQL/MariaDB the binlog
-/// file's sequence number in the high 32 bits and the offset in the low 32 bits, so the
-/// number grows as the position does.
-pub fn position_number(position: &Position) -> u64 {
-    match position {
-        Position::Lsn(lsn) => lsn.0,
-        Position::Binlog(b) => {
-            let file: u64 = b
-                .file
-                .rsplit('.')
-                .next()
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(0);
-            (file << 32) | (b.offset & 0xFFFF_FFFF)
-        }
-    }
-}
-
 /// Values of one scrape that come from outside the pipeline's counters.
 #[derive(Debug, Default)]
 pub(crate) struct ScrapeInputs<'a> {
@@ -287,7 +269,7 @@ fn registry(stats: &PipelineStats, inputs: &ScrapeInputs<'_>) -> Registry {
         r.register(
             "outboxd_checkpoint_position",
             "The last log position confirmed to the source, as a number (PostgreSQL: the LSN)",
-            ConstGauge::new(position_number(&position)),
+            ConstGauge::new(position.gauge()),
         );
     }
     if let Some(at) = m.confirmed_at.lock().ok().and_then(|at| *at) {
@@ -356,7 +338,7 @@ fn flag(on: bool) -> ConstGauge {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use outboxd_connector::{BinlogPosition, Lsn, StatusCount};
+    use outboxd_connector::{Position, StatusCount};
 
     #[test]
     fn histogram_keeps_its_buckets() {
@@ -411,7 +393,7 @@ mod tests {
         stats.metrics.confirmed();
         stats.retried.store(4, Ordering::Relaxed);
         if let Ok(mut c) = stats.confirmed.lock() {
-            *c = Some(Position::Lsn(Lsn(0x16_0000_0010)));
+            *c = Some(Position::new(0x16_0000_0010, "lsn:16/10"));
         }
         let summary = StatusSummary {
             counts: vec![
@@ -533,19 +515,5 @@ mod tests {
         stats.in_flight.store(3, Ordering::Relaxed);
         let lag = lag(&stats);
         assert!((5.0..6.0).contains(&lag), "{lag}");
-    }
-
-    #[test]
-    fn positions_become_growing_numbers() {
-        assert_eq!(position_number(&Position::Lsn(Lsn(42))), 42);
-        let binlog = |file: &str, offset| {
-            position_number(&Position::Binlog(BinlogPosition {
-                file: file.into(),
-                offset,
-                gtid_set: None,
-            }))
-        };
-        assert!(binlog("mysql-bin.000002", 4) > binlog("mysql-bin.000001", 9_000_000));
-        assert_eq!(binlog("mysql-bin.000001", 4), (1 << 32) | 4);
     }
 }

@@ -15,5 +15,5 @@ mod process;
 mod server;
 
 pub(crate) use health::Health;
-pub use metrics::{position_number, PipelineMetrics};
+pub use metrics::PipelineMetrics;
 pub(crate) use server::{bind, router, serve_while};

@@ -78,7 +78,6 @@ impl AckFrontier {
 
 #[cfg(test)]
 mod tests {
-    use outboxd_connector::Lsn;
     use rand::rngs::StdRng;
     use rand::seq::SliceRandom;
     use rand::{Rng, SeedableRng};
@@ -86,7 +85,7 @@ mod tests {
     use super::*;
 
     fn lsn(n: u64) -> Position {
-        Position::Lsn(Lsn(n))
+        Position::new(u128::from(n), format!("test:{n}"))
     }
 
     #[test]
@@ -140,7 +139,7 @@ mod tests {
             let mut confirmed: Option<u64> = None;
             let mut check =
                 |f: &mut AckFrontier, unwritten: &std::collections::BTreeMap<u64, usize>| {
-                    if let Some(Position::Lsn(Lsn(p))) = f.advance() {
+                    if let Some(p) = f.advance().map(|p| p.gauge()) {
                         assert!(
                             confirmed < Some(p),
                             "seed {seed}: moved from {confirmed:?} to {p}"

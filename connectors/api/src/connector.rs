@@ -1,6 +1,10 @@
+use std::fmt;
 use std::future::Future;
 
-use crate::{ChangeStream, CheckReport, ConnectorError, OutboxAdmin, OutboxStore};
+use crate::{ChangeStream, CheckReport, ConnectorError, OutboxAdmin, OutboxLayout, OutboxStore};
+
+/// Environment variable that overrides the source's password, whatever the engine.
+pub const ENV_SOURCE_PASSWORD: &str = "OUTBOXD_SOURCE_PASSWORD";
 
 /// How a pipeline finds new outbox rows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -69,4 +73,26 @@ pub trait Connector: Send + Sync {
 
     /// A short description for logs, e.g. `postgres 127.0.0.1:5432/app slot outboxd_orders`.
     fn describe(&self) -> String;
+}
+
+/// An engine as the binary's registry sees it: the type of its `[source]` keys and how
+/// a connector is made from them. The registry (`src/engines.rs`) maps each
+/// `source.kind` to one `Engine`; nothing else in the core names an engine.
+pub trait Engine: Connector + Clone + 'static {
+    /// The engine's own `[source]` keys (all but `kind` and `mode`), deserialized by the
+    /// registry with `deny_unknown_fields`.
+    type Config: Clone + fmt::Debug + Send + Sync;
+
+    /// The connector of pipeline `pipeline` for the tables of `layout`. Rejects what the
+    /// keys cannot say on their own (a name too long for a slot, a zero server id), with
+    /// the key to fix.
+    fn from_config(
+        config: Self::Config,
+        pipeline: &str,
+        layout: OutboxLayout,
+    ) -> Result<Self, ConnectorError>;
+
+    /// Applies the environment's overrides of the engine's secrets, e.g.
+    /// [`ENV_SOURCE_PASSWORD`]. `var` reads one variable.
+    fn apply_env(config: &mut Self::Config, var: &dyn Fn(&str) -> Option<String>);
 }

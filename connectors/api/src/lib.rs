@@ -30,13 +30,13 @@ pub use claim::{
     ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack, ParkedEvent, ReapPolicy,
     ReapReport, RetrySchedule,
 };
-pub use connector::{Connector, ReadMode};
+pub use connector::{Connector, Engine, ReadMode, ENV_SOURCE_PASSWORD};
 pub use error::{ConnectorError, ErrorKind, ErrorReason};
 pub use event::{OutboxEvent, OutboxLayout};
 pub use headers::headers_from_json;
 pub use last_error::{
     last_error_text, parked_by_operator, resolved_by_operator, short_duration, LAST_ERROR_MAX_CHARS,
 };
-pub use position::{BinlogPosition, Lsn, ParsePositionError, Position};
+pub use position::{ParsePositionError, Position};
 pub use store::{Delivered, DeliveryFailure, OutboxStore, WriteBack};
 pub use stream::{ChangeItem, ChangeStream, CommittedTransaction};

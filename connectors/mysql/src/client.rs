@@ -1,7 +1,8 @@
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder, Row, SslOpts, Value};
 use outboxd_connector::{
-    CheckReport, Connector, ConnectorError, ErrorReason, OutboxLayout, ReadMode,
+    CheckReport, Connector, ConnectorError, Engine, ErrorReason, OutboxLayout, ReadMode,
+    ENV_SOURCE_PASSWORD,
 };
 
 use crate::log::stream::MysqlChangeStream;
@@ -153,6 +154,24 @@ impl MysqlConnector {
             "{}:{}/{}",
             self.config.host, self.config.port, self.config.database
         )
+    }
+}
+
+impl Engine for MysqlConnector {
+    type Config = MysqlConfig;
+
+    fn from_config(
+        config: MysqlConfig,
+        pipeline: &str,
+        layout: OutboxLayout,
+    ) -> Result<Self, ConnectorError> {
+        Self::new(config, pipeline, layout)
+    }
+
+    fn apply_env(config: &mut MysqlConfig, var: &dyn Fn(&str) -> Option<String>) {
+        if let Some(password) = var(ENV_SOURCE_PASSWORD) {
+            config.password = Some(password);
+        }
     }
 }
 

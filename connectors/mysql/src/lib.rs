@@ -35,4 +35,5 @@ mod time;
 
 pub use client::MysqlConnector;
 pub use config::{MysqlConfig, SslMode};
+pub use log::position::BinlogPosition;
 pub use log::stream;

@@ -8,6 +8,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 use outboxd_conformance::{Harness, NewRow, RowState, Setup, Table};
 use outboxd_connector::{OutboxLayout, Position};
+use outboxd_mysql::BinlogPosition;
 use outboxd_mysql::MysqlConnector;
 use support::Fixture;
 
@@ -228,7 +229,7 @@ impl Harness for Maria {
             format!("binlog:{base}.999998:10000"),
             format!("binlog:{base}.999999:4"),
         ]
-        .map(|p| p.parse().expect("position"))
+        .map(|p| p.parse::<BinlogPosition>().expect("position").position())
     }
 
     async fn confirmed_position(&self) -> Option<Position> {
@@ -241,7 +242,7 @@ impl Harness for Maria {
             ))
             .await
             .expect("checkpoint row");
-        position.map(|p| p.parse().expect("position"))
+        position.map(|p| p.parse::<BinlogPosition>().expect("position").position())
     }
 
     async fn lose_log_position(&self) {

@@ -2,7 +2,8 @@ use std::sync::OnceLock;
 
 use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
 use outboxd_connector::{
-    CheckReport, Connector, ConnectorError, ErrorReason, OutboxLayout, ReadMode,
+    CheckReport, Connector, ConnectorError, Engine, ErrorReason, OutboxLayout, ReadMode,
+    ENV_SOURCE_PASSWORD,
 };
 use postgres_openssl::MakeTlsConnector;
 use tokio_postgres::config::SslMode as PgSslMode;
@@ -210,6 +211,24 @@ const LOG_ONLY_CHECKS: &[&str] = &[
     "slot lag",
     "slot reader",
 ];
+
+impl Engine for PostgresConnector {
+    type Config = PostgresConfig;
+
+    fn from_config(
+        config: PostgresConfig,
+        pipeline: &str,
+        layout: OutboxLayout,
+    ) -> Result<Self, ConnectorError> {
+        Self::new(config, pipeline, layout)
+    }
+
+    fn apply_env(config: &mut PostgresConfig, var: &dyn Fn(&str) -> Option<String>) {
+        if let Some(password) = var(ENV_SOURCE_PASSWORD) {
+            config.password = Some(password);
+        }
+    }
+}
 
 impl Connector for PostgresConnector {
     type Stream = PgChangeStream;

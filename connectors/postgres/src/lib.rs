@@ -32,6 +32,7 @@ pub mod store;
 
 pub use client::PostgresConnector;
 pub use config::{PostgresConfig, SslMode};
+pub use log::lsn::{self, Lsn};
 pub use log::{pgoutput, replication, stream};
 pub use store::operator;
 pub use store::operator::retry_channel;

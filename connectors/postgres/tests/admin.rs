@@ -508,7 +508,7 @@ async fn reset_log_position_recreates_the_slot_unless_it_is_in_use() {
         "{said}"
     );
     let after = restart_lsn(&fx.client, &slot).await.expect("slot again");
-    let lsn = |s: &str| s.parse::<outboxd_connector::Lsn>().expect("lsn");
+    let lsn = |s: &str| s.parse::<outboxd_postgres::Lsn>().expect("lsn");
     assert!(lsn(&after) > lsn(&before), "{before} -> {after}");
 
     // A missing slot (and publication) is simply created.

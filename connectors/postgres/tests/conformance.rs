@@ -5,7 +5,8 @@
 mod support_store;
 
 use outboxd_conformance::{Harness, NewRow, RowState, Setup, Table};
-use outboxd_connector::{Lsn, Position};
+use outboxd_connector::Position;
+use outboxd_postgres::lsn::{self, Lsn};
 use outboxd_postgres::PostgresConnector;
 use support_store::Fixture;
 
@@ -169,7 +170,7 @@ impl Harness for Pg {
             "lsn:9/FFFFFF00",
             "lsn:10/0",
         ]
-        .map(|p| p.parse().expect("position"))
+        .map(|p| lsn::parse_position(p).expect("position"))
     }
 
     async fn confirmed_position(&self) -> Option<Position> {
@@ -183,7 +184,7 @@ impl Harness for Pg {
             .await
             .expect("slot");
         let lsn: Option<String> = row.and_then(|r| r.get(0));
-        lsn.map(|l| Position::Lsn(l.parse::<Lsn>().expect("lsn")))
+        lsn.map(|l| l.parse::<Lsn>().expect("lsn").position())
     }
 
     async fn lose_log_position(&self) {

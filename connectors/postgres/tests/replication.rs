@@ -11,8 +11,9 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime};
 
-use outboxd_connector::{ChangeItem, ChangeStream, ErrorKind, Lsn, OutboxLayout, Position};
+use outboxd_connector::{ChangeItem, ChangeStream, ErrorKind, OutboxLayout};
 use outboxd_postgres::replication::{ReplicationConnection, ReplicationMessage};
+use outboxd_postgres::Lsn;
 use outboxd_postgres::{PostgresConfig, PostgresConnector, SslMode};
 use tokio::time::{timeout, Instant};
 
@@ -287,9 +288,7 @@ async fn committed_inserts_arrive_with_their_fields() {
         .unwrap_or_default();
     assert!(age < Duration::from_secs(60), "commit time {commit_time:?}");
     assert_eq!(a.commit_time, txn.commit_time);
-    let Position::Lsn(lsn) = txn.commit_position else {
-        panic!()
-    };
+    let lsn = Lsn::from_position(&txn.commit_position).expect("an LSN");
     assert!(lsn > Lsn(0));
     f.cleanup(Some(stream)).await;
 }
@@ -347,15 +346,19 @@ async fn idle_outbox_reports_progress_and_confirming_it_moves_the_slot() {
             .expect("no progress in time")
             .unwrap()
         {
-            ChangeItem::Progress(Position::Lsn(lsn)) if lsn >= after_write => break lsn,
-            ChangeItem::Progress(_) => {}
+            ChangeItem::Progress(p) => {
+                let lsn = Lsn::from_position(&p).expect("an LSN");
+                if lsn >= after_write {
+                    break lsn;
+                }
+            }
             ChangeItem::Transaction(t) => panic!("unexpected {t:?}"),
         }
     };
     assert!(progress > start);
     // Not confirmed yet: the slot must not have moved on its own.
     assert_eq!(f.confirmed_flush().await, start);
-    stream.confirm(&Position::Lsn(progress)).await.unwrap();
+    stream.confirm(&progress.position()).await.unwrap();
     f.wait_confirmed_at_least(progress).await;
     f.cleanup(Some(stream)).await;
 }
@@ -376,7 +379,7 @@ async fn a_backlog_larger_than_the_channel_arrives_in_commit_order() {
         .await
         .unwrap();
     let mut stream = f.connector.open_stream().await.unwrap();
-    let mut last = Position::Lsn(Lsn(0));
+    let mut last = Lsn(0).position();
     for i in 1..=n {
         let txn = next_transaction(&mut stream).await;
         assert_eq!(txn.events.len(), 1);
@@ -387,7 +390,7 @@ async fn a_backlog_larger_than_the_channel_arrives_in_commit_order() {
             stream.confirm(&last).await.unwrap();
         }
     }
-    let Position::Lsn(lsn) = last else { panic!() };
+    let lsn = Lsn::from_position(&last).expect("an LSN");
     f.wait_confirmed_at_least(lsn).await;
     f.cleanup(Some(stream)).await;
 }

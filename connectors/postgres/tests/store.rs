@@ -9,7 +9,8 @@ mod support_store;
 
 use std::time::{Duration, Instant};
 
-use outboxd_connector::{Delivered, OutboxStore, Position, WriteBack};
+use outboxd_connector::{Delivered, OutboxStore, WriteBack};
+use outboxd_postgres::Lsn;
 use support_store::Fixture;
 
 async fn initialised(prefix: &str) -> Fixture {
@@ -30,7 +31,7 @@ async fn success_write_back_is_a_hot_update() {
             partition: 0,
             offset,
         }];
-        let position: Position = format!("lsn:0/{:X}", 0x100_0000 + n).parse().expect("lsn");
+        let position = Lsn(0x100_0000 + u64::try_from(n).expect("small")).position();
         store
             .write_back(WriteBack {
                 delivered: &d,
@@ -165,7 +166,7 @@ async fn write_back_waits_for_rows_of_a_commit_not_visible_yet() {
         partition: 0,
         offset: 5,
     }];
-    let position: Position = "lsn:0/2000".parse().expect("lsn");
+    let position = Lsn(0x2000).position();
     let write_back = store.write_back(WriteBack {
         delivered: &delivered,
         checkpoint: Some(&position),

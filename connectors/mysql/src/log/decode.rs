@@ -28,13 +28,12 @@ use mysql_async::binlog::value::BinlogValue;
 use mysql_async::binlog::{BinlogChecksumAlg, EventType};
 use mysql_async::consts::ColumnType;
 use mysql_async::Value;
-use outboxd_connector::{
-    BinlogPosition, CommittedTransaction, ConnectorError, ErrorReason, OutboxEvent, Position,
-};
+use outboxd_connector::{CommittedTransaction, ConnectorError, ErrorReason, OutboxEvent};
 use outboxd_connector_kit::row::{self, RowSource, Value as Cell};
 use outboxd_connector_kit::{ColumnMap, Field};
 
 use crate::log::gtid::{uuid_text, Gtid, GtidState, MariaDbGtidPos};
+use crate::log::position::BinlogPosition;
 use crate::time::{fraction, iso8601_utc};
 
 /// MariaDB event types mysql_common does not know.
@@ -348,7 +347,7 @@ impl Decoder {
             event.commit_time = commit_time;
         }
         Decoded::Transaction(CommittedTransaction {
-            commit_position: Position::Binlog(self.position()),
+            commit_position: self.position().position(),
             commit_time,
             events,
         })
@@ -1071,9 +1070,7 @@ mod tests {
         assert!(e.commit_time.is_some() && e.commit_time == first.commit_time);
         assert_eq!(first.events[1].topic.as_deref(), Some("orders.special"));
         assert!(first.events[1].id > e.id);
-        let Position::Binlog(at) = &first.commit_position else {
-            panic!("{:?}", first.commit_position)
-        };
+        let at = BinlogPosition::from_position(&first.commit_position).expect("binlog");
         assert_eq!((at.file.as_str(), at.offset), ("mariadb-bin.000002", 33334));
         assert_eq!(
             at.gtid_set.as_deref(),

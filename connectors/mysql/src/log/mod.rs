@@ -3,5 +3,6 @@
 
 pub(crate) mod decode;
 pub(crate) mod gtid;
+pub(crate) mod position;
 pub(crate) mod server;
 pub mod stream;

@@ -2,10 +2,11 @@
 //! whether a checkpoint can still be resumed from.
 
 use mysql_async::Conn;
-use outboxd_connector::{BinlogPosition, ConnectorError, ErrorReason};
+use outboxd_connector::{ConnectorError, ErrorReason};
 
 use crate::client::{classify, int, query, query_first, text, text_or_empty};
 use crate::log::gtid::GtidState;
+use crate::log::position::BinlogPosition;
 use crate::schema::sql_string;
 
 /// The server's flavor and version.

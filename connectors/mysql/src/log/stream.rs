@@ -18,9 +18,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use mysql_async::{BinlogStream, BinlogStreamRequest, Conn};
-use outboxd_connector::{
-    BinlogPosition, ChangeItem, ChangeStream, ConnectorError, ErrorReason, Position,
-};
+use outboxd_connector::{ChangeItem, ChangeStream, ConnectorError, ErrorReason, Position};
 use outboxd_connector_kit::tail::{self, sleep_until_opt, Closed, Confirmations, Inlet, Outlet};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -28,6 +26,7 @@ use tokio::time::Instant;
 use crate::client::{classify, execute, int, query, query_first, text_or_empty};
 use crate::log::decode::{Decoded, Decoder};
 use crate::log::gtid::GtidState;
+use crate::log::position::BinlogPosition;
 use crate::log::server::{self, ServerInfo};
 use crate::schema::{qualified, sql_string, table_ident};
 use crate::store::{checkpoint_sql, load_checkpoint};
@@ -69,8 +68,8 @@ impl MysqlChangeStream {
         let server = server::info(&mut lock).await?;
         check_row_format(&mut lock, connector).await?;
         let start = match load_checkpoint(&mut lock, connector).await? {
-            Some(Position::Binlog(b)) => b,
-            _ => {
+            Some(b) => b,
+            None => {
                 return Err(ConnectorError::definite(format!(
                     "pipeline `{pipeline}` has no checkpoint in {}: run `outboxd init --config \
                      <file>` (it records the position to start from)",
@@ -92,11 +91,11 @@ impl MysqlChangeStream {
         tracing::info!(
             %pipeline,
             server = %server.version,
-            position = %Position::Binlog(start.clone()),
+            position = %start,
             "binlog stream open"
         );
 
-        let (outlet, mut inlet) = tail::channel(start.clone(), Position::Binlog);
+        let (outlet, mut inlet) = tail::channel(start.clone(), |b| b.position());
         let (confirmed, confirmed_rx) = watch::channel(None);
         let heartbeat = connector.config().heartbeat;
         let task = Task {
@@ -141,13 +140,11 @@ impl ChangeStream for MysqlChangeStream {
     }
 
     async fn confirm(&mut self, position: &Position) -> Result<(), ConnectorError> {
-        let Position::Binlog(position) = position else {
-            return Err(ConnectorError::definite(format!(
-                "position `{position}` is not a binlog position (pipeline `{}`)",
-                self.pipeline
-            )));
-        };
-        tail::advance(&self.confirmed, Some(position.clone()));
+        let position = BinlogPosition::from_position(position).map_err(|e| {
+            let message = format!("{} (pipeline `{}`)", e.message(), self.pipeline);
+            e.with_message(message)
+        })?;
+        tail::advance(&self.confirmed, Some(position));
         Ok(())
     }
 }
@@ -305,18 +302,14 @@ impl Checkpoint {
         if position <= self.persisted {
             return Ok(());
         }
-        let sql = checkpoint_sql(
-            &self.table,
-            &self.pipeline,
-            &Position::Binlog(position.clone()),
-        );
+        let sql = checkpoint_sql(&self.table, &self.pipeline, &position);
         execute(
             &mut self.lock,
             &sql,
             &format!("writing the checkpoint of pipeline `{}`", self.pipeline),
         )
         .await?;
-        tracing::debug!(pipeline = %self.pipeline, position = %Position::Binlog(position.clone()), "checkpoint persisted");
+        tracing::debug!(pipeline = %self.pipeline, %position, "checkpoint persisted");
         self.persisted = position;
         self.last_persist_at = Instant::now();
         self.last_ping = Instant::now();
@@ -452,10 +445,8 @@ impl Task {
                     });
                 }
                 Decoded::Transaction(txn) => {
-                    if let Position::Binlog(b) = &txn.commit_position {
-                        tracing::debug!(pipeline = %self.pipeline, position = %txn.commit_position, events = txn.events.len(), "outbox transaction");
-                        self.outlet.transaction(b);
-                    }
+                    tracing::debug!(pipeline = %self.pipeline, position = %txn.commit_position, events = txn.events.len(), "outbox transaction");
+                    self.outlet.transaction(&self.decoder.position());
                     let item = ChangeItem::Transaction(txn);
                     return Ok(self.outlet.emit(item, &mut self.checkpoint).await);
                 }

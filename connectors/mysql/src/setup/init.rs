@@ -103,7 +103,7 @@ pub(crate) async fn init(
             "checkpoint of pipeline {pipeline}: exists at {position}, nothing to do"
         )),
         None => {
-            let position = Position::Binlog(server::current_position(&mut conn, &server).await?);
+            let position = server::current_position(&mut conn, &server).await?;
             let sql = checkpoint_sql(&qualified(&layout.checkpoint_table), pipeline, &position);
             execute(&mut conn, &sql, "recording the starting checkpoint").await?;
             report.push(format!(

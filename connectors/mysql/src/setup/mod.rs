@@ -20,7 +20,7 @@ pub(crate) use recover::reset_log_position;
 
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
-use outboxd_connector::{CheckLine, CheckReport, ConnectorError, Position, ReadMode};
+use outboxd_connector::{CheckLine, CheckReport, ConnectorError, ReadMode};
 
 use outboxd_connector_kit::check::{failed_query, outbox_columns_line, payload_type_line, push};
 use outboxd_connector_kit::store::table_qualifiers;

@@ -16,7 +16,7 @@ pub(crate) async fn reset_log_position(c: &MysqlConnector) -> Result<String, Con
         )));
     }
     let server = server::info(&mut conn).await?;
-    let position = Position::Binlog(server::current_position(&mut conn, &server).await?);
+    let position = server::current_position(&mut conn, &server).await?;
     let table = qualified(&c.layout().checkpoint_table);
     let sql = format!(
         "INSERT INTO {table} (pipeline, position, updated_at) VALUES ({pipeline}, {value}, NOW(6)) \

@@ -28,6 +28,7 @@ use outboxd_connector_kit::store as kit_store;
 use tokio::sync::Mutex;
 
 use crate::client::{execute, query_first, text};
+use crate::log::position::BinlogPosition;
 use crate::schema::{hex_literal, qualified, sql_string};
 use crate::MysqlConnector;
 
@@ -110,10 +111,11 @@ impl OutboxStore for MysqlOutboxStore {
             parked_sql(&mut sql, &self.outbox, chunk);
         }
         if let Some(position) = batch.checkpoint {
+            let position = BinlogPosition::from_position(position)?;
             sql.push_str(&checkpoint_sql(
                 &self.checkpoint,
                 &self.connector.pipeline,
-                position,
+                &position,
             ));
             sql.push_str(";\n");
         }
@@ -162,7 +164,7 @@ impl OutboxStore for MysqlOutboxStore {
         if result.as_ref().is_err_and(ConnectorError::is_transient) {
             *slot = None;
         }
-        result
+        result.map(|b| b.as_ref().map(BinlogPosition::position))
     }
 }
 
@@ -170,7 +172,7 @@ impl OutboxStore for MysqlOutboxStore {
 pub(crate) async fn load_checkpoint(
     conn: &mut Conn,
     connector: &MysqlConnector,
-) -> Result<Option<Position>, ConnectorError> {
+) -> Result<Option<BinlogPosition>, ConnectorError> {
     let table = &connector.layout.checkpoint_table;
     let sql = format!(
         "SELECT position FROM {} WHERE pipeline = {}",
@@ -182,9 +184,9 @@ pub(crate) async fn load_checkpoint(
         return Ok(None);
     };
     let text = text(&row, 0)?.unwrap_or_default();
-    match text.parse::<Position>() {
-        Ok(position @ Position::Binlog(_)) => Ok(Some(position)),
-        _ => Err(ConnectorError::definite(format!(
+    match text.parse::<BinlogPosition>() {
+        Ok(position) => Ok(Some(position)),
+        Err(_) => Err(ConnectorError::definite(format!(
             "the checkpoint of pipeline `{}` in {table} is `{text}`, not a binlog position; \
              delete the row, run `outboxd init --config <file>` to record the current position \
              and `outboxd recover --config <file>` to rescan INIT rows",
@@ -303,12 +305,9 @@ fn parked_sql(sql: &mut String, outbox: &str, rows: &[ParkedEvent]) {
 
 /// The checkpoint upsert: inserts the row, or moves it forward — never backward — by
 /// (file, offset). `updated_at` is assigned first, while `position` is still the old one.
-pub(crate) fn checkpoint_sql(table: &str, pipeline: &str, position: &Position) -> String {
+pub(crate) fn checkpoint_sql(table: &str, pipeline: &str, position: &BinlogPosition) -> String {
     let text = position.to_string();
-    let (file, offset) = match position {
-        Position::Binlog(b) => (b.file.as_str(), b.offset),
-        Position::Lsn(_) => ("", 0),
-    };
+    let (file, offset) = (position.file.as_str(), position.offset);
     let newer = format!(
         "(position NOT LIKE 'binlog:%' OR ({file}, {offset}) >= \
          (SUBSTRING_INDEX(SUBSTRING_INDEX(position, ':', 2), ':', -1), \
@@ -367,7 +366,7 @@ mod tests {
 
     #[test]
     fn checkpoint_upsert_compares_file_and_offset() {
-        let position: Position = "binlog:mariadb-bin.000002:1234:0-1-9".parse().unwrap();
+        let position: BinlogPosition = "binlog:mariadb-bin.000002:1234:0-1-9".parse().unwrap();
         let sql = checkpoint_sql("`outboxd_checkpoint`", "orders", &position);
         assert!(sql.contains(&hex_literal(b"mariadb-bin.000002")), "{sql}");
         assert!(sql.contains(", 1234) >= ("), "{sql}");

@@ -7,12 +7,13 @@ use std::time::Duration;
 use mysql_async::prelude::Queryable;
 use outboxd_connector::{
     parked_by_operator, resolved_by_operator, ConnectorError, JanitorAction, OutboxAdmin,
-    OutboxEvent, Position, RetrySelector, StatusCount, StatusSummary,
+    OutboxEvent, RetrySelector, StatusCount, StatusSummary,
 };
 
 use outboxd_connector_kit::store::add_status_row;
 
 use crate::client::{int, text, text_or_empty};
+use crate::log::position::BinlogPosition;
 use crate::log::server;
 use crate::schema::{qualified, sql_string};
 use crate::store::claims::{event_columns, event_from_row, id_list};
@@ -48,11 +49,11 @@ impl OutboxAdmin for MysqlOutboxStore {
         if let Some(row) = self.rows(&sql, "reading the checkpoint").await?.first() {
             let text_position = text_or_empty(row, 0)?;
             if let (Ok(position), Some(at)) = (
-                text_position.parse::<Position>(),
+                text_position.parse::<BinlogPosition>(),
                 system_time(text(row, 1)?),
             ) {
                 summary.source_lag_bytes = self.binlog_lag(&position).await.ok().flatten();
-                summary.checkpoint = Some((position, at));
+                summary.checkpoint = Some((position.position(), at));
             }
         }
         Ok(summary)
@@ -191,10 +192,7 @@ impl OutboxAdmin for MysqlOutboxStore {
 
 impl MysqlOutboxStore {
     /// Binlog bytes written after `position`: the rest of its file and every later file.
-    async fn binlog_lag(&self, position: &Position) -> Result<Option<u64>, ConnectorError> {
-        let Position::Binlog(b) = position else {
-            return Ok(None);
-        };
+    async fn binlog_lag(&self, b: &BinlogPosition) -> Result<Option<u64>, ConnectorError> {
         let mut conn = self.connector.sql_conn().await?;
         let logs = server::binary_logs(&mut conn).await?;
         let Some(at) = logs.iter().position(|(name, _)| *name == b.file) else {

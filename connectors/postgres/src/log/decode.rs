@@ -7,7 +7,9 @@
 use std::collections::HashMap;
 
 use bytes::Bytes;
-use outboxd_connector::{CommittedTransaction, ConnectorError, Lsn, OutboxEvent, Position};
+use outboxd_connector::{CommittedTransaction, ConnectorError, OutboxEvent};
+
+use super::lsn::Lsn;
 use outboxd_connector_kit::{row, ColumnMap, Field, RowSource, Value};
 
 use crate::pgoutput::{self, ColumnValue, PgOutputMessage, Relation};
@@ -17,8 +19,8 @@ const BYTEA_OID: u32 = 17;
 /// The result of one pgoutput message, when there is something to say.
 #[derive(Debug)]
 pub(crate) enum Decoded {
-    /// A committed transaction with outbox rows.
-    Transaction(CommittedTransaction),
+    /// A committed transaction with outbox rows, ending at this LSN.
+    Transaction(Lsn, CommittedTransaction),
     /// A committed transaction without outbox rows, ending at this LSN.
     Empty(Lsn),
 }
@@ -156,11 +158,14 @@ impl Decoder {
                 for event in &mut events {
                     event.commit_time = commit_time;
                 }
-                return Ok(Some(Decoded::Transaction(CommittedTransaction {
-                    commit_position: Position::Lsn(commit.end_lsn),
-                    commit_time,
-                    events,
-                })));
+                return Ok(Some(Decoded::Transaction(
+                    commit.end_lsn,
+                    CommittedTransaction {
+                        commit_position: commit.end_lsn.position(),
+                        commit_time,
+                        events,
+                    },
+                )));
             }
             PgOutputMessage::Skipped(_) => {}
         }
@@ -265,7 +270,7 @@ mod tests {
             }
         }
         assert!(!decoder.in_transaction());
-        let [Decoded::Transaction(txn)] = &out[..] else {
+        let [Decoded::Transaction(_, txn)] = &out[..] else {
             panic!("{out:?}")
         };
         assert!(txn.commit_time.is_some());

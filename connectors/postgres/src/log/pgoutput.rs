@@ -12,8 +12,8 @@
 
 use std::time::{Duration, SystemTime};
 
+use super::lsn::Lsn;
 use bytes::Bytes;
-use outboxd_connector::Lsn;
 
 /// A pgoutput message that could not be decoded.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -17,7 +17,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use outboxd_connector::{ChangeItem, ChangeStream, ConnectorError, ErrorReason, Lsn, Position};
+use outboxd_connector::{ChangeItem, ChangeStream, ConnectorError, ErrorReason, Position};
+
+use super::lsn::Lsn;
 use outboxd_connector_kit::tail::{self, sleep_until_opt, Closed, Confirmations, Inlet, Outlet};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -66,7 +68,7 @@ impl PgChangeStream {
             .map_err(|e| with_fix(e, &slot))?;
         tracing::info!(%slot, %publication, confirmed_flush = %confirmed_flush, "replication stream open");
 
-        let (outlet, mut inlet) = tail::channel(confirmed_flush, Position::Lsn);
+        let (outlet, mut inlet) = tail::channel(confirmed_flush, Lsn::position);
         let (confirmed, confirmed_rx) = watch::channel(confirmed_flush);
         let task = Task {
             stream,
@@ -98,13 +100,11 @@ impl ChangeStream for PgChangeStream {
     }
 
     async fn confirm(&mut self, position: &Position) -> Result<(), ConnectorError> {
-        let Position::Lsn(lsn) = position else {
-            return Err(ConnectorError::definite(format!(
-                "position `{position}` is not a PostgreSQL LSN (slot `{}`)",
-                self.slot
-            )));
-        };
-        tail::advance(&self.confirmed, *lsn);
+        let lsn = Lsn::from_position(position).map_err(|e| {
+            let message = format!("{} (slot `{}`)", e.message(), self.slot);
+            e.with_message(message)
+        })?;
+        tail::advance(&self.confirmed, lsn);
         Ok(())
     }
 }
@@ -348,10 +348,7 @@ impl Task {
             ReplicationMessage::XLogData { data, .. } => match self.decoder.handle(&data)? {
                 None => Ok(Ok(())),
                 Some(Decoded::Empty(end_lsn)) => Ok(self.progress(end_lsn).await),
-                Some(Decoded::Transaction(txn)) => {
-                    let Position::Lsn(lsn) = txn.commit_position else {
-                        return Ok(Ok(()));
-                    };
+                Some(Decoded::Transaction(lsn, txn)) => {
                     tracing::debug!(slot = %self.slot, %lsn, events = txn.events.len(), "outbox transaction");
                     self.outlet.transaction(&lsn);
                     Ok(self.emit(ChangeItem::Transaction(txn)).await)
