@@ -109,6 +109,40 @@ impl Setup {
             ..Self::default()
         }
     }
+
+    /// The `column = value` assignments of an UPDATE that applies this setup, in the
+    /// engine's SQL: `literal` quotes a string, `from_now` renders `now + seconds`.
+    pub fn assignments(
+        &self,
+        literal: impl Fn(&str) -> String,
+        from_now: impl Fn(i64) -> String,
+    ) -> Vec<String> {
+        let nullable = |value: Option<i64>| value.map_or_else(|| "NULL".into(), &from_now);
+        let mut set = Vec::new();
+        let mut push = |column: &str, value: Option<String>| {
+            if let Some(value) = value {
+                set.push(format!("{column} = {value}"));
+            }
+        };
+        push("status", self.status.map(&literal));
+        push("next_retry_time", self.next_retry_in.map(nullable));
+        push("retry_count", self.retry_count.map(|n| n.to_string()));
+        push(
+            "max_retry_count",
+            self.max_retry_count.map(|n| n.to_string()),
+        );
+        push("claim_token", self.claim_token.as_deref().map(&literal));
+        push("claimed_at", self.claimed_ago.map(|ago| from_now(-ago)));
+        push("message_type", self.message_type.as_deref().map(&literal));
+        push("last_error", self.last_error.as_deref().map(&literal));
+        push("created_at", self.created_ago.map(|ago| from_now(-ago)));
+        push("updated_at", self.updated_ago.map(|ago| from_now(-ago)));
+        push(
+            "sent_at",
+            self.sent_ago.map(|sent| nullable(sent.map(|ago| -ago))),
+        );
+        set
+    }
 }
 
 /// One of the tables of an outbox, private to the scenario.

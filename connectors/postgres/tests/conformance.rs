@@ -94,46 +94,7 @@ impl Harness for Pg {
     }
 
     async fn set(&self, ids: &[i64], setup: &Setup) {
-        let mut set = Vec::new();
-        if let Some(status) = setup.status {
-            set.push(format!("status = {}", literal(status)));
-        }
-        if let Some(next) = setup.next_retry_in {
-            set.push(format!(
-                "next_retry_time = {}",
-                next.map_or_else(|| "NULL".into(), from_now)
-            ));
-        }
-        if let Some(n) = setup.retry_count {
-            set.push(format!("retry_count = {n}"));
-        }
-        if let Some(n) = setup.max_retry_count {
-            set.push(format!("max_retry_count = {n}"));
-        }
-        if let Some(token) = &setup.claim_token {
-            set.push(format!("claim_token = {}", literal(token)));
-        }
-        if let Some(ago) = setup.claimed_ago {
-            set.push(format!("claimed_at = {}", from_now(-ago)));
-        }
-        if let Some(t) = &setup.message_type {
-            set.push(format!("message_type = {}", literal(t)));
-        }
-        if let Some(e) = &setup.last_error {
-            set.push(format!("last_error = {}", literal(e)));
-        }
-        if let Some(ago) = setup.created_ago {
-            set.push(format!("created_at = {}", from_now(-ago)));
-        }
-        if let Some(ago) = setup.updated_ago {
-            set.push(format!("updated_at = {}", from_now(-ago)));
-        }
-        if let Some(sent) = setup.sent_ago {
-            set.push(format!(
-                "sent_at = {}",
-                sent.map_or_else(|| "NULL".into(), |ago| from_now(-ago))
-            ));
-        }
+        let set = setup.assignments(literal, from_now);
         let sql = format!(
             "UPDATE {} SET {} WHERE id = ANY($1)",
             self.0.outbox(),
