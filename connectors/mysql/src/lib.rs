@@ -8,7 +8,8 @@
 //!   classification of server errors into transient and definite ones.
 //! - `setup/`: `init` (tables, starting checkpoint; poll mode: its index), `check`, and
 //!   the checkpoint reset of `recover`.
-//! - `log/`: the log tail. `log::decode` is a pure state machine from binlog events
+//! - `log/`: the log tail. `log::position` is the binlog coordinate ([`BinlogPosition`])
+//!   and its form as the core's opaque position; `log::decode` is a pure state machine from binlog events
 //!   (decoded by `mysql_common`) to committed outbox transactions, rows through the kit's
 //!   row conversion; `log::gtid` parses, merges and renders MySQL GTID sets and MariaDB
 //!   GTID positions; `log::server` reads binlog status and files and says whether a

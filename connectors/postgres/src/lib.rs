@@ -8,7 +8,8 @@
 //!   classification of server errors into transient and definite ones.
 //! - `setup/`: `init` (schema, publication, slot), `check`, and the slot reset of
 //!   `recover`.
-//! - `log/`: the log tail. [`replication`] speaks the streaming-replication wire protocol
+//! - `log/`: the log tail. `log::position` is the LSN ([`Lsn`]) and its form as the
+//!   core's opaque position; [`replication`] speaks the streaming-replication wire protocol
 //!   (startup with `replication=database`, trust/MD5/SCRAM-SHA-256 auth, optional TLS,
 //!   CopyBoth); [`pgoutput`] is a pure decoder of its messages; `log::decode` assembles
 //!   committed outbox transactions from them; [`stream`] is the
@@ -32,7 +33,7 @@ pub mod store;
 
 pub use client::PostgresConnector;
 pub use config::{PostgresConfig, SslMode};
-pub use log::lsn::{self, Lsn};
+pub use log::position::{parse_position, Lsn};
 pub use log::{pgoutput, replication, stream};
 pub use store::operator;
 pub use store::operator::retry_channel;

@@ -6,8 +6,8 @@ mod support_store;
 
 use outboxd_conformance::{Harness, NewRow, RowState, Setup, Table};
 use outboxd_connector::Position;
-use outboxd_postgres::lsn::{self, Lsn};
 use outboxd_postgres::PostgresConnector;
+use outboxd_postgres::{parse_position, Lsn};
 use support_store::Fixture;
 
 struct Pg(Fixture);
@@ -131,7 +131,7 @@ impl Harness for Pg {
             "lsn:9/FFFFFF00",
             "lsn:10/0",
         ]
-        .map(|p| lsn::parse_position(p).expect("position"))
+        .map(|p| parse_position(p).expect("position"))
     }
 
     async fn confirmed_position(&self) -> Option<Position> {

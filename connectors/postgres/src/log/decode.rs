@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use bytes::Bytes;
 use outboxd_connector::{CommittedTransaction, ConnectorError, OutboxEvent};
 
-use super::lsn::Lsn;
+use super::position::Lsn;
 use outboxd_connector_kit::{row, ColumnMap, Field, RowSource, Value};
 
 use crate::pgoutput::{self, ColumnValue, PgOutputMessage, Relation};

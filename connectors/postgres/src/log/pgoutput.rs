@@ -12,7 +12,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use super::lsn::Lsn;
+use super::position::Lsn;
 use bytes::Bytes;
 
 /// A pgoutput message that could not be decoded.

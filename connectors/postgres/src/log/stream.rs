@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use outboxd_connector::{ChangeItem, ChangeStream, ConnectorError, ErrorReason, Position};
 
-use super::lsn::Lsn;
+use super::position::Lsn;
 use outboxd_connector_kit::tail::{self, sleep_until_opt, Closed, Confirmations, Inlet, Outlet};
 use tokio::sync::watch;
 use tokio::time::Instant;

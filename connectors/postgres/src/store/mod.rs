@@ -908,7 +908,7 @@ pub(crate) fn parse_checkpoint(
     table: &str,
     pipeline: &str,
 ) -> Result<Position, ConnectorError> {
-    crate::lsn::parse_position(text).map_err(|e| {
+    crate::parse_position(text).map_err(|e| {
         ConnectorError::definite(format!(
             "the checkpoint of pipeline `{pipeline}` in {table} is corrupt; delete the row to \
              resume from the replication slot's position"
