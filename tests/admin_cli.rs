@@ -7,7 +7,7 @@ mod common;
 
 use std::process::Output;
 
-use common::TestPipeline;
+use common::postgres::TestPipeline;
 
 fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()

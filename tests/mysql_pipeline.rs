@@ -1,249 +1,30 @@
 //! End-to-end: MariaDB outbox → binlog → outboxd → Kafka, on the real servers started by
-//! `scripts/services`, through the real `outboxd` binary.
+//! `scripts/services`, through the real `outboxd` binary. The scenarios every engine
+//! passes are in `common/scenarios.rs`; the MariaDB-only cases (resume from the checkpoint
+//! row, DDL mid-stream, a purged binlog, poll mode, a killed server connection) are here.
 
 mod common;
 
-use std::collections::HashMap;
 use std::time::Duration;
 
-use common::mysql::MysqlPipeline;
-use common::{consume_all, java_partition, seqs_by_key, wait_for};
+use common::mysql::{MysqlPipeline, MysqlServices};
+use common::{consume_all, scenarios, seqs_by_key, wait_for};
 use mysql_async::prelude::Queryable;
-
-/// Every seq of every key, first occurrences in order; returns the duplicates.
-fn assert_every_event_in_key_order(records: &[common::Record], keys: usize, per_key: u32) -> usize {
-    let by_key = seqs_by_key(records);
-    assert_eq!(by_key.len(), keys, "keys in Kafka");
-    let mut duplicates = 0;
-    for (key, seqs) in &by_key {
-        let mut seen = Vec::new();
-        for s in seqs {
-            if seen.contains(s) {
-                duplicates += 1;
-            } else {
-                seen.push(*s);
-            }
-        }
-        let expected: Vec<u32> = (1..=per_key).collect();
-        assert_eq!(
-            seen, expected,
-            "key {key}: every event, first occurrences in order"
-        );
-    }
-    duplicates
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_writers_arrive_in_key_order_and_every_row_succeeds() {
-    let p = MysqlPipeline::new("conc", 3, "").await;
-    p.init();
-    let mut daemon = p.spawn_run("run.log");
-
-    // 8 writers, each owning 5 keys and writing 25 events per key, in transactions of
-    // 1 to 5 rows, interleaved with the other writers: 1,000 events.
-    const WRITERS: usize = 8;
-    const KEYS_PER_WRITER: usize = 5;
-    const EVENTS_PER_KEY: u32 = 25;
-    let mut tasks = Vec::new();
-    for w in 0..WRITERS {
-        let mut conn = p.sql().await;
-        let statements: Vec<String> = {
-            let keys: Vec<String> = (0..KEYS_PER_WRITER)
-                .map(|k| format!("order-{w}-{k}"))
-                .collect();
-            let mut seq = vec![0u32; keys.len()];
-            let mut round = 0usize;
-            let mut transactions = Vec::new();
-            while seq.iter().any(|s| *s < EVENTS_PER_KEY) {
-                let mut tx = String::from("START TRANSACTION;");
-                for _ in 0..=(round % 5) {
-                    let k = round % keys.len();
-                    round += 1;
-                    if seq[k] >= EVENTS_PER_KEY {
-                        continue;
-                    }
-                    seq[k] += 1;
-                    tx.push_str(&p.insert_sql(&keys[k], seq[k], "m"));
-                    tx.push(';');
-                }
-                tx.push_str("COMMIT");
-                transactions.push(tx);
-            }
-            transactions
-        };
-        tasks.push(tokio::spawn(async move {
-            for tx in statements {
-                conn.query_drop(tx).await.expect("writer transaction");
-            }
-            let _ = conn.disconnect().await;
-        }));
-    }
-    for t in tasks {
-        t.await.expect("writer");
-    }
-    let total = WRITERS * KEYS_PER_WRITER * EVENTS_PER_KEY as usize;
-
-    let records = consume_all(
-        &p.services.kafka,
-        &p.topic,
-        p.partitions,
-        total,
-        Duration::from_secs(60),
-    );
-    assert!(
-        daemon.is_running(),
-        "outboxd exited:\n{}",
-        daemon.log_text()
-    );
-    assert_eq!(
-        records.len(),
-        total,
-        "every event exactly once in a clean run"
-    );
-    for r in &records {
-        assert_eq!(
-            r.partition,
-            java_partition(&r.key, p.partitions),
-            "key {}",
-            r.key
-        );
-        assert_eq!(r.headers.get("biz_key"), Some(&r.key));
-        assert!(r.headers.contains_key("message_id") && r.headers.contains_key("created_at"));
-        assert!(
-            r.headers["created_at"].ends_with("+00:00"),
-            "{:?}",
-            r.headers
-        );
-        assert!(
-            r.payload.contains(&format!("\"key\": \"{}\"", r.key)),
-            "{}",
-            r.payload
-        );
-    }
-    let duplicates =
-        assert_every_event_in_key_order(&records, WRITERS * KEYS_PER_WRITER, EVENTS_PER_KEY);
-    assert_eq!(duplicates, 0);
-
-    let counts = wait_for("all rows SUCCESS", Duration::from_secs(30), || async {
-        let counts = p.status_counts().await;
-        (counts.get("SUCCESS").copied() == Some(total as i64)).then_some(counts)
-    })
-    .await;
-    assert_eq!(counts.len(), 1, "{counts:?}");
-
-    // Each row says where it landed.
-    let mut conn = p.sql().await;
-    let landed: Vec<(i32, i64, String, bool)> = conn
-        .query(format!(
-            "SELECT kafka_partition, kafka_offset, message_id, sent_at IS NOT NULL FROM `{}`",
-            p.table
-        ))
-        .await
-        .expect("landed");
-    let landed: HashMap<(i32, i64), String> = landed
-        .into_iter()
-        .map(|(part, off, id, sent)| {
-            assert!(sent, "sent_at set");
-            ((part, off), id)
-        })
-        .collect();
-    for r in &records {
-        assert_eq!(
-            landed.get(&(r.partition, r.offset)),
-            r.headers.get("message_id")
-        );
-    }
-    let checkpoint = p.checkpoint().await.expect("checkpoint row");
-    assert!(checkpoint.starts_with("binlog:"), "{checkpoint}");
-    assert!(
-        daemon.terminate().success(),
-        "graceful stop exits 0:\n{}",
-        daemon.log_text()
-    );
-    p.cleanup().await;
+    scenarios::concurrent_writers_arrive_in_key_order_where_java_would_put_them::<MysqlServices>()
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolled_back_transactions_publish_nothing() {
-    let p = MysqlPipeline::new("rollback", 1, "").await;
-    p.init();
-    let _daemon = p.spawn_run("run.log");
-    let mut conn = p.sql().await;
-    conn.query_drop(format!(
-        "START TRANSACTION; {}; {}; ROLLBACK",
-        p.insert_sql("ghost", 1, "rolled"),
-        p.insert_sql("ghost", 2, "rolled")
-    ))
-    .await
-    .expect("rolled back transaction");
-    // A committed marker after the rolled-back work: once it arrives, anything the
-    // rolled-back transaction could have produced would have arrived before it.
-    p.insert_event(&mut conn, "marker", 1, "committed").await;
-
-    let records = consume_all(&p.services.kafka, &p.topic, 1, 1, Duration::from_secs(30));
-    let keys: Vec<&str> = records.iter().map(|r| r.key.as_str()).collect();
-    assert_eq!(keys, ["marker"], "only the committed event");
-    p.cleanup().await;
+    scenarios::rolled_back_transactions_publish_nothing::<MysqlServices>().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_mid_stream_loses_nothing() {
-    let p = MysqlPipeline::new("kill", 3, "").await;
-    p.init();
-    let mut daemon = p.spawn_run("run-1.log");
-
-    const KEYS: u32 = 10;
-    const PER_KEY: u32 = 60;
-    let writer = {
-        let mut conn = p.sql().await;
-        let inserts: Vec<Vec<String>> = (1..=PER_KEY)
-            .map(|seq| {
-                (0..KEYS)
-                    .map(|k| p.insert_sql(&format!("acct-{k}"), seq, "k"))
-                    .collect()
-            })
-            .collect();
-        tokio::spawn(async move {
-            for round in inserts {
-                for insert in round {
-                    conn.query_drop(insert).await.expect("insert");
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            let _ = conn.disconnect().await;
-        })
-    };
-    wait_for(
-        "some rows published before the kill",
-        Duration::from_secs(30),
-        || async { (p.success_count().await >= 100).then_some(()) },
-    )
-    .await;
-    daemon.kill9();
-    let restarted = p.spawn_run("run-2.log");
-    writer.await.expect("writer");
-    let total = (KEYS * PER_KEY) as usize;
-    wait_for(
-        "all rows SUCCESS after the restart",
-        Duration::from_secs(60),
-        || async { (p.success_count().await == total as i64).then_some(()) },
-    )
-    .await;
-    let records = consume_all(
-        &p.services.kafka,
-        &p.topic,
-        p.partitions,
-        total,
-        Duration::from_secs(60),
-    );
-    let duplicates = assert_every_event_in_key_order(&records, KEYS as usize, PER_KEY);
-    println!(
-        "mysql kill -9 test: {total} events committed, {} records in Kafka, {duplicates} \
-         duplicates after the restart",
-        records.len()
-    );
-    drop(restarted);
-    p.cleanup().await;
+    scenarios::kill_9_mid_stream_loses_nothing::<MysqlServices>().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -327,46 +108,7 @@ async fn adding_a_column_mid_stream_keeps_working() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_instance_waits_for_the_lock_and_takes_over() {
-    let p = MysqlPipeline::new("standby", 1, "").await;
-    p.init();
-    let mut conn = p.sql().await;
-    let mut first = p.spawn_run("first.log");
-    p.insert_event(&mut conn, "k", 1, "a").await;
-    wait_for("first event SUCCESS", Duration::from_secs(30), || async {
-        (p.success_count().await == 1).then_some(())
-    })
-    .await;
-
-    let mut second = p.spawn_run("second.log");
-    wait_for(
-        "the standby to report that the pipeline is held",
-        Duration::from_secs(30),
-        || async {
-            let log = second.log_text();
-            (log.contains("is held by another outboxd (connection id") && log.contains("retrying"))
-                .then_some(())
-        },
-    )
-    .await;
-    assert!(
-        second.is_running(),
-        "the standby keeps waiting:\n{}",
-        second.log_text()
-    );
-
-    first.kill9();
-    p.insert_event(&mut conn, "k", 2, "b").await;
-    wait_for(
-        "the standby publishes after the takeover",
-        Duration::from_secs(60),
-        || async { (p.success_count().await == 2).then_some(()) },
-    )
-    .await;
-    let records = consume_all(&p.services.kafka, &p.topic, 1, 2, Duration::from_secs(30));
-    let seqs = seqs_by_key(&records).remove("k").unwrap_or_default();
-    assert!(seqs.starts_with(&[1]) && seqs.contains(&2), "{seqs:?}");
-    drop(second);
-    p.cleanup().await;
+    scenarios::a_standby_waits_and_takes_over::<MysqlServices>().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -477,35 +219,7 @@ async fn a_purged_binlog_stops_with_the_recovery_command() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_reports_every_item_and_init_is_idempotent() {
-    let p = MysqlPipeline::new("check", 1, "").await;
-    let before = p.outboxd(&["check"]);
-    let text = String::from_utf8_lossy(&before.stdout);
-    assert_eq!(
-        before.status.code(),
-        Some(1),
-        "check fails before init:\n{text}"
-    );
-    assert!(text.contains("fix:"), "failures carry their fix:\n{text}");
-
-    p.init();
-    let again = p.outboxd(&["init"]);
-    let init_text = String::from_utf8_lossy(&again.stdout);
-    assert!(again.status.success(), "{init_text}");
-    assert!(init_text.contains("exists, nothing to do"), "{init_text}");
-    let after = p.outboxd(&["check"]);
-    let text = String::from_utf8_lossy(&after.stdout);
-    println!("{text}");
-    assert!(after.status.success(), "check passes after init:\n{text}");
-    for item in [
-        "binlog_format",
-        "binlog_row_image",
-        "server_id",
-        "grants",
-        "checkpoint",
-    ] {
-        assert!(text.contains(item), "{item} in:\n{text}");
-    }
-    p.cleanup().await;
+    scenarios::check_reports_every_item_and_init_is_idempotent::<MysqlServices>().await;
 }
 
 /// Settings that make failures show up within seconds instead of minutes.

@@ -6,9 +6,8 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::{
-    consume_all, free_port, http_get, metric_value, metrics_section, wait_for, TestPipeline,
-};
+use common::postgres::TestPipeline;
+use common::{consume_all, free_port, http_get, metric_value, metrics_section, wait_for};
 
 /// The kind of a series as the Prometheus text format declares it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

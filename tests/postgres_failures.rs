@@ -7,7 +7,8 @@ mod common;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use common::{consume_all, seqs_by_key, wait_for, TestPipeline};
+use common::postgres::TestPipeline;
+use common::{consume_all, seqs_by_key, wait_for};
 use rand::Rng;
 
 /// Settings that make failures show up within seconds instead of minutes.

@@ -1,10 +1,14 @@
-//! Shared harness of the end-to-end tests: real PostgreSQL and Kafka started by
+//! Shared harness of the end-to-end tests: real PostgreSQL, MariaDB and Kafka started by
 //! `scripts/services`, the real `outboxd` binary, names unique per test so tests run in
-//! parallel. Nothing here is mocked.
+//! parallel. Nothing here is mocked. `engine.rs` is the pipeline fixture over an engine
+//! (`postgres.rs`, `mysql.rs`); `scenarios.rs` the end-to-end cases every engine passes.
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod engine;
 pub mod mysql;
+pub mod postgres;
+pub mod scenarios;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -25,38 +29,6 @@ fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_owned())
 }
 
-/// Where the services are (`scripts/services env` prints these variables).
-pub struct Services {
-    pub pg_host: String,
-    pub pg_port: u16,
-    pub pg_user: String,
-    pub pg_password: String,
-    pub pg_database: String,
-    pub kafka: String,
-}
-
-impl Services {
-    pub fn from_env() -> Self {
-        Self {
-            pg_host: env_or("OUTBOXD_TEST_PG_HOST", "127.0.0.1"),
-            pg_port: env_or("OUTBOXD_TEST_PG_PORT", "55432")
-                .parse()
-                .expect("OUTBOXD_TEST_PG_PORT"),
-            pg_user: env_or("OUTBOXD_TEST_PG_USER", "outboxd"),
-            pg_password: env_or("OUTBOXD_TEST_PG_PASSWORD", "outboxd"),
-            pg_database: env_or("OUTBOXD_TEST_PG_DATABASE", "outboxd"),
-            kafka: env_or("OUTBOXD_TEST_KAFKA", "127.0.0.1:39092"),
-        }
-    }
-
-    pub fn pg_conn_string(&self) -> String {
-        format!(
-            "host={} port={} user={} password={} dbname={}",
-            self.pg_host, self.pg_port, self.pg_user, self.pg_password, self.pg_database
-        )
-    }
-}
-
 /// Polls `condition` until it returns `Some` or `timeout` passes.
 pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut condition: F) -> T
 where
@@ -73,213 +45,6 @@ where
             "timed out after {timeout:?} waiting for {what}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// One test's pipeline: its own outbox table, slot, publication, topic and config file.
-pub struct TestPipeline {
-    pub services: Services,
-    pub name: String,
-    pub table: String,
-    pub topic: String,
-    pub partitions: i32,
-    pub config_path: PathBuf,
-    pub dir: PathBuf,
-}
-
-impl TestPipeline {
-    /// Creates the topic and writes the config; `extra` is appended to the TOML.
-    pub async fn new(prefix: &str, partitions: i32, extra: &str) -> Self {
-        let services = Services::from_env();
-        let suffix: u32 = rand::thread_rng().gen_range(100_000..999_999);
-        let name = format!("{prefix}_{suffix}");
-        let table = format!("outbox_{name}");
-        let topic = format!("it.{name}");
-        let dir = std::env::temp_dir().join(format!("outboxd-it-{name}"));
-        std::fs::create_dir_all(&dir).expect("create test dir");
-        let config_path = dir.join("outboxd.toml");
-        let config = format!(
-            r#"
-[pipeline]
-name = "{name}"
-
-[source]
-kind = "postgres"
-host = "{host}"
-port = {port}
-user = "{user}"
-password = "{password}"
-database = "{database}"
-sslmode = "disable"
-status_interval = "1s"
-
-[outbox]
-table = "{table}"
-checkpoint_table = "outboxd_checkpoint"
-
-[kafka]
-bootstrap_servers = "{kafka}"
-topic_template = "{topic}"
-message_timeout = "10s"
-{extra}
-"#,
-            host = services.pg_host,
-            port = services.pg_port,
-            user = services.pg_user,
-            password = services.pg_password,
-            database = services.pg_database,
-            kafka = services.kafka,
-        );
-        std::fs::write(&config_path, config).expect("write config");
-        let pipeline = Self {
-            services,
-            name,
-            table,
-            topic,
-            partitions,
-            config_path,
-            dir,
-        };
-        pipeline.create_topic(&pipeline.topic, partitions).await;
-        pipeline
-    }
-
-    pub async fn create_topic(&self, topic: &str, partitions: i32) {
-        create_topic_with(&self.services.kafka, topic, partitions, &[]).await;
-    }
-
-    /// Creates a topic with topic-level configs such as `max.message.bytes`.
-    pub async fn create_topic_with(&self, topic: &str, partitions: i32, configs: &[(&str, &str)]) {
-        create_topic_with(&self.services.kafka, topic, partitions, configs).await;
-    }
-
-    /// Changes one topic-level config.
-    pub async fn alter_topic(&self, topic: &str, key: &str, value: &str) {
-        alter_topic(&self.services.kafka, topic, key, value).await;
-    }
-
-    pub async fn sql(&self) -> tokio_postgres::Client {
-        let (client, connection) =
-            tokio_postgres::connect(&self.services.pg_conn_string(), tokio_postgres::NoTls)
-                .await
-                .expect("connect to the test PostgreSQL (is `scripts/services start` running?)");
-        tokio::spawn(connection);
-        client
-    }
-
-    /// Runs an outboxd subcommand to completion.
-    pub fn outboxd(&self, args: &[&str]) -> Output {
-        run_outboxd(&self.config_path, args)
-    }
-
-    pub fn init(&self) {
-        init_outboxd(&self.config_path);
-    }
-
-    /// Starts `outboxd run` in the background; its log goes to `<dir>/<log_name>`.
-    pub fn spawn_run(&self, log_name: &str) -> Daemon {
-        spawn_outboxd(
-            &self.config_path,
-            &self.dir.join(log_name),
-            "info,outboxd=debug",
-        )
-    }
-
-    /// Inserts one outbox row per (biz_key, seq) in the given client's current context.
-    pub async fn insert_events(
-        &self,
-        client: &tokio_postgres::Client,
-        rows: &[(String, u32)],
-        run_tag: &str,
-    ) {
-        for (key, seq) in rows {
-            self.insert_event(client, key, *seq, run_tag).await;
-        }
-    }
-
-    pub async fn insert_event(
-        &self,
-        client: &tokio_postgres::Client,
-        key: &str,
-        seq: u32,
-        run_tag: &str,
-    ) {
-        let sql = format!(
-            "INSERT INTO \"{}\" (message_id, message_type, biz_key, payload, headers) \
-             VALUES ($1, $2, $3, $4::text::jsonb, $5::text::jsonb)",
-            self.table
-        );
-        let message_id = format!("{run_tag}-{key}-{seq}");
-        let message_type = format!("order.step{seq}");
-        let payload = format!(r#"{{"key":"{key}","seq":{seq}}}"#);
-        let headers = format!(r#"{{"seq":"{seq}","trace":"t-{key}"}}"#);
-        client
-            .execute(
-                &sql,
-                &[&message_id, &message_type, &key, &payload, &headers],
-            )
-            .await
-            .expect("insert outbox row");
-    }
-
-    /// Rows by status.
-    pub async fn status_counts(&self) -> HashMap<String, i64> {
-        let client = self.sql().await;
-        let rows = client
-            .query(
-                &format!(
-                    "SELECT status, count(*) FROM \"{}\" GROUP BY status",
-                    self.table
-                ),
-                &[],
-            )
-            .await
-            .expect("count statuses");
-        rows.iter()
-            .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)))
-            .collect()
-    }
-
-    /// Drops what the test created on the server side.
-    pub async fn cleanup(&self) {
-        let client = self.sql().await;
-        let slot = format!("outboxd_{}", self.name);
-        let _ = client
-            .execute(
-                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
-                 WHERE slot_name = $1 AND active_pid IS NOT NULL",
-                &[&slot],
-            )
-            .await;
-        // The walsender may take a moment to let go of the slot.
-        for _ in 0..50 {
-            let dropped = client
-                .execute(
-                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
-                     WHERE slot_name = $1 AND NOT active",
-                    &[&slot],
-                )
-                .await;
-            let remaining = client
-                .query_one(
-                    "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1",
-                    &[&slot],
-                )
-                .await
-                .map(|r| r.get::<_, i64>(0))
-                .unwrap_or(0);
-            if dropped.is_ok() && remaining == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        let _ = client
-            .batch_execute(&format!("DROP PUBLICATION IF EXISTS outboxd_{}", self.name))
-            .await;
-        let _ = client
-            .batch_execute(&format!("DROP TABLE IF EXISTS \"{}\"", self.table))
-            .await;
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

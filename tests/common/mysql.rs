@@ -3,17 +3,17 @@
 //! checkpoint row, lock, server_id, topic and config file.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::process::Output;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, OptsBuilder};
 use rand::Rng;
 
-use super::{
-    alter_topic, create_topic_with, env_or, init_outboxd, run_outboxd, spawn_outboxd, Daemon,
-};
+use super::engine::{Engine, Event, Landed, Pipeline, Writer};
+use super::env_or;
+
+/// One test's MySQL pipeline.
+pub type MysqlPipeline = Pipeline<MysqlServices>;
 
 /// Tests that purge binlogs take this for writing; every other test holds it for reading,
 /// so no pipeline of a test running beside them loses the binlog it resumes from.
@@ -24,7 +24,8 @@ pub enum BinlogGuard {
     Exclusive(#[allow(dead_code)] RwLockWriteGuard<'static, ()>),
 }
 
-/// Where the MariaDB (or MySQL) server and Kafka are.
+/// Where the MariaDB (or MySQL) server and Kafka are, and this test's hold on the
+/// server's binlog files.
 pub struct MysqlServices {
     pub host: String,
     pub port: u16,
@@ -32,10 +33,11 @@ pub struct MysqlServices {
     pub password: String,
     pub database: String,
     pub kafka: String,
+    _binlog: BinlogGuard,
 }
 
 impl MysqlServices {
-    pub fn from_env() -> Self {
+    fn with_guard(guard: BinlogGuard) -> Self {
         Self {
             host: env_or("OUTBOXD_TEST_MYSQL_HOST", "127.0.0.1"),
             port: env_or("OUTBOXD_TEST_MYSQL_PORT", "33306")
@@ -45,164 +47,160 @@ impl MysqlServices {
             password: env_or("OUTBOXD_TEST_MYSQL_PASSWORD", "outboxd"),
             database: env_or("OUTBOXD_TEST_MYSQL_DATABASE", "outboxd"),
             kafka: env_or("OUTBOXD_TEST_KAFKA", "127.0.0.1:39092"),
+            _binlog: guard,
         }
-    }
-}
-
-/// One test's MySQL pipeline.
-pub struct MysqlPipeline {
-    pub services: MysqlServices,
-    pub name: String,
-    pub table: String,
-    pub topic: String,
-    pub partitions: i32,
-    pub config_path: PathBuf,
-    pub dir: PathBuf,
-    _guard: BinlogGuard,
-}
-
-impl MysqlPipeline {
-    /// Creates the topic and writes the config; `extra` is appended to the TOML.
-    pub async fn new(prefix: &str, partitions: i32, extra: &str) -> Self {
-        let guard = BINLOG_FILES.read().unwrap_or_else(|e| e.into_inner());
-        Self::with_guard(prefix, partitions, extra, BinlogGuard::Shared(guard)).await
-    }
-
-    /// As [`MysqlPipeline::new`], alone on the server's binlog files (for purge tests).
-    pub async fn exclusive(prefix: &str, partitions: i32, extra: &str) -> Self {
-        let guard = BINLOG_FILES.write().unwrap_or_else(|e| e.into_inner());
-        Self::with_guard(prefix, partitions, extra, BinlogGuard::Exclusive(guard)).await
-    }
-
-    async fn with_guard(prefix: &str, partitions: i32, extra: &str, guard: BinlogGuard) -> Self {
-        let services = MysqlServices::from_env();
-        let suffix: u32 = rand::thread_rng().gen_range(100_000..999_999);
-        let server_id: u32 = rand::thread_rng().gen_range(10_000..4_000_000);
-        let name = format!("my_{prefix}_{suffix}");
-        let table = format!("outbox_{name}");
-        let topic = format!("it.{name}");
-        let dir = std::env::temp_dir().join(format!("outboxd-it-{name}"));
-        std::fs::create_dir_all(&dir).expect("create test dir");
-        let config_path = dir.join("outboxd.toml");
-        let config = format!(
-            r#"
-[pipeline]
-name = "{name}"
-
-[source]
-kind = "mysql"
-host = "{host}"
-port = {port}
-user = "{user}"
-password = "{password}"
-database = "{database}"
-server_id = {server_id}
-sslmode = "disable"
-heartbeat = "1s"
-
-[outbox]
-table = "{table}"
-checkpoint_table = "outboxd_checkpoint"
-
-[kafka]
-bootstrap_servers = "{kafka}"
-topic_template = "{topic}"
-message_timeout = "10s"
-{extra}
-"#,
-            host = services.host,
-            port = services.port,
-            user = services.user,
-            password = services.password,
-            database = services.database,
-            kafka = services.kafka,
-        );
-        std::fs::write(&config_path, config).expect("write config");
-        let pipeline = Self {
-            services,
-            name,
-            table,
-            topic,
-            partitions,
-            config_path,
-            dir,
-            _guard: guard,
-        };
-        pipeline.create_topic(&pipeline.topic, partitions).await;
-        pipeline
-    }
-
-    pub async fn create_topic(&self, topic: &str, partitions: i32) {
-        create_topic_with(&self.services.kafka, topic, partitions, &[]).await;
-    }
-
-    /// Changes one topic-level config.
-    pub async fn alter_topic(&self, topic: &str, key: &str, value: &str) {
-        alter_topic(&self.services.kafka, topic, key, value).await;
-    }
-
-    /// Creates a topic with topic-level configs such as `max.message.bytes`.
-    pub async fn create_topic_with(&self, topic: &str, partitions: i32, configs: &[(&str, &str)]) {
-        create_topic_with(&self.services.kafka, topic, partitions, configs).await;
     }
 
     /// A fresh SQL connection to the test database.
     pub async fn sql(&self) -> Conn {
-        let s = &self.services;
         let opts = OptsBuilder::default()
-            .ip_or_hostname(s.host.clone())
-            .tcp_port(s.port)
-            .user(Some(s.user.clone()))
-            .pass(Some(s.password.clone()))
-            .db_name(Some(s.database.clone()))
+            .ip_or_hostname(self.host.clone())
+            .tcp_port(self.port)
+            .user(Some(self.user.clone()))
+            .pass(Some(self.password.clone()))
+            .db_name(Some(self.database.clone()))
             .prefer_socket(false);
         Conn::new(opts)
             .await
             .expect("connect to the test MariaDB (is `scripts/services start` running?)")
     }
+}
 
-    /// Runs an outboxd subcommand to completion.
-    pub fn outboxd(&self, args: &[&str]) -> Output {
-        run_outboxd(&self.config_path, args)
+/// `INSERT` of one [`Event`] into `table`.
+fn insert_sql(table: &str, key: &str, seq: u32, tag: &str) -> String {
+    format!(
+        "INSERT INTO `{table}` (message_id, message_type, biz_key, payload, headers) VALUES \
+         ('{tag}-{key}-{seq}', 'order.step{seq}', '{key}', \
+         '{{\"key\": \"{key}\", \"seq\": {seq}}}', '{{\"seq\": \"{seq}\"}}')"
+    )
+}
+
+impl Engine for MysqlServices {
+    type Writer = MysqlWriter;
+
+    const NAME: &'static str = "mysql";
+    const NAME_PREFIX: &'static str = "my_";
+    const LOG_FILTER: &'static str = "info,outboxd=debug,outboxd_mysql=debug";
+    const CHECKPOINT_PREFIX: &'static str = "binlog:";
+    const CREATED_AT_SUFFIX: &'static str = "+00:00";
+    const STANDBY_WAITING: &'static [&'static str] =
+        &["is held by another outboxd (connection id", "retrying"];
+    const CHECK_ITEMS: &'static [&'static str] = &[
+        "binlog_format",
+        "binlog_row_image",
+        "server_id",
+        "grants",
+        "checkpoint",
+    ];
+
+    fn from_env() -> Self {
+        let guard = BINLOG_FILES.read().unwrap_or_else(|e| e.into_inner());
+        Self::with_guard(BinlogGuard::Shared(guard))
     }
 
-    pub fn init(&self) {
-        init_outboxd(&self.config_path);
+    fn kafka(&self) -> &str {
+        &self.kafka
     }
 
-    /// Starts `outboxd run` in the background; its log goes to `<dir>/<log_name>`.
-    pub fn spawn_run(&self, log_name: &str) -> Daemon {
-        let filter = "info,outboxd=debug,outboxd_mysql=debug";
-        spawn_outboxd(&self.config_path, &self.dir.join(log_name), filter)
+    fn source_section(&self) -> String {
+        let server_id: u32 = rand::thread_rng().gen_range(10_000..4_000_000);
+        format!(
+            r#"[source]
+kind = "mysql"
+host = "{}"
+port = {}
+user = "{}"
+password = "{}"
+database = "{}"
+server_id = {server_id}
+sslmode = "disable"
+heartbeat = "1s""#,
+            self.host, self.port, self.user, self.password, self.database
+        )
+    }
+
+    async fn writer(p: &MysqlPipeline) -> MysqlWriter {
+        MysqlWriter {
+            conn: p.sql().await,
+            table: p.table.clone(),
+        }
+    }
+
+    async fn status_counts(p: &MysqlPipeline) -> HashMap<String, i64> {
+        let mut conn = p.sql().await;
+        let rows: Vec<(String, i64)> = conn
+            .query(format!(
+                "SELECT status, COUNT(*) FROM `{}` GROUP BY status",
+                p.table
+            ))
+            .await
+            .expect("count statuses");
+        let _ = conn.disconnect().await;
+        rows.into_iter().collect()
+    }
+
+    async fn landed(p: &MysqlPipeline) -> Vec<Landed> {
+        let mut conn = p.sql().await;
+        let landed = conn
+            .query(format!(
+                "SELECT kafka_partition, kafka_offset, message_id, sent_at IS NOT NULL FROM `{}`",
+                p.table
+            ))
+            .await
+            .expect("landed");
+        let _ = conn.disconnect().await;
+        landed
+    }
+
+    async fn checkpoint(p: &MysqlPipeline) -> Option<String> {
+        let mut conn = p.sql().await;
+        let row: Option<String> = conn
+            .query_first(format!(
+                "SELECT position FROM outboxd_checkpoint WHERE pipeline = '{}'",
+                p.name
+            ))
+            .await
+            .expect("read checkpoint");
+        let _ = conn.disconnect().await;
+        row
+    }
+
+    async fn cleanup(p: &MysqlPipeline) {
+        let mut conn = p.sql().await;
+        let _ = conn
+            .query_drop(format!("DROP TABLE IF EXISTS `{}`", p.table))
+            .await;
+        let _ = conn
+            .query_drop(format!(
+                "DELETE FROM outboxd_checkpoint WHERE pipeline = '{}'",
+                p.name
+            ))
+            .await;
+        let _ = conn.disconnect().await;
+    }
+}
+
+impl MysqlPipeline {
+    /// As [`Pipeline::new`], alone on the server's binlog files (for purge tests).
+    pub async fn exclusive(prefix: &str, partitions: i32, extra: &str) -> Self {
+        let guard = BINLOG_FILES.write().unwrap_or_else(|e| e.into_inner());
+        let services = MysqlServices::with_guard(BinlogGuard::Exclusive(guard));
+        Self::on(services, prefix, partitions, extra).await
+    }
+
+    /// A fresh SQL connection to the test database.
+    pub async fn sql(&self) -> Conn {
+        self.services.sql().await
     }
 
     pub fn insert_sql(&self, key: &str, seq: u32, tag: &str) -> String {
-        format!(
-            "INSERT INTO `{}` (message_id, message_type, biz_key, payload, headers) VALUES \
-             ('{tag}-{key}-{seq}', 'order.step{seq}', '{key}', \
-             '{{\"key\": \"{key}\", \"seq\": {seq}}}', '{{\"seq\": \"{seq}\"}}')",
-            self.table
-        )
+        insert_sql(&self.table, key, seq, tag)
     }
 
     pub async fn insert_event(&self, conn: &mut Conn, key: &str, seq: u32, tag: &str) {
         conn.query_drop(self.insert_sql(key, seq, tag))
             .await
             .expect("insert outbox row");
-    }
-
-    /// Rows by status.
-    pub async fn status_counts(&self) -> HashMap<String, i64> {
-        let mut conn = self.sql().await;
-        let rows: Vec<(String, i64)> = conn
-            .query(format!(
-                "SELECT status, COUNT(*) FROM `{}` GROUP BY status",
-                self.table
-            ))
-            .await
-            .expect("count statuses");
-        let _ = conn.disconnect().await;
-        rows.into_iter().collect()
     }
 
     /// `message_id` → (status, retry_count, last_error).
@@ -220,42 +218,33 @@ message_timeout = "10s"
             .map(|(id, status, retries, error)| (id, (status, retries, error)))
             .collect()
     }
+}
 
-    pub async fn success_count(&self) -> i64 {
-        self.status_counts()
-            .await
-            .get("SUCCESS")
-            .copied()
-            .unwrap_or(0)
+/// A MariaDB connection writing one pipeline's outbox.
+pub struct MysqlWriter {
+    conn: Conn,
+    table: String,
+}
+
+impl MysqlWriter {
+    /// One multi-statement round trip: `START TRANSACTION; INSERT …; … <end>`.
+    async fn transaction(&mut self, events: &[Event], tag: &str, end: &str) {
+        let mut sql = String::from("START TRANSACTION;");
+        for (key, seq) in events {
+            sql.push_str(&insert_sql(&self.table, key, *seq, tag));
+            sql.push(';');
+        }
+        sql.push_str(end);
+        self.conn.query_drop(sql).await.expect("writer transaction");
+    }
+}
+
+impl Writer for MysqlWriter {
+    async fn commit(&mut self, events: &[Event], tag: &str) {
+        self.transaction(events, tag, "COMMIT").await;
     }
 
-    /// The pipeline's checkpoint row.
-    pub async fn checkpoint(&self) -> Option<String> {
-        let mut conn = self.sql().await;
-        let row: Option<String> = conn
-            .query_first(format!(
-                "SELECT position FROM outboxd_checkpoint WHERE pipeline = '{}'",
-                self.name
-            ))
-            .await
-            .expect("read checkpoint");
-        let _ = conn.disconnect().await;
-        row
-    }
-
-    /// Drops what the test created on the server side.
-    pub async fn cleanup(&self) {
-        let mut conn = self.sql().await;
-        let _ = conn
-            .query_drop(format!("DROP TABLE IF EXISTS `{}`", self.table))
-            .await;
-        let _ = conn
-            .query_drop(format!(
-                "DELETE FROM outboxd_checkpoint WHERE pipeline = '{}'",
-                self.name
-            ))
-            .await;
-        let _ = conn.disconnect().await;
-        let _ = std::fs::remove_dir_all(&self.dir);
+    async fn roll_back(&mut self, events: &[Event], tag: &str) {
+        self.transaction(events, tag, "ROLLBACK").await;
     }
 }

@@ -1,0 +1,248 @@
+//! The PostgreSQL side of the end-to-end harness: the server started by `scripts/services`
+//! (read from `OUTBOXD_TEST_PG_*`), one pipeline per test with its own outbox table,
+//! replication slot, publication, topic and config file.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use super::engine::{Engine, Event, Landed, Pipeline, Writer};
+use super::env_or;
+
+/// One test's PostgreSQL pipeline.
+pub type TestPipeline = Pipeline<PgServices>;
+
+/// Where PostgreSQL and Kafka are (`scripts/services env` prints these variables).
+pub struct PgServices {
+    pub pg_host: String,
+    pub pg_port: u16,
+    pub pg_user: String,
+    pub pg_password: String,
+    pub pg_database: String,
+    pub kafka: String,
+}
+
+impl PgServices {
+    pub fn pg_conn_string(&self) -> String {
+        format!(
+            "host={} port={} user={} password={} dbname={}",
+            self.pg_host, self.pg_port, self.pg_user, self.pg_password, self.pg_database
+        )
+    }
+}
+
+/// `INSERT` of one [`Event`] into `table`, with its parameters.
+fn insert(table: &str, key: &str, seq: u32, tag: &str) -> (String, [String; 5]) {
+    let sql = format!(
+        "INSERT INTO \"{table}\" (message_id, message_type, biz_key, payload, headers) \
+         VALUES ($1, $2, $3, $4::text::jsonb, $5::text::jsonb)"
+    );
+    let params = [
+        format!("{tag}-{key}-{seq}"),
+        format!("order.step{seq}"),
+        key.to_owned(),
+        format!(r#"{{"key":"{key}","seq":{seq}}}"#),
+        format!(r#"{{"seq":"{seq}","trace":"t-{key}"}}"#),
+    ];
+    (sql, params)
+}
+
+impl Engine for PgServices {
+    type Writer = PgWriter;
+
+    const NAME: &'static str = "postgres";
+    const NAME_PREFIX: &'static str = "";
+    const LOG_FILTER: &'static str = "info,outboxd=debug";
+    const CHECKPOINT_PREFIX: &'static str = "lsn:";
+    const CREATED_AT_SUFFIX: &'static str = "+00";
+    const STANDBY_WAITING: &'static [&'static str] = &["retrying"];
+    const CHECK_ITEMS: &'static [&'static str] = &[];
+
+    fn from_env() -> Self {
+        Self {
+            pg_host: env_or("OUTBOXD_TEST_PG_HOST", "127.0.0.1"),
+            pg_port: env_or("OUTBOXD_TEST_PG_PORT", "55432")
+                .parse()
+                .expect("OUTBOXD_TEST_PG_PORT"),
+            pg_user: env_or("OUTBOXD_TEST_PG_USER", "outboxd"),
+            pg_password: env_or("OUTBOXD_TEST_PG_PASSWORD", "outboxd"),
+            pg_database: env_or("OUTBOXD_TEST_PG_DATABASE", "outboxd"),
+            kafka: env_or("OUTBOXD_TEST_KAFKA", "127.0.0.1:39092"),
+        }
+    }
+
+    fn kafka(&self) -> &str {
+        &self.kafka
+    }
+
+    fn source_section(&self) -> String {
+        format!(
+            r#"[source]
+kind = "postgres"
+host = "{}"
+port = {}
+user = "{}"
+password = "{}"
+database = "{}"
+sslmode = "disable"
+status_interval = "1s""#,
+            self.pg_host, self.pg_port, self.pg_user, self.pg_password, self.pg_database
+        )
+    }
+
+    async fn writer(p: &TestPipeline) -> PgWriter {
+        PgWriter {
+            client: p.sql().await,
+            table: p.table.clone(),
+        }
+    }
+
+    async fn status_counts(p: &TestPipeline) -> HashMap<String, i64> {
+        let client = p.sql().await;
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT status, count(*) FROM \"{}\" GROUP BY status",
+                    p.table
+                ),
+                &[],
+            )
+            .await
+            .expect("count statuses");
+        rows.iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)))
+            .collect()
+    }
+
+    async fn landed(p: &TestPipeline) -> Vec<Landed> {
+        let sql = format!(
+            "SELECT kafka_partition, kafka_offset, message_id, sent_at IS NOT NULL FROM \"{}\"",
+            p.table
+        );
+        let rows = p.sql().await.query(&sql, &[]).await.expect("landed");
+        rows.iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+            .collect()
+    }
+
+    async fn checkpoint(p: &TestPipeline) -> Option<String> {
+        p.sql()
+            .await
+            .query_opt(
+                "SELECT position FROM outboxd_checkpoint WHERE pipeline = $1",
+                &[&p.name],
+            )
+            .await
+            .expect("read checkpoint")
+            .map(|r| r.get(0))
+    }
+
+    async fn cleanup(p: &TestPipeline) {
+        let client = p.sql().await;
+        let slot = format!("outboxd_{}", p.name);
+        let _ = client
+            .execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                 WHERE slot_name = $1 AND active_pid IS NOT NULL",
+                &[&slot],
+            )
+            .await;
+        // The walsender may take a moment to let go of the slot.
+        for _ in 0..50 {
+            let dropped = client
+                .execute(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                     WHERE slot_name = $1 AND NOT active",
+                    &[&slot],
+                )
+                .await;
+            let remaining = client
+                .query_one(
+                    "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1",
+                    &[&slot],
+                )
+                .await
+                .map(|r| r.get::<_, i64>(0))
+                .unwrap_or(0);
+            if dropped.is_ok() && remaining == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let _ = client
+            .batch_execute(&format!("DROP PUBLICATION IF EXISTS outboxd_{}", p.name))
+            .await;
+        let _ = client
+            .batch_execute(&format!("DROP TABLE IF EXISTS \"{}\"", p.table))
+            .await;
+    }
+}
+
+impl TestPipeline {
+    pub async fn sql(&self) -> tokio_postgres::Client {
+        let (client, connection) =
+            tokio_postgres::connect(&self.services.pg_conn_string(), tokio_postgres::NoTls)
+                .await
+                .expect("connect to the test PostgreSQL (is `scripts/services start` running?)");
+        tokio::spawn(connection);
+        client
+    }
+
+    /// Inserts one outbox row per (biz_key, seq) in the given client's current context.
+    pub async fn insert_events(
+        &self,
+        client: &tokio_postgres::Client,
+        rows: &[(String, u32)],
+        run_tag: &str,
+    ) {
+        for (key, seq) in rows {
+            self.insert_event(client, key, *seq, run_tag).await;
+        }
+    }
+
+    pub async fn insert_event(
+        &self,
+        client: &tokio_postgres::Client,
+        key: &str,
+        seq: u32,
+        run_tag: &str,
+    ) {
+        let (sql, [a, b, c, d, e]) = insert(&self.table, key, seq, run_tag);
+        client
+            .execute(&sql, &[&a, &b, &c, &d, &e])
+            .await
+            .expect("insert outbox row");
+    }
+}
+
+/// A PostgreSQL connection writing one pipeline's outbox.
+pub struct PgWriter {
+    client: tokio_postgres::Client,
+    table: String,
+}
+
+impl PgWriter {
+    async fn transaction(&mut self, events: &[Event], tag: &str, commit: bool) {
+        let tx = self.client.transaction().await.expect("begin");
+        for (key, seq) in events {
+            let (sql, [a, b, c, d, e]) = insert(&self.table, key, *seq, tag);
+            tx.execute(&sql, &[&a, &b, &c, &d, &e])
+                .await
+                .expect("insert outbox row");
+        }
+        if commit {
+            tx.commit().await.expect("commit");
+        } else {
+            tx.rollback().await.expect("rollback");
+        }
+    }
+}
+
+impl Writer for PgWriter {
+    async fn commit(&mut self, events: &[Event], tag: &str) {
+        self.transaction(events, tag, true).await;
+    }
+
+    async fn roll_back(&mut self, events: &[Event], tag: &str) {
+        self.transaction(events, tag, false).await;
+    }
+}

@@ -1,0 +1,302 @@
+//! The end-to-end scenarios every source engine passes, written once over [`Engine`]:
+//! `tests/<engine>_pipeline.rs` runs each as one `#[tokio::test]` beside its engine-only
+//! cases. What differs between engines (SQL, checkpoint text, what the logs say) is the
+//! engine's; what is asserted is the same for all.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use super::engine::{Engine, Event, Pipeline, Writer};
+use super::{java_partition, seqs_by_key, wait_for, Record};
+
+/// Every seq `1..=per_key` of each of `keys` keys, first occurrences in per-key order (an
+/// at-least-once replay may repeat a suffix of what was sent); returns the repeats.
+pub fn assert_every_event_in_key_order(records: &[Record], keys: usize, per_key: u32) -> usize {
+    let by_key = seqs_by_key(records);
+    assert_eq!(by_key.len(), keys, "keys in Kafka");
+    let mut duplicates = 0;
+    for (key, seqs) in &by_key {
+        let mut seen = Vec::new();
+        for s in seqs {
+            if seen.contains(s) {
+                duplicates += 1;
+            } else {
+                seen.push(*s);
+            }
+        }
+        let expected: Vec<u32> = (1..=per_key).collect();
+        assert_eq!(
+            seen, expected,
+            "key {key}: every event, first occurrences in order"
+        );
+    }
+    duplicates
+}
+
+/// Writer `w`'s transactions: its `keys` keys, `per_key` events each, in transactions of
+/// 1 to 5 rows that interleave its keys.
+fn interleaved_transactions(w: usize, keys: usize, per_key: u32) -> Vec<Vec<Event>> {
+    let keys: Vec<String> = (0..keys).map(|k| format!("order-{w}-{k}")).collect();
+    let mut seq = vec![0u32; keys.len()];
+    let mut round = 0usize;
+    let mut transactions = Vec::new();
+    while seq.iter().any(|s| *s < per_key) {
+        let mut tx = Vec::new();
+        for _ in 0..=(round % 5) {
+            let k = round % keys.len();
+            round += 1;
+            if seq[k] >= per_key {
+                continue;
+            }
+            seq[k] += 1;
+            tx.push((keys[k].clone(), seq[k]));
+        }
+        transactions.push(tx);
+    }
+    transactions
+}
+
+fn event(key: &str, seq: u32) -> Vec<Event> {
+    vec![(key.to_owned(), seq)]
+}
+
+/// Concurrent writers: every event exactly once, in per-key order, on the partition Java's
+/// default partitioner picks, with its headers; every row SUCCESS and saying where it
+/// landed; the checkpoint written; a graceful stop exits 0.
+pub async fn concurrent_writers_arrive_in_key_order_where_java_would_put_them<E: Engine>() {
+    let p = Pipeline::<E>::new("conc", 3, "").await;
+    p.init();
+    let mut daemon = p.spawn_run("run.log");
+
+    // 8 writers, each owning 5 keys and writing 25 events per key, in transactions of
+    // 1 to 5 rows, interleaved with the other writers: 1,000 events.
+    const WRITERS: usize = 8;
+    const KEYS_PER_WRITER: usize = 5;
+    const EVENTS_PER_KEY: u32 = 25;
+    let mut tasks = Vec::new();
+    for w in 0..WRITERS {
+        let mut writer = p.writer().await;
+        let transactions = interleaved_transactions(w, KEYS_PER_WRITER, EVENTS_PER_KEY);
+        tasks.push(tokio::spawn(async move {
+            for tx in transactions {
+                writer.commit(&tx, "m").await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("writer");
+    }
+    let total = WRITERS * KEYS_PER_WRITER * EVENTS_PER_KEY as usize;
+
+    let records = p.consume(total, Duration::from_secs(60));
+    assert!(
+        daemon.is_running(),
+        "outboxd exited:\n{}",
+        daemon.log_text()
+    );
+    assert_eq!(
+        records.len(),
+        total,
+        "every event exactly once in a clean run"
+    );
+    for r in &records {
+        assert_eq!(
+            r.partition,
+            java_partition(&r.key, p.partitions),
+            "key {} partition",
+            r.key
+        );
+        assert_eq!(r.headers.get("biz_key"), Some(&r.key));
+        assert!(r.headers.contains_key("message_id") && r.headers.contains_key("created_at"));
+        assert!(
+            r.headers["created_at"].ends_with(E::CREATED_AT_SUFFIX),
+            "{:?}",
+            r.headers
+        );
+        assert!(r.headers["message_type"].starts_with("order.step"));
+        assert!(
+            r.payload.contains(&format!("\"key\": \"{}\"", r.key)),
+            "payload {}",
+            r.payload
+        );
+    }
+    let duplicates =
+        assert_every_event_in_key_order(&records, WRITERS * KEYS_PER_WRITER, EVENTS_PER_KEY);
+    assert_eq!(duplicates, 0);
+
+    // Every row SUCCESS, with where it landed.
+    let counts = wait_for("all rows SUCCESS", Duration::from_secs(30), || async {
+        let counts = p.status_counts().await;
+        (counts.get("SUCCESS").copied() == Some(total as i64)).then_some(counts)
+    })
+    .await;
+    assert_eq!(counts.len(), 1, "{counts:?}");
+    let landed: HashMap<(i32, i64), String> = p
+        .landed()
+        .await
+        .into_iter()
+        .map(|(partition, offset, id, sent)| {
+            assert!(sent, "sent_at set");
+            ((partition, offset), id)
+        })
+        .collect();
+    for r in &records {
+        assert_eq!(
+            landed.get(&(r.partition, r.offset)),
+            r.headers.get("message_id")
+        );
+    }
+
+    let checkpoint = p.checkpoint().await.expect("checkpoint row");
+    assert!(checkpoint.starts_with(E::CHECKPOINT_PREFIX), "{checkpoint}");
+    assert!(
+        daemon.terminate().success(),
+        "graceful stop exits 0:\n{}",
+        daemon.log_text()
+    );
+    p.cleanup().await;
+}
+
+/// A rolled-back transaction publishes nothing.
+pub async fn rolled_back_transactions_publish_nothing<E: Engine>() {
+    let p = Pipeline::<E>::new("rollback", 1, "").await;
+    p.init();
+    let _daemon = p.spawn_run("run.log");
+    let mut writer = p.writer().await;
+    let ghosts: Vec<Event> = (1..=3).map(|seq| (format!("ghost-{seq}"), seq)).collect();
+    writer.roll_back(&ghosts, "rolled").await;
+    // A committed marker after the rolled-back work: once it arrives, anything the
+    // rolled-back transaction could have produced would have arrived before it.
+    writer.commit(&event("marker", 1), "committed").await;
+
+    let records = p.consume(1, Duration::from_secs(30));
+    let keys: Vec<&str> = records.iter().map(|r| r.key.as_str()).collect();
+    assert_eq!(keys, ["marker"], "only the committed event");
+    p.cleanup().await;
+}
+
+/// `kill -9` while rows flow, then a restart: every committed event reaches Kafka, first
+/// occurrences in per-key order; the duplicates of the replay are counted and printed.
+pub async fn kill_9_mid_stream_loses_nothing<E: Engine>() {
+    let p = Pipeline::<E>::new("kill", 3, "").await;
+    p.init();
+    let mut daemon = p.spawn_run("run-1.log");
+
+    // Write continuously; kill outboxd while rows are flowing; restart it.
+    const KEYS: u32 = 10;
+    const PER_KEY: u32 = 60;
+    let writer = {
+        let mut writer = p.writer().await;
+        tokio::spawn(async move {
+            for seq in 1..=PER_KEY {
+                for k in 0..KEYS {
+                    writer.commit(&event(&format!("acct-{k}"), seq), "k").await;
+                }
+                // Pacing, so that the kill lands mid-stream.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    wait_for(
+        "some rows published before the kill",
+        Duration::from_secs(30),
+        || async { (p.success_count().await >= 100).then_some(()) },
+    )
+    .await;
+    daemon.kill9();
+    let restarted = p.spawn_run("run-2.log");
+    writer.await.expect("writer");
+    let total = (KEYS * PER_KEY) as usize;
+
+    wait_for(
+        "all rows SUCCESS after the restart",
+        Duration::from_secs(60),
+        || async { (p.success_count().await == total as i64).then_some(()) },
+    )
+    .await;
+    let records = p.consume(total, Duration::from_secs(60));
+    let duplicates = assert_every_event_in_key_order(&records, KEYS as usize, PER_KEY);
+    println!(
+        "{} kill -9 test: {total} events committed, {} records in Kafka, {duplicates} \
+         duplicates after the restart",
+        E::NAME,
+        records.len()
+    );
+    drop(restarted);
+    p.cleanup().await;
+}
+
+/// A second instance waits while the first holds the pipeline (the slot, the lock), says
+/// so, and takes over once the first is killed.
+pub async fn a_standby_waits_and_takes_over<E: Engine>() {
+    let p = Pipeline::<E>::new("standby", 1, "").await;
+    p.init();
+    let mut writer = p.writer().await;
+    let mut first = p.spawn_run("first.log");
+    writer.commit(&event("k", 1), "a").await;
+    wait_for("first event SUCCESS", Duration::from_secs(30), || async {
+        (p.success_count().await == 1).then_some(())
+    })
+    .await;
+
+    let mut second = p.spawn_run("second.log");
+    wait_for(
+        "the standby to report that the pipeline is held",
+        Duration::from_secs(30),
+        || async {
+            let log = second.log_text();
+            E::STANDBY_WAITING
+                .iter()
+                .all(|says| log.contains(says))
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(
+        second.is_running(),
+        "the standby keeps waiting:\n{}",
+        second.log_text()
+    );
+
+    first.kill9();
+    writer.commit(&event("k", 2), "b").await;
+    wait_for(
+        "the standby publishes after the takeover",
+        Duration::from_secs(60),
+        || async { (p.success_count().await == 2).then_some(()) },
+    )
+    .await;
+    let records = p.consume(2, Duration::from_secs(30));
+    let seqs = seqs_by_key(&records).remove("k").unwrap_or_default();
+    assert!(seqs.starts_with(&[1]) && seqs.contains(&2), "{seqs:?}");
+    drop(second);
+    p.cleanup().await;
+}
+
+/// `check` fails before `init` with a fix for each failure; `init` twice is fine and the
+/// second has nothing to do; then `check` passes and reports every item.
+pub async fn check_reports_every_item_and_init_is_idempotent<E: Engine>() {
+    let p = Pipeline::<E>::new("check", 1, "").await;
+    let before = p.outboxd(&["check"]);
+    let text = String::from_utf8_lossy(&before.stdout);
+    assert_eq!(
+        before.status.code(),
+        Some(1),
+        "check fails before init:\n{text}"
+    );
+    assert!(text.contains("fix:"), "failures carry their fix:\n{text}");
+
+    p.init();
+    let again = p.outboxd(&["init"]);
+    let init_text = String::from_utf8_lossy(&again.stdout);
+    assert!(again.status.success(), "{init_text}");
+    assert!(init_text.contains("exists, nothing to do"), "{init_text}");
+    let after = p.outboxd(&["check"]);
+    let text = String::from_utf8_lossy(&after.stdout);
+    println!("{text}");
+    assert!(after.status.success(), "check passes after init:\n{text}");
+    for item in E::CHECK_ITEMS.iter().chain(&["kafka"]) {
+        assert!(text.contains(item), "{item} in:\n{text}");
+    }
+    p.cleanup().await;
+}
