@@ -33,7 +33,7 @@ use outboxd_connector_kit::check::{failed_query, outbox_columns_line, payload_ty
 use outboxd_connector_kit::store::table_qualifiers;
 
 use crate::client::classify_pg_error;
-use crate::schema::{self, qualified, quote_ident, split_qualified};
+use crate::schema::{self, qualified, quote_ident, TableName};
 use crate::store::get;
 use crate::PostgresConnector;
 
@@ -249,9 +249,9 @@ async fn table_ident(
 
 /// The quoted, schema-qualified (when the table is) name of an index of `table`.
 fn index_name(table: &str, index: &str) -> String {
-    match split_qualified(table) {
-        (Some(schema), _) => format!("{}.{}", quote_ident(schema), quote_ident(index)),
-        (None, _) => quote_ident(index),
+    match TableName::parse(table).schema {
+        Some(schema) => format!("{}.{}", quote_ident(&schema), quote_ident(index)),
+        None => quote_ident(index),
     }
 }
 
