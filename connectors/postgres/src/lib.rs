@@ -19,6 +19,8 @@
 //!   claims, the reaper) and, in `store::operator`, the [`outboxd_connector::OutboxAdmin`]
 //!   (`status`, `retry`, `park`, `resolve`, `janitor`, the INIT scan of `recover`).
 //! - `schema`: `schemas/postgres/*.sql` rendered for the configured names; quoting.
+//! - `outbox_table`: the outbox table (OID, schema, name) the server resolves the
+//!   configured name to; `init`, `check` and the stream all use it.
 //!
 //! Data flows: `log/replication` → `log/pgoutput` → `log/decode` (rows through the kit's
 //! row conversion) → `log/stream` → the core, which writes outcomes back through
@@ -27,6 +29,7 @@
 mod client;
 mod config;
 mod log;
+mod outbox_table;
 mod schema;
 mod setup;
 pub mod store;

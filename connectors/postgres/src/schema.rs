@@ -18,26 +18,74 @@ pub(crate) fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
-/// A configured table name, optionally schema-qualified (`app.outbox`), split in two.
-pub(crate) fn split_qualified(name: &str) -> (Option<&str>, &str) {
-    match name.split_once('.') {
-        Some((schema, table)) => (Some(schema), table),
-        None => (None, name),
+/// A configured table name, optionally schema-qualified, split in two and unquoted.
+///
+/// Names are taken as written, so `App.OutBox` is `"App"."OutBox"` (the case is kept, as
+/// `init` creates it). A part in double quotes is unquoted: `"OutBox"` is `OutBox`, `""`
+/// inside stands for one quote and a dot inside does not split (`"my.app"."Out""box"`).
+/// Without a schema the server finds the table through the role's `search_path`, as for
+/// any unqualified name in SQL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct TableName {
+    pub(crate) schema: Option<String>,
+    pub(crate) table: String,
+}
+
+impl TableName {
+    pub(crate) fn parse(name: &str) -> Self {
+        // The first dot outside double quotes separates the schema.
+        let mut quoted = false;
+        let dot = name.char_indices().find_map(|(i, c)| match c {
+            '"' => {
+                quoted = !quoted;
+                None
+            }
+            '.' if !quoted => Some(i),
+            _ => None,
+        });
+        match dot {
+            Some(at) => Self {
+                schema: Some(unquote(&name[..at])),
+                table: unquote(&name[at + 1..]),
+            },
+            None => Self {
+                schema: None,
+                table: unquote(name),
+            },
+        }
+    }
+
+    /// Quoted for SQL: `"app"."outbox"`, or `"outbox"` when unqualified.
+    pub(crate) fn quoted(&self) -> String {
+        match &self.schema {
+            Some(schema) => format!("{}.{}", quote_ident(schema), quote_ident(&self.table)),
+            None => quote_ident(&self.table),
+        }
+    }
+}
+
+/// `"Out""box"` → `Out"box`; a part not in double quotes is taken as written.
+fn unquote(part: &str) -> String {
+    match part
+        .strip_prefix('"')
+        .and_then(|inner| inner.strip_suffix('"'))
+    {
+        Some(inner) => inner.replace("\"\"", "\""),
+        None => part.to_owned(),
     }
 }
 
 /// A configured table name quoted for SQL: `app.outbox` → `"app"."outbox"`,
-/// `outbox` → `"outbox"`.
+/// `outbox` → `"outbox"`, `"OutBox"` → `"OutBox"`. The one spelling of a configured name
+/// that every statement of this crate uses, so `init`, `check`, the store and the
+/// replication stream all find the same table.
 pub(crate) fn qualified(name: &str) -> String {
-    match split_qualified(name) {
-        (Some(schema), table) => format!("{}.{}", quote_ident(schema), quote_ident(table)),
-        (None, table) => quote_ident(table),
-    }
+    TableName::parse(name).quoted()
 }
 
 /// The table's name without its schema, the stem of its index names.
-pub(crate) fn base_name(name: &str) -> &str {
-    split_qualified(name).1
+pub(crate) fn base_name(name: &str) -> String {
+    TableName::parse(name).table
 }
 
 /// The name of the outbox's retry index (`<table>_retry_due_idx`).
@@ -172,7 +220,39 @@ mod tests {
         assert_eq!(qualified("outbox"), "\"outbox\"");
         assert_eq!(qualified("app.outbox"), "\"app\".\"outbox\"");
         assert_eq!(base_name("app.outbox"), "outbox");
-        assert_eq!(split_qualified("app.outbox"), (Some("app"), "outbox"));
+        assert_eq!(
+            TableName::parse("app.outbox"),
+            TableName {
+                schema: Some("app".into()),
+                table: "outbox".into()
+            }
+        );
+    }
+
+    #[test]
+    fn parses_quoted_and_mixed_case_names() {
+        let parse = |name: &str| {
+            let t = TableName::parse(name);
+            (t.schema, t.table)
+        };
+        // Bare names are taken as written, case included.
+        assert_eq!(parse("OutBox"), (None, "OutBox".into()));
+        assert_eq!(parse("App.OutBox"), (Some("App".into()), "OutBox".into()));
+        // Quotes are removed; a doubled quote is one; a dot inside quotes does not split.
+        assert_eq!(parse("\"OutBox\""), (None, "OutBox".into()));
+        assert_eq!(
+            parse("\"my.app\".\"Out\"\"box\""),
+            (Some("my.app".into()), "Out\"box".into())
+        );
+        assert_eq!(parse("app.\"a.b\""), (Some("app".into()), "a.b".into()));
+        assert_eq!(qualified("\"OutBox\""), "\"OutBox\"");
+        assert_eq!(qualified("\"My.App\".OutBox"), "\"My.App\".\"OutBox\"");
+        assert_eq!(qualified("\"Out\"\"box\""), "\"Out\"\"box\"");
+        assert_eq!(base_name("\"My.App\".\"OutBox\""), "OutBox");
+        assert_eq!(
+            outbox_retry_index(&OutboxLayout::with_tables("\"OutBox\"", "i", "c")),
+            "OutBox_retry_due_idx"
+        );
     }
 
     #[test]

@@ -1,10 +1,13 @@
 //! Assembles committed outbox transactions from pgoutput messages: a pure state machine
 //! (no I/O) over the decoded messages of [`crate::pgoutput`], tested on captured bytes.
 //! Outbox inserts become events through the kit's row conversion
-//! ([`outboxd_connector_kit::row`]); inserts into other tables are dropped before their
-//! tuples are decoded.
-
-use std::collections::HashMap;
+//! ([`outboxd_connector_kit::row`]).
+//!
+//! The outbox is known by the OID the server resolved its configured name to
+//! ([`OutboxTable`]), not by a spelling of its name. The publication holds the outbox
+//! only (`init` makes it so, `check` fails otherwise), so a Relation message for any other
+//! table is a definite error: treating it as a transaction without outbox rows would let
+//! the slot be confirmed past rows that may be the outbox's, and they would stay INIT.
 
 use bytes::Bytes;
 use outboxd_connector::{CommittedTransaction, ConnectorError, OutboxEvent};
@@ -12,7 +15,9 @@ use outboxd_connector::{CommittedTransaction, ConnectorError, OutboxEvent};
 use super::position::Lsn;
 use outboxd_connector_kit::{row, ColumnMap, Field, RowSource, Value};
 
+use crate::outbox_table::OutboxTable;
 use crate::pgoutput::{self, ColumnValue, PgOutputMessage, Relation};
+use crate::schema::quote_ident;
 
 const BYTEA_OID: u32 = 17;
 
@@ -53,11 +58,12 @@ impl OutboxColumns {
 /// Assembles committed outbox transactions from pgoutput messages. Pure state machine
 /// (no I/O), so it is tested on captured bytes.
 pub(crate) struct Decoder {
-    schema: String,
-    table: String,
+    outbox: OutboxTable,
+    /// Named in the error about a table that is not the outbox.
+    publication: String,
     key_column: String,
-    /// Relation OID → its outbox columns, or `None` for a table that is not the outbox.
-    relations: HashMap<u32, Option<OutboxColumns>>,
+    /// The outbox's columns, once its Relation message arrived.
+    columns: Option<OutboxColumns>,
     txn: Option<OpenTransaction>,
 }
 
@@ -66,24 +72,12 @@ struct OpenTransaction {
 }
 
 impl Decoder {
-    pub(crate) fn new(outbox_table: &str, key_column: &str) -> Self {
-        // As SQL reads names: quoted ones keep their case, bare ones fold to lower case.
-        let unquote = |s: &str| {
-            let s = s.trim();
-            match s.strip_prefix('"').and_then(|s| s.strip_suffix('"')) {
-                Some(quoted) => quoted.replace("\"\"", "\""),
-                None => s.to_lowercase(),
-            }
-        };
-        let (schema, table) = match outbox_table.split_once('.') {
-            Some((schema, table)) => (unquote(schema), unquote(table)),
-            None => ("public".to_owned(), unquote(outbox_table)),
-        };
+    pub(crate) fn new(outbox: OutboxTable, publication: &str, key_column: &str) -> Self {
         Self {
-            schema,
-            table,
+            outbox,
+            publication: publication.to_owned(),
             key_column: key_column.to_owned(),
-            relations: HashMap::new(),
+            columns: None,
             txn: None,
         }
     }
@@ -93,16 +87,10 @@ impl Decoder {
     }
 
     fn table_name(&self) -> String {
-        format!("{}.{}", self.schema, self.table)
+        self.outbox.to_string()
     }
 
     pub(crate) fn handle(&mut self, data: &Bytes) -> Result<Option<Decoded>, ConnectorError> {
-        // Inserts into other tables are dropped before decoding their tuples.
-        if let [b'I', a, b, c, d, ..] = data[..] {
-            if let Some(None) = self.relations.get(&u32::from_be_bytes([a, b, c, d])) {
-                return Ok(None);
-            }
-        }
         let message = pgoutput::decode(data).map_err(|e| {
             ConnectorError::definite(format!(
                 "cannot decode the replication stream of outbox `{}`",
@@ -115,26 +103,25 @@ impl Decoder {
                 self.txn = Some(OpenTransaction { events: Vec::new() });
             }
             PgOutputMessage::Relation(rel) => {
-                let columns = if rel.namespace == self.schema && rel.name == self.table {
-                    Some(OutboxColumns::new(
-                        &rel,
-                        &self.table_name(),
-                        &self.key_column,
-                    )?)
-                } else {
-                    None
-                };
-                self.relations.insert(rel.oid, columns);
+                if rel.oid != self.outbox.oid {
+                    return Err(self.not_the_outbox(&rel));
+                }
+                self.columns = Some(OutboxColumns::new(
+                    &rel,
+                    &self.table_name(),
+                    &self.key_column,
+                )?);
             }
             PgOutputMessage::Insert(insert) => {
-                let columns = match self.relations.get(&insert.relation_oid) {
-                    Some(Some(columns)) => columns,
-                    Some(None) => return Ok(None),
-                    None => {
+                let columns = match &self.columns {
+                    Some(columns) if insert.relation_oid == self.outbox.oid => columns,
+                    _ => {
                         return Err(ConnectorError::definite(format!(
-                            "replication stream: insert into relation OID {} before its \
-                             Relation message",
-                            insert.relation_oid
+                            "replication stream: insert into relation OID {} before the outbox's \
+                             Relation message (outbox `{}` is OID {})",
+                            insert.relation_oid,
+                            self.table_name(),
+                            self.outbox.oid
                         )))
                     }
                 };
@@ -170,6 +157,40 @@ impl Decoder {
             PgOutputMessage::Skipped(_) => {}
         }
         Ok(None)
+    }
+
+    /// The publication streams `rel`, which is not the outbox: say which, and the fix.
+    fn not_the_outbox(&self, rel: &Relation) -> ConnectorError {
+        let publication = &self.publication;
+        let outbox = &self.outbox;
+        let table = format!("{}.{}", rel.namespace, rel.name);
+        let why = if rel.namespace == outbox.schema && rel.name == outbox.name {
+            // A table of that name with another OID: written before the outbox was
+            // dropped and created again. Its rows are not in today's table.
+            format!(
+                "the outbox `{outbox}` is OID {} now, the log holds inserts into an earlier \
+                 table of that name (OID {}); if the outbox was dropped and created again, run \
+                 `outboxd recover --config <file>` to start the slot anew and publish its INIT \
+                 rows",
+                outbox.oid, rel.oid
+            )
+        } else {
+            format!(
+                "outboxd reads only the outbox `{outbox}` (OID {}: the table the server finds \
+                 by outbox.table, through the role's search_path when unqualified); if \
+                 `{table}` is your outbox, set outbox.table to `{table}`, otherwise make the \
+                 publication publish the outbox alone: ALTER PUBLICATION {} SET TABLE {}.{}",
+                outbox.oid,
+                quote_ident(publication),
+                quote_ident(&outbox.schema),
+                quote_ident(&outbox.name)
+            )
+        };
+        ConnectorError::definite(format!(
+            "publication `{publication}` streams inserts into table `{table}` (OID {}), which \
+             is not the outbox; stopping before its transaction is confirmed: {why}",
+            rel.oid
+        ))
     }
 }
 
@@ -260,15 +281,42 @@ mod tests {
 
     use crate::pgoutput::fixture;
 
-    #[test]
-    fn assembles_a_captured_transaction() {
-        let mut decoder = Decoder::new("public.fixture_outbox", "biz_key");
+    const INSERT_TX: &str = include_str!("testdata/pgoutput_insert_tx.hex");
+
+    /// The captured outbox, with the OID its Relation message carries.
+    fn fixture_outbox() -> OutboxTable {
+        let oid = fixture(INSERT_TX)
+            .iter()
+            .find_map(|m| match pgoutput::decode(m) {
+                Ok(PgOutputMessage::Relation(rel)) => Some(rel.oid),
+                _ => None,
+            })
+            .unwrap();
+        OutboxTable {
+            oid,
+            schema: "public".into(),
+            name: "fixture_outbox".into(),
+        }
+    }
+
+    /// What `decoder` makes of the captured transaction, up to the first error.
+    fn decode_all(decoder: &mut Decoder) -> (Vec<Decoded>, Option<ConnectorError>) {
         let mut out = Vec::new();
-        for msg in fixture(include_str!("testdata/pgoutput_insert_tx.hex")) {
-            if let Some(d) = decoder.handle(&msg).unwrap() {
-                out.push(d);
+        for msg in fixture(INSERT_TX) {
+            match decoder.handle(&msg) {
+                Ok(Some(d)) => out.push(d),
+                Ok(None) => {}
+                Err(e) => return (out, Some(e)),
             }
         }
+        (out, None)
+    }
+
+    #[test]
+    fn assembles_a_captured_transaction() {
+        let mut decoder = Decoder::new(fixture_outbox(), "fixture_pub", "biz_key");
+        let (out, err) = decode_all(&mut decoder);
+        assert!(err.is_none(), "{err:?}");
         assert!(!decoder.in_transaction());
         let [Decoded::Transaction(_, txn)] = &out[..] else {
             panic!("{out:?}")
@@ -292,37 +340,56 @@ mod tests {
         assert_eq!(e.commit_time, txn.commit_time);
         assert_eq!(txn.events[1].topic.as_deref(), Some("orders.special"));
         assert!(txn.events[1].id > e.id);
+    }
 
-        // Another table name: the same bytes yield only an empty commit.
-        let mut other = Decoder::new("outbox", "biz_key");
-        let out: Vec<_> = fixture(include_str!("testdata/pgoutput_insert_tx.hex"))
-            .iter()
-            .filter_map(|m| other.handle(m).unwrap())
-            .collect();
-        assert!(matches!(out[..], [Decoded::Empty(_)]), "{out:?}");
+    #[test]
+    fn relation_that_is_not_the_outbox_is_a_definite_error() {
+        // The outbox resolved to another table (e.g. `app.outbox` through search_path):
+        // the captured inserts must stop the stream, never pass as an empty commit.
+        let outbox = OutboxTable {
+            oid: fixture_outbox().oid + 1,
+            schema: "app".into(),
+            name: "outbox".into(),
+        };
+        let mut decoder = Decoder::new(outbox, "fixture_pub", "biz_key");
+        let (out, err) = decode_all(&mut decoder);
+        assert!(out.is_empty(), "nothing before the error: {out:?}");
+        let err = err.expect("an error");
+        assert!(!err.is_transient());
+        let message = err.message();
+        for part in [
+            "publication `fixture_pub`",
+            "`public.fixture_outbox`",
+            "`app.outbox`",
+            "ALTER PUBLICATION \"fixture_pub\" SET TABLE \"app\".\"outbox\"",
+            "set outbox.table to `public.fixture_outbox`",
+        ] {
+            assert!(message.contains(part), "`{part}` missing: {err}");
+        }
+    }
+
+    #[test]
+    fn outbox_name_with_another_oid_is_a_definite_error_naming_recover() {
+        // Inserts logged before the outbox was dropped and created again.
+        let outbox = OutboxTable {
+            oid: fixture_outbox().oid + 1,
+            ..fixture_outbox()
+        };
+        let mut decoder = Decoder::new(outbox, "fixture_pub", "biz_key");
+        let (out, err) = decode_all(&mut decoder);
+        assert!(out.is_empty(), "{out:?}");
+        let err = err.expect("an error");
+        assert!(!err.is_transient());
+        assert!(err.message().contains("outboxd recover"), "{err}");
     }
 
     #[test]
     fn missing_column_names_column_and_table() {
-        let mut decoder = Decoder::new("public.fixture_outbox", "no_such_column");
-        let err = fixture(include_str!("testdata/pgoutput_insert_tx.hex"))
-            .iter()
-            .map(|m| decoder.handle(m))
-            .find_map(Result::err)
-            .unwrap();
+        let mut decoder = Decoder::new(fixture_outbox(), "fixture_pub", "no_such_column");
+        let err = decode_all(&mut decoder).1.unwrap();
         assert!(!err.is_transient());
         assert!(err.message().contains("`no_such_column`"), "{err}");
         assert!(err.message().contains("`public.fixture_outbox`"), "{err}");
-    }
-
-    #[test]
-    fn outbox_names_fold_like_sql() {
-        let d = Decoder::new("Outbox", "biz_key");
-        assert_eq!((d.schema.as_str(), d.table.as_str()), ("public", "outbox"));
-        let d = Decoder::new("\"App\".\"Out\"\"box\"", "biz_key");
-        assert_eq!((d.schema.as_str(), d.table.as_str()), ("App", "Out\"box"));
-        let d = Decoder::new("app.outbox", "biz_key");
-        assert_eq!((d.schema.as_str(), d.table.as_str()), ("app", "outbox"));
     }
 
     #[test]

@@ -1,13 +1,14 @@
 //! The PostgreSQL [`ChangeStream`]: logical replication from the pipeline's slot, decoded
 //! with [`crate::pgoutput`], filtered to committed inserts into the outbox table.
 //!
-//! `PgChangeStream::open` checks the slot over SQL, starts replication and spawns a task
-//! that owns the socket. The task hands the messages to `log::decode` (transactions
-//! assembled Begin..Commit, outbox inserts turned into
-//! [`OutboxEvent`](outboxd_connector::OutboxEvent)s) and sends [`ChangeItem`]s through the
-//! kit's bounded channel ([`outboxd_connector_kit::tail`]): when the core falls behind, the
-//! task stops reading the socket (backpressure) but keeps sending standby status updates
-//! so the server does not time the session out.
+//! `PgChangeStream::open` checks the slot over SQL, resolves the outbox table the way
+//! `init` did (through the role's `search_path`; see `crate::outbox_table`), starts
+//! replication and spawns a task that owns the socket. The task hands the messages to
+//! `log::decode` (transactions assembled Begin..Commit, outbox inserts turned into
+//! [`OutboxEvent`](outboxd_connector::OutboxEvent)s, any other table an error) and sends
+//! [`ChangeItem`]s through the kit's bounded channel ([`outboxd_connector_kit::tail`]):
+//! when the core falls behind, the task stops reading the socket (backpressure) but keeps
+//! sending standby status updates so the server does not time the session out.
 //!
 //! Positions: a transaction's position is the end LSN of its commit; progress is a
 //! keepalive's WAL end (only between transactions) or the end LSN of a transaction without
@@ -25,6 +26,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::log::decode::{Decoded, Decoder};
+use crate::outbox_table::OutboxTable;
 use crate::replication::{ReplicationConnection, ReplicationMessage, ReplicationStream};
 use crate::PostgresConnector;
 
@@ -54,11 +56,11 @@ impl PgChangeStream {
     pub(crate) async fn open(connector: &PostgresConnector) -> Result<Self, ConnectorError> {
         let slot = connector.slot();
         let publication = connector.publication();
-        let confirmed_flush = check_slot(connector, &slot).await?;
-        let decoder = Decoder::new(
-            &connector.layout().outbox_table,
-            &connector.layout().key_column,
-        );
+        let client = connector.sql_client().await?;
+        let confirmed_flush = check_slot(connector, &client, &slot).await?;
+        let outbox = resolve_outbox(connector, &client).await?;
+        drop(client);
+        let decoder = Decoder::new(outbox, &publication, &connector.layout().key_column);
 
         let conn = ReplicationConnection::connect(connector.config()).await?;
         // 0/0: the server starts at the slot's confirmed_flush_lsn.
@@ -110,8 +112,11 @@ impl ChangeStream for PgChangeStream {
 }
 
 /// Reads the slot from `pg_replication_slots` and returns its `confirmed_flush_lsn`.
-async fn check_slot(connector: &PostgresConnector, slot: &str) -> Result<Lsn, ConnectorError> {
-    let client = connector.sql_client().await?;
+async fn check_slot(
+    connector: &PostgresConnector,
+    client: &tokio_postgres::Client,
+    slot: &str,
+) -> Result<Lsn, ConnectorError> {
     let context = format!(
         "reading replication slot `{slot}` at {}",
         connector.endpoint()
@@ -171,6 +176,28 @@ async fn check_slot(connector: &PostgresConnector, slot: &str) -> Result<Lsn, Co
     };
     tracing::debug!(%slot, %confirmed, "replication slot checked");
     Ok(confirmed)
+}
+
+/// The outbox table as the server resolves `outbox.table` on the pipeline's role, as
+/// `init` and `check` do: the decoder knows it in the log by this OID.
+async fn resolve_outbox(
+    connector: &PostgresConnector,
+    client: &tokio_postgres::Client,
+) -> Result<OutboxTable, ConnectorError> {
+    let configured = &connector.layout().outbox_table;
+    let table = OutboxTable::resolve(client, configured).await?;
+    let Some(table) = table else {
+        return Err(ConnectorError::definite(format!(
+            "outbox table `{configured}` does not exist in {} (an unqualified name is looked up \
+             through the search_path of role `{}`): run `outboxd init --config <file>`, or set \
+             outbox.table to the schema-qualified name of your outbox",
+            connector.endpoint(),
+            connector.config().user
+        ))
+        .with_reason(ErrorReason::MissingObject));
+    };
+    tracing::debug!(outbox = %table, oid = table.oid, "outbox table resolved");
+    Ok(table)
 }
 
 /// Adds the operator's fix to server errors about a missing or unusable slot or

@@ -325,9 +325,10 @@ async fn check_publication(
     Ok(if problems.is_empty() {
         CheckLine::ok(
             "publication",
+            // The table as the server resolved the name (the one `run` reads).
             format!(
-                "{publication} publishes inserts into {}",
-                layout.outbox_table
+                "{publication} publishes inserts into {}.{}",
+                outbox.0, outbox.1
             ),
         )
     } else {

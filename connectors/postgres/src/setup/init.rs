@@ -35,7 +35,7 @@ pub(crate) async fn init(
     }
 
     // Schemas of schema-qualified tables.
-    for schema in table_qualifiers(layout, |t| split_qualified(t).0.map(str::to_owned)) {
+    for schema in table_qualifiers(layout, |t| TableName::parse(t).schema) {
         let schema = schema.as_str();
         let exists = query_opt(
             &client,

@@ -33,7 +33,8 @@ use outboxd_connector_kit::check::{failed_query, outbox_columns_line, payload_ty
 use outboxd_connector_kit::store::table_qualifiers;
 
 use crate::client::classify_pg_error;
-use crate::schema::{self, qualified, quote_ident, split_qualified};
+use crate::outbox_table::OutboxTable;
+use crate::schema::{self, qualified, quote_ident, TableName};
 use crate::store::get;
 use crate::PostgresConnector;
 
@@ -228,30 +229,21 @@ async fn slot_info(
     }))
 }
 
-/// `(schema, table)` of the outbox table, `None` when it does not exist.
+/// `(schema, table)` of the outbox table, `None` when it does not exist: resolved as the
+/// replication stream resolves it ([`OutboxTable`]).
 async fn table_ident(
     client: &Client,
     layout: &OutboxLayout,
 ) -> Result<Option<(String, String)>, ConnectorError> {
-    let row = query_opt(
-        client,
-        "SELECT n.nspname::text, c.relname::text FROM pg_class c \
-         JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)",
-        &[&qualified(&layout.outbox_table)],
-        "looking up the outbox table",
-    )
-    .await?;
-    match row {
-        Some(row) => Ok(Some((get(&row, 0)?, get(&row, 1)?))),
-        None => Ok(None),
-    }
+    let table = OutboxTable::resolve(client, &layout.outbox_table).await?;
+    Ok(table.map(|t| (t.schema, t.name)))
 }
 
 /// The quoted, schema-qualified (when the table is) name of an index of `table`.
 fn index_name(table: &str, index: &str) -> String {
-    match split_qualified(table) {
-        (Some(schema), _) => format!("{}.{}", quote_ident(schema), quote_ident(index)),
-        (None, _) => quote_ident(index),
+    match TableName::parse(table).schema {
+        Some(schema) => format!("{}.{}", quote_ident(&schema), quote_ident(index)),
+        None => quote_ident(index),
     }
 }
 

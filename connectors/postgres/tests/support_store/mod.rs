@@ -206,6 +206,15 @@ impl Drop for Fixture {
                 let client = env.client().await;
                 let deadline = std::time::Instant::now() + Duration::from_secs(10);
                 loop {
+                    // A stream the test left open is stuck: this thread blocks the test's
+                    // runtime. End its reader so the slot can go.
+                    let _ = client
+                        .execute(
+                            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                             WHERE slot_name = $1 AND active",
+                            &[&slot],
+                        )
+                        .await;
                     let dropped = client
                         .execute(
                             "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
