@@ -117,6 +117,11 @@ pub async fn run<C: Connector, S: Sink>(
         tracing::info!(source = %connector.describe(), "streaming");
         stats.streaming.store(true, Ordering::Relaxed);
         let wake = Arc::clone(&link.wake_worker);
+        // A session start may be a takeover: the instance that held the log may have
+        // left FAILED rows and PROCESSING claims that nothing here has been told of (its
+        // failures woke its own worker, not ours). Wake the claim worker so it reaps,
+        // claims what is due and learns the schedule of the rest.
+        wake.notify_one();
         let result = async {
             let mut session = Session::new(&store, sink, settings, stats, wake);
             session.load_blocked_keys().await?;

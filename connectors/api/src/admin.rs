@@ -19,7 +19,7 @@ pub struct StatusCount {
 pub struct StatusSummary {
     /// Rows by status and message type.
     pub counts: Vec<StatusCount>,
-    /// `created_at` of the oldest INIT or FAILED row.
+    /// `created_at` of the oldest INIT, FAILED or PROCESSING row.
     pub oldest_unsent: Option<SystemTime>,
     /// The checkpoint row: position and when it was written.
     pub checkpoint: Option<(Position, SystemTime)>,

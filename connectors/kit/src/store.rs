@@ -15,9 +15,10 @@ pub fn is_empty(batch: &WriteBack<'_>) -> bool {
 }
 
 /// Adds one `(status, message_type, count, oldest created_at)` row of `outboxd status` to
-/// `summary`; INIT and FAILED rows count towards the oldest unsent row.
+/// `summary`; INIT, FAILED and PROCESSING rows count towards the oldest unsent row (a
+/// claim left by a dead worker is as unsent as a FAILED row until the reaper takes it).
 pub fn add_status_row(summary: &mut StatusSummary, count: StatusCount, oldest: Option<SystemTime>) {
-    if count.status == status::INIT || count.status == status::FAILED {
+    if [status::INIT, status::FAILED, status::PROCESSING].contains(&count.status.as_str()) {
         summary.oldest_unsent = match (summary.oldest_unsent, oldest) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -53,7 +54,7 @@ mod tests {
     use std::time::Duration;
 
     #[test]
-    fn oldest_unsent_counts_init_and_failed_only() {
+    fn oldest_unsent_counts_init_failed_and_processing() {
         let mut s = StatusSummary::default();
         let t = |secs| Some(SystemTime::UNIX_EPOCH + Duration::from_secs(secs));
         let row = |status: &str| StatusCount {
@@ -65,7 +66,15 @@ mod tests {
         add_status_row(&mut s, row("FAILED"), t(5));
         add_status_row(&mut s, row("INIT"), t(3));
         assert_eq!(s.oldest_unsent, t(3));
-        assert_eq!(s.counts.len(), 3);
+        add_status_row(&mut s, row("MANUAL_REQUIRED"), t(1));
+        assert_eq!(
+            s.oldest_unsent,
+            t(3),
+            "MANUAL_REQUIRED waits for an operator"
+        );
+        add_status_row(&mut s, row("PROCESSING"), t(2));
+        assert_eq!(s.oldest_unsent, t(2));
+        assert_eq!(s.counts.len(), 5);
         assert!(is_empty(&WriteBack::default()));
     }
 
