@@ -222,108 +222,12 @@ async fn check_reports_every_item_and_init_is_idempotent() {
     scenarios::check_reports_every_item_and_init_is_idempotent::<MysqlServices>().await;
 }
 
-/// Settings that make failures show up within seconds instead of minutes.
-const FAST_FAILURES: &str = r#"
-[kafka.options]
-"allow.auto.create.topics" = "false"
-"topic.metadata.refresh.interval.ms" = "1000"
-
-[retry]
-base = "300ms"
-cap = "2s"
-jitter = "100ms"
-claim_timeout = "20s"
-idle_check = "1s"
-"#;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rejected_record_fails_its_row_parks_its_key_and_is_retried_in_order() {
-    let p = MysqlPipeline::new("toolarge", 1, FAST_FAILURES).await;
-    // The broker rejects records over 4 KB on this topic.
-    let topic = format!("{}.small", p.topic);
-    p.create_topic_with(&topic, 1, &[("max.message.bytes", "4096")])
-        .await;
-    p.init();
-    let _daemon = p.spawn_run("run.log");
-    let mut conn = p.sql().await;
-    let insert = |id: &str, key: &str, seq: u32, size: usize| {
-        format!(
-            "INSERT INTO `{}` (message_id, message_type, biz_key, topic, payload, headers) \
-             VALUES ('{id}', 'order.step{seq}', '{key}', '{topic}', '{{\"pad\": \"{}\"}}', \
-             '{{\"seq\": \"{seq}\"}}')",
-            p.table,
-            // Incompressible: the producer compresses.
-            (0..size)
-                .map(|_| char::from(b'a' + rand::random::<u8>() % 26))
-                .collect::<String>()
-        )
-    };
-    conn.query_drop(insert("blocked-1", "blocked", 1, 8_000))
-        .await
-        .expect("insert");
-    wait_for(
-        "the oversized record to fail its row",
-        Duration::from_secs(30),
-        || async { (p.rows().await.get("blocked-1")?.0 == "FAILED").then_some(()) },
-    )
+    scenarios::a_rejected_record_fails_its_row_parks_its_key_and_is_delivered_in_order_later::<
+        MysqlServices,
+    >()
     .await;
-    for seq in 2..=3 {
-        conn.query_drop(insert(&format!("blocked-{seq}"), "blocked", seq, 10))
-            .await
-            .expect("insert");
-        conn.query_drop(insert(&format!("free-{seq}"), "free", seq, 10))
-            .await
-            .expect("insert");
-    }
-    wait_for("the other key to flow", Duration::from_secs(30), || async {
-        let rows = p.rows().await;
-        (2..=3)
-            .all(|s| rows[&format!("free-{s}")].0 == "SUCCESS")
-            .then_some(())
-    })
-    .await;
-    let rows = p.rows().await;
-    let (_, retries, error) = &rows["blocked-1"];
-    assert!(*retries >= 1);
-    assert!(
-        error
-            .clone()
-            .unwrap_or_default()
-            .to_lowercase()
-            .contains("too large"),
-        "the broker's error is kept: {error:?}"
-    );
-    for seq in 2..=3 {
-        let (status, _, why) = &rows[&format!("blocked-{seq}")];
-        assert_ne!(
-            status, "SUCCESS",
-            "strict ordering holds back blocked-{seq}"
-        );
-        assert!(
-            why.clone().unwrap_or_default().contains("parked"),
-            "{why:?}"
-        );
-    }
-
-    // The operator raises the limit; the retry worker delivers the key in order.
-    p.alter_topic(&topic, "max.message.bytes", "1048576").await;
-    wait_for("every row SUCCESS", Duration::from_secs(60), || async {
-        p.rows()
-            .await
-            .values()
-            .all(|r| r.0 == "SUCCESS")
-            .then_some(())
-    })
-    .await;
-    let records = consume_all(&p.services.kafka, &topic, 1, 5, Duration::from_secs(30));
-    let by_key = seqs_by_key(&records);
-    assert_eq!(by_key["free"], [2, 3]);
-    assert_eq!(
-        by_key["blocked"],
-        [1, 2, 3],
-        "the blocked key keeps its order"
-    );
-    p.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,57 +4,13 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::Duration;
 
-use common::postgres::TestPipeline;
-use common::{consume_all, seqs_by_key, wait_for};
-use rand::Rng;
-
-/// Settings that make failures show up within seconds instead of minutes.
-const FAST_FAILURES: &str = r#"
-[kafka.options]
-"allow.auto.create.topics" = "false"
-"topic.metadata.refresh.interval.ms" = "1000"
-
-[retry]
-base = "300ms"
-cap = "2s"
-jitter = "100ms"
-claim_timeout = "20s"
-idle_check = "1s"
-"#;
-
-#[derive(Debug)]
-struct Row {
-    status: String,
-    retry_count: i32,
-    last_error: Option<String>,
-}
-
-async fn rows(p: &TestPipeline) -> BTreeMap<String, Row> {
-    let client = p.sql().await;
-    client
-        .query(
-            &format!(
-                "SELECT message_id, status, retry_count, last_error FROM \"{}\"",
-                p.table
-            ),
-            &[],
-        )
-        .await
-        .expect("rows")
-        .iter()
-        .map(|r| {
-            let row = Row {
-                status: r.get(1),
-                retry_count: r.get(2),
-                last_error: r.get(3),
-            };
-            (r.get::<_, String>(0), row)
-        })
-        .collect()
-}
+use common::engine::random_pad;
+use common::postgres::{PgServices, TestPipeline};
+use common::scenarios::{self, FAST_FAILURES};
+use common::{consume_all, wait_for};
 
 async fn insert(
     p: &TestPipeline,
@@ -66,12 +22,7 @@ async fn insert(
     payload_bytes: usize,
 ) {
     // Random letters: the producer compresses batches, so padding must not compress.
-    let pad: String = rand::thread_rng()
-        .sample_iter(&rand::distributions::Alphanumeric)
-        .take(payload_bytes)
-        .map(char::from)
-        .collect();
-    let payload = format!(r#"{{"seq":{seq},"pad":"{pad}"}}"#);
+    let payload = format!(r#"{{"seq":{seq},"pad":"{}"}}"#, random_pad(payload_bytes));
     client
         .execute(
             &format!(
@@ -94,91 +45,10 @@ async fn insert(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rejected_record_fails_its_row_parks_its_key_and_is_delivered_in_order_later() {
-    let p = TestPipeline::new("toolarge", 1, FAST_FAILURES).await;
-    // The broker rejects records over 4 KB on this topic.
-    let topic = format!("{}.small", p.topic);
-    p.create_topic_with(&topic, 1, &[("max.message.bytes", "4096")])
-        .await;
-    p.init();
-    let daemon = p.spawn_run("run.log");
-    let client = p.sql().await;
-
-    insert(&p, &client, "blocked-1", "blocked", 1, Some(&topic), 8_000).await;
-    wait_for(
-        "the oversized record to fail its row",
-        Duration::from_secs(30),
-        || async {
-            let rows = rows(&p).await;
-            (rows.get("blocked-1")?.status == "FAILED").then_some(())
-        },
-    )
+    scenarios::a_rejected_record_fails_its_row_parks_its_key_and_is_delivered_in_order_later::<
+        PgServices,
+    >()
     .await;
-    for seq in 2..=3 {
-        insert(
-            &p,
-            &client,
-            &format!("blocked-{seq}"),
-            "blocked",
-            seq,
-            Some(&topic),
-            10,
-        )
-        .await;
-    }
-    for seq in 1..=3 {
-        insert(
-            &p,
-            &client,
-            &format!("free-{seq}"),
-            "free",
-            seq,
-            Some(&topic),
-            10,
-        )
-        .await;
-    }
-    wait_for("the other key to flow", Duration::from_secs(30), || async {
-        let rows = rows(&p).await;
-        let free_done = (1..=3).all(|s| rows[&format!("free-{s}")].status == "SUCCESS");
-        free_done.then_some(())
-    })
-    .await;
-
-    let rows_now = rows(&p).await;
-    let first = &rows_now["blocked-1"];
-    let error = first.last_error.clone().unwrap_or_default();
-    assert!(
-        error.to_lowercase().contains("too large"),
-        "broker's error kept: {error}"
-    );
-    assert!(first.retry_count >= 1);
-    for seq in 2..=3 {
-        let row = &rows_now[&format!("blocked-{seq}")];
-        assert_ne!(
-            row.status, "SUCCESS",
-            "strict ordering holds back blocked-{seq}"
-        );
-        let why = row.last_error.clone().unwrap_or_default();
-        assert!(why.contains("parked"), "parked rows say why: {why}");
-    }
-
-    // The operator raises the limit; the retry worker delivers the key in order.
-    p.alter_topic(&topic, "max.message.bytes", "1048576").await;
-    wait_for("every row SUCCESS", Duration::from_secs(60), || async {
-        let rows = rows(&p).await;
-        rows.values().all(|r| r.status == "SUCCESS").then_some(())
-    })
-    .await;
-    let records = consume_all(&p.services.kafka, &topic, 1, 6, Duration::from_secs(30));
-    let by_key = seqs_by_key(&records);
-    assert_eq!(by_key["free"], [1, 2, 3]);
-    assert_eq!(
-        by_key["blocked"],
-        [1, 2, 3],
-        "the blocked key keeps its order"
-    );
-    drop(daemon);
-    p.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -221,19 +91,19 @@ async fn a_missing_topic_fails_until_created_and_exhausted_rows_need_an_operator
         "the missing topic to fail the row",
         Duration::from_secs(60),
         || async {
-            let rows = rows(&p).await;
+            let rows = p.rows().await;
             (rows.get("m-1")?.status == "FAILED").then_some(())
         },
     )
     .await;
-    let error = rows(&p).await["m-1"].last_error.clone().unwrap_or_default();
+    let error = p.rows().await["m-1"].last_error.clone().unwrap_or_default();
     assert!(error.to_lowercase().contains("unknown topic"), "{error}");
 
     wait_for(
         "the row out of retries to need an operator",
         Duration::from_secs(90),
         || async {
-            let rows = rows(&p).await;
+            let rows = p.rows().await;
             let row = rows.get("x-1")?;
             (row.status == "MANUAL_REQUIRED").then_some(row.retry_count)
         },
@@ -244,14 +114,14 @@ async fn a_missing_topic_fails_until_created_and_exhausted_rows_need_an_operator
     wait_for(
         "the row delivered once its topic exists",
         Duration::from_secs(60),
-        || async { (rows(&p).await.get("m-1")?.status == "SUCCESS").then_some(()) },
+        || async { (p.rows().await.get("m-1")?.status == "SUCCESS").then_some(()) },
     )
     .await;
     let records = consume_all(&p.services.kafka, &missing, 1, 1, Duration::from_secs(30));
     assert_eq!(records.len(), 1);
     assert_eq!(records[0].headers["message_id"], "m-1");
     assert_eq!(
-        rows(&p).await["x-1"].status,
+        p.rows().await["x-1"].status,
         "MANUAL_REQUIRED",
         "stays for the operator"
     );
@@ -291,11 +161,11 @@ async fn a_claim_abandoned_by_a_dead_worker_is_reaped_and_delivered() {
         .expect("simulate a dead worker's claims");
     let _daemon = p.spawn_run("run.log");
     wait_for("reaped rows delivered", Duration::from_secs(60), || async {
-        let rows = rows(&p).await;
+        let rows = p.rows().await;
         rows.values().all(|r| r.status == "SUCCESS").then_some(())
     })
     .await;
-    for row in rows(&p).await.values() {
+    for row in p.rows().await.values() {
         assert_eq!(
             row.retry_count, 1,
             "the reaper counted the abandoned attempt: {row:?}"
@@ -371,7 +241,7 @@ async fn a_slot_dropped_while_down_is_reported_and_recover_delivers_every_row() 
     let mut daemon = p.spawn_run("run-1.log");
     insert(&p, &client, "before-1", "a", 1, None, 10).await;
     wait_for("first row SUCCESS", Duration::from_secs(30), || async {
-        (rows(&p).await.get("before-1")?.status == "SUCCESS").then_some(())
+        (p.rows().await.get("before-1")?.status == "SUCCESS").then_some(())
     })
     .await;
     assert!(daemon.terminate().success());
@@ -403,7 +273,7 @@ async fn a_slot_dropped_while_down_is_reported_and_recover_delivers_every_row() 
         String::from_utf8_lossy(&recovered.stderr)
     );
     assert!(out.contains("20 INIT rows published"), "{out}");
-    assert!(rows(&p).await.values().all(|r| r.status == "SUCCESS"));
+    assert!(p.rows().await.values().all(|r| r.status == "SUCCESS"));
 
     // The relay resumes from the new slot.
     let _daemon = p.spawn_run("run-2.log");
@@ -411,7 +281,7 @@ async fn a_slot_dropped_while_down_is_reported_and_recover_delivers_every_row() 
     wait_for(
         "rows after recovery flow again",
         Duration::from_secs(30),
-        || async { (rows(&p).await.get("after-1")?.status == "SUCCESS").then_some(()) },
+        || async { (p.rows().await.get("after-1")?.status == "SUCCESS").then_some(()) },
     )
     .await;
     let records = consume_all(&p.services.kafka, &p.topic, 1, 22, Duration::from_secs(30));
@@ -447,7 +317,7 @@ async fn an_idle_outbox_sees_no_query_and_an_operator_retry_wakes_the_worker_at_
     wait_for(
         "the row to need an operator",
         Duration::from_secs(60),
-        || async { (rows(&p).await.get("late-1")?.status == "MANUAL_REQUIRED").then_some(()) },
+        || async { (p.rows().await.get("late-1")?.status == "MANUAL_REQUIRED").then_some(()) },
     )
     .await;
 
@@ -489,7 +359,7 @@ async fn an_idle_outbox_sees_no_query_and_an_operator_retry_wakes_the_worker_at_
     wait_for(
         "the retried row delivered",
         Duration::from_secs(15),
-        || async { (rows(&p).await.get("late-1")?.status == "SUCCESS").then_some(()) },
+        || async { (p.rows().await.get("late-1")?.status == "SUCCESS").then_some(()) },
     )
     .await;
     p.cleanup().await;
@@ -549,7 +419,7 @@ idle_check = "1s"
         "the retry worker to claim the rows",
         Duration::from_secs(30),
         || async {
-            let rows = rows(&p).await;
+            let rows = p.rows().await;
             rows.values()
                 .all(|r| r.status == "PROCESSING")
                 .then_some(())
@@ -558,7 +428,7 @@ idle_check = "1s"
     .await;
     first.kill9();
     assert!(
-        rows(&p).await.values().all(|r| r.status == "PROCESSING"),
+        p.rows().await.values().all(|r| r.status == "PROCESSING"),
         "claims abandoned"
     );
 
@@ -566,11 +436,11 @@ idle_check = "1s"
     p.create_topic(&later, 1).await;
     let _second = p.spawn_run("second.log");
     wait_for("reaped rows delivered", Duration::from_secs(60), || async {
-        let rows = rows(&p).await;
+        let rows = p.rows().await;
         rows.values().all(|r| r.status == "SUCCESS").then_some(())
     })
     .await;
-    for row in rows(&p).await.values() {
+    for row in p.rows().await.values() {
         assert!(
             row.retry_count >= 2,
             "the abandoned attempt was counted: {row:?}"

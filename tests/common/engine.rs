@@ -3,7 +3,7 @@
 //! on it (its `[source]` section, SQL, checkpoint text, what its logs say). The scenarios in
 //! `scenarios.rs` are written against this, once for every engine.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::path::PathBuf;
 use std::process::Output;
@@ -22,6 +22,14 @@ pub type Event = (String, u32);
 
 /// Where one row landed: `(kafka_partition, kafka_offset, message_id, sent_at IS NOT NULL)`.
 pub type Landed = (i32, i64, String, bool);
+
+/// What an outbox row says about its delivery.
+#[derive(Debug)]
+pub struct OutboxRow {
+    pub status: String,
+    pub retry_count: i32,
+    pub last_error: Option<String>,
+}
 
 /// A source engine as the end-to-end tests see it: where its server is (read from the
 /// environment `scripts/services env` prints) and what differs on it.
@@ -54,6 +62,8 @@ pub trait Engine: Sized {
     fn writer(p: &Pipeline<Self>) -> impl Future<Output = Self::Writer>;
     /// Rows by status.
     fn status_counts(p: &Pipeline<Self>) -> impl Future<Output = HashMap<String, i64>>;
+    /// Every row by `message_id`.
+    fn rows(p: &Pipeline<Self>) -> impl Future<Output = BTreeMap<String, OutboxRow>>;
     /// Every row's [`Landed`].
     fn landed(p: &Pipeline<Self>) -> impl Future<Output = Vec<Landed>>;
     /// The pipeline's checkpoint row.
@@ -68,6 +78,25 @@ pub trait Writer: Send + 'static {
     fn commit(&mut self, events: &[Event], tag: &str) -> impl Future<Output = ()> + Send;
     /// Inserts `events` in one transaction and rolls it back.
     fn roll_back(&mut self, events: &[Event], tag: &str) -> impl Future<Output = ()> + Send;
+    /// Inserts one row bound for `topic` whose payload is padded with `pad_bytes` random
+    /// letters (incompressible: the producer compresses batches).
+    fn insert_padded(
+        &mut self,
+        message_id: &str,
+        key: &str,
+        seq: u32,
+        topic: &str,
+        pad_bytes: usize,
+    ) -> impl Future<Output = ()> + Send;
+}
+
+/// `bytes` random letters.
+pub fn random_pad(bytes: usize) -> String {
+    rand::thread_rng()
+        .sample_iter(&rand::distributions::Alphanumeric)
+        .take(bytes)
+        .map(char::from)
+        .collect()
 }
 
 /// One test's pipeline: its own outbox table, topic, config file and whatever the engine
@@ -186,6 +215,11 @@ message_timeout = "10s"
             .get("SUCCESS")
             .copied()
             .unwrap_or(0)
+    }
+
+    /// Every row by `message_id`.
+    pub async fn rows(&self) -> BTreeMap<String, OutboxRow> {
+        E::rows(self).await
     }
 
     /// Every row's [`Landed`].

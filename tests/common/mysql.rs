@@ -2,14 +2,14 @@
 //! (read from `OUTBOXD_TEST_MYSQL_*`), one pipeline per test with its own outbox table,
 //! checkpoint row, lock, server_id, topic and config file.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, OptsBuilder};
 use rand::Rng;
 
-use super::engine::{Engine, Event, Landed, Pipeline, Writer};
+use super::engine::{random_pad, Engine, Event, Landed, OutboxRow, Pipeline, Writer};
 use super::env_or;
 
 /// One test's MySQL pipeline.
@@ -139,6 +139,28 @@ heartbeat = "1s""#,
         rows.into_iter().collect()
     }
 
+    async fn rows(p: &MysqlPipeline) -> BTreeMap<String, OutboxRow> {
+        let mut conn = p.sql().await;
+        let rows: Vec<(String, String, i32, Option<String>)> = conn
+            .query(format!(
+                "SELECT message_id, status, retry_count, last_error FROM `{}`",
+                p.table
+            ))
+            .await
+            .expect("rows");
+        let _ = conn.disconnect().await;
+        rows.into_iter()
+            .map(|(id, status, retry_count, last_error)| {
+                let row = OutboxRow {
+                    status,
+                    retry_count,
+                    last_error,
+                };
+                (id, row)
+            })
+            .collect()
+    }
+
     async fn landed(p: &MysqlPipeline) -> Vec<Landed> {
         let mut conn = p.sql().await;
         let landed = conn
@@ -202,22 +224,6 @@ impl MysqlPipeline {
             .await
             .expect("insert outbox row");
     }
-
-    /// `message_id` → (status, retry_count, last_error).
-    pub async fn rows(&self) -> HashMap<String, (String, i32, Option<String>)> {
-        let mut conn = self.sql().await;
-        let rows: Vec<(String, String, i32, Option<String>)> = conn
-            .query(format!(
-                "SELECT message_id, status, retry_count, last_error FROM `{}`",
-                self.table
-            ))
-            .await
-            .expect("rows");
-        let _ = conn.disconnect().await;
-        rows.into_iter()
-            .map(|(id, status, retries, error)| (id, (status, retries, error)))
-            .collect()
-    }
 }
 
 /// A MariaDB connection writing one pipeline's outbox.
@@ -246,5 +252,23 @@ impl Writer for MysqlWriter {
 
     async fn roll_back(&mut self, events: &[Event], tag: &str) {
         self.transaction(events, tag, "ROLLBACK").await;
+    }
+
+    async fn insert_padded(
+        &mut self,
+        message_id: &str,
+        key: &str,
+        seq: u32,
+        topic: &str,
+        pad_bytes: usize,
+    ) {
+        let sql = format!(
+            "INSERT INTO `{}` (message_id, message_type, biz_key, topic, payload, headers) \
+             VALUES ('{message_id}', 'order.step{seq}', '{key}', '{topic}', \
+             '{{\"seq\": {seq}, \"pad\": \"{}\"}}', '{{\"seq\": \"{seq}\"}}')",
+            self.table,
+            random_pad(pad_bytes)
+        );
+        self.conn.query_drop(sql).await.expect("insert outbox row");
     }
 }

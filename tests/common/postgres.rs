@@ -2,10 +2,10 @@
 //! (read from `OUTBOXD_TEST_PG_*`), one pipeline per test with its own outbox table,
 //! replication slot, publication, topic and config file.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use super::engine::{Engine, Event, Landed, Pipeline, Writer};
+use super::engine::{random_pad, Engine, Event, Landed, OutboxRow, Pipeline, Writer};
 use super::env_or;
 
 /// One test's PostgreSQL pipeline.
@@ -110,6 +110,24 @@ status_interval = "1s""#,
             .expect("count statuses");
         rows.iter()
             .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)))
+            .collect()
+    }
+
+    async fn rows(p: &TestPipeline) -> BTreeMap<String, OutboxRow> {
+        let sql = format!(
+            "SELECT message_id, status, retry_count, last_error FROM \"{}\"",
+            p.table
+        );
+        let rows = p.sql().await.query(&sql, &[]).await.expect("rows");
+        rows.iter()
+            .map(|r| {
+                let row = OutboxRow {
+                    status: r.get(1),
+                    retry_count: r.get(2),
+                    last_error: r.get(3),
+                };
+                (r.get::<_, String>(0), row)
+            })
             .collect()
     }
 
@@ -244,5 +262,30 @@ impl Writer for PgWriter {
 
     async fn roll_back(&mut self, events: &[Event], tag: &str) {
         self.transaction(events, tag, false).await;
+    }
+
+    async fn insert_padded(
+        &mut self,
+        message_id: &str,
+        key: &str,
+        seq: u32,
+        topic: &str,
+        pad_bytes: usize,
+    ) {
+        let sql = format!(
+            "INSERT INTO \"{}\" (message_id, message_type, biz_key, topic, payload, headers) \
+             VALUES ($1, $2, $3, $4, $5::text::jsonb, $6::text::jsonb)",
+            self.table
+        );
+        let payload = format!(r#"{{"seq":{seq},"pad":"{}"}}"#, random_pad(pad_bytes));
+        let headers = format!(r#"{{"seq":"{seq}"}}"#);
+        let message_type = format!("order.step{seq}");
+        self.client
+            .execute(
+                &sql,
+                &[&message_id, &message_type, &key, &topic, &payload, &headers],
+            )
+            .await
+            .expect("insert outbox row");
     }
 }

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::engine::{Engine, Event, Pipeline, Writer};
-use super::{java_partition, seqs_by_key, wait_for, Record};
+use super::{consume_all, java_partition, seqs_by_key, wait_for, Record};
 
 /// Every seq `1..=per_key` of each of `keys` keys, first occurrences in per-key order (an
 /// at-least-once replay may repeat a suffix of what was sent); returns the repeats.
@@ -298,5 +298,95 @@ pub async fn check_reports_every_item_and_init_is_idempotent<E: Engine>() {
     for item in E::CHECK_ITEMS.iter().chain(&["kafka"]) {
         assert!(text.contains(item), "{item} in:\n{text}");
     }
+    p.cleanup().await;
+}
+
+/// Settings that make failures show up within seconds instead of minutes.
+pub const FAST_FAILURES: &str = r#"
+[kafka.options]
+"allow.auto.create.topics" = "false"
+"topic.metadata.refresh.interval.ms" = "1000"
+
+[retry]
+base = "300ms"
+cap = "2s"
+jitter = "100ms"
+claim_timeout = "20s"
+idle_check = "1s"
+"#;
+
+/// A record the broker rejects (too large) fails its row with the broker's error and
+/// parks its key while other keys flow; once the topic allows it, the retry worker
+/// delivers the key in order.
+pub async fn a_rejected_record_fails_its_row_parks_its_key_and_is_delivered_in_order_later<
+    E: Engine,
+>() {
+    let p = Pipeline::<E>::new("toolarge", 1, FAST_FAILURES).await;
+    // The broker rejects records over 4 KB on this topic.
+    let topic = format!("{}.small", p.topic);
+    p.create_topic_with(&topic, 1, &[("max.message.bytes", "4096")])
+        .await;
+    p.init();
+    let daemon = p.spawn_run("run.log");
+    let mut writer = p.writer().await;
+
+    writer
+        .insert_padded("blocked-1", "blocked", 1, &topic, 8_000)
+        .await;
+    wait_for(
+        "the oversized record to fail its row",
+        Duration::from_secs(30),
+        || async { (p.rows().await.get("blocked-1")?.status == "FAILED").then_some(()) },
+    )
+    .await;
+    for seq in 2..=3 {
+        let id = format!("blocked-{seq}");
+        writer.insert_padded(&id, "blocked", seq, &topic, 10).await;
+    }
+    for seq in 1..=3 {
+        let id = format!("free-{seq}");
+        writer.insert_padded(&id, "free", seq, &topic, 10).await;
+    }
+    wait_for("the other key to flow", Duration::from_secs(30), || async {
+        let rows = p.rows().await;
+        let free_done = (1..=3).all(|s| rows[&format!("free-{s}")].status == "SUCCESS");
+        free_done.then_some(())
+    })
+    .await;
+
+    let rows = p.rows().await;
+    let first = &rows["blocked-1"];
+    let error = first.last_error.clone().unwrap_or_default();
+    assert!(
+        error.to_lowercase().contains("too large"),
+        "the broker's error is kept: {error}"
+    );
+    assert!(first.retry_count >= 1);
+    for seq in 2..=3 {
+        let row = &rows[&format!("blocked-{seq}")];
+        assert_ne!(
+            row.status, "SUCCESS",
+            "strict ordering holds back blocked-{seq}"
+        );
+        let why = row.last_error.clone().unwrap_or_default();
+        assert!(why.contains("parked"), "parked rows say why: {why}");
+    }
+
+    // The operator raises the limit; the retry worker delivers the key in order.
+    p.alter_topic(&topic, "max.message.bytes", "1048576").await;
+    wait_for("every row SUCCESS", Duration::from_secs(60), || async {
+        let rows = p.rows().await;
+        rows.values().all(|r| r.status == "SUCCESS").then_some(())
+    })
+    .await;
+    let records = consume_all(p.services.kafka(), &topic, 1, 6, Duration::from_secs(30));
+    let by_key = seqs_by_key(&records);
+    assert_eq!(by_key["free"], [1, 2, 3]);
+    assert_eq!(
+        by_key["blocked"],
+        [1, 2, 3],
+        "the blocked key keeps its order"
+    );
+    drop(daemon);
     p.cleanup().await;
 }
