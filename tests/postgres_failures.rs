@@ -146,8 +146,7 @@ async fn a_claim_abandoned_by_a_dead_worker_is_reaped_and_delivered() {
         )
         .await;
     }
-    // These rows were claimed by a worker that died an hour ago, before the slot saw them
-    // (they are not INIT, so the log path skips them).
+    // These rows were claimed by a worker that died an hour ago ...
     client
         .execute(
             &format!(
@@ -159,6 +158,15 @@ async fn a_claim_abandoned_by_a_dead_worker_is_reaped_and_delivered() {
         )
         .await
         .expect("simulate a dead worker's claims");
+    // ... and the log was confirmed past their inserts (as a relay does once it has
+    // handed them on), so only the reaper and the claim worker can deliver them.
+    client
+        .execute(
+            "SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())",
+            &[&format!("outboxd_{}", p.name)],
+        )
+        .await
+        .expect("the slot is past the rows");
     let _daemon = p.spawn_run("run.log");
     wait_for("reaped rows delivered", Duration::from_secs(60), || async {
         let rows = p.rows().await;
@@ -452,5 +460,87 @@ idle_check = "1s"
         .map(|r| r.headers["message_id"].as_str())
         .collect();
     assert_eq!(ids.len(), 3);
+    p.cleanup().await;
+}
+
+/// Issue 10, case 4: a standby that takes over finds the FAILED row the dead instance
+/// left, and delivers it once its topic exists, with no new event and no operator. Its
+/// claim worker learned nothing of that row (the failure woke the first instance's
+/// worker, and PostgreSQL's default is to sleep until woken), so only the takeover
+/// itself can tell it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_that_takes_over_retries_the_failed_rows_the_dead_instance_left() {
+    let extra = FAST_FAILURES.replace("idle_check = \"1s\"\n", "").replace(
+        "[kafka.options]",
+        "[kafka.options]\n\"topic.metadata.propagation.max.ms\" = \"2000\"",
+    );
+    let p = TestPipeline::new("takeover", 1, &extra).await;
+    p.init();
+    let mut first = p.spawn_run("first.log");
+    wait_for(
+        "the first instance to stream",
+        Duration::from_secs(30),
+        || async { first.log_text().contains("streaming").then_some(()) },
+    )
+    .await;
+    let standby = p.spawn_run("standby.log");
+    // The standby's claim worker has had its first look (nothing FAILED yet) and sleeps.
+    wait_for("the standby to wait", Duration::from_secs(30), || async {
+        standby.log_text().contains("retrying").then_some(())
+    })
+    .await;
+
+    let client = p.sql().await;
+    let missing = format!("{}.later", p.topic);
+    insert(&p, &client, "t-1", "acct", 1, Some(&missing), 10).await;
+    let written: String = client
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .expect("lsn")
+        .get(0);
+    wait_for(
+        "the first instance to fail the row",
+        Duration::from_secs(60),
+        || async { (p.rows().await.get("t-1")?.status == "FAILED").then_some(()) },
+    )
+    .await;
+    // The slot is confirmed past the row, so the standby will not read it from the log.
+    let slot = format!("outboxd_{}", p.name);
+    wait_for(
+        "the slot to pass the row",
+        Duration::from_secs(60),
+        || async {
+            let past: Option<bool> = client
+                .query_one(
+                    "SELECT confirmed_flush_lsn >= $2::text::pg_lsn FROM pg_replication_slots \
+                 WHERE slot_name = $1",
+                    &[&slot, &written],
+                )
+                .await
+                .ok()?
+                .get(0);
+            past.filter(|past| *past)
+        },
+    )
+    .await;
+
+    first.kill9();
+    wait_for(
+        "the standby to take over",
+        Duration::from_secs(60),
+        || async { standby.log_text().contains("streaming").then_some(()) },
+    )
+    .await;
+    p.create_topic(&missing, 1).await;
+    wait_for(
+        "the standby to deliver the row the dead instance failed",
+        Duration::from_secs(60),
+        || async { (p.rows().await.get("t-1")?.status == "SUCCESS").then_some(()) },
+    )
+    .await;
+    let records = consume_all(&p.services.kafka, &missing, 1, 1, Duration::from_secs(30));
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].headers["message_id"], "t-1");
+    drop(standby);
     p.cleanup().await;
 }

@@ -177,29 +177,7 @@ impl Drop for Db {
                 // A logical slot is dropped from its own database, and keeps the database
                 // from being dropped until it is.
                 let client = env.client().await;
-                let deadline = std::time::Instant::now() + Duration::from_secs(10);
-                loop {
-                    // An active slot cannot be dropped: end its reader (a stream a panicking
-                    // test left behind; this thread blocks the test's runtime).
-                    let _ = client
-                        .execute(
-                            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
-                             WHERE slot_name = $1 AND active",
-                            &[&name],
-                        )
-                        .await;
-                    let dropped = client
-                        .execute(
-                            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
-                             WHERE slot_name = $1",
-                            &[&name],
-                        )
-                        .await;
-                    if dropped.is_ok() || std::time::Instant::now() > deadline {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
+                support_store::drop_slot(&client, &name).await;
                 drop(client);
                 let _ = admin_env
                     .client()

@@ -204,30 +204,7 @@ impl Drop for Fixture {
             };
             rt.block_on(async move {
                 let client = env.client().await;
-                let deadline = std::time::Instant::now() + Duration::from_secs(10);
-                loop {
-                    // A stream the test left open is stuck: this thread blocks the test's
-                    // runtime. End its reader so the slot can go.
-                    let _ = client
-                        .execute(
-                            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
-                             WHERE slot_name = $1 AND active",
-                            &[&slot],
-                        )
-                        .await;
-                    let dropped = client
-                        .execute(
-                            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
-                             WHERE slot_name = $1",
-                            &[&slot],
-                        )
-                        .await;
-                    // An active slot (a stream still closing) cannot be dropped yet.
-                    if dropped.is_ok() || std::time::Instant::now() > deadline {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
+                drop_slot(&client, &slot).await;
                 let _ = client
                     .batch_execute(&format!("DROP PUBLICATION IF EXISTS \"{slot}\""))
                     .await;
@@ -237,5 +214,33 @@ impl Drop for Fixture {
             });
         });
         let _ = cleanup.join();
+    }
+}
+
+/// Drops replication slot `slot`, ending its reader first: a stream a test left open (or
+/// a panicking test left behind) is stuck while the cleanup thread blocks the test's
+/// runtime, and an active slot cannot be dropped. Gives up after 10 s.
+pub async fn drop_slot(client: &tokio_postgres::Client, slot: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let _ = client
+            .execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                 WHERE slot_name = $1 AND active",
+                &[&slot],
+            )
+            .await;
+        let dropped = client
+            .execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                 WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await;
+        // An active slot (a stream still closing) cannot be dropped yet.
+        if dropped.is_ok() || std::time::Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
