@@ -188,6 +188,14 @@ impl OutboxStore for MemoryStore {
                 updated += 1;
             }
         }
+        for (r, token) in batch.released {
+            if let Some(row) = take_claim(&mut state.rows, r.id, token) {
+                row.status = "FAILED";
+                row.last_error = Some(r.reason.clone());
+                row.due_at = Some(Instant::now());
+                updated += 1;
+            }
+        }
         Ok(updated)
     }
 

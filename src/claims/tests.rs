@@ -74,3 +74,61 @@ async fn claimed_rows_are_sent_written_back_and_their_keys_reported() {
     }
     assert_eq!(reported, ["A", "A"]);
 }
+
+/// Issue 10, case 6: a sink that turns fatal (as a librdkafka producer does) costs the
+/// claimed rows no attempt: their claims are released, the sink is rebuilt, and they are
+/// delivered with their retry count unchanged. Before, every send failed at once and each
+/// round burned an attempt until the rows needed an operator.
+#[tokio::test]
+async fn a_fatal_sink_is_rebuilt_and_costs_the_rows_no_attempt() {
+    let store = MemoryStore::default();
+    let sink = MemorySink::default();
+    let stats = PipelineStats::default();
+    store.insert(&[(1, "A"), (2, "B")]);
+    sink.turn_fatal();
+    let settings = WorkerSettings {
+        retry: RetryConfig::default(),
+        scope: ClaimScope::NewAndDueFailed,
+        batch_size: 10,
+        idle_check: Some(Duration::from_millis(10)),
+        strict_order: true,
+    };
+    let (keys_tx, _keys) = mpsc::unbounded_channel();
+    let worker = ClaimWorker::new(
+        &store,
+        &sink,
+        settings,
+        &stats,
+        Arc::new(Notify::new()),
+        keys_tx,
+    );
+    let (stop, shutdown) = watch::channel(false);
+    let driver = async {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while store.status(1) != "SUCCESS" || store.status(2) != "SUCCESS" {
+            assert!(
+                Instant::now() < deadline,
+                "rows not delivered after the rebuild"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        stop.send_replace(true);
+    };
+    let (result, ()) = tokio::join!(worker.run(shutdown), driver);
+    result.unwrap();
+
+    assert_eq!(sink.recoveries(), 1);
+    assert_eq!(
+        sink.sent_ids(),
+        [1, 2, 1, 2],
+        "sent, failed fatally, sent again"
+    );
+    for id in [1, 2] {
+        assert_eq!(
+            store.row(id).unwrap().retry_count,
+            0,
+            "row {id}: no attempt counted"
+        );
+    }
+    assert_eq!(stats.retry_failed.load(Ordering::Relaxed), 0);
+}

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use outboxd_connector::{
     ClaimRequest, ClaimScope, ClaimedEvent, ClaimedWriteBack, ConnectorError, OutboxStore,
-    ReapPolicy, RetrySchedule,
+    ParkedEvent, ReapPolicy, RetrySchedule,
 };
 use tokio::sync::{mpsc, watch, Notify};
 
@@ -16,7 +16,7 @@ use crate::config::RetryConfig;
 use crate::reconnect::ReconnectBackoff;
 use crate::relay::outcome::Outcome;
 use crate::relay::PipelineStats;
-use crate::sink::Sink;
+use crate::sink::{FailureKind, Sink};
 
 /// What the claim worker takes and how often it looks.
 #[derive(Clone, Debug)]
@@ -157,6 +157,8 @@ impl<'a, O: OutboxStore, S: Sink> ClaimWorker<'a, O, S> {
         }
         let mut delivered = Vec::new();
         let mut failed = Vec::new();
+        let mut released = Vec::new();
+        let mut sink_failure: Option<String> = None;
         let mut keys = Vec::new();
         for (c, delivery) in pending {
             let result = delivery.await;
@@ -171,6 +173,25 @@ impl<'a, O: OutboxStore, S: Sink> ClaimWorker<'a, O, S> {
                     self.stats.metrics.acked(&topic, c.event.commit_time);
                     delivered.push((d, c.claim_token));
                     keys.push(c.event.biz_key);
+                }
+                Outcome::Failed {
+                    failure,
+                    kind: FailureKind::Fatal,
+                } => {
+                    // The sink failed, not the row: release the claim without counting
+                    // an attempt; the row is due again once the sink is rebuilt.
+                    released.push((
+                        ParkedEvent {
+                            id: c.event.id,
+                            reason: format!(
+                                "not sent: the sink failed ({}); sent again once it is \
+                                 rebuilt, no attempt counted",
+                                failure.error
+                            ),
+                        },
+                        c.claim_token,
+                    ));
+                    sink_failure.get_or_insert(failure.error);
                 }
                 Outcome::Failed { failure, .. } => {
                     self.stats.metrics.failed(&self.sink.destination(&c.event));
@@ -188,9 +209,10 @@ impl<'a, O: OutboxStore, S: Sink> ClaimWorker<'a, O, S> {
         let batch = ClaimedWriteBack {
             delivered: &delivered,
             failed: &failed,
+            released: &released,
         };
         let updated = self.store.complete_claimed(batch).await?;
-        let expected = (delivered.len() + failed.len()) as u64;
+        let expected = (delivered.len() + failed.len() + released.len()) as u64;
         if updated < expected {
             tracing::warn!(
                 lost = expected - updated,
@@ -206,6 +228,20 @@ impl<'a, O: OutboxStore, S: Sink> ClaimWorker<'a, O, S> {
         for key in keys {
             // The log pipeline may have stopped; then there is nobody to release keys for.
             let _ = self.delivered_keys.send(key);
+        }
+        if let Some(error) = sink_failure {
+            match self.sink.recover().await {
+                Ok(_) => tracing::warn!(
+                    %error,
+                    released = released.len(),
+                    "the sink failed fatally and was rebuilt; released rows are sent again"
+                ),
+                Err(e) => {
+                    return Err(ConnectorError::definite(format!(
+                        "the sink failed fatally ({error}) and cannot be rebuilt: {e}"
+                    )))
+                }
+            }
         }
         Ok(())
     }

@@ -6,7 +6,7 @@ use outboxd_connector::{Connector, OutboxAdmin, OutboxStore, WriteBack};
 
 use crate::config::Config;
 use crate::relay::outcome::Outcome;
-use crate::sink::Sink;
+use crate::sink::{FailureKind, Sink};
 
 /// `outboxd recover`: the log position is lost (slot dropped or invalidated, binlog
 /// purged). Start the log afresh at the server's current position first, so every row
@@ -32,10 +32,18 @@ pub(super) async fn recover<C: Connector, S: Sink>(
             pending.push((event, sink.send(event).await));
         }
         let (mut delivered, mut failures) = (Vec::new(), Vec::new());
+        let mut sink_failure = None;
         for (event, delivery) in pending {
             let result = delivery.await;
             match Outcome::new(event.id, event.retry_count, result, &config.retry) {
                 Outcome::Delivered(d) => delivered.push(d),
+                // The sink failed, not the row: it stays INIT, no attempt counted.
+                Outcome::Failed {
+                    failure,
+                    kind: FailureKind::Fatal,
+                } => {
+                    sink_failure.get_or_insert(failure.error);
+                }
                 Outcome::Failed { failure, .. } => {
                     tracing::warn!(id = event.id, message_id = %event.message_id, error = %failure.error, "recover: delivery failed");
                     failures.push(failure);
@@ -50,6 +58,13 @@ pub(super) async fn recover<C: Connector, S: Sink>(
         store.write_back(batch).await?;
         sent += delivered.len() as u64;
         failed += failures.len() as u64;
+        if let Some(error) = sink_failure {
+            anyhow::bail!(
+                "the Kafka producer failed fatally: {error}; {sent} rows were published, the \
+                 rest stay INIT with no attempt counted: run `outboxd recover --config <file>` \
+                 again"
+            );
+        }
         let rate = (sent + failed) as f64 / started.elapsed().as_secs_f64().max(0.001);
         println!(
             "recover: {sent} published, {failed} failed (up to id {after_id}, {rate:.0} rows/s)"

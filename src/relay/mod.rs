@@ -84,16 +84,25 @@ pub enum PipelineError {
     /// The database side failed for good; the message says what to do.
     #[error(transparent)]
     Source(#[from] ConnectorError),
-    /// The Kafka producer became unusable.
+    /// The sink (the Kafka producer) failed fatally: the session ends, the sink is
+    /// rebuilt and a new session sends again what was not acknowledged.
     #[error(
-        "the Kafka producer failed fatally: {0}; outboxd stops so a restart gets a fresh producer"
+        "the Kafka producer failed fatally: {0}; it is rebuilt and what it did not \
+         acknowledge is read from the log and sent again"
     )]
+    SinkFailed(String),
+    /// The sink failed fatally and could not be rebuilt.
+    #[error("the Kafka producer failed fatally and cannot be rebuilt: {0}")]
     ProducerFatal(String),
 }
 
 impl SessionError for PipelineError {
     fn is_transient(&self) -> bool {
-        matches!(self, PipelineError::Source(e) if e.is_transient())
+        match self {
+            PipelineError::Source(e) => e.is_transient(),
+            PipelineError::SinkFailed(_) => true,
+            PipelineError::ProducerFatal(_) => false,
+        }
     }
 }
 
@@ -112,6 +121,10 @@ pub async fn run<C: Connector, S: Sink>(
 ) -> Result<(), PipelineError> {
     tracing::info!(source = %connector.describe(), "pipeline starting");
     let session = async |backoff: &mut ReconnectBackoff, mut shutdown: watch::Receiver<bool>| {
+        // After a session that ended on a fatal sink failure: a fresh sink first.
+        if sink.recover().await.map_err(PipelineError::ProducerFatal)? {
+            tracing::info!("the sink was rebuilt; unacknowledged events are read again");
+        }
         let store = connector.open_store().await?;
         let mut stream = connector.open_stream().await?;
         tracing::info!(source = %connector.describe(), "streaming");

@@ -253,7 +253,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
 
         self.flush(stream).await?;
         if let Some(error) = self.fatal.take() {
-            return Err(PipelineError::ProducerFatal(error));
+            return Err(PipelineError::SinkFailed(error));
         }
         match stream_error {
             Some(e) => Err(e.into()),
@@ -310,7 +310,28 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                 self.stats.metrics.acked(&done.topic, done.commit_time);
                 self.delivered.push(delivered);
             }
-            Outcome::Failed { failure, kind } => {
+            Outcome::Failed {
+                failure,
+                kind: FailureKind::Fatal,
+            } => {
+                // The sink failed, not the row: it stays INIT and unwritten, so its
+                // transaction holds the checkpoint, and the next session (after the sink
+                // is rebuilt) reads it from the log and sends it again. No attempt counts.
+                tracing::warn!(
+                    id = done.id,
+                    message_id = %done.message_id,
+                    error = %failure.error,
+                    "the sink failed fatally; the row stays INIT and is sent again once the \
+                     sink is rebuilt"
+                );
+                self.fatal.get_or_insert(failure.error);
+                self.in_flight -= 1;
+                self.stats
+                    .in_flight
+                    .store(self.in_flight as u64, Ordering::Relaxed);
+                return;
+            }
+            Outcome::Failed { failure, .. } => {
                 self.stats.metrics.failed(&done.topic);
                 tracing::warn!(
                     id = done.id,
@@ -320,9 +341,6 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                     error = %failure.error,
                     "delivery failed; the row becomes FAILED and is retried later"
                 );
-                if kind == FailureKind::Fatal && self.fatal.is_none() {
-                    self.fatal = Some(failure.error.clone());
-                }
                 if self.strict() {
                     self.blocked.insert(done.biz_key);
                 }

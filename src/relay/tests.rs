@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, watch, Notify};
 use super::session::Session;
 use super::{PipelineError, PipelineSettings, PipelineStats, RetryLink};
 use crate::config::{DeliveryConfig, Ordering as KeyOrdering, RetryConfig};
-use crate::reconnect::ReconnectBackoff;
+use crate::reconnect::{ReconnectBackoff, SessionError};
 use crate::sink::memory::MemorySink;
 use crate::sink::FailureKind;
 use crate::testing::{event, lsn, MemoryStore, MemoryStream, StreamLog};
@@ -223,7 +223,7 @@ async fn past_the_shutdown_deadline_unacknowledged_rows_stay_unconfirmed() {
 }
 
 #[tokio::test]
-async fn a_fatal_sink_error_writes_back_then_ends_the_session() {
+async fn a_fatal_sink_error_leaves_its_row_unwritten_and_ends_the_session_for_a_rebuild() {
     let h = Harness::new(Duration::from_secs(5));
     let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
     let (mut link, _keys) = link();
@@ -238,7 +238,7 @@ async fn a_fatal_sink_error_writes_back_then_ends_the_session() {
         log.commit(30, vec![event(3, "C")]);
         wait_until("three in flight", || h.sink.held() == [1, 2, 3]).await;
         assert!(h.sink.complete(2));
-        wait_until("row 2 FAILED", || h.store.status(2) == "FAILED").await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
         // The session reads no more once the sink is unusable.
         log.commit(40, vec![event(4, "D")]);
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -247,15 +247,21 @@ async fn a_fatal_sink_error_writes_back_then_ends_the_session() {
     };
     let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
     match result {
-        Err(PipelineError::ProducerFatal(error)) => assert!(error.contains("row 2"), "{error}"),
-        other => panic!("expected ProducerFatal, got {other:?}"),
+        Err(e @ PipelineError::SinkFailed(_)) => {
+            assert!(e.to_string().contains("row 2"), "{e}");
+            assert!(e.is_transient(), "a new session follows: {e}");
+        }
+        other => panic!("expected SinkFailed, got {other:?}"),
     }
     assert_eq!(h.sink.sent_ids(), [1, 2, 3]);
+    // Row 2 is not to blame: no attempt is counted, it stays INIT and holds the
+    // checkpoint, so the next session reads it from the log and sends it again.
     assert_eq!(
         [1, 2, 3, 4].map(|id| h.store.status(id)),
-        ["SUCCESS", "FAILED", "SUCCESS", "INIT"]
+        ["SUCCESS", "INIT", "SUCCESS", "INIT"]
     );
-    assert_eq!(h.store.checkpoint(), Some(lsn(30)));
+    assert_eq!(h.store.row(2).unwrap().retry_count, 0);
+    assert_eq!(h.store.checkpoint(), Some(lsn(10)));
     assert_no_violations(&confirmed);
 }
 

@@ -26,6 +26,9 @@ struct State {
     fail_ids: HashMap<i64, FailureKind>,
     fail_keys: HashMap<String, FailureKind>,
     hold: bool,
+    /// Every send fails [`FailureKind::Fatal`] until [`Sink::recover`].
+    fatal: bool,
+    recoveries: usize,
     /// Held deliveries by row id, with the outcome they will get.
     held: BTreeMap<i64, (oneshot::Sender<SinkResult>, SinkResult)>,
     next_offset: i64,
@@ -46,6 +49,17 @@ impl MemorySink {
     /// Every record of `key` fails with `kind`.
     pub(crate) fn fail_key(&self, key: &str, kind: FailureKind) {
         self.state().fail_keys.insert(key.to_owned(), kind);
+    }
+
+    /// From now on every send fails fatally, as a librdkafka producer does after a fatal
+    /// error, until the sink is recovered.
+    pub(crate) fn turn_fatal(&self) {
+        self.state().fatal = true;
+    }
+
+    /// How often [`Sink::recover`] rebuilt the sink.
+    pub(crate) fn recoveries(&self) -> usize {
+        self.state().recoveries
     }
 
     /// From now on, deliveries wait for [`MemorySink::complete`] instead of resolving at
@@ -103,7 +117,8 @@ impl Sink for MemorySink {
             .fail_ids
             .get(&event.id)
             .or_else(|| state.fail_keys.get(&event.biz_key))
-            .copied();
+            .copied()
+            .or(state.fatal.then_some(FailureKind::Fatal));
         let result = match failure {
             Some(kind) => Err(SinkFailure {
                 kind,
@@ -139,5 +154,12 @@ impl Sink for MemorySink {
 
     fn queue_depth(&self) -> i64 {
         self.state().held.len() as i64
+    }
+
+    async fn recover(&self) -> Result<bool, String> {
+        let mut state = self.state();
+        let was_fatal = std::mem::take(&mut state.fatal);
+        state.recoveries += usize::from(was_fatal);
+        Ok(was_fatal)
     }
 }

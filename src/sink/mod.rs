@@ -38,8 +38,9 @@ pub enum FailureKind {
     /// with the reason, so an operator sees it; retries reach MANUAL_REQUIRED.
     Rejected,
     /// The sink itself is unusable (for Kafka: a fatal idempotent-producer error). The
-    /// row becomes FAILED; the relay writes back what it has and restarts with a fresh
-    /// sink.
+    /// row is not to blame: it is sent again, uncounted, once [`Sink::recover`] has
+    /// rebuilt the sink (the relay reads it again from the log; the claim worker
+    /// releases its claim).
     Fatal,
 }
 
@@ -99,4 +100,11 @@ pub trait Sink: Send + Sync {
 
     /// Records handed over and not yet decided (the `outboxd_producer_queue` gauge).
     fn queue_depth(&self) -> i64;
+
+    /// After a [`FailureKind::Fatal`] failure, makes the sink usable again (for Kafka: a
+    /// fresh producer replaces the one librdkafka declared fatal). `Ok(true)` when it
+    /// replaced something, `Ok(false)` when the sink was healthy; `Err` when it cannot
+    /// be rebuilt. Records the old client did not acknowledge are the caller's to send
+    /// again: a fatal failure says nothing about the row, so it costs the row no attempt.
+    fn recover(&self) -> impl Future<Output = Result<bool, String>> + Send;
 }

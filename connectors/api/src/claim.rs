@@ -47,10 +47,32 @@ pub struct ClaimedWriteBack<'a> {
     /// Failed rows → FAILED (retry_count + 1, next_retry_time by backoff, last_error) or
     /// MANUAL_REQUIRED at max_retry_count, claim cleared.
     pub failed: &'a [(DeliveryFailure, ClaimToken)],
+    /// Rows whose attempt does not count (the sink itself failed, not the row) → FAILED,
+    /// due now, `retry_count` unchanged, `last_error` = the reason, claim cleared.
+    pub released: &'a [(ParkedEvent, ClaimToken)],
 }
 
-/// A row the log path parks instead of publishing (strict ordering): an earlier event of
-/// its `biz_key` is FAILED, PROCESSING or MANUAL_REQUIRED.
+impl ClaimedWriteBack<'_> {
+    /// Nothing to write.
+    pub fn is_empty(&self) -> bool {
+        self.delivered.is_empty() && self.failed.is_empty() && self.released.is_empty()
+    }
+
+    /// `"2 delivered, 1 failed and 0 released claimed rows"`, for messages.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} delivered, {} failed and {} released claimed rows",
+            self.delivered.len(),
+            self.failed.len(),
+            self.released.len()
+        )
+    }
+}
+
+/// A row put back to FAILED, due now, without counting an attempt, with the reason: the
+/// log path parks a row this way (strict ordering: an earlier event of its `biz_key` is
+/// FAILED, PROCESSING or MANUAL_REQUIRED); the claim worker releases a claim this way
+/// when the sink failed rather than the row.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParkedEvent {
     /// Outbox row id.

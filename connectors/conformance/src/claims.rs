@@ -204,6 +204,7 @@ pub async fn strict_claim_takes_only_the_earliest_row_of_each_blocked_key<H: Har
         .complete_claimed(ClaimedWriteBack {
             delivered: &done,
             failed: &[],
+            released: &[],
         })
         .await
         .expect("complete");
@@ -300,6 +301,7 @@ pub async fn complete_claimed_writes_only_where_the_claim_still_holds<H: Harness
                 ClaimToken("00000000-0000-4000-8000-000000000000".into()),
             )],
             failed: &[],
+            released: &[],
         })
         .await
         .expect("stale token");
@@ -344,6 +346,7 @@ pub async fn complete_claimed_writes_only_where_the_claim_still_holds<H: Harness
         .complete_claimed(ClaimedWriteBack {
             delivered: &delivered,
             failed: &failed,
+            released: &[],
         })
         .await
         .expect("complete");
@@ -392,10 +395,74 @@ pub async fn complete_claimed_writes_only_where_the_claim_still_holds<H: Harness
         .complete_claimed(ClaimedWriteBack {
             delivered: &delivered,
             failed: &failed,
+            released: &[],
         })
         .await
         .expect("replay");
     assert_eq!(again, 0);
+    drop(store);
+    h.cleanup().await;
+}
+
+/// A released claim (the sink failed, not the row) goes back to FAILED, due now, with its
+/// attempt uncounted and the reason, only where the claim still holds.
+pub async fn released_claims_keep_their_attempt_count<H: Harness>() {
+    let h: H = initialised("cl_rel", ReadMode::Log).await;
+    let ids = h.insert(&NewRow::keys(&["a", "b"])).await;
+    h.set(&ids, &Setup::status("FAILED", Some(-1))).await;
+    // a is on its last attempt (max_retry_count 3): a counted failure would end it.
+    h.set(
+        &ids[..1],
+        &Setup {
+            retry_count: Some(2),
+            ..Setup::default()
+        },
+    )
+    .await;
+    let store = store(&h).await;
+    let claimed = store.claim(due_failed(10, false)).await.expect("claim");
+    assert_eq!(ids_of(&claimed), ids);
+    let released = [(
+        ParkedEvent {
+            id: ids[0],
+            reason: "the producer failed; sent again".into(),
+        },
+        claimed[0].claim_token.clone(),
+    )];
+    let stale = [(
+        ParkedEvent {
+            id: ids[1],
+            reason: "not mine".into(),
+        },
+        ClaimToken("00000000-0000-4000-8000-000000000000".into()),
+    )];
+    let n = store
+        .complete_claimed(ClaimedWriteBack {
+            delivered: &[],
+            failed: &[],
+            released: &[released[0].clone(), stale[0].clone()],
+        })
+        .await
+        .expect("release");
+    assert_eq!(n, 1, "only the claim still held is released");
+    let row = h.row(ids[0]).await;
+    assert_eq!(
+        (row.status.as_str(), row.retry_count),
+        ("FAILED", 2),
+        "the attempt is not counted"
+    );
+    assert!(row.next_retry_in.is_some_and(|s| s <= 1.0), "due now");
+    assert_eq!(
+        row.last_error.as_deref(),
+        Some("the producer failed; sent again")
+    );
+    assert!(row.claim_token.is_none() && !row.claimed, "claim cleared");
+    assert_eq!(h.row(ids[1]).await.status, "PROCESSING", "stale token");
+    let again = store
+        .claim(due_failed(10, false))
+        .await
+        .expect("claim again");
+    assert_eq!(ids_of(&again), [ids[0]], "due again at once");
     drop(store);
     h.cleanup().await;
 }
@@ -482,6 +549,7 @@ pub async fn reaper_returns_expired_claims_to_failed_or_manual_required<H: Harne
         .complete_claimed(ClaimedWriteBack {
             delivered: &late,
             failed: &[],
+            released: &[],
         })
         .await
         .expect("late write-back");

@@ -206,6 +206,7 @@ outboxd_conformance::conformance_tests!(Pg;
     claims::poll_claim_takes_init_and_due_failed_rows_in_key_order,
     claims::strict_poll_claim_waits_for_an_earlier_row_locked_elsewhere,
     claims::complete_claimed_writes_only_where_the_claim_still_holds,
+    claims::released_claims_keep_their_attempt_count,
     claims::reaper_returns_expired_claims_to_failed_or_manual_required,
     claims::parked_rows_become_failed_and_due_with_the_reason,
     claims::blocked_keys_and_retry_schedule_read_the_rows_in_trouble,

@@ -7,6 +7,7 @@
 //! idempotent with `acks=all`, so a key's records land in one partition in send order
 //! and an acknowledgement means every in-sync replica has the record.
 
+use std::sync::{PoisonError, RwLock};
 use std::time::Duration;
 
 use outboxd_connector::{CheckLine, OutboxEvent};
@@ -30,7 +31,11 @@ use options::SAFE_DEFAULTS;
 
 /// The librdkafka producer with outboxd's routing.
 pub struct KafkaSink {
-    producer: FutureProducer,
+    /// Replaced by [`Sink::recover`] after librdkafka declares it fatal; senders take a
+    /// clone (an `Arc` inside), so a replacement never waits for deliveries in flight.
+    producer: RwLock<FutureProducer>,
+    /// What a replacement producer is built from.
+    client: ClientConfig,
     template: TopicTemplate,
     pipeline: String,
 }
@@ -58,14 +63,21 @@ impl KafkaSink {
             .clamp(1, i32::MAX as u128);
         client.set("bootstrap.servers", &config.bootstrap_servers);
         client.set("message.timeout.ms", timeout_ms.to_string());
-        let producer: FutureProducer = client
-            .create()
-            .map_err(|e| format!("cannot create the Kafka producer: {e}"))?;
+        let producer = create_producer(&client)?;
         Ok(Self {
-            producer,
+            producer: RwLock::new(producer),
+            client,
             template,
             pipeline: pipeline.to_owned(),
         })
+    }
+
+    /// The current producer.
+    fn producer(&self) -> FutureProducer {
+        self.producer
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// The topic an event goes to: its own `topic` column, else the template.
@@ -75,6 +87,12 @@ impl KafkaSink {
             _ => self.template.render(&event.message_type, &self.pipeline),
         }
     }
+}
+
+fn create_producer(client: &ClientConfig) -> Result<FutureProducer, String> {
+    client
+        .create()
+        .map_err(|e| format!("cannot create the Kafka producer: {e}"))
 }
 
 /// The record headers: outboxd's four, then the row's own `headers`, in their order.
@@ -115,8 +133,9 @@ impl Sink for KafkaSink {
             .key(event.key.as_ref())
             .payload(event.payload.as_ref())
             .headers(headers(event));
+        let producer = self.producer();
         loop {
-            match self.producer.send_result(record) {
+            match producer.send_result(record) {
                 Ok(future) => return KafkaDelivery::in_flight(future),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
                     // librdkafka's queue is full: let it drain a little, then try again.
@@ -133,14 +152,14 @@ impl Sink for KafkaSink {
     }
 
     async fn flush(&self, deadline: Duration) {
-        if let Err(e) = self.producer.flush(deadline) {
+        if let Err(e) = self.producer().flush(deadline) {
             tracing::warn!(error = %e, "Kafka producer did not flush before the deadline");
         }
     }
 
     /// Can the brokers be reached, and how many.
     async fn check(&self, timeout: Duration) -> CheckLine {
-        let producer = self.producer.clone();
+        let producer = self.producer();
         let result =
             tokio::task::spawn_blocking(move || producer.client().fetch_metadata(None, timeout))
                 .await;
@@ -165,7 +184,26 @@ impl Sink for KafkaSink {
 
     /// Records waiting in librdkafka's queue or in flight to the broker.
     fn queue_depth(&self) -> i64 {
-        i64::from(self.producer.in_flight_count())
+        i64::from(self.producer().in_flight_count())
+    }
+
+    /// Replaces the producer when librdkafka has declared it fatal (an idempotent
+    /// producer that lost its guarantee: `fatal_error()` is set and every send fails).
+    async fn recover(&self) -> Result<bool, String> {
+        let old = {
+            let mut current = self
+                .producer
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            let Some((code, reason)) = current.client().fatal_error() else {
+                return Ok(false);
+            };
+            tracing::warn!(?code, %reason, "the Kafka producer failed fatally; building a new one");
+            std::mem::replace(&mut *current, create_producer(&self.client)?)
+        };
+        // Dropping a producer may wait for librdkafka's threads: not on the runtime.
+        let _ = tokio::task::spawn_blocking(move || drop(old)).await;
+        Ok(true)
     }
 }
 
@@ -174,6 +212,20 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+
+    /// A healthy producer is kept: only one librdkafka declared fatal is replaced.
+    #[tokio::test]
+    async fn recover_keeps_a_healthy_producer() {
+        let config = KafkaConfig {
+            bootstrap_servers: "127.0.0.1:1".into(),
+            topic_template: "t".into(),
+            message_timeout: Duration::from_secs(1),
+            options: BTreeMap::new(),
+        };
+        let sink = KafkaSink::new(&config, "p").expect("producer");
+        assert!(sink.producer().client().fatal_error().is_none());
+        assert_eq!(sink.recover().await, Ok(false));
+    }
 
     /// librdkafka must be built with what production clusters use: TLS, SASL PLAIN and
     /// SCRAM, zstd and lz4. A missing feature fails at producer creation.

@@ -19,8 +19,8 @@ use bytes::Bytes;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
 use outboxd_connector::{
-    ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack, ConnectorError,
-    OutboxEvent, ReapPolicy, ReapReport, RetrySchedule,
+    last_error_text, ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack,
+    ConnectorError, OutboxEvent, ReapPolicy, ReapReport, RetrySchedule,
 };
 use outboxd_connector_kit::row::{self, RowSource, Value as Cell};
 use outboxd_connector_kit::{columns, status, Field};
@@ -249,7 +249,7 @@ impl MysqlOutboxStore {
         &self,
         batch: ClaimedWriteBack<'_>,
     ) -> Result<u64, ConnectorError> {
-        if batch.delivered.is_empty() && batch.failed.is_empty() {
+        if batch.is_empty() {
             return Ok(0);
         }
         let outbox = &self.outbox;
@@ -305,6 +305,25 @@ impl MysqlOutboxStore {
                  claimed_at = NULL, claim_token = NULL \
                  WHERE ({pairs}) AND status = 'PROCESSING'",
                 next_retry(&format!("{delays} END"))
+            ));
+        }
+        if !batch.released.is_empty() {
+            let mut reasons = String::from("CASE id");
+            let mut pairs = String::new();
+            for (i, (r, token)) in batch.released.iter().enumerate() {
+                let reason = sql_string(&last_error_text(&r.reason));
+                let _ = write!(reasons, " WHEN {} THEN {reason}", r.id);
+                if i > 0 {
+                    pairs.push_str(" OR ");
+                }
+                let token = sql_string(&token.0);
+                let _ = write!(pairs, "(id = {} AND claim_token = {token})", r.id);
+            }
+            statements.push(format!(
+                "UPDATE {outbox} SET status = 'FAILED', next_retry_time = NOW(6), \
+                 last_error = {reasons} END, updated_at = NOW(6), \
+                 claimed_at = NULL, claim_token = NULL \
+                 WHERE ({pairs}) AND status = 'PROCESSING'"
             ));
         }
         self.in_transaction("writing back claimed rows", move |conn| {

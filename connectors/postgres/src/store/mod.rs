@@ -72,6 +72,7 @@ pub(crate) struct Conn {
     claim: [[Statement; 2]; 2],
     complete_success: Statement,
     complete_failed: Statement,
+    complete_released: Statement,
     reap: Statement,
     schedule: Statement,
     blocked_all: Statement,
@@ -216,6 +217,11 @@ impl PgOutboxStore {
                 vec![int8s.clone(), texts.clone(), int8s.clone(), texts.clone()],
             ),
             (
+                "claim release",
+                &sql.complete_released,
+                vec![int8s.clone(), texts.clone(), texts.clone()],
+            ),
+            (
                 "reaper",
                 &sql.reap,
                 vec![Type::INT8, Type::INT8, Type::TEXT],
@@ -230,8 +236,8 @@ impl PgOutboxStore {
                 .map(|(what, text, types)| self.prepare(&client, what, text, types)),
         )
         .await?;
-        let [success, failed, parked, exists, checkpoint, load_checkpoint, claim_due, claim_due_strict, claim_poll, claim_poll_strict, complete_success, complete_failed, reap, schedule, blocked_all, blocked_some] =
-            <[Statement; 16]>::try_from(prepared)
+        let [success, failed, parked, exists, checkpoint, load_checkpoint, claim_due, claim_due_strict, claim_poll, claim_poll_strict, complete_success, complete_failed, complete_released, reap, schedule, blocked_all, blocked_some] =
+            <[Statement; 17]>::try_from(prepared)
                 .map_err(|_| ConnectorError::definite("internal: statement count mismatch"))?;
         Ok(Conn {
             client,
@@ -249,6 +255,7 @@ impl PgOutboxStore {
             ],
             complete_success,
             complete_failed,
+            complete_released,
             reap,
             schedule,
             blocked_all,
@@ -403,6 +410,10 @@ impl PgOutboxStore {
         let f_errors: Vec<String> = f.iter().map(|(x, _)| last_error_text(&x.error)).collect();
         let f_delays: Vec<i64> = f.iter().map(|(x, _)| delay_ms(x.retry_delay)).collect();
         let f_tokens: Vec<&str> = f.iter().map(|(_, t)| t.0.as_str()).collect();
+        let r = batch.released;
+        let r_ids: Vec<i64> = r.iter().map(|(x, _)| x.id).collect();
+        let r_reasons: Vec<String> = r.iter().map(|(x, _)| last_error_text(&x.reason)).collect();
+        let r_tokens: Vec<&str> = r.iter().map(|(_, t)| t.0.as_str()).collect();
 
         let tx = conn.client.transaction().await?;
         let success = async {
@@ -425,9 +436,16 @@ impl PgOutboxStore {
             )
             .await
         };
-        let (s, f) = futures_util::try_join!(success, fail)?;
+        let release = async {
+            if r_ids.is_empty() {
+                return Ok(0);
+            }
+            tx.execute(&conn.complete_released, &[&r_ids, &r_reasons, &r_tokens])
+                .await
+        };
+        let (s, f, r) = futures_util::try_join!(success, fail, release)?;
         tx.commit().await?;
-        Ok(s + f)
+        Ok(s + f + r)
     }
 }
 
@@ -493,19 +511,14 @@ impl OutboxStore for PgOutboxStore {
     }
 
     async fn complete_claimed(&self, batch: ClaimedWriteBack<'_>) -> Result<u64, ConnectorError> {
-        if batch.delivered.is_empty() && batch.failed.is_empty() {
+        if batch.is_empty() {
             return Ok(0);
         }
         let mut locked = self.lock().await?;
         let conn = locked.conn()?;
-        Self::complete_on(conn, batch).await.map_err(|e| {
-            let what = format!(
-                "writing back {} delivered and {} failed claimed rows",
-                batch.delivered.len(),
-                batch.failed.len()
-            );
-            self.error(&e, &what)
-        })
+        Self::complete_on(conn, batch)
+            .await
+            .map_err(|e| self.error(&e, &format!("writing back {}", batch.describe())))
     }
 
     async fn reap(&self, policy: ReapPolicy) -> Result<ReapReport, ConnectorError> {
@@ -677,6 +690,7 @@ struct Sql {
     claim: [[String; 2]; 2],
     complete_success: String,
     complete_failed: String,
+    complete_released: String,
     reap: String,
     schedule: String,
     blocked_all: String,
@@ -811,6 +825,12 @@ impl Sql {
                  AS f(id, error, delay_ms, token) \
                  WHERE o.id = f.id AND o.claim_token = f.token::uuid AND o.status = 'PROCESSING'",
                 next_retry("f.delay_ms")
+            ),
+            complete_released: format!(
+                "UPDATE {outbox} AS o SET next_retry_time = now(), last_error = r.reason, \
+                 updated_at = now(), claimed_at = NULL, claim_token = NULL, status = 'FAILED' \
+                 FROM unnest($1::bigint[], $2::text[], $3::text[]) AS r(id, reason, token) \
+                 WHERE o.id = r.id AND o.claim_token = r.token::uuid AND o.status = 'PROCESSING'"
             ),
             // SKIP LOCKED: a row being written back by its worker right now is not stale.
             reap: format!(
