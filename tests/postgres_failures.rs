@@ -544,3 +544,67 @@ async fn a_standby_that_takes_over_retries_the_failed_rows_the_dead_instance_lef
     drop(standby);
     p.cleanup().await;
 }
+
+/// Issue 10, case 8: `recover` keeps strict per-key order. A key whose earlier event
+/// waits for an operator (MANUAL_REQUIRED) keeps its later INIT rows back: they are
+/// parked (FAILED, due, `last_error` says why), not sent ahead of it; other keys go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recover_parks_rows_behind_an_earlier_undelivered_event_of_their_key() {
+    let p = TestPipeline::new("recoverorder", 1, FAST_FAILURES).await;
+    p.init();
+    let client = p.sql().await;
+    let slot = format!("outboxd_{}", p.name);
+    client
+        .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+        .await
+        .expect("drop slot");
+    insert(&p, &client, "held-1", "held", 1, None, 10).await;
+    insert(&p, &client, "held-2", "held", 2, None, 10).await;
+    insert(&p, &client, "free-1", "free", 1, None, 10).await;
+    insert(&p, &client, "held-3", "held", 3, None, 10).await;
+    client
+        .execute(
+            &format!(
+                "UPDATE \"{}\" SET status = 'MANUAL_REQUIRED', retry_count = 10, \
+                 next_retry_time = now(), last_error = 'broker said no' \
+                 WHERE message_id = 'held-1'",
+                p.table
+            ),
+            &[],
+        )
+        .await
+        .expect("an event waiting for an operator");
+
+    let recovered = p.outboxd(&["recover"]);
+    let out = String::from_utf8_lossy(&recovered.stdout);
+    assert!(
+        recovered.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&recovered.stderr)
+    );
+    let rows = p.rows().await;
+    assert_eq!(rows["free-1"].status, "SUCCESS", "{out}");
+    for id in ["held-2", "held-3"] {
+        let row = &rows[id];
+        assert_eq!(row.status, "FAILED", "{id} is parked, not sent: {row:?}");
+        assert_eq!(row.retry_count, 0, "{id}: parking counts no attempt");
+        assert!(
+            row.last_error
+                .as_deref()
+                .unwrap_or_default()
+                .contains("held"),
+            "{id}: {row:?}"
+        );
+    }
+    let records = consume_all(&p.services.kafka, &p.topic, 1, 1, Duration::from_secs(10));
+    let sent: Vec<&str> = records
+        .iter()
+        .map(|r| r.headers["message_id"].as_str())
+        .collect();
+    assert_eq!(
+        sent,
+        ["free-1"],
+        "nothing of the held key overtakes its earlier event"
+    );
+    p.cleanup().await;
+}

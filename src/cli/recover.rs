@@ -2,9 +2,11 @@
 
 use std::time::Instant;
 
-use outboxd_connector::{Connector, OutboxAdmin, OutboxStore, WriteBack};
+use std::collections::HashSet;
 
-use crate::config::Config;
+use outboxd_connector::{Connector, OutboxAdmin, OutboxStore, ParkedEvent, WriteBack};
+
+use crate::config::{Config, Ordering as KeyOrdering};
 use crate::relay::outcome::Outcome;
 use crate::sink::{FailureKind, Sink};
 
@@ -22,13 +24,36 @@ pub(super) async fn recover<C: Connector, S: Sink>(
     let store = connector.open_store().await?;
     const BATCH: usize = 500;
     let started = Instant::now();
-    let (mut after_id, mut sent, mut failed) = (0i64, 0u64, 0u64);
+    let strict = config.pipeline.ordering == KeyOrdering::Strict;
+    // Strict ordering: keys with an event not delivered yet (FAILED, PROCESSING,
+    // MANUAL_REQUIRED in the table, or failed during this recovery) keep their INIT rows
+    // back, parked as the log path parks them, so none overtakes an earlier event.
+    let mut failed_keys: HashSet<String> = HashSet::new();
+    let (mut after_id, mut sent, mut failed, mut parked_rows) = (0i64, 0u64, 0u64, 0u64);
     loop {
         let rows = store.scan_init(after_id, BATCH).await?;
         let Some(last) = rows.last() else { break };
         after_id = last.id;
+        let blocked = if strict {
+            let keys: Vec<String> = rows.iter().map(|e| e.biz_key.clone()).collect();
+            store.blocked_keys(Some(&keys)).await?
+        } else {
+            HashSet::new()
+        };
         let mut pending = Vec::with_capacity(rows.len());
+        let mut parked = Vec::new();
         for event in &rows {
+            if blocked.contains(&event.biz_key) || failed_keys.contains(&event.biz_key) {
+                parked.push(ParkedEvent {
+                    id: event.id,
+                    reason: format!(
+                        "parked by recover: an earlier event of biz_key `{}` is not delivered \
+                         yet (strict ordering)",
+                        event.biz_key
+                    ),
+                });
+                continue;
+            }
             pending.push((event, sink.send(event).await));
         }
         let (mut delivered, mut failures) = (Vec::new(), Vec::new());
@@ -46,6 +71,9 @@ pub(super) async fn recover<C: Connector, S: Sink>(
                 }
                 Outcome::Failed { failure, .. } => {
                     tracing::warn!(id = event.id, message_id = %event.message_id, error = %failure.error, "recover: delivery failed");
+                    if strict {
+                        failed_keys.insert(event.biz_key.clone());
+                    }
                     failures.push(failure);
                 }
             }
@@ -53,11 +81,13 @@ pub(super) async fn recover<C: Connector, S: Sink>(
         let batch = WriteBack {
             delivered: &delivered,
             failed: &failures,
-            ..WriteBack::default()
+            parked: &parked,
+            checkpoint: None,
         };
         store.write_back(batch).await?;
         sent += delivered.len() as u64;
         failed += failures.len() as u64;
+        parked_rows += parked.len() as u64;
         if let Some(error) = sink_failure {
             anyhow::bail!(
                 "the Kafka producer failed fatally: {error}; {sent} rows were published, the \
@@ -67,12 +97,14 @@ pub(super) async fn recover<C: Connector, S: Sink>(
         }
         let rate = (sent + failed) as f64 / started.elapsed().as_secs_f64().max(0.001);
         println!(
-            "recover: {sent} published, {failed} failed (up to id {after_id}, {rate:.0} rows/s)"
+            "recover: {sent} published, {failed} failed, {parked_rows} parked (up to id \
+             {after_id}, {rate:.0} rows/s)"
         );
     }
     println!(
-        "recover done: {sent} INIT rows published, {failed} marked FAILED (the retry worker of \
-         `outboxd run` retries them); start `outboxd run` to resume from the new log position"
+        "recover done: {sent} INIT rows published, {failed} marked FAILED and {parked_rows} \
+         parked behind an earlier event of their key (the retry worker of `outboxd run` \
+         retries them in order); start `outboxd run` to resume from the new log position"
     );
     Ok(0)
 }
