@@ -14,18 +14,22 @@
 //!   looked up again when the shape changes or a DDL statement names the outbox table.
 //! - The position is the binlog file and the end offset of the last event that closed a
 //!   transaction (or stood between transactions), with the GTID state executed up to it.
+//! - An INCIDENT event (the server lost events: the binlog has a gap) is a definite
+//!   error, never skipped: only `outboxd recover` can make up for what is missing.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+
 use mysql_async::binlog::events::{
-    Event, EventData, GtidEvent, OptionalMetadataField, QueryEvent, RotateEvent, TableMapEvent,
+    Event, EventData, GtidEvent, IncidentEvent, OptionalMetadataField, QueryEvent, RotateEvent,
+    TableMapEvent,
 };
 use mysql_async::binlog::row::BinlogRow;
 use mysql_async::binlog::value::BinlogValue;
-use mysql_async::binlog::{BinlogChecksumAlg, EventType};
+use mysql_async::binlog::{BinlogChecksumAlg, EventType, IncidentType};
 use mysql_async::consts::ColumnType;
 use mysql_async::Value;
 use outboxd_connector::{CommittedTransaction, ConnectorError, ErrorReason, OutboxEvent};
@@ -216,6 +220,7 @@ impl Decoder {
         const UPDATE_V2: u8 = EventType::UPDATE_ROWS_EVENT as u8;
         const DELETE_V2: u8 = EventType::DELETE_ROWS_EVENT as u8;
         const PARTIAL_UPDATE: u8 = EventType::PARTIAL_UPDATE_ROWS_EVENT as u8;
+        const INCIDENT: u8 = EventType::INCIDENT_EVENT as u8;
         match kind {
             WRITE_V1 | WRITE_V2 => self.write_rows(event),
             UPDATE_V1 | DELETE_V1 | UPDATE_V2 | DELETE_V2 | PARTIAL_UPDATE => Ok(Decoded::Nothing),
@@ -285,6 +290,7 @@ impl Decoder {
                 Ok(Decoded::Nothing)
             }
             HEARTBEAT | HEARTBEAT_LOG_EVENT_V2 => Ok(Decoded::Heartbeat),
+            INCIDENT => Err(self.incident(event)),
             XA_PREPARE => {
                 // The rows of an XA transaction commit later, in a statement of their own;
                 // outboxd does not follow XA transactions into the outbox.
@@ -571,6 +577,35 @@ impl Decoder {
         });
         group.events.extend(events);
         Ok(Decoded::Nothing)
+    }
+
+    /// An INCIDENT event: the server could not log everything (LOST_EVENTS: a binlog
+    /// write failed, a cache overflowed), so committed rows may be missing from the binlog
+    /// after this point. Stepping over it would lose them silently; the position stays
+    /// before it and the stream stops until the operator rescans.
+    fn incident(&self, event: &Event) -> ConnectorError {
+        let (kind, detail) = match event.read_event::<IncidentEvent>() {
+            Ok(incident) => {
+                let kind = match incident.incident_type() {
+                    Ok(IncidentType::INCIDENT_LOST_EVENTS) => "LOST_EVENTS".to_owned(),
+                    Ok(IncidentType::INCIDENT_NONE) => "NONE".to_owned(),
+                    Err(e) => format!("type {}", e.0),
+                };
+                (kind, incident.message().into_owned())
+            }
+            Err(e) => ("unreadable".to_owned(), e.to_string()),
+        };
+        ConnectorError::definite(format!(
+            "the binlog has a gap: the server logged an INCIDENT event ({kind}: `{detail}`) \
+             after {}:{} (outbox `{}`), so events after it may be missing. outboxd stops \
+             rather than skip it. Make sure no outbox row was lost (on a replica: resync it \
+             from its primary), then run `outboxd recover --config <file>`: it records the \
+             current position and publishes every INIT row",
+            self.file,
+            self.offset,
+            self.table_name()
+        ))
+        .with_reason(ErrorReason::PositionLost)
     }
 
     fn bad(&self, e: impl fmt::Display) -> ConnectorError {
@@ -1194,6 +1229,70 @@ mod tests {
             errors > 50 && transactions > 50,
             "{errors} errors, {transactions} transactions"
         );
+    }
+
+    /// An INCIDENT event (here LOST_EVENTS, what a server logs when it could not write
+    /// some events to its binlog) after the captured stream, built as the server writes it:
+    /// header, incident type, length-prefixed message, CRC32.
+    fn incident_event(fde: &FormatDescriptionEvent<'_>, at: u32) -> Event {
+        let message = b"error writing to the binary log";
+        let mut body = 1u16.to_le_bytes().to_vec(); // INCIDENT_LOST_EVENTS
+        body.push(message.len() as u8);
+        body.extend_from_slice(message);
+        let size = 19 + body.len() as u32 + 4;
+        let mut bytes = Vec::new();
+        bytes.extend(1_778_311_800u32.to_le_bytes());
+        bytes.push(EventType::INCIDENT_EVENT as u8);
+        bytes.extend(1u32.to_le_bytes());
+        bytes.extend(size.to_le_bytes());
+        bytes.extend((at + size).to_le_bytes());
+        bytes.extend(0u16.to_le_bytes());
+        bytes.extend(body);
+        bytes.extend([0; 4]);
+        // Read, then written again: the copy carries the right CRC32.
+        let event = Event::read(fde, &bytes[..]).unwrap();
+        let mut fixed = Vec::new();
+        event.write(BinlogVersion::Version4, &mut fixed).unwrap();
+        Event::read(fde, &fixed[..]).unwrap()
+    }
+
+    #[test]
+    fn an_incident_stops_the_stream_instead_of_skipping_the_gap() {
+        let mut decoder = Decoder::new("outboxd", "fixture_outbox", "biz_key", &start(), None);
+        run(&mut decoder, |n| names(n > 0)).unwrap();
+        let fde = fixture()
+            .iter()
+            .find(|e| e.header().event_type_raw() == EventType::FORMAT_DESCRIPTION_EVENT as u8)
+            .map(|e| {
+                e.read_event::<FormatDescriptionEvent>()
+                    .unwrap()
+                    .into_owned()
+                    .with_footer(e.footer())
+            })
+            .unwrap();
+        let before = decoder.position();
+        let incident = incident_event(&fde, 35353);
+        assert!(checksum_ok(&incident));
+        let err = decoder.handle(&incident).unwrap_err();
+        assert!(!err.is_transient(), "{err}");
+        assert_eq!(err.reason(), ErrorReason::PositionLost, "{err}");
+        let message = err.message();
+        for part in [
+            "INCIDENT",
+            "LOST_EVENTS",
+            "error writing to the binary log",
+            "mariadb-bin.000002:35353",
+            "outboxd recover --config <file>",
+        ] {
+            assert!(message.contains(part), "`{part}` missing from: {message}");
+        }
+        // The gap is not stepped over: the position stays before it.
+        assert_eq!(decoder.position(), before);
+
+        // Inside a transaction too.
+        let mut decoder = Decoder::new("outboxd", "fixture_outbox", "biz_key", &start(), None);
+        decoder.group = Some(Group::default());
+        assert!(decoder.handle(&incident).is_err());
     }
 
     #[test]
