@@ -1,11 +1,16 @@
 //! The MySQL/MariaDB [`OutboxStore`]: status write-back and the checkpoint row.
 //!
-//! A write-back is one transaction sent as **one** multi-statement text query (one round
+//! A write-back is one transaction sent as one multi-statement text query (one round
 //! trip): a SUCCESS `UPDATE … JOIN (SELECT … UNION ALL …)` for the whole batch, a FAILED
 //! single-table `UPDATE … CASE id WHEN …` for the failures, and the checkpoint upsert, then
 //! `COMMIT`. Every value is a number or a hex literal, so no `sql_mode` or character set can
 //! change what a statement means. When any statement fails the connection is dropped, so
 //! the server rolls the transaction back.
+//!
+//! The server refuses a query text larger than its `max_allowed_packet` (read once per
+//! connection), and refuses it again on every retry: so statements are cut by size as well
+//! as by rows, and a write-back too large for one text (a transaction of 100,000 rows parked
+//! behind their key) is sent in several, each under the limit, still in one transaction.
 //!
 //! `claims.rs` holds the claims, the claimed write-back, the reaper, the retry schedule
 //! and the blocked keys; `operator.rs` the operator's actions. Rows become events through
@@ -27,13 +32,20 @@ use outboxd_connector::{
 use outboxd_connector_kit::store as kit_store;
 use tokio::sync::Mutex;
 
-use crate::client::{execute, query_first, text};
+use crate::client::{execute, int, query_first, text};
 use crate::log::position::BinlogPosition;
 use crate::schema::{hex_literal, qualified, sql_string};
 use crate::MysqlConnector;
 
-/// Rows per statement: keeps statements well below `max_allowed_packet`.
+/// Rows per statement at most: keeps each `CASE` short enough to evaluate quickly.
 const ROWS_PER_STATEMENT: usize = 5000;
+/// Bytes of a query text kept free below `max_allowed_packet` (the packet's command byte,
+/// and the estimates' slack).
+const PACKET_MARGIN: usize = 1024;
+/// The smallest `max_allowed_packet` the server accepts; assumed when it cannot be read.
+const MIN_PACKET: usize = 1024;
+/// Upper bound of a statement's text besides its rows (keywords, the table name twice).
+const STATEMENT_OVERHEAD: usize = 600;
 
 /// The SQL side of one MySQL pipeline. Holds one connection; when it breaks, the failing
 /// call returns a transient error and the next call reconnects.
@@ -43,6 +55,8 @@ pub struct MysqlOutboxStore {
     pub(crate) outbox: String,
     pub(crate) checkpoint: String,
     pub(crate) conn: Mutex<Option<Conn>>,
+    /// `(connection id, max_allowed_packet)` of the connection in `conn`, once read.
+    max_packet: std::sync::Mutex<Option<(u32, usize)>>,
 }
 
 impl MysqlOutboxStore {
@@ -54,6 +68,7 @@ impl MysqlOutboxStore {
             outbox: qualified(&connector.layout.outbox_table),
             checkpoint: qualified(&connector.layout.checkpoint_table),
             conn: Mutex::new(None),
+            max_packet: std::sync::Mutex::new(None),
         };
         let mut conn = connector.sql_conn().await?;
         let probe = format!(
@@ -76,9 +91,44 @@ impl MysqlOutboxStore {
         )
     }
 
-    /// Runs `sql` on the connection, reconnecting first when there is none; drops the
-    /// connection when the statement fails.
-    async fn run(&self, sql: &str, context: &str) -> Result<(), ConnectorError> {
+    /// `max_allowed_packet` of `conn`: read once per connection.
+    async fn max_packet(&self, conn: &mut Conn) -> Result<usize, ConnectorError> {
+        let id = conn.id();
+        let cached = *self
+            .max_packet
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((at, value)) = cached {
+            if at == id {
+                return Ok(value);
+            }
+        }
+        let row = query_first(
+            conn,
+            "SELECT @@max_allowed_packet",
+            &self.context("reading max_allowed_packet"),
+        )
+        .await?;
+        let value = row
+            .map(|r| int(&r, 0))
+            .transpose()?
+            .flatten()
+            .and_then(|v| usize::try_from(v).ok())
+            .unwrap_or(MIN_PACKET);
+        *self
+            .max_packet
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((id, value));
+        Ok(value)
+    }
+
+    /// Runs `texts` in order on one connection (they make up one transaction); drops the
+    /// connection when one fails, so the server rolls back what the others began.
+    async fn run_write_back(
+        &self,
+        batch: &WriteBack<'_>,
+        context: &str,
+    ) -> Result<(), ConnectorError> {
         let mut slot = self.conn.lock().await;
         if slot.is_none() {
             *slot = Some(self.connector.sql_conn().await?);
@@ -86,9 +136,29 @@ impl MysqlOutboxStore {
         let Some(conn) = slot.as_mut() else {
             return Err(ConnectorError::transient("no MySQL connection"));
         };
-        let result = execute(conn, sql, context).await;
+        let result = async {
+            let limit = self.max_packet(conn).await?.saturating_sub(PACKET_MARGIN);
+            let texts = write_back_texts(
+                batch,
+                &self.outbox,
+                &self.checkpoint,
+                &self.connector.pipeline,
+                limit,
+            )?;
+            if texts.len() > 1 {
+                tracing::debug!(
+                    texts = texts.len(),
+                    limit,
+                    "write-back larger than max_allowed_packet: sent in several texts"
+                );
+            }
+            for text in &texts {
+                execute(conn, text, context).await?;
+            }
+            Ok(())
+        }
+        .await;
         if result.is_err() {
-            // The transaction's state is unknown: let the server roll it back.
             *slot = None;
         }
         result
@@ -100,33 +170,13 @@ impl OutboxStore for MysqlOutboxStore {
         if kit_store::is_empty(&batch) {
             return Ok(());
         }
-        let mut sql = String::from("START TRANSACTION;\n");
-        for chunk in batch.delivered.chunks(ROWS_PER_STATEMENT) {
-            success_sql(&mut sql, &self.outbox, chunk);
-        }
-        for chunk in batch.failed.chunks(ROWS_PER_STATEMENT) {
-            failed_sql(&mut sql, &self.outbox, chunk);
-        }
-        for chunk in batch.parked.chunks(ROWS_PER_STATEMENT) {
-            parked_sql(&mut sql, &self.outbox, chunk);
-        }
-        if let Some(position) = batch.checkpoint {
-            let position = BinlogPosition::from_position(position)?;
-            sql.push_str(&checkpoint_sql(
-                &self.checkpoint,
-                &self.connector.pipeline,
-                &position,
-            ));
-            sql.push_str(";\n");
-        }
-        sql.push_str("COMMIT");
         let context = self.context(&format!(
             "writing back {} delivered, {} failed and {} parked outbox rows",
             batch.delivered.len(),
             batch.failed.len(),
             batch.parked.len()
         ));
-        self.run(&sql, &context).await
+        self.run_write_back(&batch, &context).await
     }
 
     async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedEvent>, ConnectorError> {
@@ -193,6 +243,90 @@ pub(crate) async fn load_checkpoint(
             connector.pipeline
         ))),
     }
+}
+
+/// The write-back of `batch` as one transaction: `START TRANSACTION`, the statements, the
+/// checkpoint upsert, `COMMIT`, in as few query texts as fit `limit` bytes each (one,
+/// unless the batch is large). A definite error when a single row's statement exceeds
+/// `limit` (a `max_allowed_packet` below any useful size).
+fn write_back_texts(
+    batch: &WriteBack<'_>,
+    outbox: &str,
+    checkpoint: &str,
+    pipeline: &str,
+    limit: usize,
+) -> Result<Vec<String>, ConnectorError> {
+    // Every row's share of its statement is bounded from above, so a chunk whose bounds
+    // fit the room fits itself.
+    let room = limit.saturating_sub(STATEMENT_OVERHEAD + 2 * outbox.len());
+    let mut statements = Vec::new();
+    for chunk in size_chunks(batch.delivered, room, |_| 80) {
+        let mut sql = String::new();
+        success_sql(&mut sql, outbox, chunk);
+        statements.push(sql);
+    }
+    for chunk in size_chunks(batch.failed, room, |f| {
+        2 * last_error_text(&f.error).len() + 160
+    }) {
+        let mut sql = String::new();
+        failed_sql(&mut sql, outbox, chunk);
+        statements.push(sql);
+    }
+    for chunk in size_chunks(batch.parked, room, |p| {
+        2 * last_error_text(&p.reason).len() + 100
+    }) {
+        let mut sql = String::new();
+        parked_sql(&mut sql, outbox, chunk);
+        statements.push(sql);
+    }
+    if let Some(position) = batch.checkpoint {
+        let position = BinlogPosition::from_position(position)?;
+        let mut sql = checkpoint_sql(checkpoint, pipeline, &position);
+        sql.push_str(";\n");
+        statements.push(sql);
+    }
+
+    const BEGIN: &str = "START TRANSACTION;\n";
+    const COMMIT: &str = "COMMIT";
+    let mut texts = Vec::new();
+    let mut text = String::from(BEGIN);
+    for statement in statements {
+        if statement.len() + BEGIN.len() + COMMIT.len() > limit {
+            return Err(ConnectorError::definite(format!(
+                "a write-back statement of {} bytes does not fit the server's \
+                 max_allowed_packet ({} bytes with outboxd's margin): raise max_allowed_packet \
+                 (SET GLOBAL max_allowed_packet and in the server's configuration)",
+                statement.len(),
+                limit
+            )));
+        }
+        if text.len() + statement.len() + COMMIT.len() > limit {
+            texts.push(std::mem::take(&mut text));
+        }
+        text.push_str(&statement);
+    }
+    text.push_str(COMMIT);
+    texts.push(text);
+    Ok(texts)
+}
+
+/// `rows` in order, in chunks of at most [`ROWS_PER_STATEMENT`] rows whose `cost` adds up
+/// to at most `room` (a row costing more than `room` goes alone).
+fn size_chunks<T>(rows: &[T], room: usize, cost: impl Fn(&T) -> usize) -> Vec<&[T]> {
+    let mut chunks = Vec::new();
+    let (mut start, mut used) = (0, 0);
+    for (i, row) in rows.iter().enumerate() {
+        let c = cost(row);
+        if i > start && (used + c > room || i - start == ROWS_PER_STATEMENT) {
+            chunks.push(&rows[start..i]);
+            (start, used) = (i, 0);
+        }
+        used += c;
+    }
+    if start < rows.len() {
+        chunks.push(&rows[start..]);
+    }
+    chunks
 }
 
 /// The SUCCESS update of `rows`: one multi-table UPDATE joined to a derived table.
@@ -362,6 +496,103 @@ mod tests {
         assert!(
             sql.find("status = CASE").unwrap() < sql.find("retry_count = retry_count + 1").unwrap()
         );
+    }
+
+    fn parked(n: i64, key: &str) -> Vec<ParkedEvent> {
+        (1..=n)
+            .map(|id| ParkedEvent {
+                id,
+                reason: format!("parked: an earlier event of biz_key `{key}` is not delivered yet"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_small_write_back_is_one_text() {
+        let rows = parked(3, "k");
+        let position = BinlogPosition {
+            file: "mariadb-bin.000002".into(),
+            offset: 99,
+            gtid_set: None,
+        }
+        .position();
+        let batch = WriteBack {
+            parked: &rows,
+            checkpoint: Some(&position),
+            ..WriteBack::default()
+        };
+        let texts = write_back_texts(&batch, "`outbox`", "`cp`", "p", 1 << 20).unwrap();
+        assert_eq!(texts.len(), 1);
+        assert!(texts[0].starts_with("START TRANSACTION;\n"));
+        assert!(texts[0].ends_with("COMMIT"));
+        assert!(texts[0].contains("WHERE id IN (1, 2, 3) AND status = 'INIT'"));
+    }
+
+    #[test]
+    fn a_write_back_over_the_packet_limit_is_cut_into_texts_under_it() {
+        let limit = 64 * 1024;
+        let rows = parked(20_000, "order-7");
+        let failed: Vec<DeliveryFailure> = (30_001..30_050)
+            .map(|id| DeliveryFailure {
+                id,
+                error: "x".repeat(3000),
+                retry_delay: Duration::from_secs(1),
+            })
+            .collect();
+        let delivered: Vec<Delivered> = (40_001..52_000)
+            .map(|id| Delivered {
+                id,
+                partition: 1,
+                offset: id,
+            })
+            .collect();
+        let position = BinlogPosition {
+            file: "mariadb-bin.000002".into(),
+            offset: 99,
+            gtid_set: None,
+        }
+        .position();
+        let batch = WriteBack {
+            delivered: &delivered,
+            failed: &failed,
+            parked: &rows,
+            checkpoint: Some(&position),
+        };
+        let texts = write_back_texts(&batch, "`outbox`", "`cp`", "p", limit).unwrap();
+        assert!(texts.len() > 10, "{} texts", texts.len());
+        for text in &texts {
+            assert!(text.len() <= limit, "{} > {limit}", text.len());
+        }
+        let all = texts.concat();
+        assert!(all.starts_with("START TRANSACTION;\n"));
+        assert_eq!(all.matches("START TRANSACTION").count(), 1);
+        assert_eq!(all.matches("COMMIT").count(), 1);
+        assert!(all.ends_with("COMMIT"));
+        // Every row in exactly one statement, and the checkpoint last before COMMIT.
+        let ids = |kind: &str| -> usize {
+            all.split(";\n")
+                .filter(|s| s.contains(kind))
+                .map(|s| s.matches(" THEN CONVERT(").count())
+                .sum()
+        };
+        assert_eq!(
+            ids("status = 'FAILED', next_retry_time = NOW(6)"),
+            rows.len()
+        );
+        assert_eq!(ids("'MANUAL_REQUIRED'"), failed.len());
+        assert_eq!(
+            all.matches("UNION ALL SELECT").count() + all.matches(" AS kp, ").count(),
+            delivered.len()
+        );
+        let checkpoint = all.find("INSERT INTO `cp`").unwrap();
+        assert!(
+            all[checkpoint..].find(";\n").unwrap() + checkpoint + 2 == all.len() - "COMMIT".len()
+        );
+
+        // A single row's statement over the limit cannot be cut: definite, names the fix.
+        let err = write_back_texts(&batch, "`outbox`", "`cp`", "p", 4096).unwrap_err();
+        assert!(!err.is_transient());
+        assert!(err.message().contains("raise max_allowed_packet"), "{err}");
     }
 
     #[test]
