@@ -39,6 +39,7 @@ pub(crate) fn event(id: i64, key: &str) -> OutboxEvent {
         retry_count: 0,
         max_retry_count: 10,
         commit_time: None,
+        rejected: None,
     }
 }
 
@@ -132,6 +133,12 @@ impl OutboxStore for MemoryStore {
                 row.last_error = Some(p.reason.clone());
             }
         }
+        for r in batch.rejected {
+            if let Some(row) = state.rows.get_mut(&r.id).filter(|r| r.status == "INIT") {
+                row.status = "MANUAL_REQUIRED";
+                row.last_error = Some(r.reason.clone());
+            }
+        }
         if let Some(position) = batch.checkpoint {
             if state.checkpoint.as_ref() < Some(position) {
                 state.checkpoint = Some(position.clone());
@@ -193,6 +200,13 @@ impl OutboxStore for MemoryStore {
                 row.status = "FAILED";
                 row.last_error = Some(r.reason.clone());
                 row.due_at = Some(Instant::now());
+                updated += 1;
+            }
+        }
+        for (r, token) in batch.rejected {
+            if let Some(row) = take_claim(&mut state.rows, r.id, token) {
+                row.status = "MANUAL_REQUIRED";
+                row.last_error = Some(r.reason.clone());
                 updated += 1;
             }
         }

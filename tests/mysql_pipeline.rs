@@ -327,3 +327,11 @@ async fn a_killed_server_connection_is_reopened_and_nothing_is_lost() {
     drop(daemon);
     p.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_that_cannot_be_published_needs_an_operator_and_the_relay_goes_on() {
+    scenarios::a_row_that_cannot_be_published_needs_an_operator_and_the_relay_goes_on::<
+        MysqlServices,
+    >()
+    .await;
+}

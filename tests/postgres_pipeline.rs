@@ -161,3 +161,9 @@ fn bad_config_is_reported_with_the_key_at_fault() {
     assert!(String::from_utf8_lossy(&missing.stderr).contains("cannot read config file"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_that_cannot_be_published_needs_an_operator_and_the_relay_goes_on() {
+    scenarios::a_row_that_cannot_be_published_needs_an_operator_and_the_relay_goes_on::<PgServices>()
+        .await;
+}

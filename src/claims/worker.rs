@@ -151,7 +151,19 @@ impl<'a, O: OutboxStore, S: Sink> ClaimWorker<'a, O, S> {
 
     async fn publish_claimed(&self, claimed: Vec<ClaimedEvent>) -> Result<(), ConnectorError> {
         let mut pending = Vec::with_capacity(claimed.len());
-        for c in claimed {
+        let mut rejected = Vec::new();
+        for mut c in claimed {
+            if let Some(reason) = c.event.rejected.take() {
+                // Retrying cannot help: MANUAL_REQUIRED with the reason, never sent.
+                rejected.push((
+                    ParkedEvent {
+                        id: c.event.id,
+                        reason,
+                    },
+                    c.claim_token,
+                ));
+                continue;
+            }
             let delivery = self.sink.send(&c.event).await;
             pending.push((c, delivery));
         }
@@ -210,9 +222,10 @@ impl<'a, O: OutboxStore, S: Sink> ClaimWorker<'a, O, S> {
             delivered: &delivered,
             failed: &failed,
             released: &released,
+            rejected: &rejected,
         };
         let updated = self.store.complete_claimed(batch).await?;
-        let expected = (delivered.len() + failed.len() + released.len()) as u64;
+        let expected = (delivered.len() + failed.len() + released.len() + rejected.len()) as u64;
         if updated < expected {
             tracing::warn!(
                 lost = expected - updated,
@@ -224,7 +237,7 @@ impl<'a, O: OutboxStore, S: Sink> ClaimWorker<'a, O, S> {
             .fetch_add(delivered.len() as u64, Ordering::Relaxed);
         self.stats
             .retry_failed
-            .fetch_add(failed.len() as u64, Ordering::Relaxed);
+            .fetch_add((failed.len() + rejected.len()) as u64, Ordering::Relaxed);
         for key in keys {
             // The log pipeline may have stopped; then there is nobody to release keys for.
             let _ = self.delivered_keys.send(key);

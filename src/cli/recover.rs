@@ -42,7 +42,19 @@ pub(super) async fn recover<C: Connector, S: Sink>(
         };
         let mut pending = Vec::with_capacity(rows.len());
         let mut parked = Vec::new();
+        let mut rejected = Vec::new();
         for event in &rows {
+            if let Some(reason) = &event.rejected {
+                // Retrying cannot help: MANUAL_REQUIRED with the reason, never sent.
+                if strict && !event.biz_key.is_empty() {
+                    failed_keys.insert(event.biz_key.clone());
+                }
+                rejected.push(ParkedEvent {
+                    id: event.id,
+                    reason: reason.clone(),
+                });
+                continue;
+            }
             if blocked.contains(&event.biz_key) || failed_keys.contains(&event.biz_key) {
                 parked.push(ParkedEvent {
                     id: event.id,
@@ -82,11 +94,12 @@ pub(super) async fn recover<C: Connector, S: Sink>(
             delivered: &delivered,
             failed: &failures,
             parked: &parked,
+            rejected: &rejected,
             checkpoint: None,
         };
         store.write_back(batch).await?;
         sent += delivered.len() as u64;
-        failed += failures.len() as u64;
+        failed += (failures.len() + rejected.len()) as u64;
         parked_rows += parked.len() as u64;
         if let Some(error) = sink_failure {
             anyhow::bail!(

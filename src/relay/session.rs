@@ -76,6 +76,8 @@ pub(super) struct Session<'a, O, S> {
     delivered: Vec<Delivered>,
     failed: Vec<DeliveryFailure>,
     parked: Vec<ParkedEvent>,
+    /// Rows that cannot become events, to be written MANUAL_REQUIRED.
+    rejected: Vec<ParkedEvent>,
     /// Strict ordering: keys with an event FAILED, PROCESSING or MANUAL_REQUIRED; their
     /// later events are parked instead of sent.
     blocked: HashSet<String>,
@@ -111,6 +113,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             delivered: Vec::new(),
             failed: Vec::new(),
             parked: Vec::new(),
+            rejected: Vec::new(),
             blocked: HashSet::new(),
             maybe_released: HashSet::new(),
             batch_seqs: Vec::new(),
@@ -277,6 +280,20 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         deliveries: &mut Deliveries,
     ) {
         for event in tx.events {
+            if let Some(reason) = event.rejected {
+                // Retrying cannot help: MANUAL_REQUIRED with the reason, never sent; its
+                // key waits behind it like behind any event in trouble.
+                if self.strict() && !event.biz_key.is_empty() {
+                    self.blocked.insert(event.biz_key);
+                }
+                self.rejected.push(ParkedEvent {
+                    id: event.id,
+                    reason,
+                });
+                self.batch_seqs.push(seq);
+                self.batch_started.get_or_insert_with(Instant::now);
+                continue;
+            }
             if self.strict() && self.blocked.contains(&event.biz_key) {
                 tracing::debug!(
                     id = event.id,
@@ -362,15 +379,21 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         // again from the log: the frontier may move before the write-back is durable.
         let checkpoint = self.frontier.advance();
 
-        if !self.delivered.is_empty() || !self.failed.is_empty() || !self.parked.is_empty() {
+        if !self.delivered.is_empty()
+            || !self.failed.is_empty()
+            || !self.parked.is_empty()
+            || !self.rejected.is_empty()
+        {
             let batch = WriteBack {
                 delivered: &self.delivered,
                 failed: &self.failed,
                 parked: &self.parked,
+                rejected: &self.rejected,
                 checkpoint: checkpoint.as_ref(),
             };
             write_back_with_retries(self.store, batch).await?;
-            let written = self.delivered.len() + self.failed.len() + self.parked.len();
+            let written =
+                self.delivered.len() + self.failed.len() + self.parked.len() + self.rejected.len();
             self.in_flight -= written;
             self.stats
                 .in_flight
@@ -378,15 +401,17 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             self.stats
                 .published
                 .fetch_add(self.delivered.len() as u64, Ordering::Relaxed);
-            self.stats
-                .failed
-                .fetch_add(self.failed.len() as u64, Ordering::Relaxed);
+            self.stats.failed.fetch_add(
+                (self.failed.len() + self.rejected.len()) as u64,
+                Ordering::Relaxed,
+            );
             if !self.failed.is_empty() || !self.parked.is_empty() {
                 self.wake_worker.notify_one();
             }
             self.delivered.clear();
             self.failed.clear();
             self.parked.clear();
+            self.rejected.clear();
         }
         self.batch_started = None;
         self.release_keys().await?;

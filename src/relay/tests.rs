@@ -357,3 +357,43 @@ async fn relaxed_ordering_sends_later_events_of_a_failing_key() {
     assert_eq!(h.stats.parked.load(std::sync::atomic::Ordering::Relaxed), 0);
     assert_no_violations(&confirmed);
 }
+
+/// Issue 10, case 7: a row the connector could not turn into an event (a rejected event)
+/// is never sent: it is written MANUAL_REQUIRED with the reason, later events of its key
+/// are parked behind it, other keys flow, and the stream goes on past it.
+#[tokio::test]
+async fn a_rejected_row_needs_an_operator_holds_its_key_and_the_stream_goes_on() {
+    let h = Harness::new(Duration::from_secs(2));
+    let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
+    let (mut link, _keys) = link();
+    let (stop, shutdown) = watch::channel(false);
+    h.store.insert(&[(1, "K"), (2, "L"), (3, "K")]);
+    let mut bad = event(1, "K");
+    bad.rejected = Some("cannot be published: column `message_type` is NULL".into());
+
+    let driver = async {
+        log.commit(10, vec![bad, event(2, "L")]);
+        log.commit(20, vec![event(3, "K")]);
+        wait_until("20 confirmed", || {
+            last_confirmed(&confirmed) == Some(lsn(20))
+        })
+        .await;
+        stop.send_replace(true);
+    };
+    let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
+    result.unwrap();
+    assert_eq!(
+        h.sink.sent_ids(),
+        [2],
+        "the rejected row and its key's next one stay back"
+    );
+    assert_eq!(
+        [1, 2, 3].map(|id| h.store.status(id)),
+        ["MANUAL_REQUIRED", "SUCCESS", "FAILED"]
+    );
+    assert_eq!(
+        h.store.row(1).and_then(|r| r.last_error).as_deref(),
+        Some("cannot be published: column `message_type` is NULL")
+    );
+    assert_no_violations(&confirmed);
+}

@@ -52,6 +52,9 @@ pub trait Engine: Sized {
     const STANDBY_WAITING: &'static [&'static str];
     /// What `outboxd check` reports after `init`, besides Kafka.
     const CHECK_ITEMS: &'static [&'static str];
+    /// The DDL that lets the outbox's `message_type` be NULL (`{table}` stands for the
+    /// table), as a user's own schema might.
+    const NULLABLE_MESSAGE_TYPE: &'static str;
 
     /// The server named by the environment.
     fn from_env() -> Self;
@@ -70,6 +73,8 @@ pub trait Engine: Sized {
     fn checkpoint(p: &Pipeline<Self>) -> impl Future<Output = Option<String>>;
     /// Drops what the test created on the server side.
     fn cleanup(p: &Pipeline<Self>) -> impl Future<Output = ()>;
+    /// Runs one statement on a fresh connection.
+    fn execute(p: &Pipeline<Self>, sql: &str) -> impl Future<Output = ()>;
 }
 
 /// Writes [`Event`]s on its own connection.

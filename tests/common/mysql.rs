@@ -92,6 +92,8 @@ impl Engine for MysqlServices {
         "grants",
         "checkpoint",
     ];
+    const NULLABLE_MESSAGE_TYPE: &'static str =
+        "ALTER TABLE {table} MODIFY message_type VARCHAR(255) NULL";
 
     fn from_env() -> Self {
         let guard = BINLOG_FILES.read().unwrap_or_else(|e| e.into_inner());
@@ -185,6 +187,10 @@ heartbeat = "1s""#,
             .expect("read checkpoint");
         let _ = conn.disconnect().await;
         row
+    }
+
+    async fn execute(p: &MysqlPipeline, sql: &str) {
+        p.sql().await.query_drop(sql).await.expect(sql);
     }
 
     async fn cleanup(p: &MysqlPipeline) {

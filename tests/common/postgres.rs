@@ -56,6 +56,8 @@ impl Engine for PgServices {
     const CREATED_AT_SUFFIX: &'static str = "+00";
     const STANDBY_WAITING: &'static [&'static str] = &["retrying"];
     const CHECK_ITEMS: &'static [&'static str] = &[];
+    const NULLABLE_MESSAGE_TYPE: &'static str =
+        "ALTER TABLE {table} ALTER COLUMN message_type DROP NOT NULL";
 
     fn from_env() -> Self {
         Self {
@@ -152,6 +154,10 @@ status_interval = "1s""#,
             .await
             .expect("read checkpoint")
             .map(|r| r.get(0))
+    }
+
+    async fn execute(p: &TestPipeline, sql: &str) {
+        p.sql().await.batch_execute(sql).await.expect(sql);
     }
 
     async fn cleanup(p: &TestPipeline) {

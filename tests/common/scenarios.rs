@@ -390,3 +390,51 @@ pub async fn a_rejected_record_fails_its_row_parks_its_key_and_is_delivered_in_o
     drop(daemon);
     p.cleanup().await;
 }
+
+/// Issue 10, case 7: a row that cannot be published (here a NULL `message_type`, which a
+/// user's own schema may allow) does not stop `run`: it becomes MANUAL_REQUIRED with the
+/// reason, the next event of its key is parked behind it, other keys flow, and the relay
+/// goes on. Before, `run` exited and met the same row again after every restart.
+pub async fn a_row_that_cannot_be_published_needs_an_operator_and_the_relay_goes_on<E: Engine>() {
+    let p = Pipeline::<E>::new("badrow", 1, FAST_FAILURES).await;
+    p.init();
+    E::execute(&p, &E::NULLABLE_MESSAGE_TYPE.replace("{table}", &p.table)).await;
+    let mut daemon = p.spawn_run("run.log");
+    E::execute(
+        &p,
+        &format!(
+            "INSERT INTO {} (message_id, message_type, biz_key, payload) \
+             VALUES ('bad-1', NULL, 'held', '{{}}')",
+            p.table
+        ),
+    )
+    .await;
+    let mut writer = p.writer().await;
+    writer.commit(&event("held", 2), "after").await;
+    writer.commit(&event("free", 1), "other").await;
+    wait_for(
+        "the rows to be written back",
+        Duration::from_secs(60),
+        || async {
+            let rows = p.rows().await;
+            let done = rows.get("bad-1")?.status == "MANUAL_REQUIRED"
+                && rows.values().filter(|r| r.status == "SUCCESS").count() == 1
+                && rows.values().filter(|r| r.status == "FAILED").count() == 1;
+            done.then_some(rows)
+        },
+    )
+    .await;
+    let rows = p.rows().await;
+    let bad = &rows["bad-1"];
+    assert_eq!(bad.retry_count, 0);
+    let reason = bad.last_error.as_deref().unwrap_or_default();
+    assert!(reason.contains("`message_type` is NULL"), "{reason}");
+    assert!(daemon.is_running(), "run goes on:\n{}", daemon.log_text());
+    let records = p.consume(1, Duration::from_secs(10));
+    let keys: Vec<&str> = records
+        .iter()
+        .map(|r| r.headers["biz_key"].as_str())
+        .collect();
+    assert_eq!(keys, ["free"], "nothing of the held key is sent");
+    p.cleanup().await;
+}

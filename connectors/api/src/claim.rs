@@ -50,29 +50,37 @@ pub struct ClaimedWriteBack<'a> {
     /// Rows whose attempt does not count (the sink itself failed, not the row) → FAILED,
     /// due now, `retry_count` unchanged, `last_error` = the reason, claim cleared.
     pub released: &'a [(ParkedEvent, ClaimToken)],
+    /// Rows that cannot become events ([`crate::OutboxEvent::rejected`]) →
+    /// MANUAL_REQUIRED with the reason, `retry_count` unchanged, claim cleared.
+    pub rejected: &'a [(ParkedEvent, ClaimToken)],
 }
 
 impl ClaimedWriteBack<'_> {
     /// Nothing to write.
     pub fn is_empty(&self) -> bool {
-        self.delivered.is_empty() && self.failed.is_empty() && self.released.is_empty()
+        self.delivered.is_empty()
+            && self.failed.is_empty()
+            && self.released.is_empty()
+            && self.rejected.is_empty()
     }
 
     /// `"2 delivered, 1 failed and 0 released claimed rows"`, for messages.
     pub fn describe(&self) -> String {
         format!(
-            "{} delivered, {} failed and {} released claimed rows",
+            "{} delivered, {} failed, {} released and {} rejected claimed rows",
             self.delivered.len(),
             self.failed.len(),
-            self.released.len()
+            self.released.len(),
+            self.rejected.len()
         )
     }
 }
 
-/// A row put back to FAILED, due now, without counting an attempt, with the reason: the
-/// log path parks a row this way (strict ordering: an earlier event of its `biz_key` is
-/// FAILED, PROCESSING or MANUAL_REQUIRED); the claim worker releases a claim this way
-/// when the sink failed rather than the row.
+/// A row written back with a reason and no attempt counted: parked (FAILED, due now) by
+/// the log path under strict ordering (an earlier event of its `biz_key` is FAILED,
+/// PROCESSING or MANUAL_REQUIRED); released (FAILED, due now) by the claim worker when
+/// the sink failed rather than the row; rejected (MANUAL_REQUIRED) when the row cannot
+/// become an event at all.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParkedEvent {
     /// Outbox row id.

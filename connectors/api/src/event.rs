@@ -29,6 +29,12 @@ pub struct OutboxEvent {
     pub max_retry_count: i32,
     /// When the transaction that inserted the row committed, when the log says so.
     pub commit_time: Option<SystemTime>,
+    /// Why this row cannot be published as the application meant it (a NULL where a
+    /// value is needed, a value outboxd cannot read), when it cannot: the event then
+    /// carries only what could be read (`id`, and `biz_key` when readable). Retrying
+    /// cannot help, so the core never sends it: it writes the row MANUAL_REQUIRED with
+    /// this reason and, in strict ordering, holds its key back.
+    pub rejected: Option<String>,
 }
 
 /// Where the outbox lives and which column is the Kafka key.

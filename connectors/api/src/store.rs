@@ -41,6 +41,10 @@ pub struct WriteBack<'a> {
     /// Rows parked by strict ordering → FAILED, due now, `retry_count` unchanged,
     /// `last_error` = the reason; only rows still INIT.
     pub parked: &'a [ParkedEvent],
+    /// Rows that cannot become events ([`crate::OutboxEvent::rejected`]) →
+    /// MANUAL_REQUIRED, `next_retry_time` now (so they hold their key back),
+    /// `retry_count` unchanged, `last_error` = the reason; only rows still INIT.
+    pub rejected: &'a [ParkedEvent],
     /// The position up to which every event is now delivered or failed and written back.
     pub checkpoint: Option<&'a Position>,
 }

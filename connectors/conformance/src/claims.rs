@@ -205,6 +205,7 @@ pub async fn strict_claim_takes_only_the_earliest_row_of_each_blocked_key<H: Har
             delivered: &done,
             failed: &[],
             released: &[],
+            rejected: &[],
         })
         .await
         .expect("complete");
@@ -302,6 +303,7 @@ pub async fn complete_claimed_writes_only_where_the_claim_still_holds<H: Harness
             )],
             failed: &[],
             released: &[],
+            rejected: &[],
         })
         .await
         .expect("stale token");
@@ -347,6 +349,7 @@ pub async fn complete_claimed_writes_only_where_the_claim_still_holds<H: Harness
             delivered: &delivered,
             failed: &failed,
             released: &[],
+            rejected: &[],
         })
         .await
         .expect("complete");
@@ -396,6 +399,7 @@ pub async fn complete_claimed_writes_only_where_the_claim_still_holds<H: Harness
             delivered: &delivered,
             failed: &failed,
             released: &[],
+            rejected: &[],
         })
         .await
         .expect("replay");
@@ -441,6 +445,7 @@ pub async fn released_claims_keep_their_attempt_count<H: Harness>() {
             delivered: &[],
             failed: &[],
             released: &[released[0].clone(), stale[0].clone()],
+            rejected: &[],
         })
         .await
         .expect("release");
@@ -550,6 +555,7 @@ pub async fn reaper_returns_expired_claims_to_failed_or_manual_required<H: Harne
             delivered: &late,
             failed: &[],
             released: &[],
+            rejected: &[],
         })
         .await
         .expect("late write-back");
@@ -587,6 +593,7 @@ pub async fn parked_rows_become_failed_and_due_with_the_reason<H: Harness>() {
             delivered: &[],
             failed: &failed,
             parked: &parked,
+            rejected: &[],
             checkpoint: None,
         })
         .await
@@ -614,6 +621,63 @@ pub async fn parked_rows_become_failed_and_due_with_the_reason<H: Harness>() {
     // Strict: the parked row waits for the failed one even though it is due first.
     let strict = store.claim(due_failed(10, true)).await.expect("claim");
     assert!(strict.is_empty(), "{:?}", ids_of(&strict));
+    drop(store);
+    h.cleanup().await;
+}
+
+/// A row that cannot become an event, seen in the log, becomes MANUAL_REQUIRED with the
+/// reason and due (so it holds its key back), no attempt counted, only while INIT; a
+/// claimed one likewise, only where the claim still holds.
+pub async fn rejected_rows_need_an_operator_and_hold_their_key<H: Harness>() {
+    let h: H = initialised("cl_rej", ReadMode::Log).await;
+    let ids = h.insert(&NewRow::keys(&["a", "a", "b", "c"])).await;
+    h.set(&ids[2..3], &Setup::status("SUCCESS", None)).await;
+    h.set(&ids[3..4], &Setup::status("FAILED", Some(-1))).await;
+    let store = store(&h).await;
+    let reason = |i: usize| ParkedEvent {
+        id: ids[i],
+        reason: format!("cannot be published: column `message_type` of row {i} is NULL"),
+    };
+    store
+        .write_back(WriteBack {
+            rejected: &[reason(0), reason(2)],
+            ..WriteBack::default()
+        })
+        .await
+        .expect("write back");
+    let r = h.row(ids[0]).await;
+    assert_eq!((r.status.as_str(), r.retry_count), ("MANUAL_REQUIRED", 0));
+    assert_eq!(
+        r.last_error.as_deref(),
+        Some("cannot be published: column `message_type` of row 0 is NULL")
+    );
+    assert!(
+        r.next_retry_in.is_some(),
+        "visible to the blocked-key look-ups"
+    );
+    assert_eq!(h.row(ids[2]).await.status, "SUCCESS", "only INIT rows");
+    assert_eq!(
+        store
+            .blocked_keys(Some(&["a".to_owned()]))
+            .await
+            .expect("blocked"),
+        HashSet::from(["a".to_owned()])
+    );
+
+    let claimed = store.claim(due_failed(10, false)).await.expect("claim");
+    assert_eq!(ids_of(&claimed), [ids[3]]);
+    let n = store
+        .complete_claimed(ClaimedWriteBack {
+            rejected: &[(reason(3), claimed[0].claim_token.clone())],
+            ..ClaimedWriteBack::default()
+        })
+        .await
+        .expect("reject claimed");
+    assert_eq!(n, 1);
+    let c = h.row(ids[3]).await;
+    assert_eq!((c.status.as_str(), c.retry_count), ("MANUAL_REQUIRED", 0));
+    assert!(c.claim_token.is_none() && !c.claimed, "claim cleared");
+    assert!(c.last_error.is_some_and(|e| e.contains("row 3")));
     drop(store);
     h.cleanup().await;
 }

@@ -43,6 +43,7 @@ pub async fn write_back_moves_rows_through_the_state_machine<H: Harness>() {
         delivered: &delivered,
         failed: &failed,
         parked: &[],
+        rejected: &[],
         checkpoint: None,
     };
     store.write_back(batch).await.expect("write back");
@@ -123,6 +124,7 @@ pub async fn write_back_moves_rows_through_the_state_machine<H: Harness>() {
             delivered: &delivered,
             failed: &late_failure,
             parked: &[],
+            rejected: &[],
             checkpoint: None,
         })
         .await
@@ -162,6 +164,7 @@ pub async fn write_back_moves_rows_through_the_state_machine<H: Harness>() {
             delivered: &d,
             failed: &f,
             parked: &[],
+            rejected: &[],
             checkpoint: None,
         })
         .await

@@ -1,9 +1,14 @@
 //! One outbox row → [`OutboxEvent`], for every engine and for the log and claim paths
 //! alike, with one policy for bad values:
 //!
-//! - a NULL or non-UTF-8 `id`, `message_id`, `message_type`, `biz_key` or `created_at`, a
-//!   count that is not an integer or out of range: a definite error naming the table and
-//!   the column (the row cannot be published as the application meant it);
+//! - a NULL or non-UTF-8 `message_id`, `message_type`, `biz_key` or `created_at`, a count
+//!   that is not an integer or out of range, a value the engine cannot read: the row
+//!   cannot be published as the application meant it, and retrying cannot change that.
+//!   It becomes a *rejected* event ([`OutboxEvent::rejected`] names the column and why),
+//!   which the core writes MANUAL_REQUIRED instead of sending, so one bad row never
+//!   stops the relay;
+//! - a row whose `id` (or, in the log, `status`) cannot be read cannot even be addressed:
+//!   a definite error naming the table and the column;
 //! - a `headers` value that is not a JSON object: logged (warn) and the event is published
 //!   without headers (the payload is intact; headers are extras);
 //! - a NULL key, payload, topic or headers: empty bytes, no topic, no headers.
@@ -46,13 +51,13 @@ pub fn event_from_insert(
     if read.text(Field::Status)?.as_deref() != Some(status::INIT) {
         return Ok(None);
     }
-    read.event().map(Some)
+    read.event_or_rejected().map(Some)
 }
 
 /// A row read by SQL (a claim, a scan): as the log path would build it, without a commit
 /// time.
 pub fn event_from_row(row: &impl RowSource, table: &str) -> Result<OutboxEvent, ConnectorError> {
-    Reader { row, table }.event()
+    Reader { row, table }.event_or_rejected()
 }
 
 /// The row's `headers` JSON as record headers under the bad-value policy: a value that is
@@ -76,6 +81,39 @@ struct Reader<'a, R> {
 }
 
 impl<R: RowSource> Reader<'_, R> {
+    /// The event, or, when only its id can be read, a rejected event with the reason.
+    fn event_or_rejected(&self) -> Result<OutboxEvent, ConnectorError> {
+        let id = self.int(Field::Id)?;
+        self.event().or_else(|e| {
+            let biz_key = self.text(Field::BizKey).ok().flatten().unwrap_or_default();
+            tracing::warn!(
+                table = self.table,
+                id,
+                reason = %e,
+                "an outbox row cannot be published; it becomes MANUAL_REQUIRED"
+            );
+            Ok(OutboxEvent {
+                id,
+                message_id: self
+                    .text(Field::MessageId)
+                    .ok()
+                    .flatten()
+                    .unwrap_or_default(),
+                message_type: String::new(),
+                key: Bytes::from(biz_key.clone()),
+                biz_key,
+                topic: None,
+                payload: Bytes::new(),
+                headers: Vec::new(),
+                created_at: String::new(),
+                retry_count: self.int32(Field::RetryCount).unwrap_or(0),
+                max_retry_count: self.int32(Field::MaxRetryCount).unwrap_or(0),
+                commit_time: None,
+                rejected: Some(format!("cannot be published: {e}")),
+            })
+        })
+    }
+
     fn event(&self) -> Result<OutboxEvent, ConnectorError> {
         let headers = self.text(Field::Headers)?;
         Ok(OutboxEvent {
@@ -91,6 +129,7 @@ impl<R: RowSource> Reader<'_, R> {
             retry_count: self.int32(Field::RetryCount)?,
             max_retry_count: self.int32(Field::MaxRetryCount)?,
             commit_time: None,
+            rejected: None,
         })
     }
 
@@ -193,20 +232,30 @@ mod tests {
     }
 
     #[test]
-    fn bad_headers_are_dropped_bad_ids_are_errors() {
+    fn bad_headers_are_dropped_bad_values_reject_the_row_bad_ids_are_errors() {
         let mut r = row();
         r.0.insert(Field::Headers, text("[1]"));
         assert!(event_from_row(&r, "outbox").unwrap().headers.is_empty());
         r.0.insert(Field::MessageId, Value::Null);
-        let err = event_from_row(&r, "outbox").unwrap_err();
-        assert!(!err.is_transient());
+        let e = event_from_row(&r, "outbox").unwrap();
+        assert_eq!((e.id, e.biz_key.as_str()), (7, "o-7"));
         assert_eq!(
-            err.message(),
-            "outbox `outbox`: column `message_id` is NULL"
+            e.rejected.as_deref(),
+            Some("cannot be published: outbox `outbox`: column `message_id` is NULL")
         );
         let mut r = row();
         r.0.insert(Field::RetryCount, Value::Int(i64::MAX));
+        let e = event_from_insert(&r, "outbox").unwrap().unwrap();
+        assert!(e.rejected.unwrap().contains("out of range"));
+        let mut r = row();
+        r.0.insert(Field::BizKey, Value::Null);
+        let e = event_from_insert(&r, "outbox").unwrap().unwrap();
+        assert_eq!(e.biz_key, "", "no key to hold back");
+        assert!(e.rejected.unwrap().contains("`biz_key` is NULL"));
+        // A row that cannot be addressed is a definite error.
+        r.0.insert(Field::Id, Value::Null);
         let err = event_from_row(&r, "outbox").unwrap_err();
-        assert!(err.message().contains("out of range"), "{err}");
+        assert!(!err.is_transient());
+        assert_eq!(err.message(), "outbox `outbox`: column `id` is NULL");
     }
 }

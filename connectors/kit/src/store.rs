@@ -11,6 +11,7 @@ pub fn is_empty(batch: &WriteBack<'_>) -> bool {
     batch.delivered.is_empty()
         && batch.failed.is_empty()
         && batch.parked.is_empty()
+        && batch.rejected.is_empty()
         && batch.checkpoint.is_none()
 }
 

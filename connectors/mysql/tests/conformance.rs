@@ -278,6 +278,7 @@ outboxd_conformance::conformance_tests!(Maria;
     claims::released_claims_keep_their_attempt_count,
     claims::reaper_returns_expired_claims_to_failed_or_manual_required,
     claims::parked_rows_become_failed_and_due_with_the_reason,
+    claims::rejected_rows_need_an_operator_and_hold_their_key,
     claims::blocked_keys_and_retry_schedule_read_the_rows_in_trouble,
     admin::status_summary_counts_rows_and_reads_the_checkpoint,
     admin::retry_makes_rows_due_again,

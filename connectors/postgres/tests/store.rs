@@ -37,6 +37,7 @@ async fn success_write_back_is_a_hot_update() {
                 delivered: &d,
                 failed: &[],
                 parked: &[],
+                rejected: &[],
                 checkpoint: Some(&position),
             })
             .await

@@ -19,15 +19,15 @@ use bytes::Bytes;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
 use outboxd_connector::{
-    last_error_text, ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack,
-    ConnectorError, OutboxEvent, ReapPolicy, ReapReport, RetrySchedule,
+    ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack, ConnectorError,
+    OutboxEvent, ReapPolicy, ReapReport, RetrySchedule,
 };
 use outboxd_connector_kit::row::{self, RowSource, Value as Cell};
 use outboxd_connector_kit::{columns, status, Field};
 
 use crate::client::{classify, query, text, text_or_empty};
 use crate::schema::{quote_ident, sql_string};
-use crate::store::{delay_ms, failure_cases, MysqlOutboxStore};
+use crate::store::{delay_ms, failure_cases, reason_case, MysqlOutboxStore};
 use crate::time::{sql_time_iso, system_time};
 
 /// Keys per `IN (…)` list.
@@ -307,21 +307,26 @@ impl MysqlOutboxStore {
                 next_retry(&format!("{delays} END"))
             ));
         }
-        if !batch.released.is_empty() {
-            let mut reasons = String::from("CASE id");
-            let mut pairs = String::new();
-            for (i, (r, token)) in batch.released.iter().enumerate() {
-                let reason = sql_string(&last_error_text(&r.reason));
-                let _ = write!(reasons, " WHEN {} THEN {reason}", r.id);
-                if i > 0 {
-                    pairs.push_str(" OR ");
-                }
-                let token = sql_string(&token.0);
-                let _ = write!(pairs, "(id = {} AND claim_token = {token})", r.id);
+        // Released claims become FAILED, rejected rows MANUAL_REQUIRED: no attempt
+        // counted, the reason in last_error.
+        for (rows, status) in [
+            (batch.released, status::FAILED),
+            (batch.rejected, status::MANUAL_REQUIRED),
+        ] {
+            if rows.is_empty() {
+                continue;
             }
+            let reasons = reason_case(rows.iter().map(|(r, _)| r));
+            let pairs = rows
+                .iter()
+                .map(|(r, token)| {
+                    format!("(id = {} AND claim_token = {})", r.id, sql_string(&token.0))
+                })
+                .collect::<Vec<_>>()
+                .join(" OR ");
             statements.push(format!(
-                "UPDATE {outbox} SET status = 'FAILED', next_retry_time = NOW(6), \
-                 last_error = {reasons} END, updated_at = NOW(6), \
+                "UPDATE {outbox} SET status = '{status}', next_retry_time = NOW(6), \
+                 last_error = {reasons}, updated_at = NOW(6), \
                  claimed_at = NULL, claim_token = NULL \
                  WHERE ({pairs}) AND status = 'PROCESSING'"
             ));

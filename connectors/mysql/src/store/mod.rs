@@ -29,6 +29,7 @@ use outboxd_connector::{
     DeliveryFailure, OutboxStore, ParkedEvent, Position, ReapPolicy, ReapReport, RetrySchedule,
     WriteBack,
 };
+use outboxd_connector_kit::status;
 use outboxd_connector_kit::store as kit_store;
 use tokio::sync::Mutex;
 
@@ -272,12 +273,16 @@ fn write_back_texts(
         failed_sql(&mut sql, outbox, chunk);
         statements.push(sql);
     }
-    for chunk in size_chunks(batch.parked, room, |p| {
-        2 * last_error_text(&p.reason).len() + 100
-    }) {
-        let mut sql = String::new();
-        parked_sql(&mut sql, outbox, chunk);
-        statements.push(sql);
+    // Parked rows become FAILED, rejected ones MANUAL_REQUIRED: due now, with the reason.
+    for (rows, status) in [
+        (batch.parked, status::FAILED),
+        (batch.rejected, status::MANUAL_REQUIRED),
+    ] {
+        for chunk in size_chunks(rows, room, |p| 2 * last_error_text(&p.reason).len() + 100) {
+            let mut sql = String::new();
+            noted_sql(&mut sql, outbox, chunk, status);
+            statements.push(sql);
+        }
     }
     if let Some(position) = batch.checkpoint {
         let position = BinlogPosition::from_position(position)?;
@@ -410,31 +415,33 @@ pub(crate) fn failure_cases<'a>(
 }
 
 /// Rows parked behind an earlier event of their key: FAILED, due now, `retry_count` kept.
-fn parked_sql(sql: &mut String, outbox: &str, rows: &[ParkedEvent]) {
+fn noted_sql(sql: &mut String, outbox: &str, rows: &[ParkedEvent], status: &str) {
     if rows.is_empty() {
         return;
     }
-    let mut reasons = String::from("CASE id");
-    let mut ids = String::new();
-    for (i, p) in rows.iter().enumerate() {
-        let _ = write!(
-            reasons,
-            " WHEN {} THEN {}",
-            p.id,
-            sql_string(&last_error_text(&p.reason))
-        );
-        if i > 0 {
-            ids.push_str(", ");
-        }
-        let _ = write!(ids, "{}", p.id);
-    }
-    reasons.push_str(" END");
+    let reasons = reason_case(rows.iter());
+    let ids = rows
+        .iter()
+        .map(|p| p.id.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
     let _ = writeln!(
         sql,
-        "UPDATE {outbox} SET status = 'FAILED', next_retry_time = NOW(6), \
+        "UPDATE {outbox} SET status = '{status}', next_retry_time = NOW(6), \
          last_error = {reasons}, updated_at = NOW(6) \
          WHERE id IN ({ids}) AND status = 'INIT';"
     );
+}
+
+/// `CASE id WHEN 1 THEN '<reason>' … END`: each row's reason for `last_error`.
+pub(crate) fn reason_case<'a>(rows: impl Iterator<Item = &'a ParkedEvent>) -> String {
+    let mut reasons = String::from("CASE id");
+    for p in rows {
+        let reason = sql_string(&last_error_text(&p.reason));
+        let _ = write!(reasons, " WHEN {} THEN {reason}", p.id);
+    }
+    reasons.push_str(" END");
+    reasons
 }
 
 /// The checkpoint upsert: inserts the row, or moves it forward — never backward — by
@@ -556,6 +563,7 @@ mod tests {
             delivered: &delivered,
             failed: &failed,
             parked: &rows,
+            rejected: &[],
             checkpoint: Some(&position),
         };
         let texts = write_back_texts(&batch, "`outbox`", "`cp`", "p", limit).unwrap();

@@ -24,8 +24,8 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::Bytes;
 use outboxd_connector::{
     last_error_text, ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack,
-    ConnectorError, OutboxEvent, OutboxStore, Position, ReapPolicy, ReapReport, RetrySchedule,
-    WriteBack,
+    ConnectorError, OutboxEvent, OutboxStore, ParkedEvent, Position, ReapPolicy, ReapReport,
+    RetrySchedule, WriteBack,
 };
 use tokio::sync::{Mutex, MutexGuard};
 use tokio_postgres::types::Type;
@@ -186,9 +186,9 @@ impl PgOutboxStore {
                 vec![int8s.clone(), texts.clone(), int8s.clone()],
             ),
             (
-                "parked write-back",
+                "parked and rejected write-back",
                 &sql.parked,
-                vec![int8s.clone(), texts.clone()],
+                vec![int8s.clone(), texts.clone(), texts.clone()],
             ),
             ("row lookup", &sql.exists, vec![int8s.clone()]),
             ("checkpoint", &sql.checkpoint, vec![Type::TEXT, Type::TEXT]),
@@ -219,7 +219,7 @@ impl PgOutboxStore {
             (
                 "claim release",
                 &sql.complete_released,
-                vec![int8s.clone(), texts.clone(), texts.clone()],
+                vec![int8s.clone(), texts.clone(), texts.clone(), texts.clone()],
             ),
             (
                 "reaper",
@@ -410,10 +410,17 @@ impl PgOutboxStore {
         let f_errors: Vec<String> = f.iter().map(|(x, _)| last_error_text(&x.error)).collect();
         let f_delays: Vec<i64> = f.iter().map(|(x, _)| delay_ms(x.retry_delay)).collect();
         let f_tokens: Vec<&str> = f.iter().map(|(_, t)| t.0.as_str()).collect();
-        let r = batch.released;
-        let r_ids: Vec<i64> = r.iter().map(|(x, _)| x.id).collect();
-        let r_reasons: Vec<String> = r.iter().map(|(x, _)| last_error_text(&x.reason)).collect();
-        let r_tokens: Vec<&str> = r.iter().map(|(_, t)| t.0.as_str()).collect();
+        let r: Vec<(&ParkedEvent, &ClaimToken, &str)> = (batch.released.iter())
+            .map(|(x, t)| (x, t, status::FAILED))
+            .chain((batch.rejected.iter()).map(|(x, t)| (x, t, status::MANUAL_REQUIRED)))
+            .collect();
+        let r_ids: Vec<i64> = r.iter().map(|(x, _, _)| x.id).collect();
+        let r_reasons: Vec<String> = r
+            .iter()
+            .map(|(x, _, _)| last_error_text(&x.reason))
+            .collect();
+        let r_tokens: Vec<&str> = r.iter().map(|(_, t, _)| t.0.as_str()).collect();
+        let r_statuses: Vec<&str> = r.iter().map(|(_, _, s)| *s).collect();
 
         let tx = conn.client.transaction().await?;
         let success = async {
@@ -440,8 +447,11 @@ impl PgOutboxStore {
             if r_ids.is_empty() {
                 return Ok(0);
             }
-            tx.execute(&conn.complete_released, &[&r_ids, &r_reasons, &r_tokens])
-                .await
+            tx.execute(
+                &conn.complete_released,
+                &[&r_ids, &r_reasons, &r_tokens, &r_statuses],
+            )
+            .await
         };
         let (s, f, r) = futures_util::try_join!(success, fail, release)?;
         tx.commit().await?;
@@ -590,6 +600,7 @@ struct WriteBackRows {
     f_delays: Vec<i64>,
     p_ids: Vec<i64>,
     p_reasons: Vec<String>,
+    p_statuses: Vec<&'static str>,
 }
 
 impl WriteBackRows {
@@ -602,8 +613,13 @@ impl WriteBackRows {
             f_ids: f.iter().map(|x| x.id).collect(),
             f_errors: f.iter().map(|x| last_error_text(&x.error)).collect(),
             f_delays: f.iter().map(|x| delay_ms(x.retry_delay)).collect(),
-            p_ids: p.iter().map(|x| x.id).collect(),
-            p_reasons: p.iter().map(|x| last_error_text(&x.reason)).collect(),
+            p_ids: p.iter().chain(batch.rejected).map(|x| x.id).collect(),
+            p_reasons: (p.iter().chain(batch.rejected))
+                .map(|x| last_error_text(&x.reason))
+                .collect(),
+            p_statuses: (p.iter().map(|_| status::FAILED))
+                .chain(batch.rejected.iter().map(|_| status::MANUAL_REQUIRED))
+                .collect(),
         }
     }
 
@@ -636,6 +652,7 @@ impl WriteBackRows {
             if keep.contains(id) {
                 out.p_ids.push(*id);
                 out.p_reasons.push(self.p_reasons[i].clone());
+                out.p_statuses.push(self.p_statuses[i]);
             }
         }
         out
@@ -666,7 +683,8 @@ impl WriteBackRows {
             if self.p_ids.is_empty() {
                 return Ok(Vec::new());
             }
-            tx.query(parked, &[&self.p_ids, &self.p_reasons]).await
+            tx.query(parked, &[&self.p_ids, &self.p_reasons, &self.p_statuses])
+                .await
         };
         let (s, f, p) = futures_util::try_join!(s, f, p)?;
         s.iter()
@@ -787,10 +805,12 @@ impl Sql {
                  WHERE o.id = f.id AND o.status = 'INIT' RETURNING o.id",
                 next_retry("f.delay_ms")
             ),
+            // Parked rows (FAILED) and rejected ones (MANUAL_REQUIRED): due now, with the
+            // reason, no attempt counted.
             parked: format!(
-                "UPDATE {outbox} AS o SET status = 'FAILED', next_retry_time = now(), \
+                "UPDATE {outbox} AS o SET status = p.status, next_retry_time = now(), \
                  last_error = p.reason, updated_at = now() \
-                 FROM unnest($1::bigint[], $2::text[]) AS p(id, reason) \
+                 FROM unnest($1::bigint[], $2::text[], $3::text[]) AS p(id, reason, status) \
                  WHERE o.id = p.id AND o.status = 'INIT' RETURNING o.id"
             ),
             exists: format!("SELECT id FROM {outbox} WHERE id = ANY($1::bigint[])"),
@@ -826,10 +846,13 @@ impl Sql {
                  WHERE o.id = f.id AND o.claim_token = f.token::uuid AND o.status = 'PROCESSING'",
                 next_retry("f.delay_ms")
             ),
+            // Released claims (FAILED) and rejected rows (MANUAL_REQUIRED): no attempt
+            // counted, the reason in last_error.
             complete_released: format!(
                 "UPDATE {outbox} AS o SET next_retry_time = now(), last_error = r.reason, \
-                 updated_at = now(), claimed_at = NULL, claim_token = NULL, status = 'FAILED' \
-                 FROM unnest($1::bigint[], $2::text[], $3::text[]) AS r(id, reason, token) \
+                 updated_at = now(), claimed_at = NULL, claim_token = NULL, status = r.status \
+                 FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[]) \
+                 AS r(id, reason, token, status) \
                  WHERE o.id = r.id AND o.claim_token = r.token::uuid AND o.status = 'PROCESSING'"
             ),
             // SKIP LOCKED: a row being written back by its worker right now is not stale.
