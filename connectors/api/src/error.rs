@@ -25,7 +25,8 @@ pub enum ErrorReason {
     #[default]
     Unspecified,
     /// The log position to resume from is gone: the replication slot was invalidated
-    /// or dropped, the binlog was purged. `outboxd recover` rescans the outbox.
+    /// or dropped, the binlog was purged, or the checkpoint row was written on another
+    /// server (a dump/restore, a migration). `outboxd recover` rescans the outbox.
     PositionLost,
     /// Another reader holds the replication slot or the pipeline's lock.
     SlotInUse,

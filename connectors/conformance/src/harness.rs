@@ -208,6 +208,12 @@ pub trait Harness: Sized {
     /// the server no longer has. No stream is open.
     async fn lose_log_position(&self);
 
+    /// Writes this outbox's checkpoint row as a dump/restore or a migration to this
+    /// server would have left it: the engine's checkpoint text naming another server, at
+    /// a position this server's log has or is below (an old outboxd resumed from it and
+    /// skipped every row inserted so far). No stream is open.
+    async fn carry_checkpoint_from_another_server(&self);
+
     /// Renames this outbox's `table` away (`away`) or back, so that statements on it
     /// fail meanwhile.
     async fn hide_table(&self, table: Table, away: bool);

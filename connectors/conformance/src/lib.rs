@@ -88,6 +88,7 @@ pub const SCENARIOS: &[&str] = &[
     "stream::status_updates_are_not_events",
     "stream::a_second_reader_is_transient",
     "stream::a_lost_log_position_is_a_definite_error",
+    "stream::a_checkpoint_from_another_server_is_refused_until_recover",
 ];
 
 /// Panics unless `instantiated` names every scenario of [`SCENARIOS`] (used by

@@ -5,11 +5,12 @@
 use std::time::{Duration, Instant};
 
 use outboxd_connector::{
-    ChangeItem, ChangeStream, CommittedTransaction, Connector, ConnectorError, Delivered,
-    DeliveryFailure, ErrorKind, OutboxAdmin, OutboxStore, ReadMode, WriteBack,
+    ChangeItem, ChangeStream, CheckStatus, CommittedTransaction, Connector, ConnectorError,
+    Delivered, DeliveryFailure, ErrorKind, ErrorReason, OutboxAdmin, OutboxStore, ReadMode,
+    WriteBack,
 };
 
-use crate::support::{initialised, open_when_free, stored_headers};
+use crate::support::{initialised, open_when_free, store, stored_headers};
 use crate::{Harness, NewRow};
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -205,6 +206,89 @@ pub async fn a_lost_log_position_is_a_definite_error<H: Harness>() {
         err.message().contains("outboxd "),
         "names the command to run: {err}"
     );
+    h.cleanup().await;
+}
+
+/// A checkpoint row copied from another server (a dump/restore, a migration) names a
+/// position of that server's log: opening the stream, `check` and the store's
+/// `load_checkpoint` (what the relay skips by) refuse it with a definite error that names
+/// `outboxd recover`, and nothing is read or written. After `reset_log_position` (the log
+/// half of `recover`) the rows written before are still INIT for the recovery's scan, the
+/// stream opens, and a row written then is read, above the new checkpoint.
+pub async fn a_checkpoint_from_another_server_is_refused_until_recover<H: Harness>() {
+    let h: H = initialised("sm_foreign", ReadMode::Log).await;
+    let before = h.insert(&NewRow::keys(&["a", "b"])).await;
+    h.carry_checkpoint_from_another_server().await;
+    let names_the_fix = |e: &ConnectorError| {
+        assert_eq!(e.kind(), ErrorKind::Definite, "{e}");
+        assert_eq!(e.reason(), ErrorReason::PositionLost, "{e}");
+        assert!(
+            e.message().contains("outboxd recover --config <file>"),
+            "names the fix: {e}"
+        );
+    };
+    let err = match h.connector().open_stream().await {
+        Ok(_) => panic!(
+            "the stream opened on a checkpoint another server wrote: what is below it would \
+             be skipped"
+        ),
+        Err(e) => e,
+    };
+    names_the_fix(&err);
+    let report = h.connector().check(ReadMode::Log).await;
+    let line = report
+        .iter()
+        .find(|l| l.item == "checkpoint" && l.status == CheckStatus::Fail)
+        .unwrap_or_else(|| panic!("check passes the checkpoint of another server: {report:#?}"));
+    let fix = line.fix.as_deref().unwrap_or_default();
+    assert!(fix.contains("outboxd recover --config <file>"), "{line}");
+    let store = store(&h).await;
+    match store.load_checkpoint().await {
+        Ok(position) => panic!("the store reads {position:?} as already written back"),
+        Err(e) => names_the_fix(&e),
+    }
+    for id in &before {
+        assert_eq!(h.row(*id).await.status, "INIT", "row {id}");
+    }
+
+    h.connector()
+        .reset_log_position()
+        .await
+        .expect("reset_log_position after a checkpoint of another server");
+    let init: Vec<i64> = store
+        .scan_init(0, 100)
+        .await
+        .expect("scan_init")
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(
+        init, before,
+        "recover's scan finds every row written before"
+    );
+    let checkpoint = store
+        .load_checkpoint()
+        .await
+        .expect("the checkpoint recover wrote is this server's");
+    let mut stream = open_when_free(|| h.connector().open_stream()).await;
+    let after = h.insert(&NewRow::keys(&["c"])).await;
+    let txn = next_transaction(&mut stream).await;
+    let ids: Vec<i64> = txn.events.iter().map(|e| e.id).collect();
+    assert_eq!(ids, after);
+    if let Some(checkpoint) = checkpoint {
+        assert!(
+            txn.commit_position > checkpoint,
+            "{} would be skipped as at or below the checkpoint {checkpoint}",
+            txn.commit_position
+        );
+    }
+    let report = h.connector().check(ReadMode::Log).await;
+    let line = report.iter().find(|l| l.item == "checkpoint");
+    assert!(
+        line.is_some_and(|l| l.status == CheckStatus::Ok),
+        "check after recover: {report:#?}"
+    );
+    drop(stream);
     h.cleanup().await;
 }
 

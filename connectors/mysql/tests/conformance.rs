@@ -219,6 +219,47 @@ impl Harness for Maria {
         .expect("forge checkpoint");
     }
 
+    async fn carry_checkpoint_from_another_server(&self) {
+        // As a row copied from another MariaDB reads here: another server_id, at this
+        // server's current binlog position (so the binlog check passes and an older
+        // outboxd resumed there, past every row inserted so far).
+        let mut conn = self.f.sql().await;
+        let (file, offset): (String, u64) = conn
+            .query_first("SHOW MASTER STATUS")
+            .await
+            .expect("SHOW MASTER STATUS")
+            .map(|row: mysql_async::Row| {
+                (
+                    row.get::<String, _>(0).expect("file"),
+                    row.get::<u64, _>(1).expect("position"),
+                )
+            })
+            .expect("binlog on");
+        let (server_id, domain): (u32, u32) = conn
+            .query_first("SELECT @@server_id, @@gtid_domain_id")
+            .await
+            .expect("server id")
+            .expect("a row");
+        let gtid: String = conn
+            .query_first(format!(
+                "SELECT BINLOG_GTID_POS({}, {offset})",
+                literal(&file)
+            ))
+            .await
+            .expect("gtid")
+            .expect("a row");
+        let other = server_id + 1000;
+        let text = format!("binlog:{file}:{offset}:{gtid};server_id={other};domain={domain}");
+        conn.query_drop(format!(
+            "UPDATE `{}` SET position = {} WHERE pipeline = {}",
+            self.checkpoint,
+            literal(&text),
+            literal(&self.f.name)
+        ))
+        .await
+        .expect("copy a checkpoint from another server");
+    }
+
     async fn hide_table(&self, table: Table, away: bool) {
         let name = match table {
             Table::Outbox => &self.f.table,
@@ -291,4 +332,5 @@ outboxd_conformance::conformance_tests!(Maria;
     stream::status_updates_are_not_events,
     stream::a_second_reader_is_transient,
     stream::a_lost_log_position_is_a_definite_error,
+    stream::a_checkpoint_from_another_server_is_refused_until_recover,
 );

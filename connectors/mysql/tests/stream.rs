@@ -246,3 +246,112 @@ async fn confirmed_progress_reaches_the_checkpoint_row() {
     let _ = sql.query_drop(format!("DROP TABLE `{other}`")).await;
     f.cleanup().await;
 }
+
+/// A checkpoint whose binlog coordinate exists on this server but holds other
+/// transactions (a same-named binlog of another server, or one from before `RESET
+/// MASTER`), written by an older outboxd, so there is no server identity to compare: the
+/// GTID position it counted is not this server's at that coordinate, so the stream and
+/// `check` refuse it and name `outboxd recover`. An older checkpoint that matches is
+/// accepted, and the next write-back names this server in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_whose_gtids_are_not_this_servers_is_refused() {
+    use outboxd_connector::{CheckStatus, Connector, ErrorReason, ReadMode};
+
+    let f = Fixture::new("st_gtid");
+    f.connector.init().await.expect("init");
+    let mut sql = f.sql().await;
+    sql.query_drop(f.insert_sql("before", 1, "a"))
+        .await
+        .expect("insert");
+    let (file, offset): (String, u64) = sql
+        .query_first("SHOW MASTER STATUS")
+        .await
+        .expect("SHOW MASTER STATUS")
+        .map(|row: mysql_async::Row| (row.get(0).expect("file"), row.get(1).expect("offset")))
+        .expect("binlog on");
+    let gtid: String = sql
+        .query_first(format!("SELECT BINLOG_GTID_POS('{file}', {offset})"))
+        .await
+        .expect("BINLOG_GTID_POS")
+        .expect("a row");
+    let set_checkpoint = |text: String| {
+        format!(
+            "UPDATE outboxd_checkpoint SET position = '{text}' WHERE pipeline = '{}'",
+            f.name
+        )
+    };
+    // The same coordinate, GTIDs of another history: sequence numbers this server had
+    // not reached there.
+    let (domain_server, seq) = gtid.rsplit_once('-').expect("a MariaDB GTID position");
+    let seq: u64 = seq.parse().expect("sequence number");
+    let foreign = format!("binlog:{file}:{offset}:{domain_server}-{}", seq + 7);
+    sql.query_drop(set_checkpoint(foreign.clone()))
+        .await
+        .expect("forge checkpoint");
+
+    let err = f
+        .connector
+        .open_stream()
+        .await
+        .expect_err("a stream on a checkpoint whose GTIDs this server does not have there");
+    assert!(!err.is_transient(), "{err}");
+    assert_eq!(err.reason(), ErrorReason::PositionLost, "{err}");
+    assert!(
+        err.message().contains("outboxd recover --config <file>"),
+        "{err}"
+    );
+    assert!(
+        err.message().contains(&gtid),
+        "names what the server has: {err}"
+    );
+    let report = Connector::check(&f.connector, ReadMode::Log).await;
+    assert!(
+        report
+            .iter()
+            .any(|l| l.item == "checkpoint" && l.status == CheckStatus::Fail),
+        "{report:#?}"
+    );
+
+    // An older outboxd's checkpoint that is this server's: accepted, then rewritten with
+    // the server's identity.
+    sql.query_drop(set_checkpoint(format!("binlog:{file}:{offset}:{gtid}")))
+        .await
+        .expect("older checkpoint");
+    let store = f.connector.open_store().await.expect("store");
+    let mut stream = f.connector.open_stream().await.expect("stream");
+    sql.query_drop(f.insert_sql("after", 1, "b"))
+        .await
+        .expect("insert");
+    let txn = next_transaction(&mut stream, Duration::from_secs(10)).await;
+    assert_eq!(txn.events[0].biz_key, "after");
+    store
+        .write_back(WriteBack {
+            checkpoint: Some(&txn.commit_position),
+            ..WriteBack::default()
+        })
+        .await
+        .expect("write back");
+    let text: String = sql
+        .query_first(format!(
+            "SELECT position FROM outboxd_checkpoint WHERE pipeline = '{}'",
+            f.name
+        ))
+        .await
+        .expect("checkpoint")
+        .expect("a row");
+    let (server_id, domain): (u32, u32) = sql
+        .query_first("SELECT @@server_id, @@gtid_domain_id")
+        .await
+        .expect("identity")
+        .expect("a row");
+    assert_eq!(
+        text,
+        format!(
+            "{};server_id={server_id};domain={domain}",
+            txn.commit_position
+        ),
+        "the checkpoint names this server"
+    );
+    drop(stream);
+    f.cleanup().await;
+}

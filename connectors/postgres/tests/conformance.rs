@@ -156,6 +156,23 @@ impl Harness for Pg {
             .expect("drop slot");
     }
 
+    async fn carry_checkpoint_from_another_server(&self) {
+        // As a row copied from another cluster reads here: another system identifier,
+        // an LSN past this cluster's WAL.
+        let sql = format!(
+            "INSERT INTO \"{}\".outboxd_checkpoint AS t (pipeline, position, updated_at) \
+             SELECT $1, 'lsn:' || (pg_current_wal_lsn() + 1000000000)::text || ';system=' || \
+             (s.system_identifier + 1)::text || ';timeline=1', now() FROM pg_control_system() s \
+             ON CONFLICT (pipeline) DO UPDATE SET position = EXCLUDED.position",
+            self.0.schema
+        );
+        self.0
+            .client
+            .execute(&sql, &[&self.0.connector.pipeline()])
+            .await
+            .expect("copy a checkpoint from another cluster");
+    }
+
     async fn hide_table(&self, table: Table, away: bool) {
         let name = match table {
             Table::Outbox => "outbox",
@@ -222,4 +239,5 @@ outboxd_conformance::conformance_tests!(Pg;
     stream::status_updates_are_not_events,
     stream::a_second_reader_is_transient,
     stream::a_lost_log_position_is_a_definite_error,
+    stream::a_checkpoint_from_another_server_is_refused_until_recover,
 );

@@ -3,6 +3,7 @@
 
 pub(crate) mod decode;
 pub(crate) mod gtid;
+pub(crate) mod identity;
 pub(crate) mod position;
 pub(crate) mod server;
 pub mod stream;

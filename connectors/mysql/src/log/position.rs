@@ -75,8 +75,11 @@ impl fmt::Display for BinlogPosition {
 impl FromStr for BinlogPosition {
     type Err = ParsePositionError;
 
+    /// Parses the stored form; what a checkpoint row carries after a `;` (the server it
+    /// was read from, see `log::identity`) is left to `StoredCheckpoint`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if let Some(rest) = s.strip_prefix(SCHEME) {
+        let position = s.split_once(';').map_or(s, |(position, _)| position);
+        if let Some(rest) = position.strip_prefix(SCHEME) {
             let mut parts = rest.splitn(3, ':');
             let file = parts.next().unwrap_or_default();
             let offset = parts.next().and_then(|o| o.parse().ok());
@@ -116,6 +119,8 @@ mod tests {
         assert!(a.position() < b.position());
         assert!("binlog:f".parse::<BinlogPosition>().is_err());
         assert!("lsn:0/1".parse::<BinlogPosition>().is_err());
+        let stored = "binlog:b.000001:4:0-1-42;server_id=1;domain=0";
+        assert_eq!(at(stored), at("binlog:b.000001:4:0-1-42"));
     }
 
     #[test]

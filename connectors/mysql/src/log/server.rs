@@ -5,7 +5,8 @@ use mysql_async::Conn;
 use outboxd_connector::{ConnectorError, ErrorReason};
 
 use crate::client::{classify, int, query, query_first, text, text_or_empty};
-use crate::log::gtid::GtidState;
+use crate::log::gtid::{GtidState, MariaDbGtidPos};
+use crate::log::identity::{ServerIdentity, StoredCheckpoint};
 use crate::log::position::BinlogPosition;
 use crate::schema::sql_string;
 
@@ -137,6 +138,101 @@ pub(crate) fn purged_error(file: &str, pipeline: &str, detail: &str) -> Connecto
          `outboxd recover --config <file>` to rescan INIT rows"
     ))
     .with_reason(ErrorReason::PositionLost)
+}
+
+/// Checks that pipeline `pipeline` can resume from `checkpoint` on this server: the row
+/// was written here (when it says where: rows of older outboxd versions do not), the
+/// binlog is still here, and the GTIDs the checkpoint counted are this server's at that
+/// coordinate. A checkpoint copied from another server (dump/restore, migration) or left
+/// over a `RESET MASTER` names a coordinate that means something else here: resuming
+/// there would skip transactions, so it is a definite error naming `outboxd recover`.
+pub(crate) async fn verify_checkpoint(
+    conn: &mut Conn,
+    server: &ServerInfo,
+    identity: &ServerIdentity,
+    checkpoint: &StoredCheckpoint,
+    pipeline: &str,
+) -> Result<(), ConnectorError> {
+    let position = &checkpoint.position;
+    if let Some(theirs) = checkpoint.server.as_ref().filter(|s| *s != identity) {
+        return Err(foreign_checkpoint_error(
+            position,
+            pipeline,
+            &format!("was written on another server ({theirs}; this server has {identity})"),
+        ));
+    }
+    check_available(conn, server, position, pipeline).await?;
+    check_gtid_at(conn, server, position, pipeline).await
+}
+
+/// The error for a checkpoint that does not belong to this server's binlog.
+pub(crate) fn foreign_checkpoint_error(
+    position: &BinlogPosition,
+    pipeline: &str,
+    why: &str,
+) -> ConnectorError {
+    ConnectorError::definite(format!(
+        "the checkpoint of pipeline `{pipeline}` ({position}) {why}: it was copied from another \
+         server (a dump/restore or a migration) or this server's binlog was reset, so resuming \
+         from it would skip transactions; nothing was read. Run `outboxd recover --config \
+         <file>` to start at this server's current position and publish the INIT rows"
+    ))
+    .with_reason(ErrorReason::PositionLost)
+}
+
+/// The GTIDs the checkpoint counted against this server's: MariaDB's GTID position at
+/// the coordinate (`BINLOG_GTID_POS`) must be the checkpoint's; on MySQL every GTID of
+/// the checkpoint must have been executed here. Without GTIDs in the checkpoint there is
+/// nothing to compare.
+async fn check_gtid_at(
+    conn: &mut Conn,
+    server: &ServerInfo,
+    position: &BinlogPosition,
+    pipeline: &str,
+) -> Result<(), ConnectorError> {
+    let Some(gtid) = position.gtid_set.as_deref() else {
+        return Ok(());
+    };
+    if server.mariadb {
+        let Some(ours) = MariaDbGtidPos::parse(gtid) else {
+            return Ok(());
+        };
+        let here = mariadb_gtid_at(conn, &position.file, position.offset).await?;
+        // NULL: the coordinate is not an event boundary of this server's binlog.
+        let here_pos = here.as_deref().and_then(MariaDbGtidPos::parse);
+        if here_pos.as_ref() != Some(&ours) {
+            let found = here.map_or_else(
+                || "no event boundary there".to_owned(),
+                |h| format!("GTID position `{h}` there"),
+            );
+            return Err(foreign_checkpoint_error(
+                position,
+                pipeline,
+                &format!(
+                    "counts GTID position `{gtid}`, but this server's binlog `{}` has {found}",
+                    position.file
+                ),
+            ));
+        }
+    } else if GtidState::parse(gtid, false).is_some() && gtid_mode_on(conn).await? {
+        let sql = format!(
+            "SELECT GTID_SUBSET({}, @@GLOBAL.gtid_executed)",
+            sql_string(gtid)
+        );
+        let row = query_first(conn, &sql, "comparing the checkpoint with gtid_executed").await?;
+        let subset = match row {
+            Some(row) => int(&row, 0)?.unwrap_or(0),
+            None => 0,
+        };
+        if subset != 1 {
+            return Err(foreign_checkpoint_error(
+                position,
+                pipeline,
+                "counts GTIDs this server never executed",
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Checks that the server can still stream from `position`: its file is listed and long

@@ -3,7 +3,8 @@
 //!
 //! `MysqlChangeStream::open` takes the pipeline's lock (`GET_LOCK('outboxd:<pipeline>')`
 //! on a connection held for the life of the stream), reads the checkpoint row, checks that
-//! the server still has its binlog, and asks for the binlog from there. A spawned task owns
+//! it was written on this server and that the server still has its binlog (with the same
+//! GTIDs at that coordinate), and asks for the binlog from there. A spawned task owns
 //! both connections and feeds a bounded channel, so [`ChangeStream::next`] is cancel-safe;
 //! when the core falls behind the task stops reading (backpressure).
 //!
@@ -26,6 +27,7 @@ use tokio::time::Instant;
 use crate::client::{classify, execute, int, query, query_first, text_or_empty};
 use crate::log::decode::{Decoded, Decoder};
 use crate::log::gtid::GtidState;
+use crate::log::identity::ServerIdentity;
 use crate::log::position::BinlogPosition;
 use crate::log::server::{self, ServerInfo};
 use crate::schema::{qualified, sql_string, table_ident};
@@ -67,8 +69,8 @@ impl MysqlChangeStream {
 
         let server = server::info(&mut lock).await?;
         check_row_format(&mut lock, connector).await?;
-        let start = match load_checkpoint(&mut lock, connector).await? {
-            Some(b) => b,
+        let checkpoint = match load_checkpoint(&mut lock, connector).await? {
+            Some(checkpoint) => checkpoint,
             None => {
                 return Err(ConnectorError::definite(format!(
                     "pipeline `{pipeline}` has no checkpoint in {}: run `outboxd init --config \
@@ -77,7 +79,9 @@ impl MysqlChangeStream {
                 )))
             }
         };
-        server::check_available(&mut lock, &server, &start, &pipeline).await?;
+        let identity = ServerIdentity::of(&mut lock, &server).await?;
+        server::verify_checkpoint(&mut lock, &server, &identity, &checkpoint, &pipeline).await?;
+        let start = checkpoint.position;
         let gtid = initial_gtid(&mut lock, &server, &start).await?;
 
         let (db, table) = connector.outbox_ident();
@@ -107,6 +111,7 @@ impl MysqlChangeStream {
                 confirmed: confirmed_rx,
                 table: qualified(&connector.layout().checkpoint_table),
                 pipeline: pipeline.clone(),
+                server: identity,
                 persisted: start.clone(),
                 last_persist_at: Instant::now(),
                 persist_due: None,
@@ -285,6 +290,8 @@ struct Checkpoint {
     confirmed: watch::Receiver<Option<BinlogPosition>>,
     table: String,
     pipeline: String,
+    /// The server the stream reads, stored with the position.
+    server: ServerIdentity,
     /// The checkpoint row's position as far as this stream knows.
     persisted: BinlogPosition,
     last_persist_at: Instant,
@@ -302,7 +309,7 @@ impl Checkpoint {
         if position <= self.persisted {
             return Ok(());
         }
-        let sql = checkpoint_sql(&self.table, &self.pipeline, &position);
+        let sql = checkpoint_sql(&self.table, &self.pipeline, &position, &self.server);
         execute(
             &mut self.lock,
             &sql,

@@ -380,17 +380,19 @@ async fn check_checkpoint(
             format!("pipeline {pipeline} has no checkpoint yet"),
             "run `outboxd init`: it records the current binlog position as the start",
         )),
-        Some(b) => {
-            let shown = b.clone();
-            match server::check_available(conn, server, &b, pipeline).await {
+        Some(checkpoint) => {
+            let identity = ServerIdentity::of(conn, server).await?;
+            let shown = &checkpoint.position;
+            match server::verify_checkpoint(conn, server, &identity, &checkpoint, pipeline).await {
                 Ok(()) => lines.push(CheckLine::ok(
                     "checkpoint",
-                    format!("{shown}, its binlog is on the server"),
+                    format!("{shown}, read from this server ({identity}); its binlog is here"),
                 )),
                 Err(e) if !e.is_transient() => lines.push(CheckLine::fail(
                     "checkpoint",
-                    format!("{shown}: {}", e.message()),
-                    "run `outboxd recover --config <file>` to rescan INIT rows",
+                    e.message().to_owned(),
+                    "run `outboxd recover --config <file>` to start at this server's current \
+                     position and rescan INIT rows",
                 )),
                 Err(e) => return Err(e),
             }

@@ -99,12 +99,14 @@ pub(crate) async fn init(
     // The starting checkpoint.
     let pipeline = c.pipeline();
     match load_checkpoint(&mut conn, c).await? {
-        Some(position) => report.push(format!(
-            "checkpoint of pipeline {pipeline}: exists at {position}, nothing to do"
+        Some(checkpoint) => report.push(format!(
+            "checkpoint of pipeline {pipeline}: exists at {checkpoint}, nothing to do"
         )),
         None => {
             let position = server::current_position(&mut conn, &server).await?;
-            let sql = checkpoint_sql(&qualified(&layout.checkpoint_table), pipeline, &position);
+            let identity = ServerIdentity::of(&mut conn, &server).await?;
+            let table = qualified(&layout.checkpoint_table);
+            let sql = checkpoint_sql(&table, pipeline, &position, &identity);
             execute(&mut conn, &sql, "recording the starting checkpoint").await?;
             report.push(format!(
                 "recorded checkpoint {position} for pipeline {pipeline}: the first run starts there"

@@ -26,6 +26,7 @@ use outboxd_connector_kit::check::{failed_query, outbox_columns_line, payload_ty
 use outboxd_connector_kit::store::table_qualifiers;
 
 use crate::client::{execute, int, query, query_first, text_or_empty};
+use crate::log::identity::{ServerIdentity, StoredCheckpoint};
 use crate::log::server::{self, ServerInfo};
 use crate::log::stream::lock_holder;
 use crate::schema::{

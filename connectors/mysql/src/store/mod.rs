@@ -34,7 +34,9 @@ use outboxd_connector_kit::store as kit_store;
 use tokio::sync::Mutex;
 
 use crate::client::{execute, int, query_first, text};
+use crate::log::identity::{ServerIdentity, StoredCheckpoint};
 use crate::log::position::BinlogPosition;
+use crate::log::server;
 use crate::schema::{hex_literal, qualified, sql_string};
 use crate::MysqlConnector;
 
@@ -55,6 +57,10 @@ pub struct MysqlOutboxStore {
     pub(crate) connector: MysqlConnector,
     pub(crate) outbox: String,
     pub(crate) checkpoint: String,
+    /// The server this store writes to, stored with every checkpoint. A store lives for
+    /// one relay session: after a reconnect (perhaps to another server) a new one is
+    /// opened, and the stream has checked the checkpoint against the server by then.
+    pub(crate) server: ServerIdentity,
     pub(crate) conn: Mutex<Option<Conn>>,
     /// `(connection id, max_allowed_packet)` of the connection in `conn`, once read.
     max_packet: std::sync::Mutex<Option<(u32, usize)>>,
@@ -64,14 +70,16 @@ impl MysqlOutboxStore {
     /// Connects and checks that the tables answer; fails definitely when one is missing
     /// (run `outboxd init`).
     pub(crate) async fn open(connector: &MysqlConnector) -> Result<Self, ConnectorError> {
+        let mut conn = connector.sql_conn().await?;
+        let info = server::info(&mut conn).await?;
         let store = Self {
             connector: connector.clone(),
             outbox: qualified(&connector.layout.outbox_table),
             checkpoint: qualified(&connector.layout.checkpoint_table),
+            server: ServerIdentity::of(&mut conn, &info).await?,
             conn: Mutex::new(None),
             max_packet: std::sync::Mutex::new(None),
         };
-        let mut conn = connector.sql_conn().await?;
         let probe = format!(
             "SELECT id, status, retry_count, max_retry_count, next_retry_time, last_error, \
              sent_at, kafka_partition, kafka_offset, updated_at FROM {} LIMIT 0; \
@@ -144,6 +152,7 @@ impl MysqlOutboxStore {
                 &self.outbox,
                 &self.checkpoint,
                 &self.connector.pipeline,
+                &self.server,
                 limit,
             )?;
             if texts.len() > 1 {
@@ -215,15 +224,30 @@ impl OutboxStore for MysqlOutboxStore {
         if result.as_ref().is_err_and(ConnectorError::is_transient) {
             *slot = None;
         }
-        result.map(|b| b.as_ref().map(BinlogPosition::position))
+        let Some(checkpoint) = result? else {
+            return Ok(None);
+        };
+        // The stream checks the binlog too; this is what a session skips by.
+        if let Some(theirs) = checkpoint.server.as_ref().filter(|s| **s != self.server) {
+            return Err(server::foreign_checkpoint_error(
+                &checkpoint.position,
+                &self.connector.pipeline,
+                &format!(
+                    "was written on another server ({theirs}; this server has {})",
+                    self.server
+                ),
+            ));
+        }
+        Ok(Some(checkpoint.position.position()))
     }
 }
 
-/// Reads the checkpoint row of the connector's pipeline.
+/// Reads the checkpoint row of the connector's pipeline: the position and, unless an
+/// older outboxd wrote it, the server it was read from.
 pub(crate) async fn load_checkpoint(
     conn: &mut Conn,
     connector: &MysqlConnector,
-) -> Result<Option<BinlogPosition>, ConnectorError> {
+) -> Result<Option<StoredCheckpoint>, ConnectorError> {
     let table = &connector.layout.checkpoint_table;
     let sql = format!(
         "SELECT position FROM {} WHERE pipeline = {}",
@@ -235,8 +259,8 @@ pub(crate) async fn load_checkpoint(
         return Ok(None);
     };
     let text = text(&row, 0)?.unwrap_or_default();
-    match text.parse::<BinlogPosition>() {
-        Ok(position) => Ok(Some(position)),
+    match StoredCheckpoint::parse(&text) {
+        Ok(checkpoint) => Ok(Some(checkpoint)),
         Err(_) => Err(ConnectorError::definite(format!(
             "the checkpoint of pipeline `{}` in {table} is `{text}`, not a binlog position; \
              delete the row, run `outboxd init --config <file>` to record the current position \
@@ -249,12 +273,13 @@ pub(crate) async fn load_checkpoint(
 /// The write-back of `batch` as one transaction: `START TRANSACTION`, the statements, the
 /// checkpoint upsert, `COMMIT`, in as few query texts as fit `limit` bytes each (one,
 /// unless the batch is large). A definite error when a single row's statement exceeds
-/// `limit` (a `max_allowed_packet` below any useful size).
+/// `limit` (a `max_allowed_packet` below any useful size). The checkpoint names `server`.
 fn write_back_texts(
     batch: &WriteBack<'_>,
     outbox: &str,
     checkpoint: &str,
     pipeline: &str,
+    server: &ServerIdentity,
     limit: usize,
 ) -> Result<Vec<String>, ConnectorError> {
     // Every row's share of its statement is bounded from above, so a chunk whose bounds
@@ -286,7 +311,7 @@ fn write_back_texts(
     }
     if let Some(position) = batch.checkpoint {
         let position = BinlogPosition::from_position(position)?;
-        let mut sql = checkpoint_sql(checkpoint, pipeline, &position);
+        let mut sql = checkpoint_sql(checkpoint, pipeline, &position, server);
         sql.push_str(";\n");
         statements.push(sql);
     }
@@ -446,13 +471,21 @@ pub(crate) fn reason_case<'a>(rows: impl Iterator<Item = &'a ParkedEvent>) -> St
 
 /// The checkpoint upsert: inserts the row, or moves it forward — never backward — by
 /// (file, offset). `updated_at` is assigned first, while `position` is still the old one.
-pub(crate) fn checkpoint_sql(table: &str, pipeline: &str, position: &BinlogPosition) -> String {
-    let text = position.to_string();
+/// The row names `server`, the server the position was read from.
+pub(crate) fn checkpoint_sql(
+    table: &str,
+    pipeline: &str,
+    position: &BinlogPosition,
+    server: &ServerIdentity,
+) -> String {
+    let text = StoredCheckpoint::text(position, server);
     let (file, offset) = (position.file.as_str(), position.offset);
+    // The stored coordinate is before any `;server…` suffix.
+    let stored = "SUBSTRING_INDEX(position, ';', 1)";
     let newer = format!(
         "(position NOT LIKE 'binlog:%' OR ({file}, {offset}) >= \
-         (SUBSTRING_INDEX(SUBSTRING_INDEX(position, ':', 2), ':', -1), \
-         CAST(SUBSTRING_INDEX(SUBSTRING_INDEX(position, ':', 3), ':', -1) AS UNSIGNED)))",
+         (SUBSTRING_INDEX(SUBSTRING_INDEX({stored}, ':', 2), ':', -1), \
+         CAST(SUBSTRING_INDEX(SUBSTRING_INDEX({stored}, ':', 3), ':', -1) AS UNSIGNED)))",
         file = hex_literal(file.as_bytes()),
     );
     let value = sql_string(&text);
@@ -528,7 +561,7 @@ mod tests {
             checkpoint: Some(&position),
             ..WriteBack::default()
         };
-        let texts = write_back_texts(&batch, "`outbox`", "`cp`", "p", 1 << 20).unwrap();
+        let texts = write_back_texts(&batch, "`outbox`", "`cp`", "p", &SERVER, 1 << 20).unwrap();
         assert_eq!(texts.len(), 1);
         assert!(texts[0].starts_with("START TRANSACTION;\n"));
         assert!(texts[0].ends_with("COMMIT"));
@@ -566,7 +599,7 @@ mod tests {
             rejected: &[],
             checkpoint: Some(&position),
         };
-        let texts = write_back_texts(&batch, "`outbox`", "`cp`", "p", limit).unwrap();
+        let texts = write_back_texts(&batch, "`outbox`", "`cp`", "p", &SERVER, limit).unwrap();
         assert!(texts.len() > 10, "{} texts", texts.len());
         for text in &texts {
             assert!(text.len() <= limit, "{} > {limit}", text.len());
@@ -598,16 +631,28 @@ mod tests {
         );
 
         // A single row's statement over the limit cannot be cut: definite, names the fix.
-        let err = write_back_texts(&batch, "`outbox`", "`cp`", "p", 4096).unwrap_err();
+        let err = write_back_texts(&batch, "`outbox`", "`cp`", "p", &SERVER, 4096).unwrap_err();
         assert!(!err.is_transient());
         assert!(err.message().contains("raise max_allowed_packet"), "{err}");
     }
 
+    const SERVER: ServerIdentity = ServerIdentity::MariaDb {
+        server_id: 1,
+        domain: 0,
+    };
+
     #[test]
     fn checkpoint_upsert_compares_file_and_offset() {
         let position: BinlogPosition = "binlog:mariadb-bin.000002:1234:0-1-9".parse().unwrap();
-        let sql = checkpoint_sql("`outboxd_checkpoint`", "orders", &position);
+        let server = ServerIdentity::MariaDb {
+            server_id: 1,
+            domain: 0,
+        };
+        let sql = checkpoint_sql("`outboxd_checkpoint`", "orders", &position, &server);
         assert!(sql.contains(&hex_literal(b"mariadb-bin.000002")), "{sql}");
+        let text = "binlog:mariadb-bin.000002:1234:0-1-9;server_id=1;domain=0";
+        assert!(sql.contains(&sql_string(text)), "{sql}");
+        assert!(sql.contains("SUBSTRING_INDEX(position, ';', 1)"), "{sql}");
         assert!(sql.contains(", 1234) >= ("), "{sql}");
         assert!(sql.find("updated_at = IF").unwrap() < sql.find("position = IF").unwrap());
     }

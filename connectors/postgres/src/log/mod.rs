@@ -2,6 +2,7 @@
 //! outbox transactions and the [`outboxd_connector::ChangeStream`] built from them.
 
 pub(crate) mod decode;
+pub(crate) mod identity;
 pub mod pgoutput;
 pub(crate) mod position;
 pub mod replication;

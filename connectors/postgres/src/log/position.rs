@@ -19,6 +19,11 @@ impl Lsn {
         Position::new(u128::from(self.0), format!("{SCHEME}{self}"))
     }
 
+    /// The LSN of `lsn:16/B374D848`.
+    pub(crate) fn from_text(text: &str) -> Result<Self, ParsePositionError> {
+        Ok(text.parse::<PositionText>()?.0)
+    }
+
     /// The LSN of a position this connector made (or read from the checkpoint table).
     pub fn from_position(position: &Position) -> Result<Self, ConnectorError> {
         position
@@ -66,9 +71,10 @@ impl FromStr for PositionText {
     }
 }
 
-/// Parses a checkpoint text (`lsn:16/B374D848`) into a position.
+/// Parses a checkpoint text (`lsn:16/B374D848`, with or without the cluster it was
+/// written on: `;system=…;timeline=…`) into a position.
 pub fn parse_position(text: &str) -> Result<Position, ParsePositionError> {
-    Ok(text.parse::<PositionText>()?.0.position())
+    Ok(crate::log::identity::StoredCheckpoint::parse(text)?.position())
 }
 
 #[cfg(test)]
@@ -92,6 +98,8 @@ mod tests {
         assert_eq!(pos.gauge(), 0x16B_3748);
         assert!(Lsn(1).position() < Lsn(2).position());
         assert!(parse_position("binlog:f:4").is_err());
+        let stored = parse_position("lsn:0/16B3748;system=7;timeline=1").unwrap();
+        assert_eq!(stored, pos);
         assert!(Lsn::from_position(&Position::new(4, "binlog:f:4")).is_err());
     }
 }

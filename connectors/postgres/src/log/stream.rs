@@ -2,7 +2,8 @@
 //! with [`crate::pgoutput`], filtered to committed inserts into the outbox table.
 //!
 //! `PgChangeStream::open` checks the slot over SQL, resolves the outbox table the way
-//! `init` did (through the role's `search_path`; see `crate::outbox_table`), starts
+//! `init` did (through the role's `search_path`; see `crate::outbox_table`), refuses a
+//! checkpoint row another cluster wrote (see `log::identity`), starts
 //! replication and spawns a task that owns the socket. The task hands the messages to
 //! `log::decode` (transactions assembled Begin..Commit, outbox inserts turned into
 //! [`OutboxEvent`](outboxd_connector::OutboxEvent)s, any other table an error) and sends
@@ -26,6 +27,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::log::decode::{Decoded, Decoder};
+use crate::log::identity::verify_checkpoint;
 use crate::outbox_table::OutboxTable;
 use crate::replication::{ReplicationConnection, ReplicationMessage, ReplicationStream};
 use crate::PostgresConnector;
@@ -59,6 +61,10 @@ impl PgChangeStream {
         let client = connector.sql_client().await?;
         let confirmed_flush = check_slot(connector, &client, &slot).await?;
         let outbox = resolve_outbox(connector, &client).await?;
+        // The relay skips what the checkpoint says it wrote back: not when another
+        // cluster wrote it.
+        let (checkpoint, system) = verify_checkpoint(connector, &client).await?;
+        tracing::debug!(%slot, checkpoint = ?checkpoint.map(|c| c.to_string()), %system, "checkpoint checked");
         drop(client);
         let decoder = Decoder::new(outbox, &publication, &connector.layout().key_column);
 

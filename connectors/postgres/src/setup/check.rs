@@ -68,12 +68,48 @@ pub(crate) async fn check(c: &PostgresConnector) -> CheckReport {
         },
         Err(e) => report.push(failed_query("replication slot", &e)),
     }
-    push(
-        &mut report,
-        "checkpoint table",
-        check_checkpoint_table(&client, layout).await,
-    );
+    match check_checkpoint_table(&client, layout).await {
+        Ok(line) => {
+            let exists = line.status == CheckStatus::Ok;
+            report.push(line);
+            if exists {
+                report.push(check_checkpoint(&client, c).await);
+            }
+        }
+        Err(e) => report.push(failed_query("checkpoint table", &e)),
+    }
     report
+}
+
+/// The checkpoint row was written on this cluster (or by an older outboxd, which did not
+/// say where).
+async fn check_checkpoint(client: &Client, c: &PostgresConnector) -> CheckLine {
+    let pipeline = c.pipeline();
+    match verify_checkpoint(c, client).await {
+        Ok((None, _)) => CheckLine::ok(
+            "checkpoint",
+            format!("pipeline {pipeline} has none yet (the first write-back records it)"),
+        ),
+        Ok((Some(checkpoint), here)) if checkpoint.system.is_none() => CheckLine::ok(
+            "checkpoint",
+            format!(
+                "{checkpoint} (written by an older outboxd; the next write-back names this \
+                 cluster, system identifier {})",
+                here.system_id
+            ),
+        ),
+        Ok((Some(checkpoint), _)) => CheckLine::ok(
+            "checkpoint",
+            format!("{checkpoint}, written on this cluster"),
+        ),
+        Err(e) if e.reason() == ErrorReason::PositionLost => CheckLine::fail(
+            "checkpoint",
+            e.message().to_owned(),
+            "run `outboxd recover --config <file>` to start at this cluster's current \
+             position and rescan INIT rows",
+        ),
+        Err(e) => failed_query("checkpoint", &e),
+    }
 }
 
 async fn check_connection(

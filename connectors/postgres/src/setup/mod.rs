@@ -25,7 +25,9 @@ pub(crate) use check::check;
 pub(crate) use init::init;
 pub(crate) use recover::reset_log_position;
 
-use outboxd_connector::{CheckLine, CheckReport, ConnectorError, OutboxLayout};
+use outboxd_connector::{
+    CheckLine, CheckReport, CheckStatus, ConnectorError, ErrorReason, OutboxLayout,
+};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Row};
 
@@ -33,6 +35,7 @@ use outboxd_connector_kit::check::{failed_query, outbox_columns_line, payload_ty
 use outboxd_connector_kit::store::table_qualifiers;
 
 use crate::client::classify_pg_error;
+use crate::log::identity::verify_checkpoint;
 use crate::outbox_table::OutboxTable;
 use crate::schema::{self, qualified, quote_ident, TableName};
 use crate::store::get;

@@ -3,6 +3,8 @@
 
 use super::init::ensure_publication;
 use super::*;
+use crate::log::identity::{StoredCheckpoint, SystemIdentity};
+use crate::log::position::Lsn;
 
 /// The log half of `outboxd recover`: drops the pipeline's slot (whatever its state, also
 /// invalidated) unless a reader holds it, makes sure the publication exists, and creates
@@ -63,5 +65,35 @@ pub(crate) async fn reset_log_position(c: &PostgresConnector) -> Result<String, 
     said.push(format!(
         "created replication slot {slot_name} (pgoutput) at {lsn}"
     ));
+    said.push(reset_checkpoint(c, &client, &lsn).await?);
     Ok(said.join("; "))
+}
+
+/// Points the checkpoint row at the new slot's start, naming this cluster, whatever it
+/// said before: a row copied from another cluster (or ahead of this one's WAL) would make
+/// the relay skip the transactions below it.
+async fn reset_checkpoint(
+    c: &PostgresConnector,
+    client: &Client,
+    lsn: &str,
+) -> Result<String, ConnectorError> {
+    let table = &c.layout().checkpoint_table;
+    let lsn = lsn.parse::<Lsn>().map_err(|e| {
+        ConnectorError::definite(format!("the new slot's LSN `{lsn}`")).with_source(e)
+    })?;
+    let system = SystemIdentity::of(client).await?;
+    let text = StoredCheckpoint::text(&lsn.position(), &system);
+    let sql = format!(
+        "INSERT INTO {} AS t (pipeline, position, updated_at) VALUES ($1, $2, now()) \
+         ON CONFLICT (pipeline) DO UPDATE SET position = EXCLUDED.position, updated_at = now()",
+        qualified(table)
+    );
+    client
+        .execute(&sql, &[&c.pipeline(), &text])
+        .await
+        .map_err(|e| classify_pg_error(&e, &format!("resetting the checkpoint in {table}")))?;
+    Ok(format!(
+        "checkpoint of pipeline {} set to {text}",
+        c.pipeline()
+    ))
 }

@@ -37,6 +37,7 @@ use outboxd_connector_kit::store as kit_store;
 use outboxd_connector_kit::{columns, row, status, Field, RowSource, Value};
 
 use crate::log::decode::iso8601;
+use crate::log::identity::{StoredCheckpoint, SystemIdentity};
 use crate::PostgresConnector;
 
 /// In strict poll mode, the window of INIT rows looked at per claim, as a multiple of
@@ -58,6 +59,8 @@ pub struct PgOutboxStore {
 #[derive(Debug)]
 pub(crate) struct Conn {
     pub(crate) client: Client,
+    /// The cluster connected to, stored with every checkpoint.
+    pub(crate) system: SystemIdentity,
     /// How the event columns are read (bytea or text key and payload).
     pub(crate) shape: RowShape,
     /// The statement texts (for the operator's scans and for EXPLAIN).
@@ -158,6 +161,7 @@ impl PgOutboxStore {
             .await
             .map_err(|e| classify_pg_error(&e, "reading the server version"))?;
         let version: i32 = get(&row, 0)?;
+        let system = SystemIdentity::of(&client).await?;
 
         let layout = &self.connector.layout;
         let outbox = qualified(&layout.outbox_table);
@@ -241,6 +245,7 @@ impl PgOutboxStore {
                 .map_err(|_| ConnectorError::definite("internal: statement count mismatch"))?;
         Ok(Conn {
             client,
+            system,
             shape,
             sql,
             success,
@@ -288,7 +293,9 @@ impl PgOutboxStore {
         pipeline: &str,
     ) -> Result<(), tokio_postgres::Error> {
         let rows = WriteBackRows::new(&batch);
-        let position = batch.checkpoint.map(Position::to_string);
+        let position = batch
+            .checkpoint
+            .map(|p| StoredCheckpoint::text(p, &conn.system));
         let statements = [&conn.success, &conn.failed, &conn.parked];
         let tx = conn.client.transaction().await?;
         let updated = rows.apply(&tx, statements).await?;
@@ -494,7 +501,10 @@ impl OutboxStore for PgOutboxStore {
         let text: String = row.try_get(0).map_err(|e| {
             ConnectorError::definite(format!("reading the checkpoint from {table}")).with_source(e)
         })?;
-        parse_checkpoint(&text, table, &self.connector.pipeline).map(Some)
+        let checkpoint = parse_stored_checkpoint(&text, table, &self.connector.pipeline)?;
+        // The stream refuses it too; this is what a session skips by.
+        checkpoint.verify(&conn.system, table, &self.connector.pipeline)?;
+        Ok(Some(checkpoint.position()))
     }
 
     async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedEvent>, ConnectorError> {
@@ -814,14 +824,16 @@ impl Sql {
                  WHERE o.id = p.id AND o.status = 'INIT' RETURNING o.id"
             ),
             exists: format!("SELECT id FROM {outbox} WHERE id = ANY($1::bigint[])"),
-            // Never backward: LSNs compare as pg_lsn (text order is wrong for 9/… vs 10/…);
-            // other forms are replaced as they come.
+            // Never backward: LSNs compare as pg_lsn (text order is wrong for 9/… vs 10/…),
+            // the LSN being what precedes the cluster's `;system=…`; other forms are
+            // replaced as they come.
             checkpoint: format!(
                 "INSERT INTO {checkpoint} AS t (pipeline, position, updated_at) \
                  VALUES ($1, $2, now()) \
                  ON CONFLICT (pipeline) DO UPDATE SET position = EXCLUDED.position, updated_at = now() \
                  WHERE CASE WHEN left(t.position, 4) = 'lsn:' AND left(EXCLUDED.position, 4) = 'lsn:' \
-                       THEN pg_lsn(substr(t.position, 5)) <= pg_lsn(substr(EXCLUDED.position, 5)) \
+                       THEN pg_lsn(split_part(substr(t.position, 5), ';', 1)) \
+                            <= pg_lsn(split_part(substr(EXCLUDED.position, 5), ';', 1)) \
                        ELSE true END"
             ),
             load_checkpoint: format!("SELECT position FROM {checkpoint} WHERE pipeline = $1"),
@@ -951,7 +963,16 @@ pub(crate) fn parse_checkpoint(
     table: &str,
     pipeline: &str,
 ) -> Result<Position, ConnectorError> {
-    crate::parse_position(text).map_err(|e| {
+    parse_stored_checkpoint(text, table, pipeline).map(|c| c.position())
+}
+
+/// Parses a checkpoint row: its position and the cluster that wrote it.
+pub(crate) fn parse_stored_checkpoint(
+    text: &str,
+    table: &str,
+    pipeline: &str,
+) -> Result<StoredCheckpoint, ConnectorError> {
+    StoredCheckpoint::parse(text).map_err(|e| {
         ConnectorError::definite(format!(
             "the checkpoint of pipeline `{pipeline}` in {table} is corrupt; delete the row to \
              resume from the replication slot's position"
