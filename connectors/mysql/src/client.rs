@@ -1,3 +1,6 @@
+use std::sync::atomic::AtomicU32;
+use std::sync::Arc;
+
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder, Row, SslOpts, Value};
 use outboxd_connector::{
@@ -16,6 +19,10 @@ pub struct MysqlConnector {
     pub(crate) config: MysqlConfig,
     pub(crate) pipeline: String,
     pub(crate) layout: OutboxLayout,
+    /// Connection id of the last connection a stream of this connector took the
+    /// pipeline's lock with (0: none yet). Shared by its clones, so the stores opened
+    /// from it fence their write-backs on that connection still holding the lock.
+    pub(crate) lock_conn: Arc<AtomicU32>,
 }
 
 impl MysqlConnector {
@@ -53,6 +60,7 @@ impl MysqlConnector {
             config,
             pipeline: pipeline.to_owned(),
             layout,
+            lock_conn: Arc::new(AtomicU32::new(0)),
         })
     }
 

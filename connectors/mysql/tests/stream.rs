@@ -355,3 +355,154 @@ async fn a_checkpoint_whose_gtids_are_not_this_servers_is_refused() {
     drop(stream);
     f.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_lock_holder_is_taken_over_and_its_writes_are_refused() {
+    let f = Fixture::new("st_fence");
+    f.connector.init().await.expect("init");
+    let first_store = f.connector.open_store().await.expect("first store");
+    let mut first = f.connector.open_stream().await.expect("first stream");
+    let mut sql = f.sql().await;
+    let lock = format!("outboxd:{}", f.name);
+    let holder: u64 = sql
+        .query_first(format!("SELECT IS_USED_LOCK('{lock}')"))
+        .await
+        .expect("holder")
+        .expect("the first stream holds the lock");
+
+    // The holder's connection dies (as after a network failure the server noticed).
+    sql.query_drop(format!("KILL {holder}"))
+        .await
+        .expect("kill the lock connection");
+
+    // A second outboxd (its own connector) takes over within a bound.
+    let second_connector = outboxd_mysql::MysqlConnector::new(
+        support::config(),
+        &f.name,
+        f.connector.layout().clone(),
+    )
+    .expect("second connector");
+    let started = std::time::Instant::now();
+    let second = loop {
+        match second_connector.open_stream().await {
+            Ok(s) => break s,
+            Err(e) if e.is_transient() => {
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "no takeover within 10 s: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    println!("taken over after {:?}", started.elapsed());
+
+    // The first one's write-back (status and checkpoint) is refused now…
+    let before = first_store
+        .load_checkpoint()
+        .await
+        .expect("load")
+        .expect("row");
+    let mut later = BinlogPosition::from_position(&before).expect("binlog");
+    later.offset += 1_000_000;
+    let refused = first_store
+        .write_back(WriteBack {
+            checkpoint: Some(&later.position()),
+            ..WriteBack::default()
+        })
+        .await
+        .expect_err("a write-back of the reader that lost the lock");
+    println!("refused: {refused}");
+    assert!(refused.message().contains("lock"), "{refused}");
+    assert_eq!(
+        first_store.load_checkpoint().await.expect("load"),
+        Some(before.clone()),
+        "the checkpoint did not move"
+    );
+
+    // …and its stream notices the lost lock within a bound and ends.
+    let deadline = std::time::Instant::now() + Duration::from_secs(8);
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match tokio::time::timeout(left, first.next()).await {
+            Ok(Err(e)) => {
+                println!("first stream ended: {e}");
+                break;
+            }
+            Ok(Ok(_)) => {}
+            Err(_) => panic!("the first stream still reads 8 s after losing its lock"),
+        }
+    }
+
+    // The new holder's own write-back goes through.
+    let second_store = second_connector.open_store().await.expect("second store");
+    second_store
+        .write_back(WriteBack {
+            checkpoint: Some(&later.position()),
+            ..WriteBack::default()
+        })
+        .await
+        .expect("the holder's write-back");
+    assert_eq!(
+        second_store.load_checkpoint().await.expect("load"),
+        Some(later.position())
+    );
+    drop(second);
+    f.cleanup().await;
+}
+
+/// The lock holder's host vanishes (no FIN, no RST: its packets just stop): the server
+/// frees the lock after the lock session's short `wait_timeout`, not the server's default
+/// (8 hours), and another outboxd takes over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lock_of_a_vanished_holder_is_freed_within_a_bound() {
+    let f = Fixture::new("st_vanish");
+    f.connector.init().await.expect("init");
+    let direct = support::config();
+    let proxy = support::Proxy::start((direct.host.clone(), direct.port)).await;
+    let proxied = outboxd_mysql::MysqlConnector::new(
+        outboxd_mysql::MysqlConfig {
+            port: proxy.port,
+            ..direct
+        },
+        &f.name,
+        f.connector.layout().clone(),
+    )
+    .expect("proxied connector");
+    let mut first = proxied.open_stream().await.expect("first stream");
+    proxy.freeze();
+
+    let started = std::time::Instant::now();
+    let bound = Duration::from_secs(45);
+    let second = loop {
+        match f.connector.open_stream().await {
+            Ok(s) => break s,
+            Err(e) if e.is_transient() => {
+                assert!(
+                    started.elapsed() < bound,
+                    "the vanished holder still holds the lock after {bound:?}: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    println!("taken over after {:?}", started.elapsed());
+
+    // The frozen side ends too (its pings time out) instead of hanging.
+    match tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            if let Err(e) = first.next().await {
+                return e;
+            }
+        }
+    })
+    .await
+    {
+        Ok(e) => println!("frozen stream ended: {e}"),
+        Err(_) => panic!("the frozen stream hangs"),
+    }
+    drop(second);
+    f.cleanup().await;
+}

@@ -15,6 +15,7 @@
 //! server may purge. The checkpoint never moves backward.
 
 use std::fmt;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -36,8 +37,18 @@ use crate::MysqlConnector;
 
 /// A confirmed position is written to the checkpoint row at most this often.
 pub const PERSIST_INTERVAL: Duration = Duration::from_secs(5);
-/// The lock connection is checked this often.
-const PING_INTERVAL: Duration = Duration::from_secs(15);
+/// The lock connection is checked this often: a killed or broken lock connection (the
+/// lock is free, another outboxd may take over) ends the stream within this bound.
+const PING_INTERVAL: Duration = Duration::from_secs(2);
+/// `wait_timeout` (and the net timeouts) of the lock connection, in seconds: after a crash
+/// of outboxd's host the server drops the connection, and so frees the lock, this long
+/// after the last ping, instead of after the server's `wait_timeout` (hours by default).
+const LOCK_SESSION_TIMEOUT_S: u64 = 20;
+/// A ping unanswered this long counts as a broken lock connection: by then the server
+/// may have dropped it (`LOCK_SESSION_TIMEOUT_S`) and another outboxd taken over.
+const PING_TIMEOUT: Duration = Duration::from_secs(10);
+const _: () = assert!(PING_INTERVAL.as_secs() * 5 <= LOCK_SESSION_TIMEOUT_S);
+const _: () = assert!(PING_TIMEOUT.as_secs() < LOCK_SESSION_TIMEOUT_S);
 /// MariaDB replica capability: GTID events as they are (MARIA_SLAVE_CAPABILITY_GTID).
 const MARIADB_SLAVE_CAPABILITY_GTID: u32 = 4;
 
@@ -161,6 +172,19 @@ async fn acquire_lock(conn: &mut Conn, connector: &MysqlConnector) -> Result<(),
     let context = format!("taking the lock of pipeline `{pipeline}`");
     let row = query_first(conn, &format!("SELECT GET_LOCK({name}, 0)"), &context).await?;
     if row.as_ref().map(|r| int(r, 0)).transpose()?.flatten() == Some(1) {
+        execute(
+            conn,
+            &format!(
+                "SET SESSION wait_timeout = {LOCK_SESSION_TIMEOUT_S}, \
+                 net_read_timeout = {LOCK_SESSION_TIMEOUT_S}, \
+                 net_write_timeout = {LOCK_SESSION_TIMEOUT_S}"
+            ),
+            &context,
+        )
+        .await?;
+        // From now on the stores of this connector write back only while this
+        // connection holds the lock (see `store::write_back_texts`).
+        connector.lock_conn.store(conn.id(), Ordering::SeqCst);
         return Ok(());
     }
     let holder = query_first(conn, &format!("SELECT IS_USED_LOCK({name})"), &context)
@@ -324,6 +348,26 @@ impl Checkpoint {
     }
 }
 
+impl Checkpoint {
+    /// Checks the lock connection: an error (it was killed, the server went away) means
+    /// the lock may be someone else's now.
+    async fn ping(&mut self) -> Result<(), ConnectorError> {
+        self.last_ping = Instant::now();
+        let context = format!(
+            "checking the connection that holds the lock of pipeline `{}` (the lock is lost \
+             with it; this outboxd stops reading and waits to take it again)",
+            self.pipeline
+        );
+        // A partition leaves the ping unanswered rather than failed.
+        match tokio::time::timeout(PING_TIMEOUT, execute(&mut self.lock, "DO 1", &context)).await {
+            Ok(result) => result,
+            Err(_) => Err(ConnectorError::transient(format!(
+                "{context}: no answer within {PING_TIMEOUT:?}"
+            ))),
+        }
+    }
+}
+
 impl Confirmations for Checkpoint {
     async fn changed(&mut self) -> Result<(), Closed> {
         self.confirmed.changed().await.map_err(|_| Closed)
@@ -341,12 +385,23 @@ impl Confirmations for Checkpoint {
         }
     }
 
+    /// The next checkpoint write or lock ping, whichever is first: both also run while
+    /// the stream waits for the core, so a slow core never lets the lock connection idle
+    /// into its `wait_timeout`.
     fn due(&self) -> Option<Instant> {
-        self.persist_due
+        let ping = self.last_ping + PING_INTERVAL;
+        Some(self.persist_due.map_or(ping, |p| p.min(ping)))
     }
 
     async fn on_due(&mut self) -> Result<(), ConnectorError> {
-        self.persist().await
+        let now = Instant::now();
+        if self.persist_due.is_some_and(|p| p <= now) {
+            self.persist().await?;
+        }
+        if self.last_ping + PING_INTERVAL <= now {
+            self.ping().await?;
+        }
+        Ok(())
     }
 }
 
@@ -375,8 +430,7 @@ impl Task {
         loop {
             let progress_at = self.outlet.progress_due(self.decoder.in_transaction());
             let silent_at = self.last_heard + self.idle_timeout;
-            let ping_at = self.checkpoint.last_ping + PING_INTERVAL;
-            let persist_at = self.checkpoint.due();
+            let due_at = self.checkpoint.due();
             tokio::select! {
                 event = self.binlog.next() => {
                     let event = match event {
@@ -404,7 +458,7 @@ impl Task {
                     }
                     self.checkpoint.on_confirm();
                 }
-                () = sleep_until_opt(persist_at) => self.checkpoint.persist().await?,
+                () = sleep_until_opt(due_at) => self.checkpoint.on_due().await?,
                 () = sleep_until_opt(progress_at) => {
                     if let Some(item) = self.outlet.take_progress() {
                         if self.outlet.emit(item, &mut self.checkpoint).await.is_err() {
@@ -418,13 +472,6 @@ impl Task {
                          reconnecting",
                         self.idle_timeout, self.pipeline
                     )));
-                }
-                () = tokio::time::sleep_until(ping_at) => {
-                    self.checkpoint.last_ping = Instant::now();
-                    execute(&mut self.checkpoint.lock, "DO 1", &format!(
-                        "checking the connection that holds the lock of pipeline `{}`",
-                        self.pipeline
-                    )).await?;
                 }
             }
         }

@@ -12,6 +12,12 @@
 //! as by rows, and a write-back too large for one text (a transaction of 100,000 rows parked
 //! behind their key) is sent in several, each under the limit, still in one transaction.
 //!
+//! Once a stream of the connector holds the pipeline's lock, a write-back commits only
+//! while that connection still holds it (or nobody does): its last statement before
+//! `COMMIT` fails when another connection holds the lock, so an outboxd whose lock
+//! connection died, and which another one took over from, cannot write statuses or move
+//! the checkpoint the new reader now owns.
+//!
 //! `claims.rs` holds the claims, the claimed write-back, the reaper, the retry schedule
 //! and the blocked keys; `operator.rs` the operator's actions. Rows become events through
 //! the connector kit's row conversion, as on the log path.
@@ -21,19 +27,21 @@ mod operator;
 
 use std::fmt::Write as _;
 
+use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 
 use outboxd_connector::{
     last_error_text, ClaimRequest, ClaimedEvent, ClaimedWriteBack, ConnectorError, Delivered,
-    DeliveryFailure, OutboxStore, ParkedEvent, Position, ReapPolicy, ReapReport, RetrySchedule,
-    WriteBack,
+    DeliveryFailure, ErrorReason, OutboxStore, ParkedEvent, Position, ReapPolicy, ReapReport,
+    RetrySchedule, WriteBack,
 };
 use outboxd_connector_kit::status;
 use outboxd_connector_kit::store as kit_store;
 use tokio::sync::Mutex;
 
-use crate::client::{execute, int, query_first, text};
+use crate::client::{classify, execute, int, query_first, text};
 use crate::log::identity::{ServerIdentity, StoredCheckpoint};
 use crate::log::position::BinlogPosition;
 use crate::log::server;
@@ -42,6 +50,8 @@ use crate::MysqlConnector;
 
 /// Rows per statement at most: keeps each `CASE` short enough to evaluate quickly.
 const ROWS_PER_STATEMENT: usize = 5000;
+/// "Subquery returns more than 1 row": the write-back's lock fence failed.
+const FENCE_ERROR: u16 = 1242;
 /// Bytes of a query text kept free below `max_allowed_packet` (the packet's command byte,
 /// and the estimates' slack).
 const PACKET_MARGIN: usize = 1024;
@@ -147,12 +157,18 @@ impl MysqlOutboxStore {
         };
         let result = async {
             let limit = self.max_packet(conn).await?.saturating_sub(PACKET_MARGIN);
+            let lock_name = self.connector.lock_name();
+            let fence = match self.connector.lock_conn.load(Ordering::SeqCst) {
+                0 => None,
+                id => Some((lock_name.as_str(), id)),
+            };
             let texts = write_back_texts(
                 batch,
                 &self.outbox,
                 &self.checkpoint,
                 &self.connector.pipeline,
                 &self.server,
+                fence,
                 limit,
             )?;
             if texts.len() > 1 {
@@ -163,7 +179,16 @@ impl MysqlOutboxStore {
                 );
             }
             for text in &texts {
-                execute(conn, text, context).await?;
+                if let Err(e) = conn.query_drop(text.as_str()).await {
+                    return Err(match (&e, fence) {
+                        (mysql_async::Error::Server(server), Some((_, id)))
+                            if server.code == FENCE_ERROR =>
+                        {
+                            self.lock_lost(id)
+                        }
+                        _ => classify(&e, context),
+                    });
+                }
             }
             Ok(())
         }
@@ -172,6 +197,20 @@ impl MysqlOutboxStore {
             *slot = None;
         }
         result
+    }
+}
+
+impl MysqlOutboxStore {
+    /// The write-back's fence failed: another connection holds the pipeline's lock.
+    fn lock_lost(&self, id: u32) -> ConnectorError {
+        ConnectorError::transient(format!(
+            "pipeline `{}` is held by another outboxd now: this one's lock connection (id \
+             {id}) was lost and another reader took over, so its status write-back and \
+             checkpoint are refused (rolled back); this outboxd stops reading and waits to \
+             take the lock again",
+            self.connector.pipeline
+        ))
+        .with_reason(ErrorReason::SlotInUse)
     }
 }
 
@@ -274,12 +313,16 @@ pub(crate) async fn load_checkpoint(
 /// checkpoint upsert, `COMMIT`, in as few query texts as fit `limit` bytes each (one,
 /// unless the batch is large). A definite error when a single row's statement exceeds
 /// `limit` (a `max_allowed_packet` below any useful size). The checkpoint names `server`.
+///
+/// With `fence` = `(lock name, connection id)`, the last statement before `COMMIT` fails
+/// with [`FENCE_ERROR`] when another connection holds that lock.
 fn write_back_texts(
     batch: &WriteBack<'_>,
     outbox: &str,
     checkpoint: &str,
     pipeline: &str,
     server: &ServerIdentity,
+    fence: Option<(&str, u32)>,
     limit: usize,
 ) -> Result<Vec<String>, ConnectorError> {
     // Every row's share of its statement is bounded from above, so a chunk whose bounds
@@ -314,6 +357,15 @@ fn write_back_texts(
         let mut sql = checkpoint_sql(checkpoint, pipeline, &position, server);
         sql.push_str(";\n");
         statements.push(sql);
+    }
+    if let Some((lock, id)) = fence {
+        // A scalar subquery of two rows is an error on MySQL and MariaDB alike (SIGNAL
+        // outside a stored program is MariaDB's only); no other statement here has one.
+        statements.push(format!(
+            "SELECT (SELECT 1 UNION ALL SELECT 2 FROM DUAL \
+             WHERE COALESCE(IS_USED_LOCK({}), {id}) <> {id}) AS outboxd_lock_fence;\n",
+            sql_string(lock)
+        ));
     }
 
     const BEGIN: &str = "START TRANSACTION;\n";
@@ -561,11 +613,24 @@ mod tests {
             checkpoint: Some(&position),
             ..WriteBack::default()
         };
-        let texts = write_back_texts(&batch, "`outbox`", "`cp`", "p", &SERVER, 1 << 20).unwrap();
+        let texts = write_back_texts(
+            &batch,
+            "`outbox`",
+            "`cp`",
+            "p",
+            &SERVER,
+            Some(("outboxd:p", 42)),
+            1 << 20,
+        )
+        .unwrap();
         assert_eq!(texts.len(), 1);
         assert!(texts[0].starts_with("START TRANSACTION;\n"));
         assert!(texts[0].ends_with("COMMIT"));
         assert!(texts[0].contains("WHERE id IN (1, 2, 3) AND status = 'INIT'"));
+        // The lock fence is the last statement before COMMIT.
+        let fence = texts[0].find("IS_USED_LOCK(").unwrap();
+        assert!(fence > texts[0].find("INSERT INTO `cp`").unwrap());
+        assert!(texts[0][fence..].contains(", 42) <> 42) AS outboxd_lock_fence;\nCOMMIT"));
     }
 
     #[test]
@@ -599,7 +664,8 @@ mod tests {
             rejected: &[],
             checkpoint: Some(&position),
         };
-        let texts = write_back_texts(&batch, "`outbox`", "`cp`", "p", &SERVER, limit).unwrap();
+        let texts =
+            write_back_texts(&batch, "`outbox`", "`cp`", "p", &SERVER, None, limit).unwrap();
         assert!(texts.len() > 10, "{} texts", texts.len());
         for text in &texts {
             assert!(text.len() <= limit, "{} > {limit}", text.len());
@@ -631,7 +697,8 @@ mod tests {
         );
 
         // A single row's statement over the limit cannot be cut: definite, names the fix.
-        let err = write_back_texts(&batch, "`outbox`", "`cp`", "p", &SERVER, 4096).unwrap_err();
+        let err =
+            write_back_texts(&batch, "`outbox`", "`cp`", "p", &SERVER, None, 4096).unwrap_err();
         assert!(!err.is_transient());
         assert!(err.message().contains("raise max_allowed_packet"), "{err}");
     }

@@ -120,3 +120,62 @@ pub async fn next_transaction<S: ChangeStream>(
         }
     }
 }
+
+/// A loopback TCP proxy to the test server that a test can freeze: bytes stop moving both
+/// ways and the sockets stay open, as when the host of one side vanished.
+pub struct Proxy {
+    pub port: u16,
+    frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Proxy {
+    pub async fn start(upstream: (String, u16)) -> Self {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a proxy port");
+        let port = listener.local_addr().expect("proxy address").port();
+        let frozen = Arc::new(AtomicBool::new(false));
+        let flag = frozen.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(upstream.clone()).await else {
+                    continue;
+                };
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                for (mut from, mut to) in [
+                    (
+                        Box::new(cr) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
+                        Box::new(sw) as Box<dyn tokio::io::AsyncWrite + Unpin + Send>,
+                    ),
+                    (Box::new(sr), Box::new(cw)),
+                ] {
+                    let flag = flag.clone();
+                    tokio::spawn(async move {
+                        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                        let mut buf = vec![0u8; 64 * 1024];
+                        loop {
+                            let n = from.read(&mut buf).await.unwrap_or(0);
+                            while flag.load(Ordering::SeqCst) {
+                                // Frozen: hold the bytes and the sockets (a close on
+                                // one side is not passed on either), forever.
+                                tokio::time::sleep(Duration::from_secs(3600)).await;
+                            }
+                            if n == 0 || to.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        Self { port, frozen }
+    }
+
+    /// From now on nothing passes, and nothing is closed.
+    pub fn freeze(&self) {
+        self.frozen.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
