@@ -557,3 +557,89 @@ async fn poll_mode_init_creates_the_poll_index_and_no_slot() {
     let summary = store.status_summary().await.expect("summary");
     assert_eq!(summary.source_lag_bytes, None, "no slot, no lag");
 }
+
+/// Issue 10, case 2: with a synchronous standby, the walsender decodes a commit before
+/// the committing session makes it visible (it waits for the standby first). The
+/// write-back must not give up on such a row and write the checkpoint past it: it waits
+/// while the commit waits, and writes the row SUCCESS once it is visible. Needs
+/// `OUTBOXD_PG_BIN`; skipped without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_whose_commit_waits_for_a_standby_is_waited_for_not_skipped() {
+    use outboxd_connector::{ChangeItem, Delivered, OutboxStore, WriteBack};
+
+    let Ok(bin) = std::env::var("OUTBOXD_PG_BIN") else {
+        eprintln!("skipped: set OUTBOXD_PG_BIN to a directory with initdb and pg_ctl");
+        return;
+    };
+    // A standby that never connects; only the writer's session asks to wait for it.
+    let cluster = TempCluster::start(
+        Path::new(&bin),
+        &[
+            "wal_level=logical",
+            "synchronous_standby_names=never_connects",
+            "synchronous_commit=local",
+        ],
+    );
+    let fx = Fixture::with_env(cluster.env(), "ad_sync").await;
+    fx.connector.init().await.expect("init");
+    let mut stream = fx.connector.open_stream().await.expect("stream");
+    let store = fx.connector.open_store().await.expect("store");
+
+    let writer = cluster.env().client().await;
+    let insert = format!(
+        "SET synchronous_commit = on; \
+         INSERT INTO {} (message_id, message_type, biz_key, payload) \
+         VALUES ('sync-1', 'order.created', 'k', '{{}}')",
+        fx.outbox()
+    );
+    let commit = tokio::spawn(async move { writer.batch_execute(&insert).await });
+
+    let txn = loop {
+        match tokio::time::timeout(Duration::from_secs(20), stream.next())
+            .await
+            .expect("the commit is decoded while it waits for the standby")
+            .expect("stream")
+        {
+            ChangeItem::Transaction(txn) => break txn,
+            ChangeItem::Progress(_) => {}
+        }
+    };
+    let id = txn.events[0].id;
+    let delivered = [Delivered {
+        id,
+        partition: 0,
+        offset: 7,
+    }];
+    let position = txn.commit_position.clone();
+    let write_back = store.write_back(WriteBack {
+        delivered: &delivered,
+        checkpoint: Some(&position),
+        ..WriteBack::default()
+    });
+    tokio::pin!(write_back);
+    // Well past the 2 s the write-back used to wait before giving the row up.
+    let early = tokio::time::timeout(Duration::from_secs(5), &mut write_back).await;
+    assert!(
+        early.is_err(),
+        "the write-back finished while the row was not visible: {early:?}"
+    );
+    assert!(
+        !commit.is_finished(),
+        "the commit still waits for the standby"
+    );
+
+    // The writer stops waiting: the commit, already durable locally, becomes visible.
+    fx.client
+        .execute(
+            "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
+            &[],
+        )
+        .await
+        .expect("cancel the wait");
+    tokio::time::timeout(Duration::from_secs(20), &mut write_back)
+        .await
+        .expect("the write-back finishes once the row is visible")
+        .expect("write-back");
+    let _ = commit.await;
+    assert_eq!(fx.status(id).await, "SUCCESS");
+}

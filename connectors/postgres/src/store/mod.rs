@@ -305,14 +305,21 @@ impl PgOutboxStore {
         // walsender may decode and send at once, a moment before the committing session
         // makes the transaction visible to others. The checkpoint must not pass a row
         // whose status was not written, so wait (briefly) until every row is visible.
+        // With a synchronous standby that moment lasts until the standby confirms the
+        // commit (or the committing session gives up waiting): while any session waits
+        // for that (`wait_event = 'SyncRep'`), a missing row may be one of its rows, so
+        // the wait goes on for as long as that lasts; only then is a missing row taken
+        // as deleted.
         let mut missing: Vec<i64> = rows
             .ids()
             .filter(|id| !updated.contains(id))
             .collect::<HashSet<_>>()
             .into_iter()
             .collect();
-        let deadline = Instant::now() + VISIBILITY_WAIT;
+        let started = Instant::now();
+        let mut deadline = started + VISIBILITY_WAIT;
         let mut pause = Duration::from_millis(2);
+        let mut told = started;
         while !missing.is_empty() {
             let found = tx.query(&conn.exists, &[&missing]).await?;
             let found: HashSet<i64> = found
@@ -324,8 +331,23 @@ impl PgOutboxStore {
                 rows.only(&found).apply(&tx, statements).await?;
                 missing.retain(|id| !found.contains(id));
             }
-            if missing.is_empty() || Instant::now() >= deadline {
+            if missing.is_empty() {
                 break;
+            }
+            if Instant::now() >= deadline {
+                if !commit_waits_for_a_standby(&tx).await? {
+                    break;
+                }
+                deadline = Instant::now() + VISIBILITY_WAIT;
+                if told.elapsed() >= Duration::from_secs(10) || told == started {
+                    told = Instant::now();
+                    tracing::warn!(
+                        rows = missing.len(),
+                        waiting = ?started.elapsed(),
+                        "write-back: outbox rows not visible yet while a commit waits for a \
+                         synchronous standby; the log position is held until they are"
+                    );
+                }
             }
             tracing::debug!(
                 rows = missing.len(),
@@ -596,8 +618,30 @@ impl OutboxStore for PgOutboxStore {
     }
 }
 
-/// How long a write-back waits for the rows of a just-decoded commit to become visible.
+/// How long a write-back waits for the rows of a just-decoded commit to become visible
+/// (longer while a commit waits for a synchronous standby).
 const VISIBILITY_WAIT: Duration = Duration::from_secs(2);
+
+/// Whether a session's commit is waiting for a synchronous standby to confirm it: its
+/// rows are in the log but not yet visible. Only commits issued before this write-back
+/// began count (`now()` is the transaction's start): a commit decoded already was issued
+/// before, and later ones on a busy cluster must not keep the wait going. Needs
+/// `pg_monitor` (or superuser) to see other roles' sessions; without it, none is seen and
+/// a missing row is taken as deleted after [`VISIBILITY_WAIT`], as before.
+async fn commit_waits_for_a_standby(
+    tx: &tokio_postgres::Transaction<'_>,
+) -> Result<bool, tokio_postgres::Error> {
+    // Inside a transaction pg_stat_activity is read once and kept: read it afresh.
+    tx.execute("SELECT pg_stat_clear_snapshot()", &[]).await?;
+    let row = tx
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
+             WHERE wait_event = 'SyncRep' AND query_start <= now())",
+            &[],
+        )
+        .await?;
+    row.try_get(0)
+}
 
 /// One write-back's rows as the statements' arrays.
 #[derive(Clone, Default)]
