@@ -16,6 +16,25 @@ use crate::sink::memory::MemorySink;
 use crate::sink::FailureKind;
 use crate::testing::MemoryStore;
 
+/// Runs `worker` until `done` holds, then stops it; fails with `what` after 5 s.
+async fn run_until(
+    worker: &ClaimWorker<'_, MemoryStore, MemorySink>,
+    what: &str,
+    done: impl Fn() -> bool,
+) {
+    let (stop, shutdown) = watch::channel(false);
+    let driver = async {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !done() {
+            assert!(Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        stop.send_replace(true);
+    };
+    let (result, ()) = tokio::join!(worker.run(shutdown), driver);
+    result.unwrap();
+}
+
 #[tokio::test]
 async fn claimed_rows_are_sent_written_back_and_their_keys_reported() {
     let store = MemoryStore::default();
@@ -40,17 +59,10 @@ async fn claimed_rows_are_sent_written_back_and_their_keys_reported() {
         Arc::new(Notify::new()),
         keys_tx,
     );
-    let (stop, shutdown) = watch::channel(false);
-    let driver = async {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while store.status(3) != "SUCCESS" || store.status(2) != "FAILED" {
-            assert!(Instant::now() < deadline, "rows not written back");
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        stop.send_replace(true);
-    };
-    let (result, ()) = tokio::join!(worker.run(shutdown), driver);
-    result.unwrap();
+    run_until(&worker, "rows not written back", || {
+        store.status(3) == "SUCCESS" && store.status(2) == "FAILED"
+    })
+    .await;
 
     assert_eq!(store.status(1), "SUCCESS");
     let failed = store.row(2).unwrap();
@@ -102,20 +114,10 @@ async fn a_fatal_sink_is_rebuilt_and_costs_the_rows_no_attempt() {
         Arc::new(Notify::new()),
         keys_tx,
     );
-    let (stop, shutdown) = watch::channel(false);
-    let driver = async {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while store.status(1) != "SUCCESS" || store.status(2) != "SUCCESS" {
-            assert!(
-                Instant::now() < deadline,
-                "rows not delivered after the rebuild"
-            );
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        stop.send_replace(true);
-    };
-    let (result, ()) = tokio::join!(worker.run(shutdown), driver);
-    result.unwrap();
+    run_until(&worker, "rows not delivered after the rebuild", || {
+        store.status(1) == "SUCCESS" && store.status(2) == "SUCCESS"
+    })
+    .await;
 
     assert_eq!(sink.recoveries(), 1);
     assert_eq!(

@@ -4,7 +4,9 @@ use std::time::Instant;
 
 use std::collections::HashSet;
 
-use outboxd_connector::{Connector, OutboxAdmin, OutboxStore, ParkedEvent, WriteBack};
+use outboxd_connector::{
+    parked_behind_key, Connector, OutboxAdmin, OutboxStore, ParkedEvent, WriteBack,
+};
 
 use crate::config::{Config, Ordering as KeyOrdering};
 use crate::relay::outcome::Outcome;
@@ -58,11 +60,7 @@ pub(super) async fn recover<C: Connector, S: Sink>(
             if blocked.contains(&event.biz_key) || failed_keys.contains(&event.biz_key) {
                 parked.push(ParkedEvent {
                     id: event.id,
-                    reason: format!(
-                        "parked by recover: an earlier event of biz_key `{}` is not delivered \
-                         yet (strict ordering)",
-                        event.biz_key
-                    ),
+                    reason: parked_behind_key("parked by recover", &event.biz_key),
                 });
                 continue;
             }

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant, SystemTime};
 use futures_util::future::BoxFuture;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use outboxd_connector::{
-    ChangeItem, ChangeStream, CommittedTransaction, ConnectorError, Delivered, DeliveryFailure,
-    OutboxEvent, OutboxStore, ParkedEvent, Position, WriteBack,
+    parked_behind_key, ChangeItem, ChangeStream, CommittedTransaction, ConnectorError, Delivered,
+    DeliveryFailure, OutboxEvent, OutboxStore, ParkedEvent, Position, WriteBack,
 };
 use tokio::sync::{watch, Notify};
 use tokio::time::sleep_until;
@@ -303,11 +303,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                 );
                 self.parked.push(ParkedEvent {
                     id: event.id,
-                    reason: format!(
-                        "parked: an earlier event of biz_key `{}` is not delivered yet \
-                         (strict ordering)",
-                        event.biz_key
-                    ),
+                    reason: parked_behind_key("parked", &event.biz_key),
                 });
                 self.stats.parked.fetch_add(1, Ordering::Relaxed);
                 self.batch_seqs.push(seq);

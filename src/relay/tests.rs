@@ -238,7 +238,10 @@ async fn a_fatal_sink_error_leaves_its_row_unwritten_and_ends_the_session_for_a_
         log.commit(30, vec![event(3, "C")]);
         wait_until("three in flight", || h.sink.held() == [1, 2, 3]).await;
         assert!(h.sink.complete(2));
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        wait_until("row 2's fatal outcome taken", || {
+            h.stats.in_flight.load(std::sync::atomic::Ordering::Relaxed) == 2
+        })
+        .await;
         // The session reads no more once the sink is unusable.
         log.commit(40, vec![event(4, "D")]);
         tokio::time::sleep(Duration::from_millis(20)).await;

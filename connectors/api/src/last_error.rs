@@ -18,6 +18,14 @@ pub fn last_error_text(error: &str) -> String {
     }
 }
 
+/// `last_error` of a row parked behind an undelivered earlier event of its key (strict
+/// ordering); `parked` says who parked it (`parked`, `parked by recover`).
+pub fn parked_behind_key(parked: &str, biz_key: &str) -> String {
+    format!(
+        "{parked}: an earlier event of biz_key `{biz_key}` is not delivered yet (strict ordering)"
+    )
+}
+
 /// `last_error` of a row an operator parked (`outboxd park`).
 pub fn parked_by_operator(reason: &str) -> String {
     last_error_text(&format!("parked by operator: {reason}"))

@@ -35,7 +35,8 @@ pub use error::{ConnectorError, ErrorKind, ErrorReason};
 pub use event::{OutboxEvent, OutboxLayout};
 pub use headers::headers_from_json;
 pub use last_error::{
-    last_error_text, parked_by_operator, resolved_by_operator, short_duration, LAST_ERROR_MAX_CHARS,
+    last_error_text, parked_behind_key, parked_by_operator, resolved_by_operator, short_duration,
+    LAST_ERROR_MAX_CHARS,
 };
 pub use position::{ParsePositionError, Position};
 pub use store::{Delivered, DeliveryFailure, OutboxStore, WriteBack};

@@ -1,6 +1,9 @@
 use std::cmp::Ordering;
 use std::fmt;
+use std::str::FromStr;
 use std::sync::Arc;
+
+use crate::ConnectorError;
 
 /// A position in a database log, opaque to the core.
 ///
@@ -37,6 +40,16 @@ impl Position {
     /// The text stored in the checkpoint table.
     pub fn as_str(&self) -> &str {
         &self.text
+    }
+
+    /// The engine's own coordinate, parsed back from the text; a text of another
+    /// engine's form is a definite error.
+    pub fn decode<T: FromStr<Err = ParsePositionError>>(&self) -> Result<T, ConnectorError> {
+        self.text.parse().map_err(|e: ParsePositionError| {
+            ConnectorError::definite(format!(
+                "{e}: the checkpoint holds a position of another engine"
+            ))
+        })
     }
 
     /// The ordinal in 64 bits, for gauges: as it is when it fits; otherwise the high

@@ -165,28 +165,18 @@ impl Db {
 impl Drop for Db {
     fn drop(&mut self) {
         let (admin_env, env, name) = (self.admin_env.clone(), self.env.clone(), self.name.clone());
-        // Async cleanup from a sync Drop (also during a panic): a thread with its own runtime.
-        let cleanup = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            rt.block_on(async move {
-                // A logical slot is dropped from its own database, and keeps the database
-                // from being dropped until it is.
-                let client = env.client().await;
-                support_store::drop_slot(&client, &name).await;
-                drop(client);
-                let _ = admin_env
-                    .client()
-                    .await
-                    .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
-                    .await;
-            });
+        support_store::clean_up_from_drop(async move {
+            // A logical slot is dropped from its own database, and keeps the database from
+            // being dropped until it is.
+            let client = env.client().await;
+            support_store::drop_slot(&client, &name).await;
+            drop(client);
+            let _ = admin_env
+                .client()
+                .await
+                .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+                .await;
         });
-        let _ = cleanup.join();
     }
 }
 

@@ -32,11 +32,7 @@ impl BinlogPosition {
 
     /// The coordinate of a position this connector made (or read from the checkpoint).
     pub fn from_position(position: &Position) -> Result<Self, ConnectorError> {
-        position.as_str().parse().map_err(|e: ParsePositionError| {
-            ConnectorError::definite(format!(
-                "{e}: the checkpoint holds a position of another engine"
-            ))
-        })
+        position.decode()
     }
 
     /// The number after the last `.` of the file name (`mysql-bin.000042` → 42).

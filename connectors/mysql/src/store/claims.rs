@@ -287,18 +287,7 @@ impl MysqlOutboxStore {
         }
         if !batch.failed.is_empty() {
             let (errors, delays) = failure_cases(batch.failed.iter().map(|(f, _)| f));
-            let mut pairs = String::new();
-            for (i, (f, token)) in batch.failed.iter().enumerate() {
-                if i > 0 {
-                    pairs.push_str(" OR ");
-                }
-                let _ = write!(
-                    pairs,
-                    "(id = {} AND claim_token = {})",
-                    f.id,
-                    sql_string(&token.0)
-                );
-            }
+            let pairs = held_claims(batch.failed.iter().map(|(f, token)| (f.id, token)));
             statements.push(format!(
                 "UPDATE {outbox} SET {FAILED_STATUS}, retry_count = retry_count + 1, \
                  last_error = {errors} END, next_retry_time = {}, updated_at = NOW(6), \
@@ -317,13 +306,7 @@ impl MysqlOutboxStore {
                 continue;
             }
             let reasons = reason_case(rows.iter().map(|(r, _)| r));
-            let pairs = rows
-                .iter()
-                .map(|(r, token)| {
-                    format!("(id = {} AND claim_token = {})", r.id, sql_string(&token.0))
-                })
-                .collect::<Vec<_>>()
-                .join(" OR ");
+            let pairs = held_claims(rows.iter().map(|(r, token)| (r.id, token)));
             statements.push(format!(
                 "UPDATE {outbox} SET status = '{status}', next_retry_time = NOW(6), \
                  last_error = {reasons}, updated_at = NOW(6), \
@@ -438,4 +421,11 @@ impl MysqlOutboxStore {
         }
         Ok(blocked)
     }
+}
+
+/// `(id = 1 AND claim_token = …) OR …`: the rows whose claim this worker still holds.
+fn held_claims<'a>(rows: impl Iterator<Item = (i64, &'a ClaimToken)>) -> String {
+    rows.map(|(id, token)| format!("(id = {id} AND claim_token = {})", sql_string(&token.0)))
+        .collect::<Vec<_>>()
+        .join(" OR ")
 }

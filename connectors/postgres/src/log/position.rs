@@ -26,15 +26,7 @@ impl Lsn {
 
     /// The LSN of a position this connector made (or read from the checkpoint table).
     pub fn from_position(position: &Position) -> Result<Self, ConnectorError> {
-        position
-            .as_str()
-            .parse::<PositionText>()
-            .map(|p| p.0)
-            .map_err(|e| {
-                ConnectorError::definite(format!(
-                    "{e}: the checkpoint holds a position of another engine"
-                ))
-            })
+        position.decode::<PositionText>().map(|p| p.0)
     }
 }
 

@@ -194,27 +194,31 @@ impl Fixture {
 impl Drop for Fixture {
     fn drop(&mut self) {
         let (env, schema, slot) = (self.env.clone(), self.schema.clone(), self.slot.clone());
-        // Async cleanup from a sync Drop (also during a panic): a thread with its own runtime.
-        let cleanup = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            rt.block_on(async move {
-                let client = env.client().await;
-                drop_slot(&client, &slot).await;
-                let _ = client
-                    .batch_execute(&format!("DROP PUBLICATION IF EXISTS \"{slot}\""))
-                    .await;
-                let _ = client
-                    .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
-                    .await;
-            });
+        clean_up_from_drop(async move {
+            let client = env.client().await;
+            drop_slot(&client, &slot).await;
+            let _ = client
+                .batch_execute(&format!("DROP PUBLICATION IF EXISTS \"{slot}\""))
+                .await;
+            let _ = client
+                .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+                .await;
         });
-        let _ = cleanup.join();
     }
+}
+
+/// Runs async cleanup from a sync `Drop` (also during a panic): on a thread with its own
+/// runtime, since the test's runtime may be the one blocked in the drop.
+pub fn clean_up_from_drop(cleanup: impl std::future::Future<Output = ()> + Send + 'static) {
+    let thread = std::thread::spawn(move || {
+        if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            rt.block_on(cleanup);
+        }
+    });
+    let _ = thread.join();
 }
 
 /// Drops replication slot `slot`, ending its reader first: a stream a test left open (or
