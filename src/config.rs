@@ -66,6 +66,9 @@ pub struct Config {
     /// the section is absent.
     #[serde(default)]
     pub metrics: Option<MetricsConfig>,
+    /// `[inbox]`: the receiving half; off when the section is absent.
+    #[serde(default)]
+    pub inbox: Option<crate::inbox::InboxConfig>,
 }
 
 /// `[pipeline]`
@@ -130,6 +133,9 @@ pub struct OutboxConfig {
     pub checkpoint_table: String,
     /// Column whose value is the Kafka record key.
     pub key_column: String,
+    /// Whether `outboxd run` relays the outbox. `false` for a process that only runs the
+    /// inbox (`[inbox]`) on this database.
+    pub relay: bool,
 }
 
 impl Default for OutboxConfig {
@@ -140,6 +146,7 @@ impl Default for OutboxConfig {
             inbox_table: layout.inbox_table,
             checkpoint_table: layout.checkpoint_table,
             key_column: layout.key_column,
+            relay: true,
         }
     }
 }
@@ -401,6 +408,15 @@ impl Config {
                  otherwise the reaper takes back rows whose delivery is still being retried",
                 self.retry.claim_timeout, self.kafka.message_timeout
             )));
+        }
+        if let Some(inbox) = &self.inbox {
+            inbox
+                .validate(self.metrics.is_some())
+                .map_err(ConfigError::Invalid)?;
+        } else if !self.outbox.relay {
+            return Err(ConfigError::Invalid(
+                "outbox.relay = false and no [inbox] section: there is nothing to run".into(),
+            ));
         }
         for (key, value) in [
             ("outbox.table", &self.outbox.table),

@@ -6,6 +6,7 @@
 //! - [`relay`]: the log relay — session, ack frontier, outcome mapping;
 //! - [`claims`]: the claim worker — retries, reaper, poll mode, backoff;
 //! - [`sink`]: the sink boundary and its Kafka implementation;
+//! - [`inbox`]: the receiving half — Kafka and HTTP ingress, workers, handlers;
 //! - [`cli`]: the commands `main.rs` runs;
 //! - [`observability`]: the `/metrics`, `/healthz`, `/readyz` endpoint and its series;
 //! - `reconnect.rs`: the one reconnect loop the long-running paths share;
@@ -15,6 +16,7 @@ pub mod claims;
 pub mod cli;
 pub mod config;
 mod engines;
+pub mod inbox;
 pub mod observability;
 mod reconnect;
 pub mod relay;

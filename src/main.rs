@@ -62,6 +62,9 @@ enum CliCommand {
 struct StatusArgs {
     #[command(flatten)]
     config: ConfigArg,
+    /// Act on the inbox table instead of the outbox.
+    #[arg(long)]
+    inbox: bool,
     /// Print one JSON document instead of a table.
     #[arg(long)]
     json: bool,
@@ -72,6 +75,9 @@ struct StatusArgs {
 struct RetryArgs {
     #[command(flatten)]
     config: ConfigArg,
+    /// Act on the inbox table instead of the outbox.
+    #[arg(long)]
+    inbox: bool,
     /// The row to retry.
     #[arg(long)]
     id: Option<i64>,
@@ -90,6 +96,9 @@ struct RetryArgs {
 struct RowArgs {
     #[command(flatten)]
     config: ConfigArg,
+    /// Act on the inbox table instead of the outbox.
+    #[arg(long)]
+    inbox: bool,
     /// The outbox row id.
     #[arg(long)]
     id: i64,
@@ -105,6 +114,10 @@ struct RowArgs {
 struct JanitorArgs {
     #[command(flatten)]
     config: ConfigArg,
+    /// Act on the inbox table instead of the outbox: DONE rows go, never one younger than
+    /// `inbox.dedupe_retention`.
+    #[arg(long)]
+    inbox: bool,
     /// Retention: SUCCESS rows sent longer ago than this go (e.g. `7d`, `12h`).
     #[arg(long, value_parser = humantime_serde::re::humantime::parse_duration)]
     older_than: std::time::Duration,
@@ -130,8 +143,8 @@ fn format(json: bool) -> OutputFormat {
 
 /// The operator commands as library commands, with their config path.
 fn admin_command(command: CliCommand) -> Option<(Command, PathBuf)> {
-    let (admin, json, config) = match command {
-        CliCommand::Status(a) => (AdminCommand::Status, a.json, a.config),
+    let (admin, json, inbox, config) = match command {
+        CliCommand::Status(a) => (AdminCommand::Status, a.json, a.inbox, a.config),
         CliCommand::Retry(a) => {
             let selector = match (a.id, a.status) {
                 (Some(id), _) => RetrySelector::Id(id),
@@ -142,7 +155,7 @@ fn admin_command(command: CliCommand) -> Option<(Command, PathBuf)> {
                 // clap requires one of the two.
                 (None, None) => return None,
             };
-            (AdminCommand::Retry(selector), a.json, a.config)
+            (AdminCommand::Retry(selector), a.json, a.inbox, a.config)
         }
         CliCommand::Park(a) => (
             AdminCommand::Park {
@@ -150,6 +163,7 @@ fn admin_command(command: CliCommand) -> Option<(Command, PathBuf)> {
                 reason: a.reason,
             },
             a.json,
+            a.inbox,
             a.config,
         ),
         CliCommand::Resolve(a) => (
@@ -158,6 +172,7 @@ fn admin_command(command: CliCommand) -> Option<(Command, PathBuf)> {
                 reason: a.reason,
             },
             a.json,
+            a.inbox,
             a.config,
         ),
         CliCommand::Janitor(a) => (
@@ -167,11 +182,17 @@ fn admin_command(command: CliCommand) -> Option<(Command, PathBuf)> {
                 batch: a.batch.max(1),
             },
             a.json,
+            a.inbox,
             a.config,
         ),
         _ => return None,
     };
-    Some((Command::Admin(admin, format(json)), config.config))
+    let command = if inbox {
+        Command::InboxAdmin(admin, format(json))
+    } else {
+        Command::Admin(admin, format(json))
+    };
+    Some((command, config.config))
 }
 
 #[derive(clap::Args)]

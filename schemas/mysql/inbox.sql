@@ -27,6 +27,8 @@ CREATE TABLE IF NOT EXISTS `inbox` (
     UNIQUE KEY `inbox_type_key_key` (message_type, biz_key),
     -- Serves the worker claim of PENDING rows and of FAILED rows that are due.
     KEY `inbox_claim_idx` (next_retry_time, id),
+    -- Serves per-key order: a row is claimed only when no earlier row of its biz_key is open.
+    KEY `inbox_key_idx` (biz_key, id),
     CONSTRAINT `inbox_status_check`
         CHECK (status IN ('PENDING', 'PROCESSING', 'DONE', 'FAILED', 'MANUAL_REQUIRED'))
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;

@@ -5,6 +5,7 @@
 -- (message_type, biz_key), and move PENDING -> PROCESSING -> DONE / FAILED / MANUAL_REQUIRED.
 \if :{?inbox_table} \else \set inbox_table inbox \endif
 \if :{?inbox_claim_index} \else \set inbox_claim_index inbox_claim_idx \endif
+\if :{?inbox_key_index} \else \set inbox_key_index inbox_key_idx \endif
 
 CREATE TABLE IF NOT EXISTS :"inbox_table" (
     id               bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -33,3 +34,8 @@ CREATE TABLE IF NOT EXISTS :"inbox_table" (
 CREATE INDEX IF NOT EXISTS :"inbox_claim_index"
     ON :"inbox_table" (COALESCE(next_retry_time, created_at), id)
     WHERE status IN ('PENDING', 'FAILED');
+
+-- Serves per-key order: a row is claimed only when no earlier row of its biz_key is open.
+CREATE INDEX IF NOT EXISTS :"inbox_key_index"
+    ON :"inbox_table" (biz_key, id)
+    WHERE status <> 'DONE';

@@ -1,6 +1,7 @@
 //! The operator's commands — `outboxd status`, `retry`, `park`, `resolve`, `janitor` —
-//! over any connector's [`OutboxAdmin`], each printed as a readable table or, with
-//! `--json`, as one JSON document on stdout.
+//! over any connector's [`OutboxAdmin`] or, with `--inbox`, its [`InboxAdmin`], each
+//! printed as a readable table or, with `--json`, as one JSON document on stdout. Both
+//! tables go through [`AdminTable`], which also names their statuses in the output.
 //!
 //! Exit codes: 0 when done; 1 when a command naming one row (`--id`) changed nothing (no
 //! such row, or not in a status the command applies to), so scripts can tell.
@@ -10,11 +11,137 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant, SystemTime};
 
 use humantime_serde::re::humantime;
-use outboxd_connector::{JanitorAction, OutboxAdmin, RetrySelector, StatusSummary};
+use outboxd_connector::{
+    ConnectorError, InboxAdmin, JanitorAction, OutboxAdmin, RetrySelector, StatusSummary,
+};
 use serde::Serialize;
 
-/// The statuses in the order of the state machine, as the columns of `outboxd status`.
-const STATUSES: [&str; 5] = ["INIT", "PROCESSING", "FAILED", "MANUAL_REQUIRED", "SUCCESS"];
+/// How the output of one table speaks of its rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableWords {
+    /// `outbox` or `inbox`.
+    pub kind: &'static str,
+    /// The statuses in the order of the state machine, as the columns of `status`.
+    pub statuses: [&'static str; 5],
+    /// The first status (INIT, PENDING).
+    pub new: &'static str,
+    /// The last status (SUCCESS, DONE).
+    pub done: &'static str,
+    /// What a finished row was (`sent`, `handled`).
+    pub done_verb: &'static str,
+    /// The start of `last_error` after `resolve`.
+    pub resolved_note: &'static str,
+    /// How the output names one row (`row`, `inbox row`).
+    pub row: &'static str,
+    /// Who waits behind a parked row.
+    pub later: &'static str,
+}
+
+/// The outbox's words.
+pub const OUTBOX: TableWords = TableWords {
+    kind: "outbox",
+    statuses: ["INIT", "PROCESSING", "FAILED", "MANUAL_REQUIRED", "SUCCESS"],
+    new: "INIT",
+    done: "SUCCESS",
+    done_verb: "sent",
+    resolved_note: "resolved by operator without sending",
+    row: "row",
+    later: "with strict ordering later events",
+};
+
+/// The inbox's words.
+pub const INBOX: TableWords = TableWords {
+    kind: "inbox",
+    statuses: ["PENDING", "PROCESSING", "FAILED", "MANUAL_REQUIRED", "DONE"],
+    new: "PENDING",
+    done: "DONE",
+    done_verb: "handled",
+    resolved_note: "resolved by operator without handling",
+    row: "inbox row",
+    later: "later messages",
+};
+
+/// The operator's actions on one table, whichever it is. The futures need not be `Send`:
+/// an operator command runs on its own, awaited by `main`.
+#[allow(async_fn_in_trait)]
+pub trait AdminTable {
+    /// How the output names its statuses.
+    fn words(&self) -> TableWords;
+    /// See [`OutboxAdmin::status_summary`].
+    async fn status_summary(&self) -> Result<StatusSummary, ConnectorError>;
+    /// See [`OutboxAdmin::retry_rows`].
+    async fn retry_rows(&self, selector: &RetrySelector) -> Result<u64, ConnectorError>;
+    /// See [`OutboxAdmin::park_row`].
+    async fn park_row(&self, id: i64, reason: &str) -> Result<bool, ConnectorError>;
+    /// See [`OutboxAdmin::resolve_row`].
+    async fn resolve_row(&self, id: i64, reason: &str) -> Result<bool, ConnectorError>;
+    /// See [`OutboxAdmin::janitor_batch`].
+    async fn janitor_batch(
+        &self,
+        retention: Duration,
+        action: &JanitorAction,
+        batch: usize,
+    ) -> Result<u64, ConnectorError>;
+}
+
+/// The outbox table of a store.
+pub struct OutboxRows<'a, S>(pub &'a S);
+
+impl<S: OutboxAdmin> AdminTable for OutboxRows<'_, S> {
+    fn words(&self) -> TableWords {
+        OUTBOX
+    }
+    async fn status_summary(&self) -> Result<StatusSummary, ConnectorError> {
+        self.0.status_summary().await
+    }
+    async fn retry_rows(&self, selector: &RetrySelector) -> Result<u64, ConnectorError> {
+        self.0.retry_rows(selector).await
+    }
+    async fn park_row(&self, id: i64, reason: &str) -> Result<bool, ConnectorError> {
+        self.0.park_row(id, reason).await
+    }
+    async fn resolve_row(&self, id: i64, reason: &str) -> Result<bool, ConnectorError> {
+        self.0.resolve_row(id, reason).await
+    }
+    async fn janitor_batch(
+        &self,
+        retention: Duration,
+        action: &JanitorAction,
+        batch: usize,
+    ) -> Result<u64, ConnectorError> {
+        self.0.janitor_batch(retention, action, batch).await
+    }
+}
+
+/// The inbox table of a store, with its deduplication window (`inbox.dedupe_retention`),
+/// which the janitor never cuts into.
+pub struct InboxRows<'a, S>(pub &'a S, pub Duration);
+
+impl<S: InboxAdmin> AdminTable for InboxRows<'_, S> {
+    fn words(&self) -> TableWords {
+        INBOX
+    }
+    async fn status_summary(&self) -> Result<StatusSummary, ConnectorError> {
+        self.0.status_summary().await
+    }
+    async fn retry_rows(&self, selector: &RetrySelector) -> Result<u64, ConnectorError> {
+        self.0.retry_rows(selector).await
+    }
+    async fn park_row(&self, id: i64, reason: &str) -> Result<bool, ConnectorError> {
+        self.0.park_row(id, reason).await
+    }
+    async fn resolve_row(&self, id: i64, reason: &str) -> Result<bool, ConnectorError> {
+        self.0.resolve_row(id, reason).await
+    }
+    async fn janitor_batch(
+        &self,
+        retention: Duration,
+        action: &JanitorAction,
+        batch: usize,
+    ) -> Result<u64, ConnectorError> {
+        self.0.janitor_batch(retention, self.1, action, batch).await
+    }
+}
 
 /// Rows per janitor batch unless `--batch` says otherwise.
 pub const DEFAULT_JANITOR_BATCH: usize = 1000;
@@ -61,31 +188,32 @@ pub enum OutputFormat {
     Json,
 }
 
-/// What the output names: the pipeline and its outbox table.
+/// What the output names: the pipeline and the table acted on.
 #[derive(Clone, Debug)]
 pub struct AdminContext {
     /// `pipeline.name`.
     pub pipeline: String,
-    /// The outbox table as configured.
-    pub outbox_table: String,
+    /// The table as configured (the outbox, or with `--inbox` the inbox).
+    pub table: String,
 }
 
 /// Runs `command` against `store`, printing its result; returns the exit code.
-pub async fn run<S: OutboxAdmin>(
+pub async fn run<S: AdminTable>(
     store: &S,
     context: &AdminContext,
     command: &AdminCommand,
     format: OutputFormat,
 ) -> anyhow::Result<i32> {
     let json = format == OutputFormat::Json;
+    let w = store.words();
     let (output, code) = match command {
         AdminCommand::Status => {
             let summary = store.status_summary().await?;
             let now = SystemTime::now();
             let output = if json {
-                to_json(&StatusJson::new(context, &summary, now))?
+                to_json(&StatusJson::new(context, w, &summary, now))?
             } else {
-                render_status(context, &summary, now)
+                render_status(context, w, &summary, now)
             };
             (output, 0)
         }
@@ -105,8 +233,9 @@ pub async fn run<S: OutboxAdmin>(
                 )
             } else {
                 format!(
-                    "retry: {rows} row(s) due now ({}): status FAILED, retry_count 0; a running \
+                    "retry: {rows} {}(s) due now ({}): status FAILED, retry_count 0; a running \
                      outboxd picks them up with its next retry round",
+                    w.row,
                     describe_selector(selector)
                 )
             };
@@ -116,12 +245,16 @@ pub async fn run<S: OutboxAdmin>(
             let changed = store.park_row(*id, reason).await?;
             let text = if changed {
                 format!(
-                    "park: row {id} is MANUAL_REQUIRED, last_error \"parked by operator: {reason}\"; \
-                     with strict ordering later events of its biz_key wait for it \
-                     (`outboxd retry --id {id}` or `outboxd resolve --id {id}` releases them)"
+                    "park: {} {id} is MANUAL_REQUIRED, last_error \"parked by operator: {reason}\"; \
+                     {} of its biz_key wait for it \
+                     (`outboxd retry --id {id}` or `outboxd resolve --id {id}` releases them)",
+                    w.row, w.later
                 )
             } else {
-                format!("park: row {id} unchanged (no such row, or not INIT or FAILED)")
+                format!(
+                    "park: {} {id} unchanged (no such row, or not {} or FAILED)",
+                    w.row, w.new
+                )
             };
             one_row("park", *id, changed, reason, text, json)?
         }
@@ -129,11 +262,19 @@ pub async fn run<S: OutboxAdmin>(
             let changed = store.resolve_row(*id, reason).await?;
             let text = if changed {
                 format!(
-                    "resolve: row {id} is SUCCESS without being sent, last_error \"resolved by \
-                     operator without sending: {reason}\"; later events of its biz_key are released"
+                    "resolve: {} {id} is {} without being {}, last_error \"{}: {reason}\"; \
+                     later {} of its biz_key are released",
+                    w.row,
+                    w.done,
+                    w.done_verb,
+                    w.resolved_note,
+                    if w == OUTBOX { "events" } else { "messages" }
                 )
             } else {
-                format!("resolve: row {id} unchanged (no such row, or already SUCCESS)")
+                format!(
+                    "resolve: {} {id} unchanged (no such row, or already {})",
+                    w.row, w.done
+                )
             };
             one_row("resolve", *id, changed, reason, text, json)?
         }
@@ -151,8 +292,10 @@ pub async fn run<S: OutboxAdmin>(
                 to_json(&report)?
             } else {
                 format!(
-                    "janitor done: {} SUCCESS row(s) older than {} {} in {} batch(es), {:.1}s",
+                    "janitor done: {} {} {}(s) older than {} {} in {} batch(es), {:.1}s",
                     report.rows,
+                    w.done,
+                    w.row,
                     report.older_than,
                     report.verb(),
                     report.batches,
@@ -207,7 +350,7 @@ fn describe_selector(selector: &RetrySelector) -> String {
 
 /// Janitor batches until one removes nothing; progress after every batch (stdout for
 /// text, stderr for JSON so stdout stays one document).
-async fn janitor<S: OutboxAdmin>(
+async fn janitor<S: AdminTable>(
     store: &S,
     older_than: Duration,
     action: &JanitorAction,
@@ -298,7 +441,10 @@ impl JanitorJson {
 #[derive(Serialize)]
 struct StatusJson {
     pipeline: String,
-    outbox_table: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    outbox_table: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    inbox_table: Option<String>,
     counts: Vec<CountJson>,
     totals: BTreeMap<String, i64>,
     oldest_unsent: Option<String>,
@@ -322,14 +468,20 @@ struct CheckpointJson {
 }
 
 impl StatusJson {
-    fn new(context: &AdminContext, summary: &StatusSummary, now: SystemTime) -> Self {
+    fn new(
+        context: &AdminContext,
+        w: TableWords,
+        summary: &StatusSummary,
+        now: SystemTime,
+    ) -> Self {
         let mut totals = BTreeMap::new();
         for c in &summary.counts {
             *totals.entry(c.status.clone()).or_insert(0) += c.rows;
         }
         Self {
             pipeline: context.pipeline.clone(),
-            outbox_table: context.outbox_table.clone(),
+            outbox_table: (w == OUTBOX).then(|| context.table.clone()),
+            inbox_table: (w == INBOX).then(|| context.table.clone()),
             counts: summary
                 .counts
                 .iter()
@@ -395,17 +547,22 @@ fn bytes(n: u64) -> String {
 
 /// The readable `outboxd status`: a message type × status table with totals, then the
 /// oldest unsent row, the log lag and the checkpoint.
-fn render_status(context: &AdminContext, summary: &StatusSummary, now: SystemTime) -> String {
+fn render_status(
+    context: &AdminContext,
+    w: TableWords,
+    summary: &StatusSummary,
+    now: SystemTime,
+) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "pipeline {} — outbox {}",
-        context.pipeline, context.outbox_table
+        "pipeline {} — {} {}",
+        context.pipeline, w.kind, context.table
     );
     let _ = writeln!(out);
 
     // Columns: the known statuses in state-machine order, then any unexpected one.
-    let mut columns: Vec<String> = STATUSES.iter().map(|s| (*s).to_owned()).collect();
+    let mut columns: Vec<String> = w.statuses.iter().map(|s| (*s).to_owned()).collect();
     for c in &summary.counts {
         if !columns.contains(&c.status) {
             columns.push(c.status.clone());
@@ -470,7 +627,7 @@ fn render_status(context: &AdminContext, summary: &StatusSummary, now: SystemTim
 
     let oldest = match summary.oldest_unsent {
         Some(t) => format!("{} ago ({})", short_age(age(now, t)), rfc3339(t)),
-        None => "none (no INIT or FAILED rows)".to_owned(),
+        None => format!("none (no {} or FAILED rows)", w.new),
     };
     let lag = match summary.source_lag_bytes {
         Some(n) => format!("{} behind the server", bytes(n)),
@@ -484,6 +641,10 @@ fn render_status(context: &AdminContext, summary: &StatusSummary, now: SystemTim
         ),
         None => "none yet".to_owned(),
     };
+    if w == INBOX {
+        let _ = write!(out, "oldest pending: {oldest}");
+        return out;
+    }
     let _ = writeln!(out, "oldest unsent:  {oldest}");
     let _ = writeln!(out, "log lag:        {lag}");
     let _ = write!(out, "checkpoint:     {checkpoint}");
@@ -506,7 +667,7 @@ mod tests {
     fn context() -> AdminContext {
         AdminContext {
             pipeline: "orders".into(),
-            outbox_table: "public.outbox".into(),
+            table: "public.outbox".into(),
         }
     }
 
@@ -525,7 +686,7 @@ mod tests {
             checkpoint: Some((position, now - Duration::from_secs(4))),
             source_lag_bytes: Some(3 * 1024 * 1024),
         };
-        let text = render_status(&context(), &summary, now);
+        let text = render_status(&context(), OUTBOX, &summary, now);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[0], "pipeline orders — outbox public.outbox");
         assert_eq!(
@@ -554,7 +715,8 @@ mod tests {
             "{text}"
         );
 
-        let json = serde_json::to_value(StatusJson::new(&context(), &summary, now)).unwrap();
+        let json =
+            serde_json::to_value(StatusJson::new(&context(), OUTBOX, &summary, now)).unwrap();
         assert_eq!(json["totals"]["INIT"], 10);
         assert_eq!(json["counts"].as_array().map(Vec::len), Some(4));
         assert_eq!(json["oldest_unsent_age_seconds"], 192.0);
@@ -564,7 +726,12 @@ mod tests {
 
     #[test]
     fn empty_outbox_renders_without_rows() {
-        let text = render_status(&context(), &StatusSummary::default(), SystemTime::now());
+        let text = render_status(
+            &context(),
+            OUTBOX,
+            &StatusSummary::default(),
+            SystemTime::now(),
+        );
         assert!(text.contains("(all)"), "{text}");
         assert!(text.contains("none (no INIT or FAILED rows)"), "{text}");
         assert!(text.contains("checkpoint:     none yet"), "{text}");

@@ -9,11 +9,12 @@ use std::path::Path;
 use outboxd_connector::{CheckLine, CheckStatus, ClaimScope, Connector, Engine, ReadMode};
 use tokio::sync::{mpsc, watch, Notify};
 
-use super::admin::{self, AdminCommand, AdminContext, OutputFormat};
+use super::admin::{self, AdminCommand, AdminContext, InboxRows, OutboxRows, OutputFormat};
 use super::recover::recover;
 use crate::claims::{run_worker, watch_retries, WorkerSettings};
 use crate::config::{Config, Ordering as KeyOrdering, SourceMode, DEFAULT_IDLE_CHECK};
 use crate::engines::WithEngine;
+use crate::inbox::{self, Handlers, InboxStats, Ingest};
 use crate::observability;
 use crate::relay::{self, PipelineError, PipelineSettings, PipelineStats, RetryLink};
 use crate::sink::kafka::KafkaSink;
@@ -33,6 +34,8 @@ pub enum Command {
     /// An operator command (`status`, `retry`, `park`, `resolve`, `janitor`), printed as
     /// text or JSON.
     Admin(AdminCommand, OutputFormat),
+    /// The same on the inbox table (`--inbox`).
+    InboxAdmin(AdminCommand, OutputFormat),
 }
 
 /// Runs `command` with the connector that `config.source` names. Returns the process
@@ -41,7 +44,25 @@ pub enum Command {
 /// `config_path` is only used in messages: errors that name a command to run (for
 /// example `outboxd recover --config <file>`) get the real path.
 pub async fn execute(command: Command, config: &Config, config_path: &Path) -> anyhow::Result<i32> {
-    let work = Execute { command, config };
+    execute_with_handlers(command, config, config_path, Handlers::default()).await
+}
+
+/// [`execute`] for a program that embeds outboxd: `handlers` (its own [`Handler`]s, see
+/// `examples/inbox_handler.rs`) take precedence over the configured ones of the same
+/// message type.
+///
+/// [`Handler`]: crate::inbox::Handler
+pub async fn execute_with_handlers(
+    command: Command,
+    config: &Config,
+    config_path: &Path,
+    handlers: Handlers,
+) -> anyhow::Result<i32> {
+    let work = Execute {
+        command,
+        config,
+        handlers,
+    };
     let result = config
         .source
         .engine
@@ -60,13 +81,14 @@ pub async fn execute(command: Command, config: &Config, config_path: &Path) -> a
 struct Execute<'a> {
     command: Command,
     config: &'a Config,
+    handlers: Handlers,
 }
 
 impl WithEngine for Execute<'_> {
     type Output = anyhow::Result<i32>;
 
     async fn run<E: Engine>(self, connector: E) -> anyhow::Result<i32> {
-        execute_with(self.command, self.config, &connector).await
+        execute_with(self.command, self.config, &connector, self.handlers).await
     }
 }
 
@@ -74,6 +96,7 @@ async fn execute_with<C: Connector + Clone + 'static>(
     command: Command,
     config: &Config,
     connector: &C,
+    handlers: Handlers,
 ) -> anyhow::Result<i32> {
     match command {
         Command::Init => {
@@ -83,15 +106,37 @@ async fn execute_with<C: Connector + Clone + 'static>(
             Ok(0)
         }
         Command::Check => check(config, connector).await,
-        Command::Run => run(config, connector, Arc::new(open_sink(config)?)).await,
+        // Boxed: the relay's and the inbox's futures together nest deeper than the
+        // compiler's default query depth allows for one unboxed future.
+        Command::Run => {
+            Box::pin(run(
+                config,
+                connector,
+                Arc::new(open_sink(config)?),
+                handlers,
+            ))
+            .await
+        }
         Command::Recover => recover(config, connector, &open_sink(config)?).await,
         Command::Admin(admin, format) => {
             let store = connector.open_store().await?;
             let context = AdminContext {
                 pipeline: config.pipeline.name.clone(),
-                outbox_table: config.outbox.layout().outbox_table,
+                table: config.outbox.layout().outbox_table,
             };
-            admin::run(&store, &context, &admin, format).await
+            admin::run(&OutboxRows(&store), &context, &admin, format).await
+        }
+        Command::InboxAdmin(admin, format) => {
+            let store = connector.open_inbox().await?;
+            let context = AdminContext {
+                pipeline: config.pipeline.name.clone(),
+                table: config.outbox.layout().inbox_table,
+            };
+            let window = (config.inbox.as_ref())
+                .map_or_else(crate::inbox::config::default_retention, |i| {
+                    i.dedupe_retention
+                });
+            admin::run(&InboxRows(&store, window), &context, &admin, format).await
         }
     }
 }
@@ -139,6 +184,7 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
     config: &Config,
     connector: &C,
     shared_sink: Arc<S>,
+    custom_handlers: Handlers,
 ) -> anyhow::Result<i32> {
     let sink: &S = &shared_sink;
     let stats = Arc::new(PipelineStats::default());
@@ -171,7 +217,11 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
         Arc::clone(&shared_sink),
         connector.clone(),
     );
-    let work = async {
+    let inbox_shutdown = shutdown.clone();
+    let outbox = async {
+        if !config.outbox.relay {
+            return Ok(());
+        }
         match config.source.mode {
             SourceMode::Log => {
                 let settings = PipelineSettings {
@@ -243,8 +293,53 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
             }
         }
     };
+    // The inbox, when configured: its HTTP route joins the endpoint, its workers and
+    // Kafka ingress run beside the relay, and a definite failure of either stops both.
+    let mut router = observability::router(health);
+    let inbox = match &config.inbox {
+        Some(inbox) => {
+            let handlers = Handlers::from_config(&inbox.handlers)
+                .map_err(anyhow::Error::msg)?
+                .merged(custom_handlers);
+            if handlers.is_empty() {
+                anyhow::bail!(
+                    "[inbox] has no handler: add [inbox.handlers.default] (kind = \"webhook\" or \"sql\") or one per message type"
+                );
+            }
+            let inbox_stats = Arc::new(InboxStats::default());
+            let _ = stats.inbox.set(Arc::clone(&inbox_stats));
+            let ingest = Arc::new(Ingest::new(connector.clone(), inbox_stats));
+            if let Some(http) = &inbox.http {
+                let routes =
+                    inbox::http::routes(Arc::clone(&ingest), http).map_err(anyhow::Error::msg)?;
+                router = router.merge(routes);
+                tracing::info!("serving POST /v1/inbox/{{source}}");
+            }
+            Some((ingest, handlers))
+        }
+        None => None,
+    };
+    if !config.outbox.relay {
+        // No log session to wait for: /readyz follows Kafka alone.
+        stats
+            .streaming
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    let inbox_work = async {
+        let Some((ingest, handlers)) = &inbox else {
+            return Ok(());
+        };
+        let result = inbox::run(connector, ingest, handlers, config, inbox_shutdown)
+            .await
+            .map_err(PipelineError::from);
+        stop_on_error(result)
+    };
+    let work = async {
+        let (outbox, inbox) = tokio::join!(Box::pin(outbox), Box::pin(inbox_work));
+        outbox.and(inbox)
+    };
     // The endpoint answers while the pipeline runs, drain included.
-    let result = observability::serve_while(listener, observability::router(health), work).await;
+    let result = observability::serve_while(listener, router, work).await;
     sink.flush(Duration::from_secs(5)).await;
     result?;
     tracing::info!(

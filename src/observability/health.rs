@@ -11,7 +11,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outboxd_connector::{CheckStatus, Connector, OutboxAdmin, StatusSummary};
+use outboxd_connector::{
+    CheckStatus, Connector, ConnectorError, InboxAdmin, OutboxAdmin, StatusSummary,
+};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
@@ -38,6 +40,9 @@ pub(crate) struct Health<C: Connector, S: Sink> {
     /// an error.
     store: Mutex<Option<C::Store>>,
     status: TtlCache<StatusResult>,
+    /// The same for the inbox table, when this process runs an inbox.
+    inbox_store: Mutex<Option<C::Inbox>>,
+    inbox_status: TtlCache<StatusResult>,
     kafka: TtlCache<Result<(), String>>,
 }
 
@@ -50,6 +55,8 @@ impl<C: Connector, S: Sink> Health<C, S> {
             connector,
             store: Mutex::new(None),
             status: TtlCache::new(STATUS_CACHE),
+            inbox_store: Mutex::new(None),
+            inbox_status: TtlCache::new(STATUS_CACHE),
             kafka: TtlCache::new(KAFKA_CHECK),
         }
     }
@@ -64,10 +71,15 @@ impl<C: Connector, S: Sink> Health<C, S> {
     pub(crate) async fn metrics(&self) -> String {
         let kafka = self.kafka_reachable().await;
         let status = self.status.get(self.query_status()).await;
+        let inbox_status = match self.stats.inbox.get() {
+            Some(_) => Some(self.inbox_status.get(self.query_inbox_status()).await),
+            None => None,
+        };
         let inputs = ScrapeInputs {
             producer_queue: self.sink.queue_depth(),
             status: status.as_ref().as_ref().ok(),
             status_ok: Some(status.is_ok()),
+            inbox_status: inbox_status.as_ref().and_then(|s| s.as_ref().as_ref().ok()),
             kafka_reachable: Some(kafka.is_ok()),
         };
         metrics::render(&self.stats, &inputs)
@@ -87,26 +99,50 @@ impl<C: Connector, S: Sink> Health<C, S> {
     }
 
     async fn query_status(&self) -> StatusResult {
-        let mut store = self.store.lock().await;
-        if store.is_none() {
-            match self.connector.open_store().await {
-                Ok(opened) => *store = Some(opened),
-                Err(e) => {
-                    tracing::warn!(error = %e, "metrics: cannot open the status connection");
-                    return Arc::new(Err(e.to_string()));
-                }
+        summary(
+            &self.store,
+            self.connector.open_store(),
+            async |store: &C::Store| OutboxAdmin::status_summary(store).await,
+        )
+        .await
+    }
+
+    async fn query_inbox_status(&self) -> StatusResult {
+        summary(
+            &self.inbox_store,
+            self.connector.open_inbox(),
+            async |store: &C::Inbox| InboxAdmin::status_summary(store).await,
+        )
+        .await
+    }
+}
+
+/// One status query on the connection in `slot`, opened with `open` when there is none
+/// and dropped after an error (the next scrape opens a new one).
+async fn summary<T>(
+    slot: &Mutex<Option<T>>,
+    open: impl Future<Output = Result<T, ConnectorError>>,
+    query: impl AsyncFnOnce(&T) -> Result<StatusSummary, ConnectorError>,
+) -> StatusResult {
+    let mut slot = slot.lock().await;
+    if slot.is_none() {
+        match open.await {
+            Ok(opened) => *slot = Some(opened),
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics: cannot open the status connection");
+                return Arc::new(Err(e.to_string()));
             }
         }
-        let Some(open) = store.as_ref() else {
-            return Arc::new(Err("no status connection".into()));
-        };
-        match open.status_summary().await {
-            Ok(summary) => Arc::new(Ok(summary)),
-            Err(e) => {
-                tracing::warn!(error = %e, "metrics: status query failed");
-                *store = None;
-                Arc::new(Err(e.to_string()))
-            }
+    }
+    let Some(open) = slot.as_ref() else {
+        return Arc::new(Err("no status connection".into()));
+    };
+    match query(open).await {
+        Ok(summary) => Arc::new(Ok(summary)),
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics: status query failed");
+            *slot = None;
+            Arc::new(Err(e.to_string()))
         }
     }
 }

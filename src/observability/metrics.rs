@@ -167,6 +167,8 @@ pub(crate) struct ScrapeInputs<'a> {
     pub(crate) status: Option<&'a StatusSummary>,
     /// Whether the last status query succeeded (`None`: not asked yet).
     pub(crate) status_ok: Option<bool>,
+    /// The inbox table's summary, when this process runs an inbox and the query worked.
+    pub(crate) inbox_status: Option<&'a StatusSummary>,
     /// Result of the last Kafka reachability check (`None`: not checked yet).
     pub(crate) kafka_reachable: Option<bool>,
 }
@@ -191,6 +193,12 @@ fn registry(stats: &PipelineStats, inputs: &ScrapeInputs<'_>) -> Registry {
     let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
     let in_flight = load(&stats.in_flight);
     let mut r = Registry::default();
+    if let Some(inbox) = stats.inbox.get() {
+        inbox.register(&mut r);
+    }
+    if let Some(status) = inputs.inbox_status {
+        register_inbox_status(&mut r, status, now);
+    }
 
     r.register(
         "outboxd_events_published",
@@ -331,6 +339,31 @@ fn register_status(r: &mut Registry, status: &StatusSummary, now: SystemTime) {
     }
 }
 
+/// The inbox series that come from its status summary.
+fn register_inbox_status(r: &mut Registry, status: &StatusSummary, now: SystemTime) {
+    let rows = Family::<FixedLabel, Gauge>::default();
+    for wanted in ["PENDING", "PROCESSING", "FAILED", "MANUAL_REQUIRED"] {
+        let count: i64 = (status.counts.iter())
+            .filter(|c| c.status == wanted)
+            .map(|c| c.rows)
+            .sum();
+        rows.get_or_create(&[("status", wanted)]).set(count);
+    }
+    r.register(
+        "outboxd_inbox_rows",
+        "Inbox rows by status (DONE rows are not counted)",
+        rows,
+    );
+    let oldest = status.oldest_unsent.map_or(0.0, |t| {
+        now.duration_since(t).unwrap_or_default().as_secs_f64()
+    });
+    r.register(
+        "outboxd_inbox_oldest_pending_age_seconds",
+        "Age of the oldest PENDING, FAILED or PROCESSING inbox row; 0 when there is none",
+        ConstGauge::new(oldest),
+    );
+}
+
 fn flag(on: bool) -> ConstGauge {
     ConstGauge::new(i64::from(on))
 }
@@ -418,6 +451,7 @@ mod tests {
                 producer_queue: 7,
                 status: Some(&summary),
                 status_ok: Some(true),
+                inbox_status: None,
                 kafka_reachable: Some(true),
             },
         );

@@ -55,6 +55,8 @@ pub struct PipelineStats {
     pub streaming: AtomicBool,
     /// Outcomes by topic, publish latency, lag and checkpoint age (`/metrics`).
     pub metrics: crate::observability::PipelineMetrics,
+    /// The inbox's counters, when this process runs one (`/metrics`).
+    pub inbox: std::sync::OnceLock<Arc<crate::inbox::InboxStats>>,
 }
 
 /// What a pipeline needs besides its connector and sink.

@@ -1,7 +1,10 @@
 use std::fmt;
 use std::future::Future;
 
-use crate::{ChangeStream, CheckReport, ConnectorError, OutboxAdmin, OutboxLayout, OutboxStore};
+use crate::{
+    ChangeStream, CheckReport, ConnectorError, InboxAdmin, InboxStore, OutboxAdmin, OutboxLayout,
+    OutboxStore,
+};
 
 /// Environment variable that overrides the source's password, whatever the engine.
 pub const ENV_SOURCE_PASSWORD: &str = "OUTBOXD_SOURCE_PASSWORD";
@@ -26,6 +29,8 @@ pub trait Connector: Send + Sync {
     type Stream: ChangeStream;
     /// The SQL side: the pipeline's write-back and claims, and the operator's actions.
     type Store: OutboxStore + OutboxAdmin;
+    /// The inbox table's side.
+    type Inbox: InboxStore + InboxAdmin;
 
     /// Creates what is missing and returns one line per object saying whether it was
     /// created or already there. Idempotent. `Log`: tables, publication or equivalent,
@@ -46,6 +51,10 @@ pub trait Connector: Send + Sync {
 
     /// Opens the SQL side.
     fn open_store(&self) -> impl Future<Output = Result<Self::Store, ConnectorError>> + Send;
+
+    /// Opens the inbox table's side (`outbox.inbox_table`); fails definitely when the
+    /// table or a column is missing (run `outboxd init`).
+    fn open_inbox(&self) -> impl Future<Output = Result<Self::Inbox, ConnectorError>> + Send;
 
     /// `outboxd recover`: starts the log afresh at the server's current position
     /// (PostgreSQL: drops and recreates the slot; MySQL: records the current binlog

@@ -36,6 +36,11 @@ pub fn resolved_by_operator(reason: &str) -> String {
     last_error_text(&format!("resolved by operator without sending: {reason}"))
 }
 
+/// `last_error` of an inbox row an operator resolved without handling it.
+pub fn resolved_without_handling(reason: &str) -> String {
+    last_error_text(&format!("resolved by operator without handling: {reason}"))
+}
+
 impl ReapPolicy {
     /// `last_error` of a row the reaper took back from an abandoned claim.
     pub fn reaped_reason(&self) -> String {

@@ -5,6 +5,8 @@
 //! - a [`ChangeStream`]: the log tail, yielding **committed** transactions that inserted
 //!   outbox rows, each with the log [`Position`] of its commit;
 //! - an [`OutboxStore`]: the SQL side — status write-back and the checkpoint row;
+//! - an [`InboxStore`]: the receiving half — messages stored before they are
+//!   acknowledged, deduplicated, claimed and completed by the core's inbox workers;
 //! - administration (`init`, `check`), reported with [`CheckReport`];
 //!
 //! tied together by a [`Connector`], which the core opens and reopens.
@@ -19,6 +21,7 @@ mod connector;
 mod error;
 mod event;
 mod headers;
+mod inbox;
 mod last_error;
 mod position;
 mod store;
@@ -34,9 +37,12 @@ pub use connector::{Connector, Engine, ReadMode, ENV_SOURCE_PASSWORD};
 pub use error::{ConnectorError, ErrorKind, ErrorReason};
 pub use event::{OutboxEvent, OutboxLayout};
 pub use headers::headers_from_json;
+pub use inbox::{
+    ClaimedMessage, Completed, InboxAdmin, InboxMessage, InboxOutcome, InboxStore, Ingested,
+};
 pub use last_error::{
-    last_error_text, parked_behind_key, parked_by_operator, resolved_by_operator, short_duration,
-    LAST_ERROR_MAX_CHARS,
+    last_error_text, parked_behind_key, parked_by_operator, resolved_by_operator,
+    resolved_without_handling, short_duration, LAST_ERROR_MAX_CHARS,
 };
 pub use position::{ParsePositionError, Position};
 pub use store::{Delivered, DeliveryFailure, OutboxStore, WriteBack};

@@ -214,6 +214,23 @@ pub trait Harness: Sized {
     /// skipped every row inserted so far). No stream is open.
     async fn carry_checkpoint_from_another_server(&self);
 
+    /// The inbox row's columns (`sent` is `processed_at IS NOT NULL`; no Kafka
+    /// position); panics when it does not exist.
+    async fn inbox_row(&self, id: i64) -> RowState;
+
+    /// Sets columns of inbox rows (`sent_ago` does not apply).
+    async fn set_inbox(&self, ids: &[i64], setup: &Setup);
+
+    /// Sets `processed_at = now - seconds` on inbox rows.
+    async fn set_processed_ago(&self, ids: &[i64], seconds: i64);
+
+    /// A table `(v text)` of this scenario for the SQL handler to write into, created
+    /// when missing; its name as SQL.
+    async fn effects_table(&self) -> String;
+
+    /// The values in [`Harness::effects_table`], in insertion order.
+    async fn effects(&self) -> Vec<String>;
+
     /// Renames this outbox's `table` away (`away`) or back, so that statements on it
     /// fail meanwhile.
     async fn hide_table(&self, table: Table, away: bool);

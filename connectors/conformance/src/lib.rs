@@ -14,6 +14,7 @@
 //! - [`store`]: write-back, replay, checkpoint;
 //! - [`claims`]: claims, tokens, strict order, reaper, parked rows, schedule;
 //! - [`admin`]: the operator's actions;
+//! - [`inbox`]: the inbox store: deduplication, per-key claims, outcomes, SQL handler;
 //! - [`stream`]: the log tail.
 //!
 //! A new engine: implement [`Harness`] in its `tests/conformance.rs` and list every
@@ -23,6 +24,7 @@
 pub mod admin;
 pub mod claims;
 mod harness;
+pub mod inbox;
 pub mod store;
 pub mod stream;
 mod support;
@@ -82,6 +84,13 @@ pub const SCENARIOS: &[&str] = &[
     "admin::park_and_resolve_record_the_operator_reason",
     "admin::janitor_deletes_or_archives_old_success_rows",
     "admin::scan_init_pages_through_init_rows_in_id_order",
+    "inbox::insert_stores_each_message_once_by_either_key",
+    "inbox::claim_takes_one_message_per_key_in_arrival_order",
+    "inbox::concurrent_claimers_never_share_a_key",
+    "inbox::the_sql_handler_takes_effect_only_with_done",
+    "inbox::failures_back_off_and_end_in_manual_required",
+    "inbox::reaper_and_schedule_cover_the_inbox",
+    "inbox::operator_actions_cover_the_inbox",
     "stream::only_committed_transactions_are_read_in_commit_order",
     "stream::a_reopened_stream_resumes_after_the_confirmed_position",
     "stream::rows_written_while_no_stream_is_open_are_read_later",

@@ -12,6 +12,8 @@
 //!   the core, emit with backpressure while confirmations keep flowing, the progress rate
 //!   limit, the error hand-off.
 //! - [`check`]: helpers for `outboxd check` lines; [`setup`]: pieces of `outboxd init`.
+//! - [`inbox`]: the inbox's statuses, stored payload and headers, and the SQL handler's
+//!   named placeholders.
 //! - [`status`]: the status literals and the statuses that block a key.
 //! - [`retry`]: the longest retry delay written to a row.
 //! - [`tls`]: [`SslMode`], the `sslmode` key of every engine's `[source]`; [`config`]:
@@ -22,6 +24,7 @@
 pub mod check;
 pub mod columns;
 pub mod config;
+pub mod inbox;
 pub mod retry;
 pub mod row;
 pub mod setup;

@@ -10,6 +10,7 @@ use outboxd_connector::{
 
 use crate::log::stream::MysqlChangeStream;
 use crate::schema::{split_qualified, table_ident};
+use crate::store::inbox::MysqlInboxStore;
 use crate::store::MysqlOutboxStore;
 use crate::{setup as admin, MysqlConfig, SslMode};
 
@@ -186,6 +187,7 @@ impl Engine for MysqlConnector {
 impl Connector for MysqlConnector {
     type Stream = MysqlChangeStream;
     type Store = MysqlOutboxStore;
+    type Inbox = MysqlInboxStore;
 
     async fn init(&self, mode: ReadMode) -> Result<Vec<String>, ConnectorError> {
         admin::init(self, mode).await
@@ -197,6 +199,10 @@ impl Connector for MysqlConnector {
 
     async fn open_stream(&self) -> Result<MysqlChangeStream, ConnectorError> {
         MysqlConnector::open_stream(self).await
+    }
+
+    async fn open_inbox(&self) -> Result<MysqlInboxStore, ConnectorError> {
+        MysqlInboxStore::open(self).await
     }
 
     async fn open_store(&self) -> Result<MysqlOutboxStore, ConnectorError> {

@@ -125,7 +125,10 @@ pub(crate) fn render_all(layout: &OutboxLayout) -> Vec<TableDdl> {
         },
         TableDdl {
             table: layout.inbox_table.clone(),
-            indexes: vec![(inbox_claim_index(layout), "next_retry_time, id".into())],
+            indexes: vec![
+                (inbox_claim_index(layout), "next_retry_time, id".into()),
+                (format!("{inbox}_key_idx"), "biz_key, id".into()),
+            ],
             sql: render_with(INBOX_SQL),
         },
         TableDdl {

@@ -64,6 +64,10 @@ impl Maria {
         ids
     }
 
+    fn inbox(&self) -> String {
+        format!("inbox_{}", self.f.name)
+    }
+
     fn archive(&self) -> String {
         format!("{}_archive", self.f.table)
     }
@@ -81,6 +85,7 @@ impl Harness for Maria {
         let layout = OutboxLayout {
             outbox_table: f.table.clone(),
             checkpoint_table: checkpoint.clone(),
+            inbox_table: format!("inbox_{}", f.name),
             ..OutboxLayout::default()
         };
         f.connector = MysqlConnector::new(support::config(), &f.name, layout).expect("connector");
@@ -260,6 +265,87 @@ impl Harness for Maria {
         .expect("copy a checkpoint from another server");
     }
 
+    async fn inbox_row(&self, id: i64) -> RowState {
+        type Row = (
+            String,
+            i32,
+            Option<f64>,
+            Option<String>,
+            bool,
+            Option<String>,
+            bool,
+        );
+        let mut conn = self.f.sql().await;
+        let row: Option<Row> = conn
+            .query_first(format!(
+                "SELECT status, retry_count, \
+                 TIMESTAMPDIFF(MICROSECOND, NOW(6), next_retry_time) / 1e6, claim_token, \
+                 claimed_at IS NOT NULL, last_error, processed_at IS NOT NULL \
+                 FROM `{}` WHERE id = {id}",
+                self.inbox()
+            ))
+            .await
+            .expect("read inbox row");
+        let r = row.expect("inbox row exists");
+        RowState {
+            status: r.0,
+            retry_count: r.1,
+            next_retry_in: r.2,
+            claim_token: r.3,
+            claimed: r.4,
+            last_error: r.5,
+            sent: r.6,
+            partition: None,
+            offset: None,
+        }
+    }
+
+    async fn set_inbox(&self, ids: &[i64], setup: &Setup) {
+        let set = setup.assignments(literal, from_now);
+        let mut conn = self.f.sql().await;
+        conn.query_drop(format!(
+            "UPDATE `{}` SET {} WHERE id IN ({})",
+            self.inbox(),
+            set.join(", "),
+            id_list(ids)
+        ))
+        .await
+        .expect("set inbox columns");
+    }
+
+    async fn set_processed_ago(&self, ids: &[i64], seconds: i64) {
+        let mut conn = self.f.sql().await;
+        conn.query_drop(format!(
+            "UPDATE `{}` SET processed_at = {} WHERE id IN ({})",
+            self.inbox(),
+            from_now(-seconds),
+            id_list(ids)
+        ))
+        .await
+        .expect("set processed_at");
+    }
+
+    async fn effects_table(&self) -> String {
+        let table = format!("`effects_{}`", self.f.name);
+        let mut conn = self.f.sql().await;
+        conn.query_drop(format!(
+            "CREATE TABLE IF NOT EXISTS {table} (n BIGINT AUTO_INCREMENT PRIMARY KEY, v TEXT)"
+        ))
+        .await
+        .expect("create the effects table");
+        table
+    }
+
+    async fn effects(&self) -> Vec<String> {
+        let mut conn = self.f.sql().await;
+        conn.query(format!(
+            "SELECT v FROM `effects_{}` ORDER BY n",
+            self.f.name
+        ))
+        .await
+        .expect("effects")
+    }
+
     async fn hide_table(&self, table: Table, away: bool) {
         let name = match table {
             Table::Outbox => &self.f.table,
@@ -292,9 +378,11 @@ impl Harness for Maria {
         let mut conn = self.f.sql().await;
         let _ = conn
             .query_drop(format!(
-                "DROP TABLE IF EXISTS `{}`, `{}`",
+                "DROP TABLE IF EXISTS `{}`, `{}`, `{}`, `effects_{}`",
                 self.archive(),
-                self.checkpoint
+                self.checkpoint,
+                self.inbox(),
+                self.f.name
             ))
             .await;
         self.f.cleanup().await;
@@ -326,6 +414,13 @@ outboxd_conformance::conformance_tests!(Maria;
     admin::park_and_resolve_record_the_operator_reason,
     admin::janitor_deletes_or_archives_old_success_rows,
     admin::scan_init_pages_through_init_rows_in_id_order,
+    inbox::insert_stores_each_message_once_by_either_key,
+    inbox::claim_takes_one_message_per_key_in_arrival_order,
+    inbox::concurrent_claimers_never_share_a_key,
+    inbox::the_sql_handler_takes_effect_only_with_done,
+    inbox::failures_back_off_and_end_in_manual_required,
+    inbox::reaper_and_schedule_cover_the_inbox,
+    inbox::operator_actions_cover_the_inbox,
     stream::only_committed_transactions_are_read_in_commit_order,
     stream::a_reopened_stream_resumes_after_the_confirmed_position,
     stream::rows_written_while_no_stream_is_open_are_read_later,

@@ -8,6 +8,7 @@ use outboxd_connector::{
 use postgres_openssl::MakeTlsConnector;
 use tokio_postgres::config::SslMode as PgSslMode;
 
+use crate::store::inbox::PgInboxStore;
 use crate::store::PgOutboxStore;
 use crate::stream::PgChangeStream;
 use crate::{setup as admin, PostgresConfig, SslMode};
@@ -233,6 +234,7 @@ impl Engine for PostgresConnector {
 impl Connector for PostgresConnector {
     type Stream = PgChangeStream;
     type Store = PgOutboxStore;
+    type Inbox = PgInboxStore;
 
     async fn init(&self, mode: ReadMode) -> Result<Vec<String>, ConnectorError> {
         self.init_with(mode == ReadMode::Poll).await
@@ -256,6 +258,10 @@ impl Connector for PostgresConnector {
 
     async fn open_store(&self) -> Result<PgOutboxStore, ConnectorError> {
         PostgresConnector::open_store(self).await
+    }
+
+    async fn open_inbox(&self) -> Result<PgInboxStore, ConnectorError> {
+        PgInboxStore::open(self).await
     }
 
     async fn reset_log_position(&self) -> Result<String, ConnectorError> {

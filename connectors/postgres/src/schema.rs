@@ -108,6 +108,11 @@ pub(crate) fn inbox_claim_index(layout: &OutboxLayout) -> String {
     format!("{}_claim_idx", base_name(&layout.inbox_table))
 }
 
+/// The name of the inbox's per-key order index (`<table>_key_idx`).
+pub(crate) fn inbox_key_index(layout: &OutboxLayout) -> String {
+    format!("{}_key_idx", base_name(&layout.inbox_table))
+}
+
 /// One table's DDL, rendered.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct TableDdl {
@@ -124,6 +129,7 @@ pub(crate) fn render_all(layout: &OutboxLayout) -> Vec<TableDdl> {
     let retry_index = outbox_retry_index(layout);
     let key_retry_index = outbox_key_retry_index(layout);
     let claim_index = inbox_claim_index(layout);
+    let key_index = inbox_key_index(layout);
     let vars = variables(layout);
     vec![
         TableDdl {
@@ -133,7 +139,7 @@ pub(crate) fn render_all(layout: &OutboxLayout) -> Vec<TableDdl> {
         },
         TableDdl {
             table: layout.inbox_table.clone(),
-            indexes: vec![claim_index],
+            indexes: vec![claim_index, key_index],
             sql: render(INBOX_SQL, &vars),
         },
         TableDdl {
@@ -169,6 +175,7 @@ fn variables(layout: &OutboxLayout) -> Vec<(&'static str, String)> {
         ("outbox_poll_index", quote_ident(&outbox_poll_index(layout))),
         ("inbox_table", qualified(&layout.inbox_table)),
         ("inbox_claim_index", quote_ident(&inbox_claim_index(layout))),
+        ("inbox_key_index", quote_ident(&inbox_key_index(layout))),
         ("checkpoint_table", qualified(&layout.checkpoint_table)),
     ]
 }

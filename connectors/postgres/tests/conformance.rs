@@ -173,6 +173,59 @@ impl Harness for Pg {
             .expect("copy a checkpoint from another cluster");
     }
 
+    async fn inbox_row(&self, id: i64) -> RowState {
+        let sql = format!(
+            "SELECT status, retry_count, extract(epoch FROM next_retry_time - now())::float8, \
+             claim_token::text, claimed_at IS NOT NULL, last_error, processed_at IS NOT NULL \
+             FROM \"{}\".inbox WHERE id = $1",
+            self.0.schema
+        );
+        let r = (self.0.client.query_one(&sql, &[&id]).await).expect("read inbox row");
+        RowState {
+            status: r.get(0),
+            retry_count: r.get(1),
+            next_retry_in: r.get(2),
+            claim_token: r.get(3),
+            claimed: r.get(4),
+            last_error: r.get(5),
+            sent: r.get(6),
+            partition: None,
+            offset: None,
+        }
+    }
+
+    async fn set_inbox(&self, ids: &[i64], setup: &Setup) {
+        let set = setup.assignments(literal, from_now);
+        let sql = format!(
+            "UPDATE \"{}\".inbox SET {} WHERE id = ANY($1)",
+            self.0.schema,
+            set.join(", ")
+        );
+        (self.0.client.execute(&sql, &[&ids]).await).expect("set inbox columns");
+    }
+
+    async fn set_processed_ago(&self, ids: &[i64], seconds: i64) {
+        let sql = format!(
+            "UPDATE \"{}\".inbox SET processed_at = {} WHERE id = ANY($1)",
+            self.0.schema,
+            from_now(-seconds)
+        );
+        (self.0.client.execute(&sql, &[&ids]).await).expect("set processed_at");
+    }
+
+    async fn effects_table(&self) -> String {
+        let table = format!("\"{}\".effects", self.0.schema);
+        let create = format!("CREATE TABLE IF NOT EXISTS {table} (n bigserial, v text)");
+        (self.0.client.batch_execute(&create).await).expect("create the effects table");
+        table
+    }
+
+    async fn effects(&self) -> Vec<String> {
+        let sql = format!("SELECT v FROM \"{}\".effects ORDER BY n", self.0.schema);
+        let rows = (self.0.client.query(&sql, &[]).await).expect("effects");
+        rows.iter().map(|r| r.get(0)).collect()
+    }
+
     async fn hide_table(&self, table: Table, away: bool) {
         let name = match table {
             Table::Outbox => "outbox",
@@ -233,6 +286,13 @@ outboxd_conformance::conformance_tests!(Pg;
     admin::park_and_resolve_record_the_operator_reason,
     admin::janitor_deletes_or_archives_old_success_rows,
     admin::scan_init_pages_through_init_rows_in_id_order,
+    inbox::insert_stores_each_message_once_by_either_key,
+    inbox::claim_takes_one_message_per_key_in_arrival_order,
+    inbox::concurrent_claimers_never_share_a_key,
+    inbox::the_sql_handler_takes_effect_only_with_done,
+    inbox::failures_back_off_and_end_in_manual_required,
+    inbox::reaper_and_schedule_cover_the_inbox,
+    inbox::operator_actions_cover_the_inbox,
     stream::only_committed_transactions_are_read_in_commit_order,
     stream::a_reopened_stream_resumes_after_the_confirmed_position,
     stream::rows_written_while_no_stream_is_open_are_read_later,

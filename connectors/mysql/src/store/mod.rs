@@ -23,6 +23,7 @@
 //! the connector kit's row conversion, as on the log path.
 
 mod claims;
+pub mod inbox;
 mod operator;
 
 use std::fmt::Write as _;

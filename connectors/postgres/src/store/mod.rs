@@ -16,6 +16,8 @@
 //! The operator's actions live in [`operator`]. Claimed rows become events through the
 //! connector kit's row conversion, as on the log path.
 
+pub mod inbox;
+mod inbox_operator;
 pub mod operator;
 
 use std::collections::HashSet;

@@ -1,0 +1,444 @@
+//! The PostgreSQL [`InboxStore`]: batched insert-or-ignore, claims in arrival order per
+//! key, and each outcome (the SQL handler's statement included) in one transaction that
+//! holds only while the claim token matches.
+//!
+//! Deduplication is `INSERT … ON CONFLICT DO NOTHING` without a conflict target, so both
+//! unique keys count, also between two messages of the same batch. Which messages were
+//! stored is read back from `RETURNING (source, message_id)`: that pair is unique, so the
+//! first message of the batch with a returned pair is the stored one.
+
+use std::collections::HashMap;
+use std::time::SystemTime;
+
+use outboxd_connector::{
+    last_error_text, ClaimToken, ClaimedMessage, Completed, ConnectorError, InboxMessage,
+    InboxOutcome, InboxStore, Ingested, ReapPolicy, ReapReport, RetrySchedule,
+};
+use outboxd_connector_kit::inbox as kit;
+use outboxd_connector_kit::status;
+use tokio::sync::Mutex;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Row};
+
+use super::{delay_ms, get};
+use crate::client::classify_pg_error;
+use crate::schema::qualified;
+use crate::PostgresConnector;
+
+/// How the payload column stores a message's body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Payload {
+    /// `jsonb` or `json`: JSON text, cast on insert.
+    Json,
+    /// `bytea`: the bytes as received.
+    Bytes,
+    /// `text` and the like: the body as text (lossy for non-UTF-8).
+    Text,
+}
+
+/// The inbox table of one PostgreSQL database.
+///
+/// Holds one connection, reconnecting on the next call after it broke; ingress and the
+/// workers each open their own store, so a slow handler statement does not hold up
+/// ingestion.
+#[derive(Debug)]
+pub struct PgInboxStore {
+    pub(super) connector: PostgresConnector,
+    payload: Payload,
+    sql: Sql,
+    client: Mutex<Option<Client>>,
+}
+
+/// The statement texts for the configured table.
+#[derive(Debug)]
+struct Sql {
+    insert: String,
+    claim: String,
+    done: String,
+    failed: String,
+    manual: String,
+    released: String,
+    reap: String,
+    schedule: String,
+}
+
+impl PgInboxStore {
+    /// Connects and checks the table; a missing table or column is a definite error that
+    /// names `outboxd init`.
+    pub(crate) async fn open(connector: &PostgresConnector) -> Result<Self, ConnectorError> {
+        let client = connect(connector).await?;
+        let table = qualified(&connector.layout.inbox_table);
+        let probe = format!(
+            "SELECT id, source, message_id, message_type, biz_key, payload, headers, status, \
+             retry_count, max_retry_count, next_retry_time, claimed_at, claim_token, last_error, \
+             created_at, updated_at, processed_at FROM {table} WHERE false"
+        );
+        let probe = client.prepare(&probe).await.map_err(|e| {
+            classify_pg_error(
+                &e,
+                &format!(
+                    "reading the inbox table {} on {} (run `outboxd check`; `outboxd init` \
+                     creates it)",
+                    connector.layout.inbox_table,
+                    connector.endpoint()
+                ),
+            )
+        })?;
+        let payload = match probe.columns().get(5).map(|c| c.type_()) {
+            Some(&Type::JSONB) | Some(&Type::JSON) => Payload::Json,
+            Some(&Type::BYTEA) => Payload::Bytes,
+            _ => Payload::Text,
+        };
+        let version: i32 = get(
+            &client
+                .query_one("SELECT current_setting('server_version_num')::int", &[])
+                .await
+                .map_err(|e| classify_pg_error(&e, "reading the server version"))?,
+            0,
+        )?;
+        Ok(Self {
+            connector: connector.clone(),
+            payload,
+            sql: Sql::new(&table, payload, version),
+            client: Mutex::new(Some(client)),
+        })
+    }
+
+    pub(super) fn error(&self, e: &tokio_postgres::Error, what: &str) -> ConnectorError {
+        let context = format!(
+            "{what} ({} on {})",
+            self.connector.layout.inbox_table,
+            self.connector.endpoint()
+        );
+        classify_pg_error(e, &context)
+    }
+
+    /// Runs `work` on the connection, reconnecting first when the last one broke.
+    pub(super) async fn with_client<T>(
+        &self,
+        work: impl AsyncFnOnce(&mut Client) -> Result<T, ConnectorError>,
+    ) -> Result<T, ConnectorError> {
+        let mut slot = self.client.lock().await;
+        if slot.as_ref().is_none_or(Client::is_closed) {
+            *slot = None;
+            *slot = Some(connect(&self.connector).await?);
+        }
+        let client = slot
+            .as_mut()
+            .ok_or_else(|| ConnectorError::transient("no PostgreSQL connection"))?;
+        work(client).await
+    }
+}
+
+/// A connection with the session settings the statements rely on: timestamps in UTC.
+async fn connect(connector: &PostgresConnector) -> Result<Client, ConnectorError> {
+    let client = connector.sql_client().await?;
+    client
+        .batch_execute("SET TimeZone = 'UTC'")
+        .await
+        .map_err(|e| classify_pg_error(&e, "setting up the inbox connection"))?;
+    Ok(client)
+}
+
+impl Sql {
+    fn new(table: &str, payload: Payload, version: i32) -> Self {
+        let token = if version >= 130_000 {
+            "gen_random_uuid()"
+        } else {
+            "md5(random()::text || clock_timestamp()::text || i.id::text)::uuid"
+        };
+        let (payload_param, payload_read) = match payload {
+            Payload::Json => ("$6::text[]", "m.payload::jsonb"),
+            Payload::Bytes => ("$6::bytea[]", "m.payload"),
+            Payload::Text => ("$6::text[]", "m.payload"),
+        };
+        let open = status::sql_list(&kit::OPEN);
+        let not_blocked = format!(
+            "NOT EXISTS (SELECT 1 FROM {table} e WHERE e.biz_key = i.biz_key AND e.id < i.id \
+             AND e.status IN {open})"
+        );
+        let due = "i.status IN ('PENDING', 'FAILED') \
+                   AND COALESCE(i.next_retry_time, i.created_at) <= now()";
+        let failed_status = "CASE WHEN i.retry_count + 1 >= i.max_retry_count \
+                             THEN 'MANUAL_REQUIRED' ELSE 'FAILED' END";
+        let held = "i.id = $1 AND i.claim_token = $2::text::uuid AND i.status = 'PROCESSING'";
+        let release = "claimed_at = NULL, claim_token = NULL, updated_at = now()";
+        Self {
+            insert: format!(
+                "INSERT INTO {table} (source, message_id, message_type, biz_key, headers, payload, \
+                 status, last_error, next_retry_time) \
+                 SELECT m.source, m.message_id, m.message_type, m.biz_key, m.headers::jsonb, \
+                 {payload_read}, COALESCE(m.status, 'PENDING'), m.reason, \
+                 CASE WHEN m.status IS NULL THEN NULL ELSE now() END \
+                 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
+                 {payload_param}, $7::text[], $8::text[]) WITH ORDINALITY \
+                 AS m(source, message_id, message_type, biz_key, headers, payload, status, reason, n) \
+                 ORDER BY m.n \
+                 ON CONFLICT DO NOTHING RETURNING id, source, message_id"
+            ),
+            claim: format!(
+                "WITH c AS (SELECT i.id FROM {table} i WHERE {due} AND {not_blocked} \
+                 ORDER BY COALESCE(i.next_retry_time, i.created_at), i.id LIMIT $1 \
+                 FOR UPDATE OF i SKIP LOCKED) \
+                 UPDATE {table} AS i SET status = 'PROCESSING', claimed_at = now(), \
+                 claim_token = {token}, updated_at = now() FROM c WHERE i.id = c.id \
+                 RETURNING i.id, i.source, i.message_id, i.message_type, i.biz_key, \
+                 {}, i.headers::text, i.retry_count, i.max_retry_count, i.created_at, \
+                 i.claim_token::text",
+                payload_select(payload)
+            ),
+            done: format!(
+                "UPDATE {table} AS i SET status = 'DONE', processed_at = now(), last_error = NULL, \
+                 next_retry_time = NULL, {release} WHERE {held}"
+            ),
+            failed: format!(
+                "UPDATE {table} AS i SET status = {failed_status}, retry_count = i.retry_count + 1, \
+                 next_retry_time = now() + $4::bigint * interval '1 millisecond', \
+                 last_error = $3, {release} WHERE {held}"
+            ),
+            manual: format!(
+                "UPDATE {table} AS i SET status = 'MANUAL_REQUIRED', next_retry_time = now(), \
+                 last_error = $3, {release} WHERE {held}"
+            ),
+            released: format!(
+                "UPDATE {table} AS i SET status = 'PENDING', next_retry_time = NULL, \
+                 last_error = $3, {release} WHERE {held}"
+            ),
+            // SKIP LOCKED: a row being completed by its worker right now is not stale.
+            reap: format!(
+                "UPDATE {table} AS i SET status = {failed_status}, retry_count = i.retry_count + 1, \
+                 next_retry_time = now() + $2::bigint * interval '1 millisecond', \
+                 last_error = $3, {release} \
+                 WHERE i.id IN (SELECT e.id FROM {table} e WHERE e.status = 'PROCESSING' \
+                 AND e.claimed_at < now() - $1::bigint * interval '1 millisecond' \
+                 FOR UPDATE OF e SKIP LOCKED) RETURNING i.status"
+            ),
+            schedule: format!(
+                "SELECT (SELECT min(COALESCE(i.next_retry_time, i.created_at)) FROM {table} i \
+                         WHERE i.status IN ('PENDING', 'FAILED') AND {not_blocked}), \
+                        (SELECT min(claimed_at) FROM {table} WHERE status = 'PROCESSING')"
+            ),
+        }
+    }
+}
+
+/// The claim's select expression of the payload.
+fn payload_select(payload: Payload) -> &'static str {
+    match payload {
+        Payload::Bytes => "i.payload",
+        Payload::Json | Payload::Text => "convert_to(i.payload::text, 'UTF8')",
+    }
+}
+
+impl InboxStore for PgInboxStore {
+    fn payload_is_json(&self) -> bool {
+        self.payload == Payload::Json
+    }
+
+    async fn insert(&self, messages: &[InboxMessage]) -> Result<Vec<Ingested>, ConnectorError> {
+        if messages.is_empty() {
+            return Ok(Vec::new());
+        }
+        let column =
+            |f: fn(&InboxMessage) -> String| -> Vec<String> { messages.iter().map(f).collect() };
+        let sources = column(|m| m.source.clone());
+        let ids = column(|m| m.message_id.clone());
+        let types = column(|m| m.message_type.clone());
+        let keys = column(|m| m.biz_key.clone());
+        let headers = column(kit::headers_json);
+        let statuses: Vec<Option<&str>> = (messages.iter())
+            .map(|m| m.rejected.as_ref().map(|_| kit::MANUAL_REQUIRED))
+            .collect();
+        let reasons: Vec<Option<String>> = (messages.iter())
+            .map(|m| m.rejected.as_deref().map(last_error_text))
+            .collect();
+        let text_payloads: Vec<String>;
+        let byte_payloads: Vec<&[u8]>;
+        let payload: &(dyn ToSql + Sync) = match self.payload {
+            Payload::Json => {
+                text_payloads = column(kit::json_payload);
+                &text_payloads
+            }
+            Payload::Text => {
+                text_payloads = column(|m| String::from_utf8_lossy(&m.payload).into_owned());
+                &text_payloads
+            }
+            Payload::Bytes => {
+                byte_payloads = messages.iter().map(|m| m.payload.as_slice()).collect();
+                &byte_payloads
+            }
+        };
+        let params: [&(dyn ToSql + Sync); 8] = [
+            &sources, &ids, &types, &keys, &headers, payload, &statuses, &reasons,
+        ];
+        let rows = self
+            .with_client(async |client| {
+                client
+                    .query(&self.sql.insert, &params)
+                    .await
+                    .map_err(|e| self.error(&e, "storing inbox messages"))
+            })
+            .await?;
+        let mut stored: HashMap<(String, String), i64> = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            stored.insert((get(row, 1)?, get(row, 2)?), get(row, 0)?);
+        }
+        Ok(messages
+            .iter()
+            .map(
+                |m| match stored.remove(&(m.source.clone(), m.message_id.clone())) {
+                    Some(id) => Ingested::Stored(id),
+                    None => Ingested::Duplicate,
+                },
+            )
+            .collect())
+    }
+
+    async fn claim(&self, limit: usize) -> Result<Vec<ClaimedMessage>, ConnectorError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self
+            .with_client(async |client| {
+                client
+                    .query(&self.sql.claim, &[&limit])
+                    .await
+                    .map_err(|e| self.error(&e, "claiming inbox messages"))
+            })
+            .await?;
+        let mut claimed: Vec<ClaimedMessage> = rows
+            .iter()
+            .map(claimed_from_row)
+            .collect::<Result<_, _>>()?;
+        // The UPDATE returns rows in no particular order; workers start them oldest first.
+        claimed.sort_by_key(|m| m.id);
+        Ok(claimed)
+    }
+
+    async fn complete(
+        &self,
+        message: &ClaimedMessage,
+        outcome: InboxOutcome<'_>,
+    ) -> Result<Completed, ConnectorError> {
+        let id = message.id;
+        let token = message.claim_token.0.as_str();
+        self.with_client(async |client| {
+            let tx = (client.transaction().await)
+                .map_err(|e| self.error(&e, "starting an inbox write-back"))?;
+            let written = match outcome {
+                InboxOutcome::Done { .. } => tx.execute(&self.sql.done, &[&id, &token]).await,
+                InboxOutcome::Failed { error, retry_delay } => {
+                    let error = last_error_text(error);
+                    let delay = delay_ms(retry_delay);
+                    tx.execute(&self.sql.failed, &[&id, &token, &error, &delay])
+                        .await
+                }
+                InboxOutcome::ManualRequired { reason } => {
+                    let reason = last_error_text(reason);
+                    tx.execute(&self.sql.manual, &[&id, &token, &reason]).await
+                }
+                InboxOutcome::Released { reason } => {
+                    let reason = last_error_text(reason);
+                    tx.execute(&self.sql.released, &[&id, &token, &reason])
+                        .await
+                }
+            }
+            .map_err(|e| self.error(&e, "writing back an inbox message"))?;
+            if written == 0 {
+                // Rolled back on drop: the handler's statement must not run either.
+                return Ok(Completed::ClaimLost);
+            }
+            if let InboxOutcome::Done {
+                statement: Some(statement),
+            } = outcome
+            {
+                let (sql, fields) = kit::bind_named(statement, |n| format!("${n}::text"))?;
+                let values: Vec<String> = fields.iter().map(|f| f.text(message)).collect();
+                let params: Vec<&(dyn ToSql + Sync)> =
+                    values.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
+                if let Err(e) = tx.execute(sql.as_str(), &params).await {
+                    if e.as_db_error().is_none() {
+                        return Err(self.error(&e, "running the inbox SQL handler"));
+                    }
+                    return Ok(Completed::StatementFailed(handler_error(&e)));
+                }
+            }
+            tx.commit()
+                .await
+                .map_err(|e| self.error(&e, "committing an inbox write-back"))?;
+            Ok(Completed::Written)
+        })
+        .await
+    }
+
+    async fn reap(&self, policy: ReapPolicy) -> Result<ReapReport, ConnectorError> {
+        let reason = policy.reaped_reason();
+        let timeout = delay_ms(policy.claim_timeout);
+        let delay = delay_ms(policy.retry_delay);
+        let rows = self
+            .with_client(async |client| {
+                client
+                    .query(&self.sql.reap, &[&timeout, &delay, &reason])
+                    .await
+                    .map_err(|e| self.error(&e, "returning expired inbox claims to FAILED"))
+            })
+            .await?;
+        let mut report = ReapReport::default();
+        for row in &rows {
+            match get::<String>(row, 0)?.as_str() {
+                kit::MANUAL_REQUIRED => report.manual_required += 1,
+                _ => report.failed += 1,
+            }
+        }
+        Ok(report)
+    }
+
+    async fn schedule(&self) -> Result<RetrySchedule, ConnectorError> {
+        let row = self
+            .with_client(async |client| {
+                client
+                    .query_one(&self.sql.schedule, &[])
+                    .await
+                    .map_err(|e| self.error(&e, "reading the inbox schedule"))
+            })
+            .await?;
+        Ok(RetrySchedule {
+            next_due: get::<Option<SystemTime>>(&row, 0)?,
+            oldest_claim: get::<Option<SystemTime>>(&row, 1)?,
+        })
+    }
+}
+
+/// A failed handler statement as stored in `last_error`: the server's message, its code
+/// and, when it gives one, the detail.
+fn handler_error(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => match db.detail() {
+            Some(detail) => format!(
+                "SQL handler: {} (SQLSTATE {}): {detail}",
+                db.message(),
+                db.code().code()
+            ),
+            None => format!(
+                "SQL handler: {} (SQLSTATE {})",
+                db.message(),
+                db.code().code()
+            ),
+        },
+        None => format!("SQL handler: {e}"),
+    }
+}
+
+fn claimed_from_row(row: &Row) -> Result<ClaimedMessage, ConnectorError> {
+    Ok(ClaimedMessage {
+        id: get(row, 0)?,
+        source: get(row, 1)?,
+        message_id: get(row, 2)?,
+        message_type: get(row, 3)?,
+        biz_key: get(row, 4)?,
+        payload: get::<Option<Vec<u8>>>(row, 5)?.unwrap_or_default(),
+        headers: kit::headers_from_column(get::<Option<&str>>(row, 6)?),
+        retry_count: get(row, 7)?,
+        max_retry_count: get(row, 8)?,
+        created_at: get(row, 9)?,
+        claim_token: ClaimToken(get(row, 10)?),
+    })
+}

@@ -1,0 +1,233 @@
+//! `[inbox]`: the receiving half. Present → `outboxd run` runs the inbox (ingress and
+//! workers) on the `[source]` database's `outbox.inbox_table`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// `[inbox]`
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InboxConfig {
+    /// Messages handled at once (one per `biz_key` at most).
+    #[serde(default = "default_workers")]
+    pub workers: usize,
+    /// A claim older than this was abandoned (the process died mid-handler): the reaper
+    /// returns it to FAILED. Must exceed the longest handler timeout.
+    #[serde(default = "default_claim_timeout", with = "humantime_serde")]
+    pub claim_timeout: Duration,
+    /// With nothing due, how often the workers look anyway (rows made due by an operator,
+    /// or by another outboxd's ingress).
+    #[serde(default = "default_idle_check", with = "humantime_serde")]
+    pub idle_check: Duration,
+    /// The janitor never deletes an inbox row younger than this, whatever its status:
+    /// it is the deduplication window.
+    #[serde(default = "default_retention", with = "humantime_serde")]
+    pub dedupe_retention: Duration,
+    /// `[inbox.kafka]`: the consumer ingress; off when absent.
+    #[serde(default)]
+    pub kafka: Option<KafkaIngressConfig>,
+    /// `[inbox.http]`: `POST /v1/inbox/{source}` on `metrics.listen`; off when absent.
+    #[serde(default)]
+    pub http: Option<HttpIngressConfig>,
+    /// `[inbox.handlers.<message_type>]`, and `[inbox.handlers.default]` for the others.
+    #[serde(default)]
+    pub handlers: BTreeMap<String, HandlerConfig>,
+}
+
+/// `[inbox.kafka]`
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaIngressConfig {
+    /// Topics to consume.
+    pub topics: Vec<String>,
+    /// The consumer group.
+    pub group_id: String,
+    /// The inbox `source` of every record; default: the record's topic.
+    #[serde(default)]
+    pub source: Option<String>,
+    /// Header holding the message id (outboxd's relay writes `message_id`).
+    #[serde(default = "header_message_id")]
+    pub message_id_header: String,
+    /// Header holding the message type.
+    #[serde(default = "header_message_type")]
+    pub message_type_header: String,
+    /// Header holding the business key; without it, the record key.
+    #[serde(default = "header_biz_key")]
+    pub biz_key_header: String,
+    /// A record without a message id gets `<topic>/<partition>/<offset>` as its id
+    /// instead of being stored MANUAL_REQUIRED.
+    #[serde(default)]
+    pub derive_message_id: bool,
+    /// Records stored per inbox transaction, at most.
+    #[serde(default = "default_kafka_batch")]
+    pub batch_size: usize,
+    /// The longest wait to fill a batch.
+    #[serde(default = "default_kafka_linger", with = "humantime_serde")]
+    pub batch_wait: Duration,
+    /// Any librdkafka consumer option (the bootstrap servers and security options of
+    /// `[kafka]` apply too). `enable.auto.commit` is always off.
+    #[serde(default)]
+    pub options: BTreeMap<String, String>,
+}
+
+/// `[inbox.http]`
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpIngressConfig {
+    /// Largest body accepted, in bytes (larger: 413).
+    #[serde(default = "default_max_body")]
+    pub max_body_bytes: usize,
+    /// Time allowed for one request, body and commit included.
+    #[serde(default = "default_request_timeout", with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// Standard Webhooks: how far `webhook-timestamp` may be from now.
+    #[serde(default = "default_tolerance", with = "humantime_serde")]
+    pub timestamp_tolerance: Duration,
+    /// Signing secrets per source (`whsec_…` base64, or raw text), several at once while
+    /// rotating. A source listed here accepts only correctly signed requests.
+    #[serde(default)]
+    pub secrets: BTreeMap<String, Vec<String>>,
+}
+
+/// `[inbox.handlers.<message_type>]`
+#[derive(Clone, Debug, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum HandlerConfig {
+    /// POST the payload to the user's service.
+    Webhook {
+        /// `http://host:port/path`.
+        url: String,
+        /// Time allowed for an answer.
+        #[serde(default = "default_handler_timeout", with = "humantime_serde")]
+        timeout: Duration,
+        /// 4xx statuses retried like 5xx (408 and 429 always are).
+        #[serde(default)]
+        retryable_statuses: Vec<u16>,
+    },
+    /// A statement run in the transaction that marks the message DONE.
+    Sql {
+        /// SQL naming `:id`, `:source`, `:message_id`, `:message_type`, `:biz_key`,
+        /// `:payload`, `:headers`.
+        statement: String,
+    },
+}
+
+fn default_workers() -> usize {
+    8
+}
+fn default_claim_timeout() -> Duration {
+    Duration::from_secs(120)
+}
+fn default_idle_check() -> Duration {
+    Duration::from_secs(5)
+}
+/// `dedupe_retention` when `[inbox]` does not set it (7 days).
+pub fn default_retention() -> Duration {
+    Duration::from_secs(7 * 24 * 3600)
+}
+fn header_message_id() -> String {
+    "message_id".into()
+}
+fn header_message_type() -> String {
+    "message_type".into()
+}
+fn header_biz_key() -> String {
+    "biz_key".into()
+}
+fn default_kafka_batch() -> usize {
+    500
+}
+fn default_kafka_linger() -> Duration {
+    Duration::from_millis(5)
+}
+fn default_max_body() -> usize {
+    1024 * 1024
+}
+fn default_request_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_tolerance() -> Duration {
+    Duration::from_secs(5 * 60)
+}
+fn default_handler_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+
+impl InboxConfig {
+    /// Checks what serde cannot; errors name the key to fix.
+    pub fn validate(&self, metrics_configured: bool) -> Result<(), String> {
+        if self.workers == 0 || self.workers > 1024 {
+            return Err("inbox.workers must be between 1 and 1024".into());
+        }
+        if self.kafka.is_none() && self.http.is_none() {
+            return Err(
+                "[inbox] needs an ingress: add [inbox.kafka] (topics, group_id) or [inbox.http]"
+                    .into(),
+            );
+        }
+        for (message_type, handler) in &self.handlers {
+            match handler {
+                HandlerConfig::Webhook { url, timeout, .. } => {
+                    if !url.starts_with("http://") {
+                        return Err(format!(
+                            "inbox.handlers.{message_type}.url `{url}` must be an http:// URL"
+                        ));
+                    }
+                    if url.parse::<hyper::Uri>().is_err() {
+                        return Err(format!(
+                            "inbox.handlers.{message_type}.url `{url}` is not a valid URL"
+                        ));
+                    }
+                    if *timeout >= self.claim_timeout || timeout.is_zero() {
+                        return Err(format!(
+                            "inbox.handlers.{message_type}.timeout must be above zero and \
+                             shorter than inbox.claim_timeout ({:?})",
+                            self.claim_timeout
+                        ));
+                    }
+                }
+                HandlerConfig::Sql { statement } => {
+                    if statement.trim().is_empty() {
+                        return Err(format!("inbox.handlers.{message_type}.statement is empty"));
+                    }
+                    outboxd_connector_kit::inbox::bind_named(statement, |_| "?".into())
+                        .map_err(|e| format!("inbox.handlers.{message_type}.statement: {e}"))?;
+                }
+            }
+        }
+        if let Some(kafka) = &self.kafka {
+            if kafka.topics.is_empty() || kafka.group_id.trim().is_empty() {
+                return Err("inbox.kafka needs topics and a group_id".into());
+            }
+            if kafka.batch_size == 0 || kafka.batch_size > 10_000 {
+                return Err("inbox.kafka.batch_size must be between 1 and 10000".into());
+            }
+            if kafka.options.contains_key("enable.auto.commit") {
+                return Err(
+                    "inbox.kafka.options: enable.auto.commit is always off (offsets \
+                            are committed after the inbox transaction)"
+                        .into(),
+                );
+            }
+        }
+        if let Some(http) = &self.http {
+            if !metrics_configured {
+                return Err(
+                    "[inbox.http] is served on metrics.listen: add a [metrics] section".into(),
+                );
+            }
+            if http.max_body_bytes == 0 || http.max_body_bytes > 64 * 1024 * 1024 {
+                return Err("inbox.http.max_body_bytes must be between 1 and 67108864".into());
+            }
+            for (source, secrets) in &http.secrets {
+                for secret in secrets {
+                    super::signature::Secret::parse(secret)
+                        .map_err(|e| format!("inbox.http.secrets.{source}: {e}"))?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

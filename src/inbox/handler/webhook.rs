@@ -1,0 +1,206 @@
+//! The webhook handler: POSTs the payload to the user's service with the message's
+//! headers and `Idempotency-Key: <message_id>`, and maps the answer:
+//!
+//! - 2xx → DONE;
+//! - 408, 429 (honouring `Retry-After` in seconds), 5xx, a timeout or a connection
+//!   error → a failed attempt, retried with backoff;
+//! - other 4xx → MANUAL_REQUIRED (the request itself is wrong and will stay wrong),
+//!   unless listed in `retryable_statuses`.
+//!
+//! hyper's pooled client keeps connections to the service open between messages.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use http_body_util::{BodyExt, Full};
+use hyper::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use hyper::{Method, Request, StatusCode, Uri};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use outboxd_connector::ClaimedMessage;
+
+use super::{Handled, Handler};
+
+/// Of the answer's body, at most this much goes into `last_error`.
+const ERROR_BODY_CHARS: usize = 200;
+
+/// POSTs each message to one URL.
+#[derive(Clone, Debug)]
+pub struct WebhookHandler {
+    url: Uri,
+    timeout: Duration,
+    retryable: Vec<u16>,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl WebhookHandler {
+    /// A handler posting to `url` (http://), waiting at most `timeout` for an answer.
+    pub fn new(url: &str, timeout: Duration, retryable: &[u16]) -> Result<Self, String> {
+        let url: Uri = url
+            .parse()
+            .map_err(|e| format!("webhook url `{url}` is not a URL: {e}"))?;
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(timeout));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        Ok(Self {
+            url,
+            timeout,
+            retryable: retryable.to_vec(),
+            client,
+        })
+    }
+
+    fn request(&self, message: &ClaimedMessage) -> Result<Request<Full<Bytes>>, String> {
+        let mut request = Request::builder()
+            .method(Method::POST)
+            .uri(self.url.clone())
+            .header(CONTENT_TYPE, "application/json");
+        // The message's own headers first, so outboxd's cannot be overridden by them.
+        for (name, value) in &message.headers {
+            if let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(value),
+            ) {
+                request = request.header(name, value);
+            }
+        }
+        let text = |s: &str| HeaderValue::from_str(s).map_err(|e| e.to_string());
+        request = request
+            .header("idempotency-key", text(&message.message_id)?)
+            .header("message-id", text(&message.message_id)?)
+            .header("message-type", text(&message.message_type)?)
+            .header("biz-key", text(&message.biz_key)?)
+            .header("inbox-source", text(&message.source)?)
+            .header(
+                "inbox-attempt",
+                text(&(message.retry_count + 1).to_string())?,
+            );
+        request
+            .body(Full::new(Bytes::from(message.payload.clone())))
+            .map_err(|e| e.to_string())
+    }
+
+    async fn call(&self, message: &ClaimedMessage) -> Handled {
+        let request = match self.request(message) {
+            Ok(request) => request,
+            Err(e) => {
+                return Handled::Manual {
+                    reason: format!("webhook: cannot build the request: {e}"),
+                }
+            }
+        };
+        let response = match tokio::time::timeout(self.timeout, self.client.request(request)).await
+        {
+            Err(_) => {
+                return Handled::Retry {
+                    error: format!("webhook {}: no answer within {:?}", self.url, self.timeout),
+                    after: None,
+                }
+            }
+            Ok(Err(e)) => {
+                return Handled::Retry {
+                    error: format!("webhook {}: {e}", self.url),
+                    after: None,
+                }
+            }
+            Ok(Ok(response)) => response,
+        };
+        let status = response.status();
+        if status.is_success() {
+            return Handled::Done;
+        }
+        let retry_after = (response.headers().get(RETRY_AFTER))
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let body = match tokio::time::timeout(self.timeout, response.into_body().collect()).await {
+            Ok(Ok(collected)) => collected.to_bytes(),
+            _ => Bytes::new(),
+        };
+        let snippet: String = String::from_utf8_lossy(&body)
+            .chars()
+            .take(ERROR_BODY_CHARS)
+            .collect();
+        let error = format!("webhook {} answered {status}: {snippet}", self.url);
+        classify(status, &self.retryable, error, retry_after)
+    }
+}
+
+/// The outcome of a non-2xx answer.
+fn classify(
+    status: StatusCode,
+    retryable: &[u16],
+    error: String,
+    retry_after: Option<Duration>,
+) -> Handled {
+    let code = status.as_u16();
+    let retry = status.is_server_error()
+        || code == 408
+        || code == 429
+        || retryable.contains(&code)
+        || !status.is_client_error();
+    if retry {
+        Handled::Retry {
+            error,
+            after: retry_after,
+        }
+    } else {
+        Handled::Manual { reason: error }
+    }
+}
+
+impl Handler for WebhookHandler {
+    fn handle<'a>(&'a self, message: &'a ClaimedMessage) -> BoxFuture<'a, Handled> {
+        Box::pin(self.call(message))
+    }
+
+    fn timeout(&self) -> Duration {
+        // The request's own timeout, plus reading the error body.
+        self.timeout * 2
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_map_to_outcomes() {
+        let retry = |code: u16, listed: &[u16]| {
+            matches!(
+                classify(
+                    StatusCode::from_u16(code).unwrap(),
+                    listed,
+                    "e".into(),
+                    None
+                ),
+                Handled::Retry { .. }
+            )
+        };
+        for code in [500, 502, 503, 408, 429] {
+            assert!(retry(code, &[]), "{code} is retried");
+        }
+        for code in [400, 401, 404, 409, 422] {
+            assert!(!retry(code, &[]), "{code} needs an operator");
+        }
+        assert!(retry(409, &[409]), "listed 4xx are retried");
+        let after = classify(
+            StatusCode::TOO_MANY_REQUESTS,
+            &[],
+            "e".into(),
+            Some(Duration::from_secs(7)),
+        );
+        assert_eq!(
+            after,
+            Handled::Retry {
+                error: "e".into(),
+                after: Some(Duration::from_secs(7))
+            }
+        );
+    }
+}

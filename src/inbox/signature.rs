@@ -1,0 +1,182 @@
+//! Standard Webhooks signatures: `webhook-signature` carries `v1,<base64>` entries, each
+//! an HMAC-SHA256 over `<webhook-id>.<webhook-timestamp>.<body>` with the source's
+//! secret. Several secrets may be configured at once (rotation); a request passes when
+//! any entry matches any secret. Comparison is constant-time (`Mac::verify_slice`).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::Sha256;
+
+/// A signing secret: `whsec_<base64>` as Standard Webhooks writes it, or raw text.
+#[derive(Clone)]
+pub(crate) struct Secret(Vec<u8>);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(…)")
+    }
+}
+
+impl Secret {
+    /// Parses a configured secret.
+    pub(crate) fn parse(text: &str) -> Result<Self, String> {
+        let key = match text.strip_prefix("whsec_") {
+            Some(b64) => STANDARD
+                .decode(b64)
+                .map_err(|e| format!("a whsec_ secret must be base64 after the prefix: {e}"))?,
+            None => text.as_bytes().to_vec(),
+        };
+        if key.len() < 16 {
+            return Err("a signing secret needs at least 16 bytes".into());
+        }
+        Ok(Self(key))
+    }
+}
+
+/// Why a request's signature is refused (answered 401).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum SignatureError {
+    /// A header is missing.
+    #[error("missing {0} header (this source requires Standard Webhooks signatures)")]
+    Missing(&'static str),
+    /// The timestamp is not whole seconds.
+    #[error("webhook-timestamp is not a Unix time in seconds")]
+    BadTimestamp,
+    /// The timestamp is outside the tolerance.
+    #[error("webhook-timestamp is {0} s away from now, beyond the tolerance")]
+    Stale(u64),
+    /// No entry matches any secret.
+    #[error("no webhook-signature entry matches this source's secrets")]
+    Mismatch,
+}
+
+/// Checks a request's signature headers against `secrets`.
+pub(crate) fn verify(
+    secrets: &[Secret],
+    id: Option<&str>,
+    timestamp: Option<&str>,
+    signature: Option<&str>,
+    body: &[u8],
+    tolerance: Duration,
+    now: SystemTime,
+) -> Result<(), SignatureError> {
+    let id = id.ok_or(SignatureError::Missing("webhook-id"))?;
+    let timestamp = timestamp.ok_or(SignatureError::Missing("webhook-timestamp"))?;
+    let signature = signature.ok_or(SignatureError::Missing("webhook-signature"))?;
+    let seconds: u64 = timestamp
+        .trim()
+        .parse()
+        .map_err(|_| SignatureError::BadTimestamp)?;
+    let now = now.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+    let skew = now.abs_diff(seconds);
+    if skew > tolerance.as_secs() {
+        return Err(SignatureError::Stale(skew));
+    }
+    let candidates: Vec<Vec<u8>> = signature
+        .split_whitespace()
+        .filter_map(|entry| entry.strip_prefix("v1,"))
+        .filter_map(|b64| STANDARD.decode(b64).ok())
+        .collect();
+    for secret in secrets {
+        for candidate in &candidates {
+            let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(&secret.0) else {
+                continue;
+            };
+            mac.update(id.as_bytes());
+            mac.update(b".");
+            mac.update(timestamp.as_bytes());
+            mac.update(b".");
+            mac.update(body);
+            if mac.verify_slice(candidate).is_ok() {
+                return Ok(());
+            }
+        }
+    }
+    Err(SignatureError::Mismatch)
+}
+
+/// `v1,<base64>` for `body`, as a sender signs it (tests, and the demo's sender).
+pub fn sign(secret: &str, id: &str, timestamp: u64, body: &[u8]) -> Result<String, String> {
+    let secret = Secret::parse(secret)?;
+    let mut mac = Hmac::<Sha256>::new_from_slice(&secret.0).map_err(|e| e.to_string())?;
+    mac.update(format!("{id}.{timestamp}.").as_bytes());
+    mac.update(body);
+    Ok(format!(
+        "v1,{}",
+        STANDARD.encode(mac.finalize().into_bytes())
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+    fn at(seconds: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(seconds)
+    }
+
+    #[test]
+    fn a_signed_request_passes_with_any_current_secret() {
+        let old = Secret::parse("whsec_b2xkLXNlY3JldC1vbGQtc2VjcmV0").unwrap();
+        let current = Secret::parse(SECRET).unwrap();
+        let sig = sign(SECRET, "msg_1", 1_700_000_000, b"{\"a\":1}").unwrap();
+        // Several entries, the matching one last, as during a sender's rotation.
+        let header = format!("v1,AAAA v1,bm9wZQ== {sig}");
+        let tolerance = Duration::from_secs(300);
+        let ok = verify(
+            &[old, current],
+            Some("msg_1"),
+            Some("1700000000"),
+            Some(&header),
+            b"{\"a\":1}",
+            tolerance,
+            at(1_700_000_100),
+        );
+        assert_eq!(ok, Ok(()));
+    }
+
+    #[test]
+    fn tampering_staleness_and_missing_headers_are_refused() {
+        let secrets = [Secret::parse(SECRET).unwrap()];
+        let sig = sign(SECRET, "msg_1", 1_700_000_000, b"body").unwrap();
+        let t = Duration::from_secs(300);
+        let check = |id, ts, sig: Option<&str>, body: &[u8], now| {
+            verify(&secrets, id, ts, sig, body, t, at(now))
+        };
+        let now = 1_700_000_000;
+        assert_eq!(
+            check(Some("msg_1"), Some("1700000000"), Some(&sig), b"bodY", now),
+            Err(SignatureError::Mismatch)
+        );
+        assert_eq!(
+            check(Some("msg_2"), Some("1700000000"), Some(&sig), b"body", now),
+            Err(SignatureError::Mismatch),
+            "the id is signed"
+        );
+        assert_eq!(
+            check(
+                Some("msg_1"),
+                Some("1700000000"),
+                Some(&sig),
+                b"body",
+                now + 301
+            ),
+            Err(SignatureError::Stale(301))
+        );
+        assert_eq!(
+            check(Some("msg_1"), Some("soon"), Some(&sig), b"body", now),
+            Err(SignatureError::BadTimestamp)
+        );
+        assert_eq!(
+            check(Some("msg_1"), Some("1700000000"), None, b"body", now),
+            Err(SignatureError::Missing("webhook-signature"))
+        );
+        assert!(Secret::parse("whsec_!!").is_err());
+        assert!(Secret::parse("short").is_err());
+    }
+}

@@ -1,0 +1,230 @@
+//! The inbox workers: claim due messages, run their handlers outside any transaction,
+//! write each outcome back under its claim token.
+//!
+//! One task claims for `workers` handler slots: it claims only as many rows as slots are
+//! free, so a claimed row never waits in memory behind others, and the claim itself keeps
+//! one message per `biz_key` in flight and each key in arrival order (see
+//! [`InboxStore::claim`]). Outcomes are written through a few completion stores of their
+//! own, so a slow SQL handler statement does not hold up claiming.
+//!
+//! It sleeps until ingress stores a message (`wake`), the schedule's next due row, the
+//! oldest claim's expiry (the reaper), or `idle_check`, whichever comes first. On
+//! shutdown it stops claiming and lets running handlers finish within the deadline;
+//! what is still running then stays PROCESSING and is reaped by the next instance.
+
+use std::time::{Duration, SystemTime};
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use outboxd_connector::{
+    ClaimedMessage, Completed, ConnectorError, InboxOutcome, InboxStore, ReapPolicy,
+};
+use tokio::sync::{watch, Notify};
+
+use super::handler::{Handled, Handlers};
+use super::InboxStats;
+use crate::claims::next_retry_delay;
+use crate::config::RetryConfig;
+
+/// What the workers need besides their stores.
+#[derive(Clone)]
+pub(crate) struct WorkerSettings {
+    /// Handler slots.
+    pub(crate) workers: usize,
+    /// The reaper's limit on a claim.
+    pub(crate) claim_timeout: Duration,
+    /// The longest sleep with nothing due.
+    pub(crate) idle_check: Duration,
+    /// Backoff of failed attempts.
+    pub(crate) retry: RetryConfig,
+    /// Time given to running handlers on shutdown.
+    pub(crate) shutdown_deadline: Duration,
+}
+
+/// Runs the workers until `shutdown`, or until a store fails definitely.
+pub(crate) async fn run<I: InboxStore>(
+    claims: &I,
+    completions: &[I],
+    handlers: &Handlers,
+    settings: &WorkerSettings,
+    stats: &InboxStats,
+    wake: &Notify,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), ConnectorError> {
+    let policy = ReapPolicy {
+        claim_timeout: settings.claim_timeout,
+        retry_delay: settings.retry.base,
+    };
+    let reaped = claims.reap(policy).await?;
+    stats.add_reaped(reaped.failed + reaped.manual_required);
+    let mut running = FuturesUnordered::new();
+    let mut next_store = 0usize;
+    let mut look_now = true;
+    loop {
+        if *shutdown.borrow() {
+            break;
+        }
+        let free = settings.workers.saturating_sub(running.len());
+        let mut sleep_for = settings.idle_check;
+        if look_now && free > 0 {
+            let claimed = claims.claim(free).await?;
+            let got = claimed.len();
+            for message in claimed {
+                let store = &completions[next_store % completions.len()];
+                next_store = next_store.wrapping_add(1);
+                running.push(process(store, message, handlers, &settings.retry, stats));
+            }
+            if got == free {
+                // Maybe more: look again as soon as a slot frees up.
+                sleep_for = Duration::ZERO;
+            } else {
+                sleep_for = until_next(claims, settings).await?;
+            }
+        }
+        look_now = false;
+        let timer = tokio::time::sleep(sleep_for);
+        tokio::select! {
+            Some(result) = running.next(), if !running.is_empty() => {
+                result?;
+                look_now = true;
+            }
+            () = wake.notified() => look_now = true,
+            () = timer, if running.len() < settings.workers => {
+                look_now = true;
+                let reaped = claims.reap(policy).await?;
+                stats.add_reaped(reaped.failed + reaped.manual_required);
+            }
+            _ = shutdown.changed() => {}
+        }
+    }
+    // Let running handlers finish and write back; past the deadline, their rows stay
+    // PROCESSING and the reaper of the next instance returns them.
+    let drain = async {
+        while let Some(result) = running.next().await {
+            result?;
+        }
+        Ok::<(), ConnectorError>(())
+    };
+    match tokio::time::timeout(settings.shutdown_deadline, drain).await {
+        Ok(result) => result,
+        Err(_) => {
+            tracing::warn!(
+                deadline = ?settings.shutdown_deadline,
+                "inbox: handlers still running at the shutdown deadline; their rows stay \
+                 PROCESSING until the reaper returns them"
+            );
+            Ok(())
+        }
+    }
+}
+
+/// How long to sleep when the claim found less than it could take: until the next due
+/// row or the oldest claim's expiry, at most `idle_check`.
+async fn until_next<I: InboxStore>(
+    store: &I,
+    settings: &WorkerSettings,
+) -> Result<Duration, ConnectorError> {
+    let schedule = store.schedule().await?;
+    let now = SystemTime::now();
+    let wait = |at: SystemTime| at.duration_since(now).unwrap_or(Duration::ZERO);
+    let due = schedule.next_due.map(wait);
+    let reap = (schedule.oldest_claim).map(|claimed| wait(claimed + settings.claim_timeout));
+    let mut sleep = settings.idle_check;
+    for candidate in [due, reap].into_iter().flatten() {
+        // A due row the claim did not take is held by a claim elsewhere: do not spin.
+        sleep = sleep.min(candidate.max(Duration::from_millis(50)));
+    }
+    Ok(sleep)
+}
+
+/// Runs the handler of one claimed message and writes its outcome.
+async fn process<I: InboxStore>(
+    store: &I,
+    message: ClaimedMessage,
+    handlers: &Handlers,
+    retry: &RetryConfig,
+    stats: &InboxStats,
+) -> Result<(), ConnectorError> {
+    let started = std::time::Instant::now();
+    let Some(handler) = handlers.for_type(&message.message_type) else {
+        let reason = format!(
+            "no handler for message type `{}`: add [inbox.handlers.{}] or \
+             [inbox.handlers.default]",
+            message.message_type, message.message_type
+        );
+        return write(
+            store,
+            &message,
+            InboxOutcome::ManualRequired { reason: &reason },
+            stats,
+        )
+        .await;
+    };
+    let handled = match tokio::time::timeout(handler.timeout(), handler.handle(&message)).await {
+        Ok(handled) => handled,
+        Err(_) => Handled::Retry {
+            error: format!("handler did not finish within {:?}", handler.timeout()),
+            after: None,
+        },
+    };
+    stats.observe_handler(started.elapsed(), &handled);
+    let delay = |after: Option<Duration>| {
+        let backoff = next_retry_delay(retry, message.retry_count);
+        after.map_or(backoff, |after| after.max(backoff))
+    };
+    match handled {
+        Handled::Done => {
+            let done = InboxOutcome::Done {
+                statement: handler.statement(),
+            };
+            match store.complete(&message, done).await? {
+                Completed::StatementFailed(error) => {
+                    stats.observe_statement_failed();
+                    let failed = InboxOutcome::Failed {
+                        error: &error,
+                        retry_delay: delay(None),
+                    };
+                    write(store, &message, failed, stats).await
+                }
+                other => {
+                    stats.observe_completed(&other, true);
+                    Ok(())
+                }
+            }
+        }
+        Handled::Retry { error, after } => {
+            let failed = InboxOutcome::Failed {
+                error: &error,
+                retry_delay: delay(after),
+            };
+            write(store, &message, failed, stats).await
+        }
+        Handled::Manual { reason } => {
+            write(
+                store,
+                &message,
+                InboxOutcome::ManualRequired { reason: &reason },
+                stats,
+            )
+            .await
+        }
+    }
+}
+
+async fn write<I: InboxStore>(
+    store: &I,
+    message: &ClaimedMessage,
+    outcome: InboxOutcome<'_>,
+    stats: &InboxStats,
+) -> Result<(), ConnectorError> {
+    let completed = store.complete(message, outcome).await?;
+    stats.observe_completed(&completed, false);
+    if completed == Completed::ClaimLost {
+        tracing::warn!(
+            id = message.id,
+            message_id = %message.message_id,
+            "inbox: the claim was lost before the outcome was written (reaped or changed by \
+             an operator); the row keeps its newer state"
+        );
+    }
+    Ok(())
+}

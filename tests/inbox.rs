@@ -1,0 +1,781 @@
+//! The inbox end to end against real PostgreSQL and Kafka: `outboxd run` with `[inbox]`,
+//! messages arriving over Kafka and HTTP, handled by the SQL handler and a webhook.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{free_port, metrics_section, spawn_outboxd, wait_for, Daemon};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::ClientConfig;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}
+
+fn kafka() -> String {
+    env_or("OUTBOXD_TEST_KAFKA", "127.0.0.1:39092")
+}
+
+/// One test's inbox on PostgreSQL: its own schema (inbox, outbox, effects tables), topic,
+/// consumer group and config.
+struct Inbox {
+    schema: String,
+    topic: String,
+    port: u16,
+    dir: std::path::PathBuf,
+    config: std::path::PathBuf,
+}
+
+async fn pg() -> tokio_postgres::Client {
+    let conn = format!(
+        "host={} port={} user={} password={} dbname={}",
+        env_or("OUTBOXD_TEST_PG_HOST", "127.0.0.1"),
+        env_or("OUTBOXD_TEST_PG_PORT", "55432"),
+        env_or("OUTBOXD_TEST_PG_USER", "outboxd"),
+        env_or("OUTBOXD_TEST_PG_PASSWORD", "outboxd"),
+        env_or("OUTBOXD_TEST_PG_DATABASE", "outboxd"),
+    );
+    let (client, connection) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the test PostgreSQL (scripts/services start)");
+    tokio::spawn(connection);
+    client
+}
+
+impl Inbox {
+    /// Writes the config (`[inbox]` and handlers in `inbox_toml`) and runs `init`.
+    async fn new(prefix: &str, inbox_toml: &str) -> Self {
+        let suffix: u32 = rand::random::<u32>() % 900_000 + 100_000;
+        let name = format!("{prefix}_{suffix}");
+        let schema = format!("ib_{name}");
+        let topic = format!("inbox.{name}");
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("outboxd-inbox-{name}"));
+        std::fs::create_dir_all(&dir).expect("test dir");
+        let sql = pg().await;
+        sql.batch_execute(&format!(
+            "CREATE SCHEMA {schema}; \
+             CREATE TABLE {schema}.effects (n bigserial PRIMARY KEY, message_id text, biz_key text, payload jsonb)"
+        ))
+        .await
+        .expect("schema");
+        common::create_topic_with(&kafka(), &topic, 2, &[]).await;
+        let inbox_toml = inbox_toml
+            .replace("{schema}", &schema)
+            .replace("{topic}", &topic)
+            .replace("{name}", &name);
+        let config = format!(
+            r#"
+[pipeline]
+name = "{name}"
+
+[source]
+kind = "postgres"
+mode = "poll"
+host = "{host}"
+port = {port_pg}
+user = "{user}"
+password = "{password}"
+database = "{database}"
+sslmode = "disable"
+
+[outbox]
+table = "{schema}.outbox"
+inbox_table = "{schema}.inbox"
+checkpoint_table = "{schema}.outboxd_checkpoint"
+relay = false
+
+[kafka]
+bootstrap_servers = "{kafka}"
+topic_template = "unused"
+
+[retry]
+base = "300ms"
+cap = "2s"
+jitter = "0ms"
+{metrics}
+{inbox_toml}
+"#,
+            host = env_or("OUTBOXD_TEST_PG_HOST", "127.0.0.1"),
+            port_pg = env_or("OUTBOXD_TEST_PG_PORT", "55432"),
+            user = env_or("OUTBOXD_TEST_PG_USER", "outboxd"),
+            password = env_or("OUTBOXD_TEST_PG_PASSWORD", "outboxd"),
+            database = env_or("OUTBOXD_TEST_PG_DATABASE", "outboxd"),
+            kafka = kafka(),
+            metrics = metrics_section(port),
+        );
+        let path = dir.join("outboxd.toml");
+        std::fs::write(&path, config).expect("config");
+        common::init_outboxd(&path);
+        Self {
+            schema,
+            topic,
+            port,
+            dir,
+            config: path,
+        }
+    }
+
+    fn run(&self, log: &str) -> Daemon {
+        spawn_outboxd(&self.config, &self.dir.join(log), "info,outboxd=debug")
+    }
+
+    /// `(message_id, status, retry_count)` of every inbox row, in id order.
+    async fn rows(&self) -> Vec<(String, String, i32)> {
+        let sql = format!(
+            "SELECT message_id, status, retry_count FROM {}.inbox ORDER BY id",
+            self.schema
+        );
+        let rows = pg().await.query(&sql, &[]).await.expect("inbox rows");
+        rows.iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect()
+    }
+
+    /// `message_id` of every effect of the SQL handler, in order.
+    async fn effects(&self) -> Vec<String> {
+        let sql = format!("SELECT message_id FROM {}.effects ORDER BY n", self.schema);
+        let rows = pg().await.query(&sql, &[]).await.expect("effects");
+        rows.iter().map(|r| r.get(0)).collect()
+    }
+
+    /// Waits until outboxd answers HTTP.
+    async fn wait_ready(&self) {
+        let port = self.port;
+        wait_for("the endpoint", Duration::from_secs(30), || async move {
+            common::http_get(port, "/healthz").await.map(|_| ())
+        })
+        .await;
+    }
+
+    async fn cleanup(&self) {
+        let _ = pg()
+            .await
+            .batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema))
+            .await;
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `POST path` with `headers` and `body`: (status, body).
+async fn post(port: u16, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let mut request = format!(
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).await.expect("write");
+    // A server refusing early may close before the whole body is written.
+    let _ = stream.write_all(body).await;
+    let mut reply = Vec::new();
+    let _ = stream.read_to_end(&mut reply).await;
+    let reply = String::from_utf8_lossy(&reply).into_owned();
+    let status = reply
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = reply.split_once("\r\n\r\n").map(|(_, b)| b.to_owned());
+    (status, body.unwrap_or_default())
+}
+
+fn producer() -> FutureProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", kafka())
+        .set("message.timeout.ms", "10000")
+        .create()
+        .expect("producer")
+}
+
+/// Sends one record as outboxd's relay would.
+async fn send(
+    producer: &FutureProducer,
+    topic: &str,
+    id: &str,
+    type_: &str,
+    key: &str,
+    payload: &str,
+) {
+    let headers = OwnedHeaders::new()
+        .insert(Header {
+            key: "message_id",
+            value: Some(id),
+        })
+        .insert(Header {
+            key: "message_type",
+            value: Some(type_),
+        })
+        .insert(Header {
+            key: "biz_key",
+            value: Some(key),
+        });
+    producer
+        .send(
+            FutureRecord::to(topic)
+                .key(key)
+                .payload(payload)
+                .headers(headers),
+            Duration::from_secs(10),
+        )
+        .await
+        .map_err(|(e, _)| e)
+        .expect("produce");
+}
+
+const SQL_HANDLER: &str = r#"
+[inbox]
+claim_timeout = "5s"
+
+[inbox.kafka]
+topics = ["{topic}"]
+group_id = "it-{name}"
+
+[inbox.http]
+
+[inbox.handlers.default]
+kind = "sql"
+statement = "INSERT INTO {schema}.effects (message_id, biz_key, payload) VALUES (:message_id, :biz_key, :payload::jsonb)"
+"#;
+
+/// The same message twice over Kafka and three times over HTTP: stored once each,
+/// answered as duplicates, and the SQL handler's effect applied once each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_over_kafka_and_http_are_handled_once() {
+    let inbox = Inbox::new("dedupe", SQL_HANDLER).await;
+    let mut daemon = inbox.run("run.log");
+    inbox.wait_ready().await;
+
+    let producer = producer();
+    for _ in 0..2 {
+        send(
+            &producer,
+            &inbox.topic,
+            "k-1",
+            "order.created",
+            "o-1",
+            r#"{"order": 1}"#,
+        )
+        .await;
+    }
+    let path = "/v1/inbox/shop";
+    let headers = [
+        ("Message-Id", "h-1"),
+        ("Message-Type", "payment.settled"),
+        ("Biz-Key", "o-1"),
+        ("Content-Type", "application/json"),
+    ];
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        answers.push(post(inbox.port, path, &headers, br#"{"paid": 10}"#).await);
+    }
+    assert_eq!(answers[0].0, 200, "{answers:?}");
+    assert!(answers[0].1.contains(r#""duplicate":false"#), "{answers:?}");
+    for (status, body) in &answers[1..] {
+        assert_eq!(*status, 200);
+        assert!(body.contains(r#""duplicate":true"#), "{body}");
+    }
+
+    let done = wait_for("both messages handled", Duration::from_secs(30), || async {
+        let rows = inbox.rows().await;
+        (rows.len() == 2 && rows.iter().all(|(_, s, _)| s == "DONE")).then_some(rows)
+    })
+    .await;
+    let mut ids: Vec<&str> = done.iter().map(|(id, _, _)| id.as_str()).collect();
+    ids.sort();
+    assert_eq!(ids, ["h-1", "k-1"]);
+    // Give a late duplicate time to show up, then check the effects.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut effects = inbox.effects().await;
+    effects.sort();
+    assert_eq!(effects, ["h-1", "k-1"], "each effect once");
+    assert_eq!(inbox.rows().await.len(), 2, "nothing stored twice");
+
+    let metrics = common::http_get(inbox.port, "/metrics")
+        .await
+        .expect("metrics")
+        .1;
+    let duplicates = common::metric_value(
+        &metrics,
+        "outboxd_inbox_messages_total",
+        "{ingress=\"http\",source=\"shop\",result=\"duplicate\"}",
+    );
+    assert_eq!(duplicates, Some(2.0), "{metrics}");
+    let pending = common::metric_value(&metrics, "outboxd_inbox_rows", "{status=\"PENDING\"}");
+    assert_eq!(pending, Some(0.0), "every row is DONE: {metrics}");
+    assert!(
+        metrics.contains("outboxd_inbox_handler_seconds_bucket"),
+        "{metrics}"
+    );
+    assert!(daemon.terminate().success());
+    inbox.cleanup().await;
+}
+
+/// What HTTP ingress refuses is answered with its status and nothing is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_ingress_refuses_bad_requests_and_stores_nothing() {
+    let secret = "whsec_c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0";
+    let toml = format!("{SQL_HANDLER}\n[inbox.http.secrets]\nsigned = [\"{secret}\"]\n",)
+        .replace("[inbox.http]\n", "[inbox.http]\nmax_body_bytes = 1024\n");
+    let inbox = Inbox::new("refuse", &toml).await;
+    let mut daemon = inbox.run("run.log");
+    inbox.wait_ready().await;
+    let port = inbox.port;
+    let typed = [("Message-Id", "m-1"), ("Message-Type", "t")];
+
+    let (status, body) = post(port, "/v1/inbox/plain", &[("Message-Type", "t")], b"{}").await;
+    assert_eq!(status, 400, "missing id: {body}");
+    let (status, body) = post(port, "/v1/inbox/plain", &typed, b"{not json").await;
+    assert_eq!(status, 400, "not JSON: {body}");
+    let big = format!(r#"{{"pad": "{}"}}"#, "x".repeat(2048));
+    let (status, _) = post(port, "/v1/inbox/plain", &typed, big.as_bytes()).await;
+    assert_eq!(status, 413, "over max_body_bytes");
+
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let body = br#"{"type": "invoice.paid", "id": 7}"#;
+    let good = outboxd::inbox::signature::sign(secret, "wh-1", now, body).unwrap();
+    let stale = outboxd::inbox::signature::sign(secret, "wh-1", now - 3600, body).unwrap();
+    let ts = now.to_string();
+    let old_ts = (now - 3600).to_string();
+    let signed = |sig: &str, ts: &str| {
+        vec![
+            ("webhook-id".to_owned(), "wh-1".to_owned()),
+            ("webhook-timestamp".to_owned(), ts.to_owned()),
+            ("webhook-signature".to_owned(), sig.to_owned()),
+        ]
+    };
+    let as_refs = |h: &Vec<(String, String)>| -> Vec<(String, String)> { h.clone() };
+    for (headers, what) in [
+        (signed("v1,AAAA", &ts), "bad signature"),
+        (signed(&stale, &old_ts), "stale timestamp"),
+    ] {
+        let headers = as_refs(&headers);
+        let refs: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(a, b)| (a.as_str(), b.as_str()))
+            .collect();
+        let (status, body) = post(port, "/v1/inbox/signed", &refs, body).await;
+        assert_eq!(status, 401, "{what}: {body}");
+    }
+    assert!(inbox.rows().await.is_empty(), "nothing stored");
+
+    // A correctly signed Standard Webhooks request: type from the body, id from webhook-id.
+    let headers = signed(&good, &ts);
+    let refs: Vec<(&str, &str)> = headers
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
+    let (status, answer) = post(port, "/v1/inbox/signed", &refs, body).await;
+    assert_eq!(status, 200, "{answer}");
+    let rows = wait_for(
+        "the signed message handled",
+        Duration::from_secs(30),
+        || async {
+            let rows = inbox.rows().await;
+            (rows.len() == 1 && rows[0].1 == "DONE").then_some(rows)
+        },
+    )
+    .await;
+    assert_eq!(rows[0].0, "wh-1");
+    assert!(daemon.terminate().success());
+    inbox.cleanup().await;
+}
+
+/// A minimal HTTP service for the webhook handler: answers each request with the next
+/// status of `script` for its `Biz-Key` (the last one repeats; 0 = never answer) and
+/// records `(biz_key, when, idempotency_key)` of each call.
+async fn webhook_service(
+    script: std::collections::HashMap<String, Vec<u16>>,
+) -> (
+    u16,
+    std::sync::Arc<std::sync::Mutex<Vec<(String, Instant, String)>>>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = std::sync::Arc::clone(&seen);
+    tokio::spawn(async move {
+        let mut calls: std::collections::HashMap<String, usize> = Default::default();
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            let mut buf = vec![0u8; 65536];
+            let mut read = 0;
+            // Read the head and the body (Content-Length).
+            while let Ok(n) = stream.read(&mut buf[read..]).await {
+                if n == 0 {
+                    break;
+                }
+                read += n;
+                let text = String::from_utf8_lossy(&buf[..read]).to_string();
+                if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                    let length = head
+                        .lines()
+                        .find_map(|l| {
+                            let (k, v) = l.split_once(':')?;
+                            k.eq_ignore_ascii_case("content-length")
+                                .then(|| v.trim().parse::<usize>().ok())?
+                        })
+                        .unwrap_or(0);
+                    if body.len() >= length {
+                        break;
+                    }
+                }
+            }
+            let text = String::from_utf8_lossy(&buf[..read]).to_string();
+            let key = text
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("biz-key")
+                        .then(|| v.trim().to_owned())
+                })
+                .unwrap_or_default();
+            let idempotency = text
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("idempotency-key")
+                        .then(|| v.trim().to_owned())
+                })
+                .unwrap_or_default();
+            log.lock()
+                .unwrap()
+                .push((key.clone(), Instant::now(), idempotency));
+            let n = calls.entry(key.clone()).or_default();
+            let statuses = script.get(&key).cloned().unwrap_or_else(|| vec![200]);
+            let status = statuses[(*n).min(statuses.len() - 1)];
+            *n += 1;
+            if status == 0 {
+                // Hang: keep the connection open without answering.
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    drop(stream);
+                });
+                continue;
+            }
+            let reply =
+                format!("HTTP/1.1 {status} X\r\nContent-Length: 2\r\nConnection: close\r\n\r\nno");
+            let _ = stream.write_all(reply.as_bytes()).await;
+        }
+    });
+    (port, seen)
+}
+
+/// 500 then 200 → DONE after one retry, no sooner than the backoff; 400 → MANUAL_REQUIRED
+/// at once; a later message of the 400's key waits behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_answers_decide_done_retry_or_manual() {
+    let script = [
+        ("retry-key".to_owned(), vec![500, 200]),
+        ("bad-key".to_owned(), vec![400]),
+    ]
+    .into_iter()
+    .collect();
+    let (service, seen) = webhook_service(script).await;
+    let toml = format!(
+        r#"
+[inbox]
+claim_timeout = "10s"
+
+[inbox.http]
+
+[inbox.handlers.default]
+kind = "webhook"
+url = "http://127.0.0.1:{service}/hooks"
+timeout = "2s"
+"#
+    );
+    let inbox = Inbox::new("webhook", &toml).await;
+    let mut daemon = inbox.run("run.log");
+    inbox.wait_ready().await;
+    let port = inbox.port;
+    let send = |id: &'static str, type_: &'static str, key: &'static str| async move {
+        let headers = [
+            ("Message-Id", id),
+            ("Message-Type", type_),
+            ("Biz-Key", key),
+        ];
+        let (status, body) = post(port, "/v1/inbox/hooks", &headers, br#"{"a": 1}"#).await;
+        assert_eq!(status, 200, "{body}");
+    };
+    send("r-1", "t1", "retry-key").await;
+    send("b-1", "t1", "bad-key").await;
+    send("b-2", "t2", "bad-key").await;
+
+    let rows = wait_for("outcomes written", Duration::from_secs(30), || async {
+        let rows = inbox.rows().await;
+        let status = |id: &str| rows.iter().find(|r| r.0 == id).map(|r| r.1.clone());
+        (status("r-1").as_deref() == Some("DONE")
+            && status("b-1").as_deref() == Some("MANUAL_REQUIRED"))
+        .then_some(rows)
+    })
+    .await;
+    let r1 = rows.iter().find(|r| r.0 == "r-1").unwrap();
+    assert_eq!(r1.2, 1, "one failed attempt before DONE");
+    let calls = seen.lock().unwrap().clone();
+    let retry: Vec<Instant> = calls
+        .iter()
+        .filter(|c| c.0 == "retry-key")
+        .map(|c| c.1)
+        .collect();
+    assert_eq!(retry.len(), 2, "{calls:?}");
+    assert!(
+        retry[1] - retry[0] >= Duration::from_millis(300),
+        "the backoff (retry.base = 300ms) is respected"
+    );
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let b2 = inbox
+        .rows()
+        .await
+        .into_iter()
+        .find(|r| r.0 == "b-2")
+        .unwrap();
+    assert_eq!(
+        b2.1, "PENDING",
+        "b-2 waits behind its key's MANUAL_REQUIRED message"
+    );
+    assert_eq!(
+        calls.iter().filter(|c| c.0 == "bad-key").count(),
+        1,
+        "the 400 is not retried"
+    );
+
+    // The operator looks, then resolves b-1: b-2 is released and handled.
+    let status = common::run_outboxd(&inbox.config, &["status", "--inbox", "--json"]);
+    assert!(status.status.success(), "{status:?}");
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout).expect("status JSON");
+    assert_eq!(json["totals"]["MANUAL_REQUIRED"], 1, "{json}");
+    assert_eq!(json["totals"]["PENDING"], 1, "{json}");
+    let sql = format!(
+        "SELECT id FROM {}.inbox WHERE message_id = 'b-1'",
+        inbox.schema
+    );
+    let b1: i64 = pg().await.query_one(&sql, &[]).await.expect("b-1").get(0);
+    let resolved = common::run_outboxd(
+        &inbox.config,
+        &[
+            "resolve",
+            "--inbox",
+            "--id",
+            &b1.to_string(),
+            "--reason",
+            "bad request fixed upstream",
+        ],
+    );
+    let text = String::from_utf8_lossy(&resolved.stdout);
+    assert!(resolved.status.success(), "{resolved:?}");
+    assert!(
+        text.contains("inbox row") && text.contains("DONE"),
+        "{text}"
+    );
+    // The service answers 400 to its key again, so b-2 is attempted once and parked too.
+    wait_for(
+        "b-2 attempted once b-1 is resolved",
+        Duration::from_secs(30),
+        || async {
+            let rows = inbox.rows().await;
+            let b2 = rows
+                .iter()
+                .any(|r| r.0 == "b-2" && r.1 == "MANUAL_REQUIRED");
+            b2.then_some(())
+        },
+    )
+    .await;
+    let calls = seen.lock().unwrap().clone();
+    let bad: Vec<&str> = (calls.iter())
+        .filter(|c| c.0 == "bad-key")
+        .map(|c| c.2.as_str())
+        .collect();
+    assert_eq!(bad, ["b-1", "b-2"], "in order, once each");
+    assert!(daemon.terminate().success());
+    inbox.cleanup().await;
+}
+
+/// Many messages of few keys over Kafka, eight workers and a webhook that records what it
+/// sees: every key's messages reach it one at a time, in the order they arrived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_key_is_handled_in_arrival_order_by_several_workers() {
+    let (service, seen) = webhook_service(Default::default()).await;
+    let toml = format!(
+        r#"
+[inbox]
+workers = 8
+claim_timeout = "10s"
+
+[inbox.kafka]
+topics = ["{{topic}}"]
+group_id = "it-{{name}}"
+
+[inbox.handlers.default]
+kind = "webhook"
+url = "http://127.0.0.1:{service}/hooks"
+timeout = "2s"
+"#
+    );
+    let inbox = Inbox::new("order", &toml).await;
+    let mut daemon = inbox.run("run.log");
+    inbox.wait_ready().await;
+    let producer = producer();
+    let keys = ["k0", "k1", "k2", "k3"];
+    let mut sent: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
+    for n in 0..200 {
+        let key = keys[n % keys.len()];
+        let id = format!("m-{n}");
+        // (message_type, biz_key) is unique: one type per message of a key.
+        send(
+            &producer,
+            &inbox.topic,
+            &id,
+            &format!("step-{n}"),
+            key,
+            r#"{"n": 1}"#,
+        )
+        .await;
+        sent.entry(key).or_default().push(id);
+    }
+    wait_for("all handled", Duration::from_secs(60), || async {
+        let rows = inbox.rows().await;
+        (rows.len() == 200 && rows.iter().all(|r| r.1 == "DONE")).then_some(())
+    })
+    .await;
+    let calls = seen.lock().unwrap().clone();
+    let mut received: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for (key, _, id) in &calls {
+        received.entry(key.clone()).or_default().push(id.clone());
+    }
+    for key in keys {
+        assert_eq!(
+            received[key], sent[key],
+            "key {key} in arrival order, once each"
+        );
+    }
+    assert!(daemon.terminate().success());
+    inbox.cleanup().await;
+}
+
+/// kill -9 while messages are stored but their offsets not yet committed, and while the
+/// SQL handler runs: after a restart every message is handled, each effect exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_loses_nothing_and_the_sql_handler_applies_each_effect_once() {
+    // Offsets are committed once a minute: the kill always comes before the commit, so
+    // the restarted consumer reads every record again.
+    let toml = SQL_HANDLER.replace(
+        "group_id = \"it-{name}\"",
+        "group_id = \"it-{name}\"\noptions = { \"auto.commit.interval.ms\" = \"60000\" }",
+    );
+    let inbox = Inbox::new("kill", &toml).await;
+    let mut daemon = inbox.run("run-1.log");
+    inbox.wait_ready().await;
+    let producer = producer();
+    let total = 300;
+    for n in 0..total {
+        let key = format!("o-{}", n % 17);
+        send(
+            &producer,
+            &inbox.topic,
+            &format!("m-{n}"),
+            &format!("t-{n}"),
+            &key,
+            r#"{"q": 1}"#,
+        )
+        .await;
+    }
+    wait_for("some handled", Duration::from_secs(30), || async {
+        (inbox.effects().await.len() >= 50).then_some(())
+    })
+    .await;
+    daemon.kill9();
+    let mut daemon = inbox.run("run-2.log");
+    wait_for(
+        "all handled after the restart",
+        Duration::from_secs(90),
+        || async {
+            let rows = inbox.rows().await;
+            (rows.len() == total && rows.iter().all(|r| r.1 == "DONE")).then_some(())
+        },
+    )
+    .await;
+    let effects = inbox.effects().await;
+    let unique: std::collections::BTreeSet<&String> = effects.iter().collect();
+    assert_eq!(unique.len(), total, "every message's effect");
+    assert_eq!(effects.len(), total, "and none twice");
+    let log = daemon.log_text();
+    assert!(daemon.terminate().success(), "{log}");
+    inbox.cleanup().await;
+}
+
+/// kill -9 while a webhook call hangs: the claim is reaped after `claim_timeout` and the
+/// webhook gets the message again with the same idempotency key (at-least-once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_mid_webhook_redelivers_with_the_same_idempotency_key() {
+    let (service, seen) = webhook_service(
+        [("slow-key".to_owned(), vec![0, 200])]
+            .into_iter()
+            .collect(),
+    )
+    .await;
+    let toml = format!(
+        r#"
+[inbox]
+claim_timeout = "3s"
+idle_check = "500ms"
+
+[inbox.http]
+
+[inbox.handlers.default]
+kind = "webhook"
+url = "http://127.0.0.1:{service}/hooks"
+timeout = "1s"
+"#
+    );
+    let inbox = Inbox::new("reap", &toml).await;
+    let mut daemon = inbox.run("run-1.log");
+    inbox.wait_ready().await;
+    let headers = [
+        ("Message-Id", "w-1"),
+        ("Message-Type", "t"),
+        ("Biz-Key", "slow-key"),
+    ];
+    let (status, body) = post(inbox.port, "/v1/inbox/hooks", &headers, b"{}").await;
+    assert_eq!(status, 200, "{body}");
+    wait_for("the first call", Duration::from_secs(10), || async {
+        (!seen.lock().unwrap().is_empty()).then_some(())
+    })
+    .await;
+    daemon.kill9();
+    let row = inbox.rows().await;
+    assert_eq!(row[0].1, "PROCESSING", "the dead worker's claim");
+    let mut daemon = inbox.run("run-2.log");
+    wait_for(
+        "handled after the reap",
+        Duration::from_secs(30),
+        || async {
+            let rows = inbox.rows().await;
+            (rows[0].1 == "DONE").then_some(())
+        },
+    )
+    .await;
+    let calls = seen.lock().unwrap().clone();
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert!(
+        calls.iter().all(|c| c.2 == "w-1"),
+        "same idempotency key: {calls:?}"
+    );
+    assert!(daemon.terminate().success());
+    inbox.cleanup().await;
+}
