@@ -477,12 +477,14 @@ async fn webhook_service(
 }
 
 /// 500 then 200 → DONE after one retry, no sooner than the backoff; 400 → MANUAL_REQUIRED
-/// at once; a later message of the 400's key waits behind it.
+/// at once, and a later message of its key waits behind it until an operator resolves it;
+/// a call that never answers times out, counts as a failed attempt and is retried.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhook_answers_decide_done_retry_or_manual() {
     let script = [
         ("retry-key".to_owned(), vec![500, 200]),
         ("bad-key".to_owned(), vec![400]),
+        ("hang-key".to_owned(), vec![0, 200]),
     ]
     .into_iter()
     .collect();
@@ -516,17 +518,24 @@ timeout = "2s"
     send("r-1", "t1", "retry-key").await;
     send("b-1", "t1", "bad-key").await;
     send("b-2", "t2", "bad-key").await;
+    send("h-1", "t1", "hang-key").await;
 
     let rows = wait_for("outcomes written", Duration::from_secs(30), || async {
         let rows = inbox.rows().await;
         let status = |id: &str| rows.iter().find(|r| r.0 == id).map(|r| r.1.clone());
         (status("r-1").as_deref() == Some("DONE")
-            && status("b-1").as_deref() == Some("MANUAL_REQUIRED"))
+            && status("b-1").as_deref() == Some("MANUAL_REQUIRED")
+            && status("h-1").as_deref() == Some("DONE"))
         .then_some(rows)
     })
     .await;
     let r1 = rows.iter().find(|r| r.0 == "r-1").unwrap();
     assert_eq!(r1.2, 1, "one failed attempt before DONE");
+    let h1 = rows.iter().find(|r| r.0 == "h-1").unwrap();
+    assert_eq!(
+        h1.2, 1,
+        "the hanging call timed out and counted as a failed attempt"
+    );
     let calls = seen.lock().unwrap().clone();
     let retry: Vec<Instant> = calls
         .iter()

@@ -6,6 +6,7 @@
 
 mod consume;
 mod daemon;
+mod inbox;
 mod limits;
 mod report;
 mod workload;
@@ -82,8 +83,17 @@ pub(crate) struct Args {
     /// Backlog drained by outboxd from MariaDB's binlog.
     #[arg(long, default_value_t = 50_000)]
     mariadb_backlog_events: usize,
-    /// Scenarios to run, comma-separated: rate,idle,limits,backlog,max,poll,mariadb.
-    #[arg(long, default_value = "rate,idle,limits,backlog,max,poll,mariadb")]
+    /// Records already in the topic when the inbox starts (one in ten a redelivery).
+    #[arg(long, default_value_t = 50_000)]
+    inbox_backlog_events: usize,
+    /// The inbox's fixed rate, records per second (for `poll_seconds`).
+    #[arg(long, default_value_t = 1000.0)]
+    inbox_rate: f64,
+    /// Scenarios to run, comma-separated: rate,idle,limits,backlog,max,poll,mariadb,inbox.
+    #[arg(
+        long,
+        default_value = "rate,idle,limits,backlog,max,poll,mariadb,inbox"
+    )]
     scenarios: String,
     /// TOML appended to every generated outboxd config, e.g. "[delivery]\nmax_in_flight = 5000"
     /// (a section outboxd's generated config does not already have).
@@ -229,6 +239,18 @@ impl Bench {
                     eprintln!("MariaDB: {e:#}");
                     report.rows.push(Row::unavailable(
                         "log (MariaDB)",
+                        &format!("not available: {}", last_line(&format!("{e:#}"))),
+                    ));
+                }
+            }
+        }
+        if self.args.wants("inbox") {
+            match self.inbox().await {
+                Ok(rows) => report.rows.extend(rows),
+                Err(e) => {
+                    eprintln!("inbox: {e:#}");
+                    report.rows.push(Row::unavailable(
+                        "inbox (PostgreSQL)",
                         &format!("not available: {}", last_line(&format!("{e:#}"))),
                     ));
                 }

@@ -22,7 +22,7 @@ pub(crate) struct Latency {
 
 impl Latency {
     /// From sorted samples.
-    fn from_sorted(sorted: &[f64]) -> Option<Self> {
+    pub(crate) fn from_sorted(sorted: &[f64]) -> Option<Self> {
         let at = |q: f64| {
             let i = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1;
             sorted[i]
@@ -349,6 +349,35 @@ impl Report {
             }
             _ => out.push((
                 "log-mode p50 ≥ 20× lower than poll mode's".into(),
+                "n/a".into(),
+            )),
+        }
+        let ingest = (self.rows.iter())
+            .find(|r| r.name.starts_with("inbox ingest backlog") && !r.unavailable)
+            .and_then(|r| r.events_per_s);
+        match ingest {
+            Some(rate) => out.push((
+                format!("inbox ingest from Kafka ≥ 20,000 rows/s: {rate:.0}"),
+                verdict(rate >= 20_000.0),
+            )),
+            None => out.push((
+                "inbox ingest from Kafka ≥ 20,000 rows/s".into(),
+                "n/a".into(),
+            )),
+        }
+        let inbox_rate = (self.rows.iter())
+            .find(|r| r.name.starts_with("inbox @"))
+            .and_then(|r| r.latency);
+        match inbox_rate {
+            Some(l) => out.push((
+                format!(
+                    "inbox p99 append → DONE ≤ 50 ms at the fixed rate: {:.1} ms",
+                    l.p99
+                ),
+                verdict(l.p99 <= 50.0),
+            )),
+            None => out.push((
+                "inbox p99 append → DONE ≤ 50 ms at the fixed rate".into(),
                 "n/a".into(),
             )),
         }

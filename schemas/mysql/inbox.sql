@@ -25,10 +25,15 @@ CREATE TABLE IF NOT EXISTS `inbox` (
     PRIMARY KEY (id),
     UNIQUE KEY `inbox_source_message_key` (source, message_id),
     UNIQUE KEY `inbox_type_key_key` (message_type, biz_key),
-    -- Serves the worker claim of PENDING rows and of FAILED rows that are due.
-    KEY `inbox_claim_idx` (next_retry_time, id),
-    -- Serves per-key order: a row is claimed only when no earlier row of its biz_key is open.
-    KEY `inbox_key_idx` (biz_key, id),
+    -- MySQL has no partial index and DONE rows stay until the janitor removes them, so
+    -- status leads: the claim finds PENDING rows and due FAILED rows in order (and the
+    -- reaper PROCESSING rows, the janitor DONE ones) without reading the others.
+    KEY `inbox_due_idx` (status, next_retry_time, id),
+    -- Serves per-key order: a row is claimed only when no earlier row of its biz_key is
+    -- open, one probe per open status, however many DONE rows the key has.
+    KEY `inbox_key_idx` (biz_key, status, id),
+    -- (`outboxd init` adds both to an inbox table of an earlier release, whose
+    -- `inbox_claim_idx` (next_retry_time, id) is no longer used and may be dropped.)
     CONSTRAINT `inbox_status_check`
         CHECK (status IN ('PENDING', 'PROCESSING', 'DONE', 'FAILED', 'MANUAL_REQUIRED'))
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;

@@ -231,3 +231,44 @@ impl InboxConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    /// The commented `[inbox]` part of `examples/outboxd.toml`, uncommented, is a valid
+    /// config: the documented keys are the keys the code reads.
+    #[test]
+    fn the_documented_inbox_keys_parse_and_validate() {
+        let example = include_str!("../../examples/outboxd.toml");
+        let start = example.find("# [inbox]").expect("the inbox part");
+        let (head, inbox) = example.split_at(start);
+        let uncommented: String = inbox
+            .lines()
+            .map(|l| l.strip_prefix("# ").unwrap_or(l))
+            .filter(|l| *l != "#")
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let config = Config::parse(&format!("{head}\n{uncommented}")).expect("parses");
+        config.validate().expect("valid");
+        let inbox = config.inbox.expect("an inbox");
+        assert_eq!(inbox.workers, 8);
+        assert_eq!(inbox.handlers.len(), 2);
+        assert!(inbox.kafka.is_some() && inbox.http.is_some());
+    }
+
+    #[test]
+    fn bad_inbox_settings_name_their_key() {
+        let base = include_str!("../../examples/outboxd.toml");
+        for (extra, key) in [
+            ("[inbox]\n[inbox.handlers.default]\nkind = \"sql\"\nstatement = \"SELECT 1\"\n", "needs an ingress"),
+            ("[inbox]\n[inbox.http]\n[inbox.handlers.default]\nkind = \"sql\"\nstatement = \"SELECT :nope\"\n", ":nope"),
+            ("[inbox]\n[inbox.http]\n[inbox.handlers.default]\nkind = \"webhook\"\nurl = \"https://x\"\n", "http://"),
+            ("[inbox]\n[inbox.http]\n[inbox.http.secrets]\ns = [\"short\"]\n", "inbox.http.secrets.s"),
+        ] {
+            let config = Config::parse(&format!("{base}\n{extra}")).expect("parses");
+            let err = config.validate().expect_err(extra).to_string();
+            assert!(err.contains(key), "{extra}: {err}");
+        }
+    }
+}

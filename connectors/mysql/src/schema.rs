@@ -75,9 +75,14 @@ pub(crate) fn outbox_poll_index(layout: &OutboxLayout) -> String {
     format!("{}_poll_idx", split_qualified(&layout.outbox_table).1)
 }
 
-/// The name of the inbox's claim index (`<table>_claim_idx`).
-pub(crate) fn inbox_claim_index(layout: &OutboxLayout) -> String {
-    format!("{}_claim_idx", split_qualified(&layout.inbox_table).1)
+/// The name of the inbox's due index (`<table>_due_idx`): claims, reaper, janitor.
+pub(crate) fn inbox_due_index(layout: &OutboxLayout) -> String {
+    format!("{}_due_idx", split_qualified(&layout.inbox_table).1)
+}
+
+/// The name of the inbox's per-key order index (`<table>_key_idx`).
+pub(crate) fn inbox_key_index(layout: &OutboxLayout) -> String {
+    format!("{}_key_idx", split_qualified(&layout.inbox_table).1)
 }
 
 /// One table's DDL, rendered.
@@ -126,8 +131,11 @@ pub(crate) fn render_all(layout: &OutboxLayout) -> Vec<TableDdl> {
         TableDdl {
             table: layout.inbox_table.clone(),
             indexes: vec![
-                (inbox_claim_index(layout), "next_retry_time, id".into()),
-                (format!("{inbox}_key_idx"), "biz_key, id".into()),
+                (
+                    inbox_due_index(layout),
+                    "status, next_retry_time, id".into(),
+                ),
+                (inbox_key_index(layout), "biz_key, status, id".into()),
             ],
             sql: render_with(INBOX_SQL),
         },
@@ -204,7 +212,21 @@ mod tests {
             !outbox.contains("-- outboxd"),
             "comment lines are dropped: {outbox}"
         );
-        assert!(ddl[1].sql.contains("`inbox_claim_idx`"));
+        let inbox = &ddl[1];
+        assert!(inbox
+            .sql
+            .contains("KEY `inbox_due_idx` (status, next_retry_time, id)"));
+        assert!(inbox
+            .sql
+            .contains("KEY `inbox_key_idx` (biz_key, status, id)"));
+        assert!(!inbox.sql.contains("inbox_claim_idx"), "{}", inbox.sql);
+        // What init adds to an existing table is what the file creates.
+        for (name, columns) in &inbox.indexes {
+            assert!(
+                inbox.sql.contains(&format!("KEY `{name}` ({columns})")),
+                "{name}"
+            );
+        }
         assert!(ddl[2].sql.contains("`outboxd_checkpoint`"));
     }
 
@@ -221,7 +243,14 @@ mod tests {
         assert!(outbox.contains("`orders_outbox_status_check`"));
         assert!(outbox.contains("`orders_outbox_type_key_key`"));
         assert!(ddl[1].sql.contains("`app`.`Inbox`"));
-        assert!(ddl[1].sql.contains("`Inbox_claim_idx`"));
+        assert!(ddl[1]
+            .sql
+            .contains("KEY `Inbox_due_idx` (status, next_retry_time, id)"));
+        assert!(ddl[1]
+            .sql
+            .contains("KEY `Inbox_key_idx` (biz_key, status, id)"));
+        assert_eq!(ddl[1].indexes[0].0, "Inbox_due_idx");
+        assert_eq!(ddl[1].indexes[1].0, "Inbox_key_idx");
         assert!(ddl[2].sql.contains("`ops`.`ckpt`"));
         assert_eq!(ddl[0].indexes[0].0, "orders_outbox_retry_due_idx");
     }

@@ -1,26 +1,42 @@
-//! The MySQL/MariaDB [`InboxStore`] and [`InboxAdmin`], as the PostgreSQL connector does
-//! them (see `connectors/postgres/src/store/inbox.rs`), in MySQL's dialect.
+//! The MySQL/MariaDB [`InboxStore`] and [`InboxAdmin`]: the semantics of the PostgreSQL
+//! store (`connectors/postgres/src/store/inbox.rs`) in MySQL's dialect.
 //!
-//! Insert: one transaction; each message is its own `INSERT … ON DUPLICATE KEY UPDATE id =
-//! id` (both unique keys count, also between two messages of one batch), all sent as one
-//! multi-statement text per ~1 MiB. Each statement's affected-row count says what happened
-//! to its message: 1 stored (its insert id is the row's id), 0 duplicate (the connection
-//! does not set `CLIENT_FOUND_ROWS`, so an unchanged row counts 0). A multi-row INSERT
-//! could not say which of its rows were duplicates; per-statement counts can, in the same
-//! single round trip. `INSERT IGNORE` is not used: it would also turn bad data into
-//! warnings.
+//! **Insert** is one transaction of one `INSERT … ON DUPLICATE KEY UPDATE id = id` per
+//! message, sent as multi-statement texts of at most ~1 MiB (and below the connection's
+//! `max_allowed_packet`), the first opening the transaction and the last committing it: one
+//! round trip for a usual batch. The server answers every statement with its own OK packet,
+//! so which message was stored is exact, not inferred: 1 affected row is a new row whose id
+//! is the statement's insert id, 0 a duplicate by either unique key, also of a message
+//! earlier in the same batch (the connection does not set `CLIENT_FOUND_ROWS`, so an
+//! unchanged row counts 0). A multi-row `INSERT` cannot say which of its rows were
+//! duplicates, and reading the pairs back by `LAST_INSERT_ID()` would be a second query per
+//! text. `INSERT IGNORE` is not used: it would also turn bad data into warnings.
+//!
+//! **Claim** (MySQL has no `UPDATE … RETURNING`): one READ COMMITTED transaction of a
+//! `SELECT … FOR UPDATE SKIP LOCKED` per status, an `UPDATE` to PROCESSING with a `UUID()`
+//! token each, and a `SELECT` of the claimed rows, in two round trips.
+//!
+//! **Indexes**: MySQL has no partial index, and the table keeps its DONE rows until the
+//! janitor removes them. So `status` leads the due index `(status, next_retry_time, id)`,
+//! which gives each claim, the reaper, the schedule and the janitor their rows in order
+//! without reading DONE rows; and the key index `(biz_key, status, id)` answers "is an
+//! earlier row of this key open?" with one probe per open status (four `NOT EXISTS`, each
+//! an index range), however many DONE rows the key has. One `status IN (…)` subquery would
+//! read the key's whole history for every candidate row.
 //!
 //! Every value is a number or a hex literal ([`sql_string`], [`hex_literal`]), as in the
-//! outbox store, so no `sql_mode` or character set changes what a statement means.
+//! outbox store, so no `sql_mode` or character set changes what a statement means; the SQL
+//! handler's statement gets the message's fields as bound text parameters.
 //!
-//! MySQL has no `UPDATE … RETURNING`: a claim is one READ COMMITTED transaction of
-//! `SELECT … FOR UPDATE SKIP LOCKED`, `UPDATE` to PROCESSING with `UUID()` tokens, and a
-//! `SELECT` of the claimed rows.
+//! Errors: a broken connection, a deadlock or a lock wait is transient (the connection is
+//! dropped, so the server rolls back, and the next call reconnects); a missing table or
+//! column is definite and names `outboxd init`; a handler statement the server refuses is
+//! the message's failed attempt ([`Completed::StatementFailed`]), not the store's.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
-use mysql_async::{Conn, Row};
+use mysql_async::{Conn, Row, Value};
 use outboxd_connector::{
     last_error_text, parked_by_operator, resolved_without_handling, ClaimToken, ClaimedMessage,
     Completed, ConnectorError, InboxAdmin, InboxMessage, InboxOutcome, InboxStore, Ingested,
@@ -28,19 +44,34 @@ use outboxd_connector::{
     StatusSummary,
 };
 use outboxd_connector_kit::inbox as kit;
-use outboxd_connector_kit::status;
 use tokio::sync::Mutex;
 
 use crate::client::{classify, int, query, query_first, text, text_or_empty};
-use crate::schema::{hex_literal, qualified, sql_string, table_ident};
+use crate::log::server;
+use crate::schema::{hex_literal, qualified, quote_ident, sql_string, table_ident};
 use crate::store::claims::{id_list, next_retry, FAILED_STATUS};
 use crate::store::delay_ms;
 use crate::time::system_time;
 use crate::MysqlConnector;
 
-/// Bytes of statement text per round trip of an insert, at most (below every server's
-/// default `max_allowed_packet`); one message larger than that goes alone.
+/// Bytes of statement text per round trip of an insert, at most: big enough for a batch
+/// of ordinary messages, small enough to keep one text's parse and send time short.
 const INSERT_TEXT_BYTES: usize = 1024 * 1024;
+/// Bytes of a query text kept free below `max_allowed_packet` (the packet's command byte,
+/// the transaction statements around the inserts).
+const PACKET_MARGIN: usize = 1024;
+/// The smallest `max_allowed_packet` the server accepts; assumed when it cannot be read.
+const MIN_PACKET: usize = 1024;
+
+/// Opens an insert's, claim's or reap's transaction. READ COMMITTED takes no gap locks, so
+/// claims and ingestion do not block each other.
+const BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
+/// Statements [`BEGIN`] adds in front of a multi-statement text's answers.
+const BEGIN_STATEMENTS: usize = 2;
+
+/// MySQL error codes that mean the table or a column is not there (`outboxd init`).
+const NO_SUCH_TABLE: u16 = 1146;
+const NO_SUCH_COLUMN: u16 = 1054;
 
 /// The columns a claim reads, in [`claimed_from_row`]'s order.
 const CLAIM_COLUMNS: &str = "id, source, message_id, message_type, biz_key, payload, headers, \
@@ -53,99 +84,144 @@ enum Payload {
     Json,
     /// A BLOB or (VAR)BINARY column: the bytes as received.
     Bytes,
-    /// Any other text column: the body as text.
+    /// Any other text column: the body as text (lossy for non-UTF-8).
     Text,
 }
 
-/// The inbox table of one MySQL/MariaDB database. Holds one connection; when it breaks,
-/// the failing call returns a transient error and the next one reconnects.
+/// The inbox table of one MySQL/MariaDB database.
+///
+/// Holds one connection, reconnecting on the next call after it broke; ingress and the
+/// workers each open their own store, so a slow handler statement does not hold up
+/// ingestion.
 #[derive(Debug)]
 pub struct MysqlInboxStore {
     connector: MysqlConnector,
+    /// The table, quoted for SQL.
     table: String,
     payload: Payload,
-    conn: Mutex<Option<Conn>>,
+    session: Mutex<Option<Session>>,
+}
+
+/// The held connection and what was read about it once.
+#[derive(Debug)]
+struct Session {
+    conn: Conn,
+    /// `max_allowed_packet`: the server refuses (and would refuse on every retry) a longer
+    /// query text.
+    max_packet: usize,
+}
+
+/// One statement's answer in a multi-statement text.
+struct Answer {
+    rows: Vec<Row>,
+    affected: u64,
+    insert_id: Option<u64>,
+}
+
+/// A multi-statement text failed at statement `at` (0-based); the statements before it ran.
+struct Failure {
+    at: usize,
+    error: mysql_async::Error,
 }
 
 impl MysqlInboxStore {
     /// Connects and checks the table; a missing table or column is a definite error that
     /// names `outboxd init`.
     pub(crate) async fn open(connector: &MysqlConnector) -> Result<Self, ConnectorError> {
-        let mut conn = connector.sql_conn().await?;
         let table = qualified(&connector.layout.inbox_table);
-        let context = format!(
-            "reading the inbox table {} on {} (run `outboxd check`; `outboxd init` creates it)",
-            connector.layout.inbox_table,
-            connector.endpoint()
-        );
-        let probe = format!(
-            "SELECT {CLAIM_COLUMNS}, status, next_retry_time, claimed_at, last_error, updated_at, \
-             processed_at FROM {table} LIMIT 0"
-        );
-        query(&mut conn, &probe, &context).await?;
-        let (db, name) = table_ident(&connector.layout.inbox_table, &connector.config().database);
-        let kind = format!(
-            "SELECT c.DATA_TYPE, (SELECT COUNT(*) FROM information_schema.CHECK_CONSTRAINTS k \
-               WHERE k.CONSTRAINT_SCHEMA = c.TABLE_SCHEMA AND k.TABLE_NAME = c.TABLE_NAME \
-               AND k.CHECK_CLAUSE LIKE '%json_valid(`payload`)%') \
-             FROM information_schema.COLUMNS c WHERE c.TABLE_SCHEMA = {} AND c.TABLE_NAME = {} \
-             AND c.COLUMN_NAME = 'payload'",
-            sql_string(&db),
-            sql_string(&name)
-        );
-        let row = query_first(&mut conn, &kind, &context).await?;
-        let data_type = match &row {
-            Some(row) => text(row, 0)?.unwrap_or_default().to_ascii_lowercase(),
-            None => String::new(),
-        };
-        let json_check = match &row {
-            Some(row) => int(row, 1)?.unwrap_or(0) > 0,
-            None => false,
-        };
-        let payload = if data_type == "json" || json_check {
-            Payload::Json
-        } else if data_type.contains("blob") || data_type.contains("binary") {
-            Payload::Bytes
-        } else {
-            Payload::Text
-        };
-        Ok(Self {
+        let mut store = Self {
             connector: connector.clone(),
             table,
-            payload,
-            conn: Mutex::new(Some(conn)),
-        })
+            payload: Payload::Text,
+            session: Mutex::new(None),
+        };
+        let mut session = store.connect().await?;
+        let conn = &mut session.conn;
+        let context = store.context("reading the inbox table", NO_SUCH_TABLE);
+        let probe = format!(
+            "SELECT {CLAIM_COLUMNS}, status, next_retry_time, claimed_at, last_error, updated_at, \
+             processed_at FROM {} LIMIT 0",
+            store.table
+        );
+        query(conn, &probe, &context).await?;
+        store.payload = payload_kind(conn, connector, &context).await?;
+        *store.session.get_mut() = Some(session);
+        Ok(store)
     }
 
-    fn context(&self, what: &str) -> String {
+    async fn connect(&self) -> Result<Session, ConnectorError> {
+        let mut conn = self.connector.sql_conn().await?;
+        let row = query_first(
+            &mut conn,
+            "SELECT @@max_allowed_packet",
+            &self.context("reading max_allowed_packet", 0),
+        )
+        .await?;
+        let max_packet = row
+            .map(|r| int(&r, 0))
+            .transpose()?
+            .flatten()
+            .and_then(|v| usize::try_from(v).ok())
+            .unwrap_or(MIN_PACKET);
+        Ok(Session { conn, max_packet })
+    }
+
+    /// `what` with the table and server; with the fix when `code` says the table or a
+    /// column is missing.
+    fn context(&self, what: &str, code: u16) -> String {
+        let hint = match code {
+            NO_SUCH_TABLE | NO_SUCH_COLUMN => {
+                "; run `outboxd check` (`outboxd init` creates the inbox table)"
+            }
+            _ => "",
+        };
         format!(
-            "{what} ({} on {})",
+            "{what} (inbox table {} on {}{hint})",
             self.connector.layout.inbox_table,
             self.connector.endpoint()
         )
     }
 
+    /// `e` classified, in the context of `what`.
+    fn fail(&self, what: &str, e: &mysql_async::Error) -> ConnectorError {
+        let code = match e {
+            mysql_async::Error::Server(server) => server.code,
+            _ => 0,
+        };
+        classify(e, &self.context(what, code))
+    }
+
     /// Runs `work` on the connection (reconnecting first when the last one broke); drops
-    /// the connection when it fails, so the server rolls back an open transaction.
-    async fn with_conn<T>(
+    /// the connection when `work` fails, so the server rolls back an open transaction.
+    async fn with_session<T>(
         &self,
-        what: &str,
-        work: impl AsyncFnOnce(&mut Conn) -> Result<T, mysql_async::Error>,
+        work: impl AsyncFnOnce(&mut Session) -> Result<T, ConnectorError>,
     ) -> Result<T, ConnectorError> {
-        let mut slot = self.conn.lock().await;
+        let mut slot = self.session.lock().await;
         if slot.is_none() {
-            *slot = Some(self.connector.sql_conn().await?);
+            *slot = Some(self.connect().await?);
         }
-        let Some(conn) = slot.as_mut() else {
+        let Some(session) = slot.as_mut() else {
             return Err(ConnectorError::transient("no MySQL connection"));
         };
-        match work(conn).await {
-            Ok(value) => Ok(value),
-            Err(e) => {
-                *slot = None;
-                Err(classify(&e, &self.context(what)))
-            }
+        let result = work(session).await;
+        if result.is_err() {
+            *slot = None;
         }
+        result
+    }
+
+    /// Runs one statement (outside an explicit transaction, so atomic by itself); returns
+    /// the rows it changed.
+    async fn change(&self, sql: &str, what: &str) -> Result<u64, ConnectorError> {
+        self.with_session(async |s| {
+            s.conn
+                .query_drop(sql)
+                .await
+                .map_err(|e| self.fail(what, &e))?;
+            Ok(s.conn.affected_rows())
+        })
+        .await
     }
 
     /// The payload as an SQL expression for this table's column.
@@ -157,20 +233,21 @@ impl MysqlInboxStore {
         }
     }
 
-    /// One message's `INSERT … ON DUPLICATE KEY UPDATE id = id`.
+    /// One message's `INSERT … ON DUPLICATE KEY UPDATE id = id`: a rejected message is
+    /// stored MANUAL_REQUIRED with its reason, any other PENDING.
     fn insert_sql(&self, message: &InboxMessage) -> String {
         let (status, reason, due) = match &message.rejected {
             Some(reason) => (
-                sql_string(kit::MANUAL_REQUIRED),
+                kit::MANUAL_REQUIRED,
                 sql_string(&last_error_text(reason)),
                 "NOW(6)",
             ),
-            None => (sql_string(kit::PENDING), "NULL".to_owned(), "NULL"),
+            None => (kit::PENDING, "NULL".to_owned(), "NULL"),
         };
         format!(
             "INSERT INTO {} (source, message_id, message_type, biz_key, payload, headers, status, \
-             last_error, next_retry_time) VALUES ({}, {}, {}, {}, {}, {}, {status}, {reason}, {due}) \
-             ON DUPLICATE KEY UPDATE id = id",
+             last_error, next_retry_time) VALUES ({}, {}, {}, {}, {}, {}, '{status}', {reason}, \
+             {due}) ON DUPLICATE KEY UPDATE id = id",
             self.table,
             sql_string(&message.source),
             sql_string(&message.message_id),
@@ -181,8 +258,48 @@ impl MysqlInboxStore {
         )
     }
 
-    /// A claimed row's UPDATE condition: only while this claim holds.
-    fn held(&self, message: &ClaimedMessage) -> String {
+    /// `AND`ed conditions: no row of `i`'s key with a lower id is open. One `NOT EXISTS` per
+    /// open status, so each is a range of the key index that skips the key's DONE rows.
+    fn free(&self) -> String {
+        (kit::OPEN.iter())
+            .map(|status| {
+                format!(
+                    "NOT EXISTS (SELECT 1 FROM {} e WHERE e.biz_key = i.biz_key \
+                     AND e.status = '{status}' AND e.id < i.id)",
+                    self.table
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" AND ")
+    }
+
+    /// The rows of `status` (PENDING or FAILED) that are due and free, in the due index's
+    /// order: `(id, due time)`, at most `limit`, locked. A row's due time is
+    /// `COALESCE(next_retry_time, created_at)`; written through this store, a PENDING row
+    /// has no `next_retry_time` and a FAILED one has.
+    fn due_rows(&self, status: &str, limit: usize) -> String {
+        format!(
+            "SELECT i.id, COALESCE(i.next_retry_time, i.created_at) FROM {} i \
+             WHERE i.status = '{status}' AND (i.next_retry_time IS NULL OR i.next_retry_time <= NOW(6)) \
+             AND COALESCE(i.next_retry_time, i.created_at) <= NOW(6) AND {} \
+             ORDER BY i.next_retry_time, i.id LIMIT {limit} FOR UPDATE SKIP LOCKED",
+            self.table,
+            self.free()
+        )
+    }
+
+    /// The earliest due time of a free row of `status`: the first in the due index's order.
+    fn next_due(&self, status: &str) -> String {
+        format!(
+            "(SELECT COALESCE(i.next_retry_time, i.created_at) FROM {} i \
+             WHERE i.status = '{status}' AND {} ORDER BY i.next_retry_time, i.id LIMIT 1)",
+            self.table,
+            self.free()
+        )
+    }
+
+    /// A claimed row's condition: only while this claim holds.
+    fn held(message: &ClaimedMessage) -> String {
         format!(
             "id = {} AND claim_token = {} AND status = 'PROCESSING'",
             message.id,
@@ -190,36 +307,142 @@ impl MysqlInboxStore {
         )
     }
 
-    /// Due rows not held back by an earlier open row of their key (`alias` is the row).
-    fn due_and_free(&self) -> String {
-        let open = status::sql_list(&kit::OPEN);
+    /// The `UPDATE` that writes `outcome` while the claim holds.
+    fn outcome_sql(&self, message: &ClaimedMessage, outcome: InboxOutcome<'_>) -> String {
+        let release = "claimed_at = NULL, claim_token = NULL, updated_at = NOW(6)";
+        let set = match outcome {
+            InboxOutcome::Done { .. } => "status = 'DONE', processed_at = NOW(6), \
+                 last_error = NULL, next_retry_time = NULL"
+                .to_owned(),
+            // FAILED_STATUS first: it reads retry_count before the increment.
+            InboxOutcome::Failed { error, retry_delay } => format!(
+                "{FAILED_STATUS}, retry_count = retry_count + 1, next_retry_time = {}, \
+                 last_error = {}",
+                next_retry(&delay_ms(retry_delay).to_string()),
+                sql_string(&last_error_text(error))
+            ),
+            InboxOutcome::ManualRequired { reason } => format!(
+                "status = 'MANUAL_REQUIRED', next_retry_time = NOW(6), last_error = {}",
+                sql_string(&last_error_text(reason))
+            ),
+            InboxOutcome::Released { reason } => format!(
+                "status = 'PENDING', next_retry_time = NULL, last_error = {}",
+                sql_string(&last_error_text(reason))
+            ),
+        };
         format!(
-            "i.status IN ('PENDING', 'FAILED') AND COALESCE(i.next_retry_time, i.created_at) <= NOW(6) \
-             AND NOT EXISTS (SELECT 1 FROM {} e WHERE e.biz_key = i.biz_key AND e.id < i.id \
-             AND e.status IN {open})",
-            self.table
+            "UPDATE {} SET {set}, {release} WHERE {}",
+            self.table,
+            Self::held(message)
         )
     }
 }
 
-/// Runs `sql` (several statements) and returns each statement's affected rows and insert
-/// id, in order.
-async fn per_statement(
+/// How the payload column of the configured table stores a body. MariaDB reports its JSON
+/// alias as `longtext` and keeps the `json_valid` check in `CHECK_CONSTRAINTS` (which has no
+/// `TABLE_NAME` column on MySQL, whose JSON type is reported as `json`).
+async fn payload_kind(
     conn: &mut Conn,
-    sql: &str,
-) -> Result<Vec<(u64, Option<u64>)>, mysql_async::Error> {
-    let mut result = conn.query_iter(sql).await?;
-    let mut out = Vec::new();
-    // The counts are the current statement's; `collect` moves to the next one, and the
-    // result is empty once the last statement's answer has been read.
-    loop {
-        out.push((result.affected_rows(), result.last_insert_id()));
-        if result.is_empty() {
-            break;
+    connector: &MysqlConnector,
+    context: &str,
+) -> Result<Payload, ConnectorError> {
+    let (db, name) = table_ident(&connector.layout.inbox_table, &connector.config().database);
+    let sql = format!(
+        "SELECT DATA_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = {} \
+         AND TABLE_NAME = {} AND COLUMN_NAME = 'payload'",
+        sql_string(&db),
+        sql_string(&name)
+    );
+    let data_type = match query_first(conn, &sql, context).await? {
+        Some(row) => text_or_empty(&row, 0)?.to_ascii_lowercase(),
+        None => String::new(),
+    };
+    if data_type == "json" {
+        return Ok(Payload::Json);
+    }
+    if data_type.contains("blob") || data_type.contains("binary") {
+        return Ok(Payload::Bytes);
+    }
+    if data_type == "longtext" && server::info(conn).await?.mariadb {
+        let sql = format!(
+            "SELECT 1 FROM information_schema.CHECK_CONSTRAINTS WHERE CONSTRAINT_SCHEMA = {} \
+             AND TABLE_NAME = {} AND REPLACE(CHECK_CLAUSE, ' ', '') LIKE '%json\\_valid(`payload`)%'",
+            sql_string(&db),
+            sql_string(&name)
+        );
+        if query_first(conn, &sql, context).await?.is_some() {
+            return Ok(Payload::Json);
         }
-        result.collect::<Row>().await?;
+    }
+    Ok(Payload::Text)
+}
+
+/// Runs `sql` (one or more statements) and returns each statement's answer, in order.
+async fn answers(conn: &mut Conn, sql: &str) -> Result<Vec<Answer>, Failure> {
+    let mut out = Vec::new();
+    let mut result = conn
+        .query_iter(sql)
+        .await
+        .map_err(|error| Failure { at: 0, error })?;
+    // A statement's answer is pending while `columns()` is `Some` (no columns: an OK).
+    // `is_empty()` alone is no end: it is true while the last statement's OK is pending,
+    // and false while a failed statement's error is (which `collect` then returns).
+    while result.columns().is_some() || !result.is_empty() {
+        let affected = result.affected_rows();
+        let insert_id = result.last_insert_id();
+        // The pending error, or this set's rows failing mid-way: this statement's.
+        let rows = result.collect::<Row>().await.map_err(|error| Failure {
+            at: out.len(),
+            error,
+        })?;
+        out.push(Answer {
+            rows,
+            affected,
+            insert_id,
+        });
     }
     Ok(out)
+}
+
+/// The answers of `sql`, a failure classified in the context of `what`.
+async fn answers_of(
+    store: &MysqlInboxStore,
+    conn: &mut Conn,
+    sql: &str,
+    what: &str,
+) -> Result<Vec<Answer>, ConnectorError> {
+    answers(conn, sql)
+        .await
+        .map_err(|f| store.fail(what, &f.error))
+}
+
+/// `answers[at]`, or an error saying the server answered fewer statements than were sent.
+fn answer(answers: &mut [Answer], at: usize) -> Result<&mut Answer, ConnectorError> {
+    let count = answers.len();
+    answers.get_mut(at).ok_or_else(|| {
+        ConnectorError::definite(format!(
+            "unexpected answer from MySQL: {count} results, expected at least {}",
+            at + 1
+        ))
+    })
+}
+
+/// The insert statements cut into texts: the first opens the transaction, the last
+/// commits, none longer than `limit` bytes unless a single statement is (checked by the
+/// caller against the packet size).
+fn insert_texts(statements: &[String], limit: usize) -> Vec<String> {
+    let mut texts = Vec::new();
+    let mut text = format!("{BEGIN};\n");
+    for statement in statements {
+        if text.len() + statement.len() + ";\nCOMMIT".len() > limit {
+            texts.push(std::mem::take(&mut text));
+        }
+        text.push_str(statement);
+        text.push_str(";\n");
+    }
+    text.push_str("COMMIT");
+    texts.push(text);
+    texts
 }
 
 impl InboxStore for MysqlInboxStore {
@@ -231,91 +454,117 @@ impl InboxStore for MysqlInboxStore {
         if messages.is_empty() {
             return Ok(Vec::new());
         }
-        // Statements grouped into texts of at most INSERT_TEXT_BYTES.
-        let mut texts: Vec<String> = vec![String::new()];
-        for message in messages {
-            let statement = self.insert_sql(message);
-            let current = texts
-                .last_mut()
-                .filter(|t| t.is_empty() || t.len() + statement.len() + 2 <= INSERT_TEXT_BYTES);
-            match current {
-                Some(text) => {
-                    if !text.is_empty() {
-                        text.push_str(";\n");
-                    }
-                    text.push_str(&statement);
-                }
-                None => texts.push(statement),
-            }
-        }
+        let statements: Vec<String> = messages.iter().map(|m| self.insert_sql(m)).collect();
+        let what = |at: Option<usize>| match at.and_then(|i| messages.get(i)) {
+            Some(m) => format!(
+                "storing inbox message `{}` from `{}` ({} of a batch of {})",
+                m.message_id,
+                m.source,
+                at.map_or(0, |i| i + 1),
+                messages.len()
+            ),
+            None => format!("storing a batch of {} inbox messages", messages.len()),
+        };
         let counts = self
-            .with_conn("storing inbox messages", async |conn| {
-                conn.query_drop(
-                    "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION",
-                )
-                .await?;
-                let mut counts = Vec::with_capacity(messages.len());
-                for text in &texts {
-                    counts.extend(per_statement(conn, text).await?);
+            .with_session(async |s| {
+                let packet = s.max_packet.saturating_sub(PACKET_MARGIN);
+                if let Some((at, big)) = (statements.iter().enumerate())
+                    .find(|(_, sql)| sql.len() + BEGIN.len() + 8 > packet)
+                {
+                    return Err(ConnectorError::definite(format!(
+                        "{}: its INSERT statement has {} bytes, more than the server's \
+                         max_allowed_packet ({} bytes) allows; raise max_allowed_packet (SET \
+                         GLOBAL max_allowed_packet and in the server's configuration) or refuse \
+                         such large messages at the sender",
+                        self.context(&what(Some(at)), 0),
+                        big.len(),
+                        s.max_packet
+                    )));
                 }
-                conn.query_drop("COMMIT").await?;
+                let texts = insert_texts(&statements, packet.min(INSERT_TEXT_BYTES));
+                let mut counts = Vec::with_capacity(messages.len() + BEGIN_STATEMENTS + 1);
+                for text in &texts {
+                    let done = counts.len();
+                    let answers = answers(&mut s.conn, text).await.map_err(|f| {
+                        let at = (done + f.at).checked_sub(BEGIN_STATEMENTS);
+                        self.fail(&what(at), &f.error)
+                    })?;
+                    counts.extend(answers.into_iter().map(|a| (a.affected, a.insert_id)));
+                }
                 Ok(counts)
             })
             .await?;
-        if counts.len() != messages.len() {
-            return Err(ConnectorError::definite(format!(
-                "unexpected answer from MySQL: {} results for {} inbox inserts",
-                counts.len(),
-                messages.len()
-            )));
-        }
-        Ok(counts
-            .into_iter()
-            .map(|(affected, id)| match (affected, id) {
-                (1, Some(id)) => Ingested::Stored(i64::try_from(id).unwrap_or(i64::MAX)),
-                _ => Ingested::Duplicate,
+        // BEGIN's statements first, COMMIT last, one answer per message in between.
+        let inserts = counts
+            .get(BEGIN_STATEMENTS..counts.len().saturating_sub(1))
+            .filter(|inserts| inserts.len() == messages.len())
+            .ok_or_else(|| {
+                ConnectorError::definite(format!(
+                    "unexpected answer from MySQL: {} results for {} inbox inserts",
+                    counts.len(),
+                    messages.len()
+                ))
+            })?;
+        inserts
+            .iter()
+            .map(|&(affected, id)| match (affected, id) {
+                (0, _) => Ok(Ingested::Duplicate),
+                (1, Some(id)) => i64::try_from(id).map(Ingested::Stored).map_err(|_| {
+                    ConnectorError::definite(format!("unexpected inbox row id {id} from MySQL"))
+                }),
+                _ => Err(ConnectorError::definite(format!(
+                    "unexpected answer from MySQL to an inbox insert: {affected} rows affected, \
+                     insert id {id:?} (is CLIENT_FOUND_ROWS set on the connection?)"
+                ))),
             })
-            .collect())
+            .collect()
     }
 
     async fn claim(&self, limit: usize) -> Result<Vec<ClaimedMessage>, ConnectorError> {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let table = &self.table;
+        let what = "claiming inbox messages";
         let select = format!(
-            "SELECT i.id FROM {table} i WHERE {} \
-             ORDER BY COALESCE(i.next_retry_time, i.created_at), i.id LIMIT {limit} \
-             FOR UPDATE SKIP LOCKED",
-            self.due_and_free()
+            "{BEGIN}; {}; {}",
+            self.due_rows(kit::PENDING, limit),
+            self.due_rows(kit::FAILED, limit)
         );
+        let table = &self.table;
         let rows = self
-            .with_conn("claiming inbox messages", async |conn| {
-                conn.query_drop(
-                    "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION",
-                )
-                .await?;
-                let ids: Vec<i64> = conn.query(select.as_str()).await?;
-                if ids.is_empty() {
-                    conn.query_drop("COMMIT").await?;
+            .with_session(async |s| {
+                let mut answers = answers_of(self, &mut s.conn, &select, what).await?;
+                let mut due = Vec::new();
+                for at in [BEGIN_STATEMENTS, BEGIN_STATEMENTS + 1] {
+                    for row in &answer(&mut answers, at)?.rows {
+                        let id = int(row, 0)?.ok_or_else(|| no_id(table))?;
+                        due.push((system_time(text(row, 1)?), id));
+                    }
+                }
+                // Oldest first across both statuses; the rows beyond `limit` stay locked
+                // only until the COMMIT below.
+                due.sort_unstable();
+                due.truncate(limit);
+                if due.is_empty() {
+                    s.conn
+                        .query_drop("COMMIT")
+                        .await
+                        .map_err(|e| self.fail(what, &e))?;
                     return Ok(Vec::new());
                 }
-                let ids = id_list(ids);
-                conn.query_drop(format!(
+                let ids = id_list(due.iter().map(|(_, id)| *id));
+                let claim = format!(
                     "UPDATE {table} SET status = 'PROCESSING', claimed_at = NOW(6), \
-                     claim_token = UUID(), updated_at = NOW(6) WHERE id IN ({ids})"
-                ))
-                .await?;
-                let rows: Vec<Row> = conn
-                    .query(format!(
-                        "SELECT {CLAIM_COLUMNS} FROM {table} WHERE id IN ({ids}) ORDER BY id"
-                    ))
-                    .await?;
-                conn.query_drop("COMMIT").await?;
-                Ok(rows)
+                     claim_token = UUID(), updated_at = NOW(6) WHERE id IN ({ids}); \
+                     SELECT {CLAIM_COLUMNS} FROM {table} WHERE id IN ({ids}) ORDER BY id; COMMIT"
+                );
+                let mut answers = answers_of(self, &mut s.conn, &claim, what).await?;
+                Ok(std::mem::take(&mut answer(&mut answers, 1)?.rows))
             })
             .await?;
-        rows.iter().map(claimed_from_row).collect()
+        rows.iter()
+            .map(|row| claimed_from_row(row, table))
+            .collect()
     }
 
     async fn complete(
@@ -323,65 +572,73 @@ impl InboxStore for MysqlInboxStore {
         message: &ClaimedMessage,
         outcome: InboxOutcome<'_>,
     ) -> Result<Completed, ConnectorError> {
-        let table = &self.table;
-        let held = self.held(message);
-        let release = "claimed_at = NULL, claim_token = NULL, updated_at = NOW(6)";
-        let update = match outcome {
-            InboxOutcome::Done { .. } => format!(
-                "UPDATE {table} SET status = 'DONE', processed_at = NOW(6), last_error = NULL, \
-                 next_retry_time = NULL, {release} WHERE {held}"
-            ),
-            InboxOutcome::Failed { error, retry_delay } => format!(
-                "UPDATE {table} SET {FAILED_STATUS}, retry_count = retry_count + 1, \
-                 next_retry_time = {}, last_error = {}, {release} WHERE {held}",
-                next_retry(&delay_ms(retry_delay).to_string()),
-                sql_string(&last_error_text(error))
-            ),
-            InboxOutcome::ManualRequired { reason } => format!(
-                "UPDATE {table} SET status = 'MANUAL_REQUIRED', next_retry_time = NOW(6), \
-                 last_error = {}, {release} WHERE {held}",
-                sql_string(&last_error_text(reason))
-            ),
-            InboxOutcome::Released { reason } => format!(
-                "UPDATE {table} SET status = 'PENDING', next_retry_time = NULL, last_error = {}, \
-                 {release} WHERE {held}",
-                sql_string(&last_error_text(reason))
-            ),
+        let update = self.outcome_sql(message, outcome);
+        let what = format!("writing back inbox message {}", message.id);
+        let InboxOutcome::Done {
+            statement: Some(statement),
+        } = outcome
+        else {
+            // One statement: atomic without an explicit transaction.
+            return Ok(match self.change(&update, &what).await? {
+                0 => Completed::ClaimLost,
+                _ => Completed::Written,
+            });
         };
-        // The handler's statement with its fields bound as text parameters.
-        let statement = match outcome {
-            InboxOutcome::Done {
-                statement: Some(statement),
-            } => {
-                let (sql, fields) = kit::bind_named(statement, |_| "?".into())?;
-                let values: Vec<mysql_async::Value> = (fields.iter())
-                    .map(|f| mysql_async::Value::from(f.text(message)))
-                    .collect();
-                Some((sql, values))
-            }
-            _ => None,
-        };
-        self.with_conn("writing back an inbox message", async |conn| {
-            conn.query_drop("START TRANSACTION").await?;
-            conn.query_drop(update.as_str()).await?;
-            if conn.affected_rows() == 0 {
-                conn.query_drop("ROLLBACK").await?;
+        let (sql, fields) = kit::bind_named(statement, |_| "?".into())?;
+        let params: Vec<Value> = fields
+            .iter()
+            .map(|f| Value::from(f.text(message)))
+            .collect();
+        let begin = format!("{BEGIN}; {update}");
+        self.with_session(async |s| {
+            let mut answers = answers_of(self, &mut s.conn, &begin, &what).await?;
+            if answer(&mut answers, BEGIN_STATEMENTS)?.affected == 0 {
+                // Not this worker's row any more: the handler's statement must not run.
+                s.conn
+                    .query_drop("ROLLBACK")
+                    .await
+                    .map_err(|e| self.fail(&what, &e))?;
                 return Ok(Completed::ClaimLost);
             }
-            if let Some((sql, values)) = &statement {
-                match conn.exec_drop(sql.as_str(), values.clone()).await {
-                    Ok(()) => {}
-                    Err(mysql_async::Error::Server(e)) => {
-                        conn.query_drop("ROLLBACK").await?;
-                        return Ok(Completed::StatementFailed(format!(
-                            "SQL handler: {} (error {}, SQLSTATE {})",
-                            e.message, e.code, e.state
-                        )));
-                    }
-                    Err(e) => return Err(e),
+            let handler = "running the inbox SQL handler";
+            let refused = |e: &mysql_async::ServerError| {
+                format!(
+                    "SQL handler: {} (error {}, SQLSTATE {})",
+                    e.message, e.code, e.state
+                )
+            };
+            // Prepared first (the connection caches it): a `?` of its own is a fault of the
+            // statement, found before executing, since mysql_async closes the connection on
+            // a parameter-count mismatch.
+            let failed = match s.conn.prep(sql.as_str()).await {
+                Err(mysql_async::Error::Server(e)) => Some(refused(&e)),
+                Err(e) => return Err(self.fail(handler, &e)),
+                Ok(prepared) if usize::from(prepared.num_params()) != params.len() => {
+                    Some(format!(
+                        "SQL handler: the statement takes {} parameters but names {} fields of \
+                         the message; a `?` is not a field, name them as :id, :source, \
+                         :message_id, :message_type, :biz_key, :payload, :headers",
+                        prepared.num_params(),
+                        params.len()
+                    ))
                 }
+                Ok(prepared) => match s.conn.exec_drop(&prepared, params).await {
+                    Ok(()) => None,
+                    Err(mysql_async::Error::Server(e)) => Some(refused(&e)),
+                    Err(e) => return Err(self.fail(handler, &e)),
+                },
+            };
+            if let Some(failed) = failed {
+                s.conn
+                    .query_drop("ROLLBACK")
+                    .await
+                    .map_err(|e| self.fail(&what, &e))?;
+                return Ok(Completed::StatementFailed(failed));
             }
-            conn.query_drop("COMMIT").await?;
+            s.conn
+                .query_drop("COMMIT")
+                .await
+                .map_err(|e| self.fail(&what, &e))?;
             Ok(Completed::Written)
         })
         .await
@@ -389,42 +646,42 @@ impl InboxStore for MysqlInboxStore {
 
     async fn reap(&self, policy: ReapPolicy) -> Result<ReapReport, ConnectorError> {
         let table = &self.table;
-        let timeout = delay_ms(policy.claim_timeout);
-        let reason = sql_string(&policy.reaped_reason());
+        let what = "returning expired inbox claims to FAILED";
+        // SKIP LOCKED: a row being completed by its worker right now is not stale.
         let select = format!(
-            "SELECT id FROM {table} WHERE status = 'PROCESSING' \
-             AND claimed_at < NOW(6) - INTERVAL {timeout} * 1000 MICROSECOND \
-             ORDER BY id FOR UPDATE SKIP LOCKED"
+            "{BEGIN}; SELECT id FROM {table} WHERE status = 'PROCESSING' \
+             AND claimed_at < NOW(6) - INTERVAL {} * 1000 MICROSECOND FOR UPDATE SKIP LOCKED",
+            delay_ms(policy.claim_timeout)
         );
+        let reason = sql_string(&policy.reaped_reason());
         let delay = next_retry(&delay_ms(policy.retry_delay).to_string());
-        let statuses: Vec<String> = self
-            .with_conn("returning expired inbox claims to FAILED", async |conn| {
-                conn.query_drop(
-                    "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION",
-                )
-                .await?;
-                let ids: Vec<i64> = conn.query(select.as_str()).await?;
+        let statuses = self
+            .with_session(async |s| {
+                let mut answers = answers_of(self, &mut s.conn, &select, what).await?;
+                let ids = (answer(&mut answers, BEGIN_STATEMENTS)?.rows.iter())
+                    .map(|row| int(row, 0)?.ok_or_else(|| no_id(table)))
+                    .collect::<Result<Vec<i64>, _>>()?;
                 if ids.is_empty() {
-                    conn.query_drop("COMMIT").await?;
+                    s.conn
+                        .query_drop("COMMIT")
+                        .await
+                        .map_err(|e| self.fail(what, &e))?;
                     return Ok(Vec::new());
                 }
                 let ids = id_list(ids);
-                conn.query_drop(format!(
+                let reap = format!(
                     "UPDATE {table} SET {FAILED_STATUS}, retry_count = retry_count + 1, \
                      next_retry_time = {delay}, last_error = {reason}, claimed_at = NULL, \
-                     claim_token = NULL, updated_at = NOW(6) WHERE id IN ({ids})"
-                ))
-                .await?;
-                let statuses = conn
-                    .query(format!("SELECT status FROM {table} WHERE id IN ({ids})"))
-                    .await?;
-                conn.query_drop("COMMIT").await?;
-                Ok(statuses)
+                     claim_token = NULL, updated_at = NOW(6) WHERE id IN ({ids}); \
+                     SELECT status FROM {table} WHERE id IN ({ids}); COMMIT"
+                );
+                let mut answers = answers_of(self, &mut s.conn, &reap, what).await?;
+                Ok(std::mem::take(&mut answer(&mut answers, 1)?.rows))
             })
             .await?;
         let mut report = ReapReport::default();
-        for status in &statuses {
-            if status == kit::MANUAL_REQUIRED {
+        for row in &statuses {
+            if text_or_empty(row, 0)? == kit::MANUAL_REQUIRED {
                 report.manual_required += 1;
             } else {
                 report.failed += 1;
@@ -435,40 +692,55 @@ impl InboxStore for MysqlInboxStore {
 
     async fn schedule(&self) -> Result<RetrySchedule, ConnectorError> {
         let sql = format!(
-            "SELECT (SELECT MIN(COALESCE(i.next_retry_time, i.created_at)) FROM {table} i WHERE {}), \
-                    (SELECT MIN(claimed_at) FROM {table} WHERE status = 'PROCESSING')",
-            self.due_and_free().replace(
-                "AND COALESCE(i.next_retry_time, i.created_at) <= NOW(6) ",
-                ""
-            ),
-            table = self.table
+            "SELECT {}, {}, (SELECT MIN(claimed_at) FROM {} WHERE status = 'PROCESSING')",
+            self.next_due(kit::PENDING),
+            self.next_due(kit::FAILED),
+            self.table
         );
-        let row: Option<Row> = self
-            .with_conn("reading the inbox schedule", async |conn| {
-                conn.query_first(sql.as_str()).await
+        let what = "reading the inbox schedule";
+        let row = self
+            .with_session(async |s| {
+                (s.conn.query_first::<Row, _>(sql.as_str()).await).map_err(|e| self.fail(what, &e))
             })
             .await?;
         let Some(row) = row else {
             return Ok(RetrySchedule::default());
         };
+        let pending = system_time(text(&row, 0)?);
+        let failed = system_time(text(&row, 1)?);
         Ok(RetrySchedule {
-            next_due: system_time(text(&row, 0)?),
-            oldest_claim: system_time(text(&row, 1)?),
+            next_due: pending.min(failed).or(pending).or(failed),
+            oldest_claim: system_time(text(&row, 2)?),
         })
     }
 }
 
-fn claimed_from_row(row: &Row) -> Result<ClaimedMessage, ConnectorError> {
-    let id = int(row, 0)?.ok_or_else(|| ConnectorError::definite("inbox row without an id"))?;
+fn no_id(table: &str) -> ConnectorError {
+    ConnectorError::definite(format!(
+        "unexpected answer from MySQL: a row of {table} without an id"
+    ))
+}
+
+fn claimed_from_row(row: &Row, table: &str) -> Result<ClaimedMessage, ConnectorError> {
+    let id = int(row, 0)?.ok_or_else(|| no_id(table))?;
     let count = |at: usize| -> Result<i32, ConnectorError> {
-        Ok(int(row, at)?
-            .and_then(|n| i32::try_from(n).ok())
-            .unwrap_or(0))
+        let n = int(row, at)?.unwrap_or(0);
+        i32::try_from(n).map_err(|_| {
+            ConnectorError::definite(format!(
+                "inbox row {id} of {table}: a retry count of {n} is out of range"
+            ))
+        })
     };
+    // A binary column comes as bytes; JSON and text as their UTF-8 text.
     let payload = match row.as_ref(5) {
-        Some(mysql_async::Value::Bytes(b)) => b.clone(),
+        Some(Value::Bytes(b)) => b.clone(),
         _ => text(row, 5)?.unwrap_or_default().into_bytes(),
     };
+    let created_at = system_time(text(row, 9)?).ok_or_else(|| {
+        ConnectorError::definite(format!(
+            "inbox row {id} of {table}: created_at is not a date-time"
+        ))
+    })?;
     Ok(ClaimedMessage {
         id,
         source: text_or_empty(row, 1)?,
@@ -479,31 +751,22 @@ fn claimed_from_row(row: &Row) -> Result<ClaimedMessage, ConnectorError> {
         headers: kit::headers_from_column(text(row, 6)?.as_deref()),
         retry_count: count(7)?,
         max_retry_count: count(8)?,
-        created_at: system_time(text(row, 9)?).unwrap_or(SystemTime::UNIX_EPOCH),
+        created_at,
         claim_token: ClaimToken(text_or_empty(row, 10)?),
     })
-}
-
-impl MysqlInboxStore {
-    /// Runs one statement outside an explicit transaction; returns the rows it changed.
-    async fn change(&self, sql: String, what: &str) -> Result<u64, ConnectorError> {
-        self.with_conn(what, async |conn| {
-            conn.query_drop(sql.as_str()).await?;
-            Ok(conn.affected_rows())
-        })
-        .await
-    }
 }
 
 impl InboxAdmin for MysqlInboxStore {
     async fn status_summary(&self) -> Result<StatusSummary, ConnectorError> {
         let sql = format!(
-            "SELECT status, message_type, COUNT(*), MIN(created_at) FROM {} GROUP BY 1, 2 ORDER BY 1, 2",
+            "SELECT status, message_type, COUNT(*), MIN(created_at) FROM {} \
+             GROUP BY 1, 2 ORDER BY 1, 2",
             self.table
         );
+        let what = "counting inbox rows";
         let rows: Vec<Row> = self
-            .with_conn("counting inbox rows", async |conn| {
-                conn.query(sql.as_str()).await
+            .with_session(async |s| {
+                (s.conn.query(sql.as_str()).await).map_err(|e| self.fail(what, &e))
             })
             .await?;
         let mut summary = StatusSummary::default();
@@ -529,21 +792,25 @@ impl InboxAdmin for MysqlInboxStore {
              claimed_at = NULL, claim_token = NULL, updated_at = NOW(6)",
             self.table
         );
-        let sql = match selector {
-            RetrySelector::Id(id) => {
-                format!("{set} WHERE id = {id} AND status IN ('FAILED', 'MANUAL_REQUIRED')")
-            }
+        let (sql, what) = match selector {
+            RetrySelector::Id(id) => (
+                format!("{set} WHERE id = {id} AND status IN ('FAILED', 'MANUAL_REQUIRED')"),
+                format!("making inbox row {id} due again"),
+            ),
             RetrySelector::Status {
                 status,
                 message_type,
             } => {
-                let of_type = message_type.as_deref().map_or(String::new(), |t| {
+                let of_type = (message_type.as_deref()).map_or(String::new(), |t| {
                     format!(" AND message_type = {}", sql_string(t))
                 });
-                format!("{set} WHERE status = {}{of_type}", sql_string(status))
+                (
+                    format!("{set} WHERE status = {}{of_type}", sql_string(status)),
+                    format!("making {status} inbox rows due again"),
+                )
             }
         };
-        self.change(sql, "making inbox rows due again").await
+        self.change(&sql, &what).await
     }
 
     async fn park_row(&self, id: i64, reason: &str) -> Result<bool, ConnectorError> {
@@ -554,7 +821,10 @@ impl InboxAdmin for MysqlInboxStore {
             self.table,
             sql_string(&parked_by_operator(reason))
         );
-        Ok(self.change(sql, &format!("parking inbox row {id}")).await? > 0)
+        Ok(self
+            .change(&sql, &format!("parking inbox row {id}"))
+            .await?
+            > 0)
     }
 
     async fn resolve_row(&self, id: i64, reason: &str) -> Result<bool, ConnectorError> {
@@ -566,7 +836,7 @@ impl InboxAdmin for MysqlInboxStore {
             sql_string(&resolved_without_handling(reason))
         );
         Ok(self
-            .change(sql, &format!("resolving inbox row {id}"))
+            .change(&sql, &format!("resolving inbox row {id}"))
             .await?
             > 0)
     }
@@ -582,8 +852,10 @@ impl InboxAdmin for MysqlInboxStore {
             return Ok(0);
         }
         let table = &self.table;
+        // `next_retry_time IS NULL` (always so for DONE rows) lets the due index give the
+        // oldest DONE rows in id order, without sorting every DONE row.
         let select = format!(
-            "SELECT id FROM {table} WHERE status = 'DONE' \
+            "{BEGIN}; SELECT id FROM {table} WHERE status = 'DONE' AND next_retry_time IS NULL \
              AND processed_at < NOW(6) - INTERVAL {} * 1000 MICROSECOND \
              AND created_at < NOW(6) - INTERVAL {} * 1000 MICROSECOND \
              ORDER BY id LIMIT {batch} FOR UPDATE SKIP LOCKED",
@@ -592,33 +864,118 @@ impl InboxAdmin for MysqlInboxStore {
         );
         let archive = match action {
             JanitorAction::Delete => None,
-            JanitorAction::Archive(name) => Some(qualified(name)),
-        };
-        self.with_conn("removing old DONE inbox rows", async |conn| {
-            if let Some(archive) = &archive {
-                conn.query_drop(format!("CREATE TABLE IF NOT EXISTS {archive} LIKE {table}"))
-                    .await?;
+            JanitorAction::Archive(name) => {
+                self.create_archive(name).await?;
+                Some(qualified(name))
             }
-            conn.query_drop("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION")
-                .await?;
-            let ids: Vec<i64> = conn.query(select.as_str()).await?;
+        };
+        let what = match action {
+            JanitorAction::Delete => "deleting old DONE inbox rows".to_owned(),
+            JanitorAction::Archive(name) => format!("moving old DONE inbox rows to {name}"),
+        };
+        self.with_session(async |s| {
+            let mut answers = answers_of(self, &mut s.conn, &select, &what).await?;
+            let ids = (answer(&mut answers, BEGIN_STATEMENTS)?.rows.iter())
+                .map(|row| int(row, 0)?.ok_or_else(|| no_id(table)))
+                .collect::<Result<Vec<i64>, _>>()?;
             if ids.is_empty() {
-                conn.query_drop("COMMIT").await?;
+                s.conn
+                    .query_drop("COMMIT")
+                    .await
+                    .map_err(|e| self.fail(&what, &e))?;
                 return Ok(0);
             }
             let list = id_list(ids);
-            if let Some(archive) = &archive {
-                conn.query_drop(format!(
-                    "INSERT INTO {archive} SELECT * FROM {table} WHERE id IN ({list})"
-                ))
-                .await?;
-            }
-            conn.query_drop(format!("DELETE FROM {table} WHERE id IN ({list})"))
-                .await?;
-            let removed = conn.affected_rows();
-            conn.query_drop("COMMIT").await?;
-            Ok(removed)
+            let copy = archive.as_ref().map_or(String::new(), |archive| {
+                format!("INSERT INTO {archive} SELECT * FROM {table} WHERE id IN ({list}); ")
+            });
+            let delete = format!("{copy}DELETE FROM {table} WHERE id IN ({list}); COMMIT");
+            let answers = answers_of(self, &mut s.conn, &delete, &what).await?;
+            let deleted = answers.len().saturating_sub(2);
+            Ok(answers.get(deleted).map_or(0, |a| a.affected))
         })
         .await
+    }
+}
+
+impl MysqlInboxStore {
+    /// Creates the janitor's archive table like the inbox when it is missing, without the
+    /// inbox's unique keys: a message stored again after the deduplication window is
+    /// archived a second time.
+    async fn create_archive(&self, name: &str) -> Result<(), ConnectorError> {
+        let archive = qualified(name);
+        let (db, table) = table_ident(name, &self.connector.config().database);
+        let what = format!("creating the archive table {name}");
+        self.with_session(async |s| {
+            let conn = &mut s.conn;
+            let exists = format!(
+                "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = {} \
+                 AND TABLE_NAME = {}",
+                sql_string(&db),
+                sql_string(&table)
+            );
+            if query_first(conn, &exists, &what).await?.is_some() {
+                return Ok(());
+            }
+            let create = format!("CREATE TABLE IF NOT EXISTS {archive} LIKE {}", self.table);
+            conn.query_drop(create.as_str())
+                .await
+                .map_err(|e| self.fail(&what, &e))?;
+            let unique = format!(
+                "SELECT DISTINCT INDEX_NAME FROM information_schema.STATISTICS \
+                 WHERE TABLE_SCHEMA = {} AND TABLE_NAME = {} AND NON_UNIQUE = 0 \
+                 AND INDEX_NAME <> 'PRIMARY'",
+                sql_string(&db),
+                sql_string(&table)
+            );
+            let drops = (query(conn, &unique, &what).await?.iter())
+                .map(|row| {
+                    Ok(format!(
+                        "DROP INDEX {}",
+                        quote_ident(&text_or_empty(row, 0)?)
+                    ))
+                })
+                .collect::<Result<Vec<String>, ConnectorError>>()?;
+            if !drops.is_empty() {
+                let alter = format!("ALTER TABLE {archive} {}", drops.join(", "));
+                conn.query_drop(alter.as_str())
+                    .await
+                    .map_err(|e| self.fail(&what, &e))?;
+            }
+            Ok(())
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn insert_texts_open_and_commit_one_transaction_under_the_limit() {
+        let statements: Vec<String> = (0..100).map(|n| format!("INSERT {n:0>95}")).collect();
+        let texts = insert_texts(&statements, 1000);
+        assert!(texts.len() > 10, "{} texts", texts.len());
+        for text in &texts {
+            assert!(text.len() <= 1000, "{}", text.len());
+        }
+        let all = texts.concat();
+        assert!(all.starts_with(&format!("{BEGIN};\n")));
+        assert!(all.ends_with(";\nCOMMIT"));
+        assert_eq!(all.matches("START TRANSACTION").count(), 1);
+        assert_eq!(all.matches("INSERT").count(), 100);
+        // One statement per message, in order, each whole in one text.
+        let order: Vec<&str> = all
+            .split(";\n")
+            .filter(|s| s.starts_with("INSERT"))
+            .collect();
+        assert_eq!(order, statements);
+
+        let one = insert_texts(&statements[..1], 1 << 20);
+        assert_eq!(one.len(), 1, "a small batch is one round trip");
+        // A statement longer than the limit goes alone (the caller checks the packet).
+        let big = vec!["x".repeat(5000)];
+        assert_eq!(insert_texts(&big, 1000).len(), 2);
     }
 }

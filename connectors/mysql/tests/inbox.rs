@@ -1,0 +1,916 @@
+//! The MySQL/MariaDB inbox store against a real MariaDB (`scripts/services`): dedup by
+//! either unique key (also inside one batch and across the texts of a large one), claims
+//! one message per key in arrival order, outcomes written only under the claim (the SQL
+//! handler's statement included), the reaper, the schedule, the payload column's kinds and
+//! the janitor's archive.
+//!
+//! Each scenario is a plain async fn over a store and [`Tables`] (what a test reads and
+//! sets behind the store's back), so it can move into `connectors/conformance` as is. Each
+//! test has its own tables, so tests run in parallel.
+
+mod support;
+
+use std::time::{Duration, SystemTime};
+
+use mysql_async::prelude::Queryable;
+use mysql_async::Conn;
+use outboxd_connector::{
+    ClaimToken, ClaimedMessage, Completed, Connector, InboxAdmin, InboxMessage, InboxOutcome,
+    InboxStore, Ingested, JanitorAction, OutboxLayout, ReadMode, ReapPolicy,
+};
+use outboxd_mysql::MysqlConnector;
+
+// ---------------------------------------------------------------------------------------
+// What a scenario needs besides the store.
+
+/// An inbox row as a test sees it.
+#[derive(Debug)]
+struct InboxRow {
+    status: String,
+    retry_count: i32,
+    /// `next_retry_time - now` in seconds.
+    next_retry_in: Option<f64>,
+    claim_token: Option<String>,
+    claimed: bool,
+    last_error: Option<String>,
+    processed: bool,
+    /// The stored payload as text.
+    payload: String,
+}
+
+/// Reads and sets the tables behind the store's back.
+trait Tables {
+    /// The row; panics when it does not exist.
+    async fn row(&self, id: i64) -> InboxRow;
+    /// Rows in the inbox table.
+    async fn count(&self) -> i64;
+    /// `claimed_at = now - seconds`.
+    async fn claimed_ago(&self, ids: &[i64], seconds: i64);
+    /// `next_retry_time = now - 1 s`: due.
+    async fn make_due(&self, ids: &[i64]);
+    /// `retry_count` and `max_retry_count`.
+    async fn set_retries(&self, ids: &[i64], retry_count: i32, max_retry_count: i32);
+    /// `status = 'DONE'`, processed and created `seconds` ago.
+    async fn done_ago(&self, ids: &[i64], seconds: i64);
+    /// A table `(n integer primary key, v text)` for the SQL handler; its name as SQL.
+    async fn effects_table(&self) -> String;
+    /// `v` of the effects, in `n` order.
+    async fn effects(&self) -> Vec<String>;
+    /// The `message_id`s in a table, in id order.
+    async fn message_ids(&self, table: &str) -> Vec<String>;
+}
+
+fn message(id: &str, type_: &str, key: &str) -> InboxMessage {
+    InboxMessage {
+        source: "orders".into(),
+        message_id: id.into(),
+        message_type: type_.into(),
+        biz_key: key.into(),
+        payload: format!(r#"{{"n": "{id}"}}"#).into_bytes(),
+        headers: vec![("trace".into(), format!("t-{id}"))],
+        rejected: None,
+    }
+}
+
+fn stored(outcomes: &[Ingested]) -> Vec<i64> {
+    (outcomes.iter())
+        .filter_map(|o| match o {
+            Ingested::Stored(id) => Some(*id),
+            Ingested::Duplicate => None,
+        })
+        .collect()
+}
+
+fn ids(claimed: &[ClaimedMessage]) -> Vec<&str> {
+    claimed.iter().map(|m| m.message_id.as_str()).collect()
+}
+
+fn near(time: Option<SystemTime>, expected: SystemTime, slack: Duration) -> bool {
+    let Some(time) = time else { return false };
+    let diff = match time.duration_since(expected) {
+        Ok(d) => d,
+        Err(e) => e.duration(),
+    };
+    diff <= slack
+}
+
+const DONE: InboxOutcome<'static> = InboxOutcome::Done { statement: None };
+
+// ---------------------------------------------------------------------------------------
+// Scenarios.
+
+/// Either unique key makes a message a duplicate: of a row stored before, and of a message
+/// earlier in the same batch. One row each; ids in arrival order.
+async fn insert_stores_each_message_once_by_either_key<S: InboxStore, T: Tables>(s: &S, t: &T) {
+    assert!(s.payload_is_json(), "the shipped schema's payload is JSON");
+    let batch = [
+        message("m1", "created", "k1"),
+        message("m1", "other-type", "other-key"), // same (source, message_id)
+        message("m9", "created", "k1"),           // same (message_type, biz_key)
+        message("m2", "created", "k2"),
+        message("m2", "created", "k2"), // same by both
+    ];
+    let outcomes = s.insert(&batch).await.expect("insert");
+    let [Ingested::Stored(a), Ingested::Duplicate, Ingested::Duplicate, Ingested::Stored(b), Ingested::Duplicate] =
+        outcomes[..]
+    else {
+        panic!("one row per message by either key: {outcomes:?}");
+    };
+    assert!(a < b, "ids in arrival order: {a}, {b}");
+    assert_eq!(t.count().await, 2);
+    let row = t.row(a).await;
+    assert_eq!((row.status.as_str(), row.retry_count), ("PENDING", 0));
+    assert_eq!(row.next_retry_in, None, "a PENDING row is due at created_at");
+    let payload: serde_json::Value = serde_json::from_str(&row.payload).expect("JSON payload");
+    assert_eq!(payload, serde_json::json!({"n": "m1"}));
+
+    // A redelivery, and a new message between duplicates.
+    let outcomes = s
+        .insert(&[
+            message("m2", "created", "k2"),
+            message("m3", "created", "k3"),
+            message("m3", "created", "k3"),
+            message("m1", "created", "k1"),
+        ])
+        .await
+        .expect("redelivery");
+    let [Ingested::Duplicate, Ingested::Stored(c), Ingested::Duplicate, Ingested::Duplicate] =
+        outcomes[..]
+    else {
+        panic!("only m3 is new: {outcomes:?}");
+    };
+    assert!(c > b);
+    assert_eq!(t.count().await, 3);
+}
+
+/// A batch far larger than one query text is cut into several, still one transaction:
+/// duplicates across the texts are found, and a message the server refuses late in the
+/// batch leaves nothing of the batch stored, with an error naming that message.
+async fn a_large_batch_is_one_transaction<S: InboxStore, T: Tables>(s: &S, t: &T) {
+    let body = format!(r#"{{"pad": "{}"}}"#, "x".repeat(1000));
+    let big = |n: usize| {
+        let mut m = message(&format!("big-{n}"), "t", &format!("k{n}"));
+        m.payload = body.clone().into_bytes();
+        m
+    };
+    // ~2.1 KB of hex per message: 3000 messages are several 1 MiB texts.
+    let mut batch: Vec<InboxMessage> = (0..3000).map(big).collect();
+    for n in [700, 1500, 2999] {
+        batch[n] = big(n - 600); // the same message again, in a later text
+    }
+    let outcomes = s.insert(&batch).await.expect("a large batch");
+    assert_eq!(outcomes.len(), batch.len());
+    for (n, outcome) in outcomes.iter().enumerate() {
+        let duplicate = [700, 1500, 2999].contains(&n);
+        assert_eq!(
+            matches!(outcome, Ingested::Duplicate),
+            duplicate,
+            "message {n}: {outcome:?}"
+        );
+    }
+    let ids = stored(&outcomes);
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids in arrival order");
+    assert_eq!(t.count().await, 2997);
+
+    let mut batch: Vec<InboxMessage> = (3000..6000).map(big).collect();
+    batch[2500].message_id = "not-json".into();
+    batch[2500].payload = b"{ not json".to_vec();
+    let e = s.insert(&batch).await.expect_err("the server refuses the body");
+    assert!(!e.is_transient(), "{e}");
+    assert!(e.message().contains("`not-json`"), "names the message: {e}");
+    assert_eq!(t.count().await, 2997, "nothing of the refused batch is stored");
+    // The store reconnects and goes on.
+    let after = s.insert(&[big(6000)]).await.expect("insert after a refusal");
+    assert!(matches!(after[..], [Ingested::Stored(_)]), "{after:?}");
+}
+
+/// A rejected message is stored MANUAL_REQUIRED with its reason (its body kept as a JSON
+/// string when it is not JSON), never claimed, and holds back its key.
+async fn a_rejected_message_is_stored_for_an_operator<S: InboxStore, T: Tables>(s: &S, t: &T) {
+    let mut bad = message("kafka:orders/0/17", "created", "k1");
+    bad.payload = b"not json".to_vec();
+    bad.rejected = Some("the record has no message_id header".into());
+    let outcomes = s
+        .insert(&[bad, message("m2", "updated", "k1")])
+        .await
+        .expect("insert");
+    let [Ingested::Stored(id), Ingested::Stored(_)] = outcomes[..] else {
+        panic!("a rejected message is stored: {outcomes:?}");
+    };
+    let row = t.row(id).await;
+    assert_eq!(row.status, "MANUAL_REQUIRED");
+    assert_eq!(
+        row.last_error.as_deref(),
+        Some("the record has no message_id header")
+    );
+    let due = row.next_retry_in.expect("next_retry_time = now");
+    assert!((-60.0..=1.0).contains(&due), "{due}");
+    assert_eq!(row.payload, r#""not json""#);
+    assert!(
+        s.claim(10).await.expect("claim").is_empty(),
+        "neither the rejected message nor the later one of its key"
+    );
+}
+
+/// One message per key is claimed, in arrival order, oldest first; a key's next message
+/// waits until the earlier one is DONE. The claimed message carries what was stored.
+async fn claim_takes_one_message_per_key_in_arrival_order<S: InboxStore, T: Tables>(
+    s: &S,
+    t: &T,
+) {
+    let batch = [
+        message("a1", "t1", "a"),
+        message("b1", "t1", "b"),
+        message("a2", "t2", "a"),
+        message("c1", "t1", "c"),
+        message("a3", "t3", "a"),
+    ];
+    s.insert(&batch).await.expect("insert");
+
+    let oldest = s.claim(1).await.expect("claim one");
+    assert_eq!(ids(&oldest), ["a1"], "the oldest first");
+    let rest = s.claim(10).await.expect("claim");
+    assert_eq!(ids(&rest), ["b1", "c1"], "the first of each other key");
+    assert!(rest[0].id < rest[1].id, "sorted by id");
+
+    let m = &oldest[0];
+    assert_eq!(
+        (m.source.as_str(), m.message_type.as_str(), m.biz_key.as_str()),
+        ("orders", "t1", "a")
+    );
+    let payload: serde_json::Value = serde_json::from_slice(&m.payload).expect("JSON payload");
+    assert_eq!(payload, serde_json::json!({"n": "a1"}));
+    assert_eq!(m.headers, [("trace".to_owned(), "t-a1".to_owned())]);
+    assert_eq!((m.retry_count, m.max_retry_count), (0, 10));
+    assert!(
+        near(Some(m.created_at), SystemTime::now(), Duration::from_secs(120)),
+        "created_at in UTC: {:?}",
+        m.created_at
+    );
+    assert_eq!(m.claim_token.0.len(), 36, "a UUID: {}", m.claim_token.0);
+    assert_ne!(m.claim_token, rest[0].claim_token, "a token per row");
+    let row = t.row(m.id).await;
+    assert_eq!(row.status, "PROCESSING");
+    assert!(row.claimed);
+    assert_eq!(row.claim_token.as_deref(), Some(m.claim_token.0.as_str()));
+
+    assert!(
+        s.claim(10).await.expect("claim").is_empty(),
+        "a2 waits for a1"
+    );
+    assert_eq!(s.complete(m, DONE).await.expect("done"), Completed::Written);
+    assert_eq!(ids(&s.claim(10).await.expect("claim")), ["a2"]);
+}
+
+/// The SQL handler's statement commits with DONE: its effect and the row's DONE together.
+async fn done_commits_the_statement_with_the_row<S: InboxStore, T: Tables>(s: &S, t: &T) {
+    s.insert(&[message("s1", "t", "k1")]).await.expect("insert");
+    let claimed = s.claim(10).await.expect("claim");
+    let effects = t.effects_table().await;
+    let statement = format!(
+        "INSERT INTO {effects} (n, v) VALUES (:id, CONCAT(:message_id, '/', :biz_key, '/', \
+         JSON_VALUE(:payload, '$.n'), '/', JSON_VALUE(:headers, '$.trace'), '/', ':id'))"
+    );
+    let done = InboxOutcome::Done {
+        statement: Some(&statement),
+    };
+    assert_eq!(
+        s.complete(&claimed[0], done).await.expect("done"),
+        Completed::Written
+    );
+    assert_eq!(t.effects().await, ["s1/k1/s1/t-s1/:id"]);
+    let row = t.row(claimed[0].id).await;
+    assert_eq!(row.status, "DONE");
+    assert!(row.processed, "processed_at is set");
+    assert!(!row.claimed && row.claim_token.is_none(), "claim cleared");
+    assert_eq!((row.last_error, row.next_retry_in), (None, None));
+}
+
+/// A statement the server refuses writes nothing, its partial effect included: the row
+/// stays PROCESSING under its claim, and the error is the handler's, for the caller to
+/// record as a failed attempt. A statement that does not bind is refused the same way.
+async fn a_failing_statement_writes_nothing<S: InboxStore, T: Tables>(s: &S, t: &T) {
+    s.insert(&[message("f1", "t", "k1")]).await.expect("insert");
+    let claimed = s.claim(10).await.expect("claim");
+    let m = &claimed[0];
+    let effects = t.effects_table().await;
+
+    let missing = format!("INSERT INTO {effects} (n, no_such_column) VALUES (1, :message_id)");
+    // The first row goes in, the second violates the primary key: the statement fails.
+    let half = format!("INSERT INTO {effects} (n, v) VALUES (7, :message_id), (7, :message_id)");
+    let unbound = format!("INSERT INTO {effects} (n, v) VALUES (?, :message_id)");
+    for (statement, expect) in [
+        (&missing, "no_such_column"),
+        (&half, "Duplicate entry"),
+        (&unbound, "parameters"),
+    ] {
+        let outcome = InboxOutcome::Done {
+            statement: Some(statement),
+        };
+        let result = s.complete(m, outcome).await.expect("complete");
+        let Completed::StatementFailed(error) = result else {
+            panic!("the statement's error is the handler's failure: {result:?}");
+        };
+        assert!(error.starts_with("SQL handler: "), "{error}");
+        assert!(error.contains(expect), "{error}");
+        assert!(t.effects().await.is_empty(), "no effect: {statement}");
+        let row = t.row(m.id).await;
+        assert_eq!(row.status, "PROCESSING", "{statement}");
+        assert_eq!(row.claim_token.as_deref(), Some(m.claim_token.0.as_str()));
+    }
+
+    // An unknown field is refused before anything runs.
+    let unknown = format!("INSERT INTO {effects} (n, v) VALUES (1, :nope)");
+    let e = (s.complete(m, InboxOutcome::Done { statement: Some(&unknown) }).await)
+        .expect_err("unknown field");
+    assert!(!e.is_transient() && e.message().contains(":nope"), "{e}");
+    assert_eq!(t.row(m.id).await.status, "PROCESSING");
+
+    // The claim still holds: the caller records the failure.
+    let failed = InboxOutcome::Failed {
+        error: "SQL handler: Unknown column",
+        retry_delay: Duration::from_secs(1),
+    };
+    assert_eq!(s.complete(m, failed).await.expect("fail"), Completed::Written);
+    let row = t.row(m.id).await;
+    assert_eq!((row.status.as_str(), row.retry_count), ("FAILED", 1));
+}
+
+/// An outcome under a token that is not the row's any more is not written, and the
+/// handler's statement does not run.
+async fn a_lost_claim_writes_nothing<S: InboxStore, T: Tables>(s: &S, t: &T) {
+    s.insert(&[message("l1", "t", "k1")]).await.expect("insert");
+    let claimed = s.claim(10).await.expect("claim");
+    let effects = t.effects_table().await;
+    let statement = format!("INSERT INTO {effects} (n, v) VALUES (:id, :message_id)");
+
+    let mut stolen = claimed[0].clone();
+    stolen.claim_token = ClaimToken("00000000-0000-0000-0000-000000000000".into());
+    let outcomes = [
+        InboxOutcome::Done {
+            statement: Some(&statement),
+        },
+        DONE,
+        InboxOutcome::Failed {
+            error: "boom",
+            retry_delay: Duration::from_secs(1),
+        },
+        InboxOutcome::ManualRequired { reason: "400" },
+        InboxOutcome::Released { reason: "stop" },
+    ];
+    for outcome in outcomes {
+        assert_eq!(
+            s.complete(&stolen, outcome).await.expect("complete"),
+            Completed::ClaimLost,
+            "{outcome:?}"
+        );
+    }
+    assert!(t.effects().await.is_empty(), "no effect without the claim");
+    let row = t.row(claimed[0].id).await;
+    assert_eq!((row.status.as_str(), row.retry_count), ("PROCESSING", 0));
+}
+
+/// A failed attempt counts and backs off (holding back its key); at `max_retry_count` the
+/// row needs an operator. MANUAL_REQUIRED is due now for the record; a released claim
+/// counts nothing and is due at once.
+async fn failures_back_off_and_end_in_manual_required<S: InboxStore, T: Tables>(s: &S, t: &T) {
+    let batch = [
+        message("r1", "t1", "k1"),
+        message("r2", "t1", "k2"),
+        message("r1b", "t2", "k1"),
+        message("r3", "t1", "k3"),
+    ];
+    let rows = stored(&s.insert(&batch).await.expect("insert"));
+    let claimed = s.claim(10).await.expect("claim");
+    assert_eq!(ids(&claimed), ["r1", "r2", "r3"]);
+    let fail = InboxOutcome::Failed {
+        error: "503 from the handler",
+        retry_delay: Duration::from_secs(60),
+    };
+    assert_eq!(s.complete(&claimed[0], fail).await.expect("fail"), Completed::Written);
+    let row = t.row(rows[0]).await;
+    assert_eq!((row.status.as_str(), row.retry_count), ("FAILED", 1));
+    assert_eq!(row.last_error.as_deref(), Some("503 from the handler"));
+    assert!(!row.claimed && row.claim_token.is_none());
+    let due_in = row.next_retry_in.expect("next_retry_time");
+    assert!((55.0..=61.0).contains(&due_in), "backoff written: {due_in}");
+    assert!(
+        s.claim(10).await.expect("claim").is_empty(),
+        "r1 is not due; r1b waits behind it"
+    );
+
+    t.make_due(&rows[..1]).await;
+    let again = s.claim(10).await.expect("claim");
+    assert_eq!(ids(&again), ["r1"], "due again, still before r1b");
+    assert_eq!(again[0].retry_count, 1);
+    t.set_retries(&rows[..1], 9, 10).await;
+    assert_eq!(s.complete(&again[0], fail).await.expect("fail"), Completed::Written);
+    let row = t.row(rows[0]).await;
+    assert_eq!((row.status.as_str(), row.retry_count), ("MANUAL_REQUIRED", 10));
+
+    let manual = InboxOutcome::ManualRequired {
+        reason: "400 bad request",
+    };
+    assert_eq!(s.complete(&claimed[1], manual).await.expect("manual"), Completed::Written);
+    let row = t.row(rows[1]).await;
+    assert_eq!((row.status.as_str(), row.retry_count), ("MANUAL_REQUIRED", 0));
+    assert_eq!(row.last_error.as_deref(), Some("400 bad request"));
+    assert!(row.next_retry_in.is_some_and(|d| d <= 1.0));
+
+    let release = InboxOutcome::Released {
+        reason: "shutting down",
+    };
+    assert_eq!(s.complete(&claimed[2], release).await.expect("release"), Completed::Written);
+    let row = t.row(rows[3]).await;
+    assert_eq!((row.status.as_str(), row.retry_count), ("PENDING", 0));
+    assert_eq!(row.next_retry_in, None);
+    assert_eq!(row.last_error.as_deref(), Some("shutting down"));
+    assert!(!row.claimed && row.claim_token.is_none());
+    assert_eq!(ids(&s.claim(10).await.expect("claim")), ["r3"], "due at once");
+}
+
+/// The reaper returns claims older than the timeout to FAILED (MANUAL_REQUIRED at the
+/// limit) and leaves younger ones; the reaped worker's late outcome is not written.
+async fn the_reaper_returns_expired_claims<S: InboxStore, T: Tables>(s: &S, t: &T) {
+    let batch = [
+        message("p1", "t", "k1"),
+        message("p2", "t", "k2"),
+        message("p3", "t", "k3"),
+    ];
+    let rows = stored(&s.insert(&batch).await.expect("insert"));
+    let claimed = s.claim(10).await.expect("claim");
+    let policy = ReapPolicy {
+        claim_timeout: Duration::from_secs(30),
+        retry_delay: Duration::from_secs(5),
+    };
+    let report = s.reap(policy).await.expect("reap");
+    assert_eq!((report.failed, report.manual_required), (0, 0), "not expired");
+
+    t.claimed_ago(&rows[..2], 60).await;
+    t.set_retries(&rows[1..2], 9, 10).await;
+    let report = s.reap(policy).await.expect("reap");
+    assert_eq!((report.failed, report.manual_required), (1, 1));
+    let row = t.row(rows[0]).await;
+    assert_eq!((row.status.as_str(), row.retry_count), ("FAILED", 1));
+    assert!(!row.claimed && row.claim_token.is_none());
+    assert_eq!(row.last_error, Some(policy.reaped_reason()));
+    let due_in = row.next_retry_in.expect("next_retry_time");
+    assert!((1.0..=6.0).contains(&due_in), "retry delay: {due_in}");
+    assert_eq!(t.row(rows[1]).await.status, "MANUAL_REQUIRED");
+    assert_eq!(t.row(rows[2]).await.status, "PROCESSING", "younger claim kept");
+
+    assert_eq!(
+        s.complete(&claimed[0], DONE).await.expect("late"),
+        Completed::ClaimLost
+    );
+    assert_eq!(s.complete(&claimed[2], DONE).await.expect("done"), Completed::Written);
+}
+
+/// The schedule names the earliest due time of a row not held back by its key, and the
+/// oldest claim.
+async fn the_schedule_names_the_next_due_row_and_the_oldest_claim<S: InboxStore, T: Tables>(
+    s: &S,
+    _t: &T,
+) {
+    let empty = s.schedule().await.expect("schedule");
+    assert_eq!((empty.next_due, empty.oldest_claim), (None, None), "idle inbox");
+
+    let before = SystemTime::now();
+    s.insert(&[message("q1", "t1", "k"), message("q2", "t2", "k")])
+        .await
+        .expect("insert");
+    let schedule = s.schedule().await.expect("schedule");
+    let slack = Duration::from_secs(60);
+    assert!(near(schedule.next_due, before, slack), "{schedule:?}");
+    assert_eq!(schedule.oldest_claim, None);
+
+    let claimed = s.claim(10).await.expect("claim");
+    assert_eq!(ids(&claimed), ["q1"]);
+    let schedule = s.schedule().await.expect("schedule");
+    assert_eq!(schedule.next_due, None, "q2 waits for its key, not for time");
+    assert!(near(schedule.oldest_claim, SystemTime::now(), slack), "{schedule:?}");
+
+    let hour = Duration::from_secs(3600);
+    let fail = InboxOutcome::Failed {
+        error: "later",
+        retry_delay: hour,
+    };
+    s.complete(&claimed[0], fail).await.expect("fail");
+    let schedule = s.schedule().await.expect("schedule");
+    assert!(
+        near(schedule.next_due, SystemTime::now() + hour, slack),
+        "q1's retry, q2 still behind it: {schedule:?}"
+    );
+    assert_eq!(schedule.oldest_claim, None);
+}
+
+/// Two stores claiming at once get disjoint rows and never two of one key.
+async fn concurrent_claimers_never_share_a_key<S: InboxStore>(one: &S, two: &S) {
+    let batch: Vec<InboxMessage> = (0..60)
+        .map(|n| message(&format!("m{n}"), &format!("t{n}"), &format!("k{}", n % 12)))
+        .collect();
+    one.insert(&batch).await.expect("insert");
+    let (a, b) = tokio::join!(one.claim(6), two.claim(6));
+    let mut keys: Vec<String> = (a.expect("one").iter())
+        .chain(b.expect("two").iter())
+        .map(|m| m.biz_key.clone())
+        .collect();
+    let claimed = keys.len();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), claimed, "no key claimed twice: {keys:?}");
+    assert!(claimed >= 6, "at least one claimer got a full batch: {claimed}");
+}
+
+/// The janitor's archive has none of the inbox's unique keys: a message stored again after
+/// the deduplication window is archived a second time.
+async fn the_archive_takes_a_message_twice<S: InboxStore + InboxAdmin, T: Tables>(
+    s: &S,
+    t: &T,
+    archive: &str,
+) {
+    let window = Duration::from_secs(86_400);
+    let action = JanitorAction::Archive(archive.to_owned());
+    for round in 0..2 {
+        let ids = stored(&s.insert(&[message("again", "t", "k")]).await.expect("insert"));
+        assert_eq!(ids.len(), 1, "round {round}: stored, the earlier one is gone");
+        t.done_ago(&ids, 2 * 86_400).await;
+        let moved = s
+            .janitor_batch(Duration::from_secs(60), window, &action, 100)
+            .await
+            .expect("janitor");
+        assert_eq!(moved, 1, "round {round}");
+    }
+    assert_eq!(t.count().await, 0);
+    assert_eq!(t.message_ids(archive).await, ["again", "again"]);
+}
+
+/// The payload column decides how bodies are stored: bytes as received in a BLOB, text in
+/// a text column, JSON text in a JSON column.
+async fn payloads_round_trip<S: InboxStore>(s: &S, body: &[u8]) {
+    let mut m = message("raw", "t", "k");
+    m.payload = body.to_vec();
+    s.insert(&[m]).await.expect("insert");
+    let claimed = s.claim(1).await.expect("claim");
+    assert_eq!(claimed[0].payload, body);
+}
+
+// ---------------------------------------------------------------------------------------
+// MariaDB.
+
+/// Tables of one test: its own outbox, inbox, effects and archive.
+struct Maria {
+    connector: MysqlConnector,
+    name: String,
+}
+
+impl Maria {
+    /// The shipped tables, made by `outboxd init` (poll mode: no checkpoint needed).
+    async fn new(prefix: &str) -> Self {
+        let m = Self::named(prefix);
+        Connector::init(&m.connector, ReadMode::Poll)
+            .await
+            .expect("init");
+        m
+    }
+
+    /// Only the inbox, from the shipped DDL with the payload column of `payload_type`.
+    async fn with_payload(prefix: &str, payload_type: &str) -> Self {
+        let m = Self::named(prefix);
+        let ddl = include_str!("../../../schemas/mysql/inbox.sql")
+            .replace("`inbox", &format!("`inbox_{}", m.name))
+            .replace("payload          JSON", &format!("payload {payload_type}"));
+        assert!(ddl.contains(payload_type));
+        m.sql().await.query_drop(ddl).await.expect("create the inbox");
+        m
+    }
+
+    fn named(prefix: &str) -> Self {
+        let name = format!("{prefix}_{}", support::rand_u32() % 1_000_000);
+        let layout = OutboxLayout {
+            outbox_table: format!("outbox_{name}"),
+            inbox_table: format!("inbox_{name}"),
+            ..OutboxLayout::default()
+        };
+        let connector = MysqlConnector::new(support::config(), &name, layout).expect("connector");
+        Self { connector, name }
+    }
+
+    async fn store(&self) -> <MysqlConnector as Connector>::Inbox {
+        self.connector.open_inbox().await.expect("open the inbox")
+    }
+
+    fn inbox(&self) -> String {
+        format!("`inbox_{}`", self.name)
+    }
+
+    fn archive(&self) -> String {
+        format!("archive_{}", self.name)
+    }
+
+    async fn sql(&self) -> Conn {
+        let c = self.connector.config();
+        let opts = mysql_async::OptsBuilder::default()
+            .ip_or_hostname(c.host.clone())
+            .tcp_port(c.port)
+            .user(Some(c.user.clone()))
+            .pass(c.password.clone())
+            .db_name(Some(c.database.clone()))
+            .prefer_socket(false)
+            .setup(vec!["SET time_zone = '+00:00'"]);
+        Conn::new(opts).await.expect("connect to the test MariaDB")
+    }
+
+    async fn set(&self, ids: &[i64], assignments: &str) {
+        let list: Vec<String> = ids.iter().map(i64::to_string).collect();
+        self.sql()
+            .await
+            .query_drop(format!(
+                "UPDATE {} SET {assignments} WHERE id IN ({})",
+                self.inbox(),
+                list.join(", ")
+            ))
+            .await
+            .expect("set inbox columns");
+    }
+
+    async fn cleanup(self) {
+        let _ = self
+            .sql()
+            .await
+            .query_drop(format!(
+                "DROP TABLE IF EXISTS `outbox_{n}`, `inbox_{n}`, `effects_{n}`, `archive_{n}`",
+                n = self.name
+            ))
+            .await;
+    }
+}
+
+impl Tables for Maria {
+    async fn row(&self, id: i64) -> InboxRow {
+        type Row = (
+            String,
+            i32,
+            Option<f64>,
+            Option<String>,
+            bool,
+            Option<String>,
+            bool,
+            String,
+        );
+        let row: Option<Row> = self
+            .sql()
+            .await
+            .query_first(format!(
+                "SELECT status, retry_count, \
+                 TIMESTAMPDIFF(MICROSECOND, NOW(6), next_retry_time) / 1e6, claim_token, \
+                 claimed_at IS NOT NULL, last_error, processed_at IS NOT NULL, \
+                 CAST(payload AS CHAR) FROM {} WHERE id = {id}",
+                self.inbox()
+            ))
+            .await
+            .expect("read an inbox row");
+        let r = row.unwrap_or_else(|| panic!("inbox row {id} exists"));
+        InboxRow {
+            status: r.0,
+            retry_count: r.1,
+            next_retry_in: r.2,
+            claim_token: r.3,
+            claimed: r.4,
+            last_error: r.5,
+            processed: r.6,
+            payload: r.7,
+        }
+    }
+
+    async fn count(&self) -> i64 {
+        let n: Option<i64> = (self.sql().await)
+            .query_first(format!("SELECT COUNT(*) FROM {}", self.inbox()))
+            .await
+            .expect("count");
+        n.unwrap_or(0)
+    }
+
+    async fn claimed_ago(&self, ids: &[i64], seconds: i64) {
+        self.set(ids, &format!("claimed_at = NOW(6) - INTERVAL {seconds} SECOND"))
+            .await;
+    }
+
+    async fn make_due(&self, ids: &[i64]) {
+        self.set(ids, "next_retry_time = NOW(6) - INTERVAL 1 SECOND").await;
+    }
+
+    async fn set_retries(&self, ids: &[i64], retry_count: i32, max_retry_count: i32) {
+        self.set(
+            ids,
+            &format!("retry_count = {retry_count}, max_retry_count = {max_retry_count}"),
+        )
+        .await;
+    }
+
+    async fn done_ago(&self, ids: &[i64], seconds: i64) {
+        self.set(
+            ids,
+            &format!(
+                "status = 'DONE', processed_at = NOW(6) - INTERVAL {seconds} SECOND, \
+                 created_at = NOW(6) - INTERVAL {seconds} SECOND"
+            ),
+        )
+        .await;
+    }
+
+    async fn effects_table(&self) -> String {
+        let table = format!("`effects_{}`", self.name);
+        self.sql()
+            .await
+            .query_drop(format!(
+                "CREATE TABLE IF NOT EXISTS {table} (n BIGINT PRIMARY KEY, v TEXT)"
+            ))
+            .await
+            .expect("create the effects table");
+        table
+    }
+
+    async fn effects(&self) -> Vec<String> {
+        (self.sql().await)
+            .query(format!("SELECT v FROM `effects_{}` ORDER BY n", self.name))
+            .await
+            .expect("effects")
+    }
+
+    async fn message_ids(&self, table: &str) -> Vec<String> {
+        (self.sql().await)
+            .query(format!("SELECT message_id FROM `{table}` ORDER BY id"))
+            .await
+            .expect("message ids")
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Tests.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn insert_dedupes_by_either_key() {
+    let m = Maria::new("ib_dedupe").await;
+    insert_stores_each_message_once_by_either_key(&m.store().await, &m).await;
+    m.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn insert_of_a_large_batch_is_one_transaction() {
+    let m = Maria::new("ib_large").await;
+    a_large_batch_is_one_transaction(&m.store().await, &m).await;
+    m.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejected_message_is_stored_manual_required() {
+    let m = Maria::new("ib_rejected").await;
+    a_rejected_message_is_stored_for_an_operator(&m.store().await, &m).await;
+    m.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_is_one_message_per_key_in_arrival_order() {
+    let m = Maria::new("ib_order").await;
+    claim_takes_one_message_per_key_in_arrival_order(&m.store().await, &m).await;
+    m.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn done_runs_the_sql_handler_in_the_same_transaction() {
+    let m = Maria::new("ib_sql").await;
+    done_commits_the_statement_with_the_row(&m.store().await, &m).await;
+    m.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_statement_is_statement_failed_and_writes_nothing() {
+    let m = Maria::new("ib_sqlfail").await;
+    a_failing_statement_writes_nothing(&m.store().await, &m).await;
+    m.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_claim_writes_nothing() {
+    let m = Maria::new("ib_lost").await;
+    a_lost_claim_writes_nothing(&m.store().await, &m).await;
+    m.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_backs_off_then_manual_required() {
+    let m = Maria::new("ib_retry").await;
+    failures_back_off_and_end_in_manual_required(&m.store().await, &m).await;
+    m.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reaper_returns_expired_claims() {
+    let m = Maria::new("ib_reap").await;
+    the_reaper_returns_expired_claims(&m.store().await, &m).await;
+    m.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedule_values() {
+    let m = Maria::new("ib_schedule").await;
+    the_schedule_names_the_next_due_row_and_the_oldest_claim(&m.store().await, &m).await;
+    m.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_claims_never_share_a_key() {
+    let m = Maria::new("ib_concurrent").await;
+    concurrent_claimers_never_share_a_key(&m.store().await, &m.store().await).await;
+    m.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn janitor_archive_takes_a_message_twice() {
+    let m = Maria::new("ib_archive").await;
+    the_archive_takes_a_message_twice(&m.store().await, &m, &m.archive()).await;
+    m.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payload_column_kinds() {
+    let body = b"\x00\xff not UTF-8 \x80";
+    let blob = Maria::with_payload("ib_blob", "LONGBLOB").await;
+    let store = blob.store().await;
+    assert!(!store.payload_is_json(), "a BLOB holds bytes");
+    payloads_round_trip(&store, body).await;
+    blob.cleanup().await;
+
+    let text = Maria::with_payload("ib_text", "LONGTEXT").await;
+    let store = text.store().await;
+    assert!(!store.payload_is_json(), "a LONGTEXT without json_valid is text");
+    payloads_round_trip(&store, "plain text, ünïcode".as_bytes()).await;
+    text.cleanup().await;
+
+    let json = Maria::with_payload("ib_json", "JSON").await;
+    let store = json.store().await;
+    assert!(store.payload_is_json(), "MariaDB's JSON: LONGTEXT with json_valid");
+    payloads_round_trip(&store, br#"{"a": [1, 2]}"#).await;
+    json.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_table_is_a_definite_error_naming_init() {
+    let m = Maria::named("ib_missing");
+    let e = m.connector.open_inbox().await.expect_err("no inbox table");
+    assert!(!e.is_transient(), "{e}");
+    assert!(e.message().contains(&format!("inbox_{}", m.name)), "{e}");
+    assert!(e.message().contains("outboxd init"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_adds_the_inbox_indexes_to_an_older_table() {
+    let m = Maria::named("ib_upgrade");
+    // The inbox as `outboxd init` created it before the inbox store existed.
+    let ddl = include_str!("../../../schemas/mysql/inbox.sql")
+        .lines()
+        .filter(|line| !line.contains("KEY `inbox_due_idx`") && !line.contains("KEY `inbox_key_idx`"))
+        .collect::<Vec<_>>()
+        .join("\n")
+        .replace(
+            "UNIQUE KEY `inbox_type_key_key` (message_type, biz_key),",
+            "UNIQUE KEY `inbox_type_key_key` (message_type, biz_key),\n    KEY `inbox_claim_idx` (next_retry_time, id),",
+        )
+        .replace("`inbox", &format!("`inbox_{}", m.name));
+    m.sql().await.query_drop(ddl).await.expect("an older inbox table");
+
+    let report = Connector::init(&m.connector, ReadMode::Poll)
+        .await
+        .expect("init");
+    let inbox = format!("inbox_{}", m.name);
+    for index in ["due_idx", "key_idx"] {
+        let line = format!("created index {inbox}_{index} on existing table {inbox}");
+        assert!(report.contains(&line), "{line}: {report:?}");
+    }
+    let columns: Vec<(String, String)> = (m.sql().await)
+        .query(format!(
+            "SELECT INDEX_NAME, GROUP_CONCAT(COLUMN_NAME ORDER BY SEQ_IN_INDEX) \
+             FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE() \
+             AND TABLE_NAME = '{inbox}' AND INDEX_NAME LIKE '%\\_idx' GROUP BY INDEX_NAME \
+             ORDER BY INDEX_NAME"
+        ))
+        .await
+        .expect("indexes");
+    assert_eq!(
+        columns,
+        [
+            (format!("{inbox}_claim_idx"), "next_retry_time,id".to_owned()),
+            (format!("{inbox}_due_idx"), "status,next_retry_time,id".to_owned()),
+            (format!("{inbox}_key_idx"), "biz_key,status,id".to_owned()),
+        ]
+    );
+    let again = Connector::init(&m.connector, ReadMode::Poll)
+        .await
+        .expect("init again");
+    assert!(
+        again.contains(&format!("table {inbox}: exists, nothing to do")),
+        "{again:?}"
+    );
+    m.cleanup().await;
+}

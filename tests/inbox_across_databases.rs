@@ -1,0 +1,218 @@
+//! The whole pattern across two databases, both directions: an outbox on one engine,
+//! relayed to Kafka by one outboxd, received by a second outboxd into the inbox of the
+//! other engine, whose SQL handler applies each event's effect. Each outboxd is killed -9
+//! once while events flow; every event's effect must exist exactly once.
+
+mod common;
+
+use std::time::Duration;
+
+use common::engine::{Engine, Event, Pipeline, Writer};
+use common::mysql::MysqlServices;
+use common::postgres::PgServices;
+use common::{init_outboxd, spawn_outboxd, wait_for};
+use mysql_async::prelude::Queryable;
+
+/// The database of the receiving side, through its own client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Receiver {
+    Postgres,
+    Mariadb,
+}
+
+impl Receiver {
+    async fn execute(self, sql: &str) {
+        match self {
+            Receiver::Postgres => {
+                let services = PgServices::from_env();
+                let (client, connection) =
+                    tokio_postgres::connect(&services.pg_conn_string(), tokio_postgres::NoTls)
+                        .await
+                        .expect("connect to PostgreSQL");
+                tokio::spawn(connection);
+                client.batch_execute(sql).await.expect(sql);
+            }
+            Receiver::Mariadb => {
+                let mut conn = MysqlServices::from_env().sql().await;
+                conn.query_drop(sql).await.expect(sql);
+            }
+        }
+    }
+
+    /// One row of integers.
+    async fn integers(self, sql: &str) -> Vec<i64> {
+        match self {
+            Receiver::Postgres => {
+                let services = PgServices::from_env();
+                let (client, connection) =
+                    tokio_postgres::connect(&services.pg_conn_string(), tokio_postgres::NoTls)
+                        .await
+                        .expect("connect to PostgreSQL");
+                tokio::spawn(connection);
+                let row = client.query_one(sql, &[]).await.expect(sql);
+                (0..row.len()).map(|i| row.get::<_, i64>(i)).collect()
+            }
+            Receiver::Mariadb => {
+                let mut conn = MysqlServices::from_env().sql().await;
+                let row: mysql_async::Row = conn.query_first(sql).await.expect(sql).expect("a row");
+                (0..row.len())
+                    .map(|i| row.get::<i64, usize>(i).expect("an integer"))
+                    .collect()
+            }
+        }
+    }
+
+    fn source_section(self) -> String {
+        match self {
+            Receiver::Postgres => PgServices::from_env().source_section(),
+            Receiver::Mariadb => MysqlServices::from_env().source_section(),
+        }
+    }
+}
+
+/// Relays `Src`'s outbox into `receiver`'s inbox; kills each outboxd once midway.
+async fn events_cross_once_with_both_killed<Src: Engine>(receiver: Receiver, prefix: &str) {
+    let relay = Pipeline::<Src>::new(prefix, 2, "").await;
+    relay.init();
+    let mut relay_daemon = relay.spawn_run("relay-1.log");
+
+    let name = format!("in_{}", relay.name);
+    let effects = format!("effects_{name}");
+    receiver
+        .execute(&format!(
+            "CREATE TABLE {effects} (message_id VARCHAR(255) NOT NULL, biz_key VARCHAR(255) NOT NULL)"
+        ))
+        .await;
+    let config = relay.dir.join("inbox.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[pipeline]
+name = "{name}"
+
+{source}
+mode = "poll"
+
+[outbox]
+relay = false
+table = "outbox_{name}"
+inbox_table = "inbox_{name}"
+checkpoint_table = "ckpt_{name}"
+
+[kafka]
+bootstrap_servers = "{kafka}"
+
+[retry]
+base = "200ms"
+cap = "1s"
+jitter = "0ms"
+
+[inbox]
+workers = 4
+claim_timeout = "5s"
+idle_check = "500ms"
+
+[inbox.kafka]
+topics = ["{topic}"]
+group_id = "it-{name}"
+
+[inbox.handlers.default]
+kind = "sql"
+statement = "INSERT INTO {effects} (message_id, biz_key) VALUES (:message_id, :biz_key)"
+"#,
+            source = receiver.source_section(),
+            kafka = relay.services.kafka(),
+            topic = relay.topic,
+        ),
+    )
+    .expect("inbox config");
+    init_outboxd(&config);
+    let mut inbox_daemon = spawn_outboxd(
+        &config,
+        &relay.dir.join("inbox-1.log"),
+        "info,outboxd=debug",
+    );
+
+    let mut writer = relay.writer().await;
+    let total: u32 = 300;
+    let keys = 15;
+    let mut written = 0;
+    for batch in 0..30u32 {
+        let events: Vec<Event> = (0..10u32)
+            .map(|i| {
+                let n = batch * 10 + i;
+                (format!("k{}", n % keys), n)
+            })
+            .collect();
+        writer.commit(&events, "x").await;
+        written += events.len() as u32;
+        if batch == 10 {
+            relay_daemon.kill9();
+            relay_daemon = relay.spawn_run("relay-2.log");
+        }
+        if batch == 20 {
+            inbox_daemon.kill9();
+            inbox_daemon = spawn_outboxd(
+                &config,
+                &relay.dir.join("inbox-2.log"),
+                "info,outboxd=debug",
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    assert_eq!(written, total);
+
+    let done = format!("SELECT count(*) FROM inbox_{name} WHERE status = 'DONE'");
+    wait_for("every event handled", Duration::from_secs(120), || async {
+        let n = receiver.integers(&done).await[0];
+        (n == i64::from(total)).then_some(())
+    })
+    .await;
+    let counts = receiver
+        .integers(&format!(
+            "SELECT count(*), count(DISTINCT message_id) FROM {effects}"
+        ))
+        .await;
+    assert_eq!(
+        counts,
+        [i64::from(total), i64::from(total)],
+        "each effect exactly once"
+    );
+    let rows = receiver
+        .integers(&format!("SELECT count(*) FROM inbox_{name}"))
+        .await;
+    assert_eq!(rows, [i64::from(total)], "each message stored once");
+
+    assert!(
+        inbox_daemon.terminate().success(),
+        "{}",
+        inbox_daemon.log_text()
+    );
+    assert!(
+        relay_daemon.terminate().success(),
+        "{}",
+        relay_daemon.log_text()
+    );
+    for table in [
+        &effects,
+        &format!("inbox_{name}"),
+        &format!("outbox_{name}"),
+        &format!("ckpt_{name}"),
+    ] {
+        receiver
+            .execute(&format!("DROP TABLE IF EXISTS {table}"))
+            .await;
+    }
+    relay.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_outbox_to_mariadb_inbox_exactly_once_across_kill_9() {
+    events_cross_once_with_both_killed::<PgServices>(Receiver::Mariadb, "xdb_pg").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_outbox_to_postgres_inbox_exactly_once_across_kill_9() {
+    events_cross_once_with_both_killed::<MysqlServices>(Receiver::Postgres, "xdb_my").await;
+}
