@@ -34,7 +34,7 @@ use crate::reconnect::{reconnecting, ReconnectBackoff};
 
 /// Completion stores per process: outcomes (and SQL handler statements) are written on
 /// these connections, round robin, beside the claiming one.
-const COMPLETION_STORES: usize = 2;
+const COMPLETION_STORES: usize = 4;
 
 /// Runs the inbox of `outboxd.inbox` (nothing without one): its workers and its Kafka
 /// ingress (HTTP ingress is served by the endpoint, see [`http::routes`]) until

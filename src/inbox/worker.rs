@@ -15,6 +15,7 @@
 use std::time::{Duration, SystemTime};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::FutureExt;
 use outboxd_connector::{
     ClaimedMessage, Completed, ConnectorError, InboxOutcome, InboxStore, ReapPolicy,
 };
@@ -59,13 +60,16 @@ pub(crate) async fn run<I: InboxStore>(
     let mut running = FuturesUnordered::new();
     let mut next_store = 0usize;
     let mut look_now = true;
+    // Claim in batches: one claim query per half of the slots rather than one per
+    // finished message, so the claim costs little next to the handlers.
+    let refill_at = settings.workers.div_ceil(2);
     loop {
         if *shutdown.borrow() {
             break;
         }
         let free = settings.workers.saturating_sub(running.len());
         let mut sleep_for = settings.idle_check;
-        if look_now && free > 0 {
+        if look_now && (free >= refill_at || running.is_empty()) {
             let claimed = claims.claim(free).await?;
             let got = claimed.len();
             for message in claimed {
@@ -73,18 +77,22 @@ pub(crate) async fn run<I: InboxStore>(
                 next_store = next_store.wrapping_add(1);
                 running.push(process(store, message, handlers, &settings.retry, stats));
             }
-            if got == free {
-                // Maybe more: look again as soon as a slot frees up.
-                sleep_for = Duration::ZERO;
+            sleep_for = if got == free {
+                // Maybe more: look again as soon as enough slots are free.
+                Duration::ZERO
             } else {
-                sleep_for = until_next(claims, settings).await?;
-            }
+                until_next(claims, settings).await?
+            };
+            look_now = false;
         }
-        look_now = false;
         let timer = tokio::time::sleep(sleep_for);
         tokio::select! {
             Some(result) = running.next(), if !running.is_empty() => {
                 result?;
+                // More may have finished meanwhile: collect them before the next claim.
+                while let Some(Some(result)) = running.next().now_or_never() {
+                    result?;
+                }
                 look_now = true;
             }
             () = wake.notified() => look_now = true,

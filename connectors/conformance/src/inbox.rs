@@ -76,6 +76,15 @@ pub async fn insert_stores_each_message_once_by_either_key<H: Harness>() {
         .expect("redelivery");
     assert_eq!(again, [Ingested::Duplicate, Ingested::Duplicate]);
 
+    // One message id twice in a batch: the first a duplicate by (type, key) of m1, the
+    // second new; the outcome of each is its own.
+    let reused = store
+        .insert(&[message("m7", "created", "k1"), message("m7", "paid", "k7")])
+        .await
+        .expect("reused id");
+    assert_eq!(reused[0], Ingested::Duplicate, "{reused:?}");
+    assert!(matches!(reused[1], Ingested::Stored(_)), "{reused:?}");
+
     let mut bad = message("kafka:orders/0/17", "created", "k3");
     bad.payload = b"not json".to_vec();
     bad.rejected = Some("the record has no message_id header".into());

@@ -120,7 +120,10 @@ async fn insert_stores_each_message_once_by_either_key<S: InboxStore, T: Tables>
     assert_eq!(t.count().await, 2);
     let row = t.row(a).await;
     assert_eq!((row.status.as_str(), row.retry_count), ("PENDING", 0));
-    assert_eq!(row.next_retry_in, None, "a PENDING row is due at created_at");
+    assert_eq!(
+        row.next_retry_in, None,
+        "a PENDING row is due at created_at"
+    );
     let payload: serde_json::Value = serde_json::from_str(&row.payload).expect("JSON payload");
     assert_eq!(payload, serde_json::json!({"n": "m1"}));
 
@@ -141,6 +144,26 @@ async fn insert_stores_each_message_once_by_either_key<S: InboxStore, T: Tables>
     };
     assert!(c > b);
     assert_eq!(t.count().await, 3);
+}
+
+/// A message id used again with another type and key is told apart: the first use, a
+/// duplicate of an older row by type and key, stores nothing; the second is stored.
+async fn a_reused_message_id_is_told_apart_by_its_other_values<S: InboxStore, T: Tables>(
+    s: &S,
+    t: &T,
+) {
+    let first = s
+        .insert(&[message("x1", "t1", "k1")])
+        .await
+        .expect("insert");
+    assert!(matches!(first[..], [Ingested::Stored(_)]), "{first:?}");
+    let batch = [message("m1", "t1", "k1"), message("m1", "t2", "k2")];
+    let outcomes = s.insert(&batch).await.expect("insert");
+    assert!(
+        matches!(outcomes[..], [Ingested::Duplicate, Ingested::Stored(_)]),
+        "{outcomes:?}"
+    );
+    assert_eq!(t.count().await, 2);
 }
 
 /// A batch far larger than one query text is cut into several, still one transaction:
@@ -175,12 +198,22 @@ async fn a_large_batch_is_one_transaction<S: InboxStore, T: Tables>(s: &S, t: &T
     let mut batch: Vec<InboxMessage> = (3000..6000).map(big).collect();
     batch[2500].message_id = "not-json".into();
     batch[2500].payload = b"{ not json".to_vec();
-    let e = s.insert(&batch).await.expect_err("the server refuses the body");
+    let e = s
+        .insert(&batch)
+        .await
+        .expect_err("the server refuses the body");
     assert!(!e.is_transient(), "{e}");
     assert!(e.message().contains("`not-json`"), "names the message: {e}");
-    assert_eq!(t.count().await, 2997, "nothing of the refused batch is stored");
+    assert_eq!(
+        t.count().await,
+        2997,
+        "nothing of the refused batch is stored"
+    );
     // The store reconnects and goes on.
-    let after = s.insert(&[big(6000)]).await.expect("insert after a refusal");
+    let after = s
+        .insert(&[big(6000)])
+        .await
+        .expect("insert after a refusal");
     assert!(matches!(after[..], [Ingested::Stored(_)]), "{after:?}");
 }
 
@@ -214,10 +247,7 @@ async fn a_rejected_message_is_stored_for_an_operator<S: InboxStore, T: Tables>(
 
 /// One message per key is claimed, in arrival order, oldest first; a key's next message
 /// waits until the earlier one is DONE. The claimed message carries what was stored.
-async fn claim_takes_one_message_per_key_in_arrival_order<S: InboxStore, T: Tables>(
-    s: &S,
-    t: &T,
-) {
+async fn claim_takes_one_message_per_key_in_arrival_order<S: InboxStore, T: Tables>(s: &S, t: &T) {
     let batch = [
         message("a1", "t1", "a"),
         message("b1", "t1", "b"),
@@ -235,7 +265,11 @@ async fn claim_takes_one_message_per_key_in_arrival_order<S: InboxStore, T: Tabl
 
     let m = &oldest[0];
     assert_eq!(
-        (m.source.as_str(), m.message_type.as_str(), m.biz_key.as_str()),
+        (
+            m.source.as_str(),
+            m.message_type.as_str(),
+            m.biz_key.as_str()
+        ),
         ("orders", "t1", "a")
     );
     let payload: serde_json::Value = serde_json::from_slice(&m.payload).expect("JSON payload");
@@ -243,7 +277,11 @@ async fn claim_takes_one_message_per_key_in_arrival_order<S: InboxStore, T: Tabl
     assert_eq!(m.headers, [("trace".to_owned(), "t-a1".to_owned())]);
     assert_eq!((m.retry_count, m.max_retry_count), (0, 10));
     assert!(
-        near(Some(m.created_at), SystemTime::now(), Duration::from_secs(120)),
+        near(
+            Some(m.created_at),
+            SystemTime::now(),
+            Duration::from_secs(120)
+        ),
         "created_at in UTC: {:?}",
         m.created_at
     );
@@ -321,7 +359,14 @@ async fn a_failing_statement_writes_nothing<S: InboxStore, T: Tables>(s: &S, t: 
 
     // An unknown field is refused before anything runs.
     let unknown = format!("INSERT INTO {effects} (n, v) VALUES (1, :nope)");
-    let e = (s.complete(m, InboxOutcome::Done { statement: Some(&unknown) }).await)
+    let e = (s
+        .complete(
+            m,
+            InboxOutcome::Done {
+                statement: Some(&unknown),
+            },
+        )
+        .await)
         .expect_err("unknown field");
     assert!(!e.is_transient() && e.message().contains(":nope"), "{e}");
     assert_eq!(t.row(m.id).await.status, "PROCESSING");
@@ -331,7 +376,10 @@ async fn a_failing_statement_writes_nothing<S: InboxStore, T: Tables>(s: &S, t: 
         error: "SQL handler: Unknown column",
         retry_delay: Duration::from_secs(1),
     };
-    assert_eq!(s.complete(m, failed).await.expect("fail"), Completed::Written);
+    assert_eq!(
+        s.complete(m, failed).await.expect("fail"),
+        Completed::Written
+    );
     let row = t.row(m.id).await;
     assert_eq!((row.status.as_str(), row.retry_count), ("FAILED", 1));
 }
@@ -387,7 +435,10 @@ async fn failures_back_off_and_end_in_manual_required<S: InboxStore, T: Tables>(
         error: "503 from the handler",
         retry_delay: Duration::from_secs(60),
     };
-    assert_eq!(s.complete(&claimed[0], fail).await.expect("fail"), Completed::Written);
+    assert_eq!(
+        s.complete(&claimed[0], fail).await.expect("fail"),
+        Completed::Written
+    );
     let row = t.row(rows[0]).await;
     assert_eq!((row.status.as_str(), row.retry_count), ("FAILED", 1));
     assert_eq!(row.last_error.as_deref(), Some("503 from the handler"));
@@ -404,29 +455,48 @@ async fn failures_back_off_and_end_in_manual_required<S: InboxStore, T: Tables>(
     assert_eq!(ids(&again), ["r1"], "due again, still before r1b");
     assert_eq!(again[0].retry_count, 1);
     t.set_retries(&rows[..1], 9, 10).await;
-    assert_eq!(s.complete(&again[0], fail).await.expect("fail"), Completed::Written);
+    assert_eq!(
+        s.complete(&again[0], fail).await.expect("fail"),
+        Completed::Written
+    );
     let row = t.row(rows[0]).await;
-    assert_eq!((row.status.as_str(), row.retry_count), ("MANUAL_REQUIRED", 10));
+    assert_eq!(
+        (row.status.as_str(), row.retry_count),
+        ("MANUAL_REQUIRED", 10)
+    );
 
     let manual = InboxOutcome::ManualRequired {
         reason: "400 bad request",
     };
-    assert_eq!(s.complete(&claimed[1], manual).await.expect("manual"), Completed::Written);
+    assert_eq!(
+        s.complete(&claimed[1], manual).await.expect("manual"),
+        Completed::Written
+    );
     let row = t.row(rows[1]).await;
-    assert_eq!((row.status.as_str(), row.retry_count), ("MANUAL_REQUIRED", 0));
+    assert_eq!(
+        (row.status.as_str(), row.retry_count),
+        ("MANUAL_REQUIRED", 0)
+    );
     assert_eq!(row.last_error.as_deref(), Some("400 bad request"));
     assert!(row.next_retry_in.is_some_and(|d| d <= 1.0));
 
     let release = InboxOutcome::Released {
         reason: "shutting down",
     };
-    assert_eq!(s.complete(&claimed[2], release).await.expect("release"), Completed::Written);
+    assert_eq!(
+        s.complete(&claimed[2], release).await.expect("release"),
+        Completed::Written
+    );
     let row = t.row(rows[3]).await;
     assert_eq!((row.status.as_str(), row.retry_count), ("PENDING", 0));
     assert_eq!(row.next_retry_in, None);
     assert_eq!(row.last_error.as_deref(), Some("shutting down"));
     assert!(!row.claimed && row.claim_token.is_none());
-    assert_eq!(ids(&s.claim(10).await.expect("claim")), ["r3"], "due at once");
+    assert_eq!(
+        ids(&s.claim(10).await.expect("claim")),
+        ["r3"],
+        "due at once"
+    );
 }
 
 /// The reaper returns claims older than the timeout to FAILED (MANUAL_REQUIRED at the
@@ -444,7 +514,11 @@ async fn the_reaper_returns_expired_claims<S: InboxStore, T: Tables>(s: &S, t: &
         retry_delay: Duration::from_secs(5),
     };
     let report = s.reap(policy).await.expect("reap");
-    assert_eq!((report.failed, report.manual_required), (0, 0), "not expired");
+    assert_eq!(
+        (report.failed, report.manual_required),
+        (0, 0),
+        "not expired"
+    );
 
     t.claimed_ago(&rows[..2], 60).await;
     t.set_retries(&rows[1..2], 9, 10).await;
@@ -457,13 +531,20 @@ async fn the_reaper_returns_expired_claims<S: InboxStore, T: Tables>(s: &S, t: &
     let due_in = row.next_retry_in.expect("next_retry_time");
     assert!((1.0..=6.0).contains(&due_in), "retry delay: {due_in}");
     assert_eq!(t.row(rows[1]).await.status, "MANUAL_REQUIRED");
-    assert_eq!(t.row(rows[2]).await.status, "PROCESSING", "younger claim kept");
+    assert_eq!(
+        t.row(rows[2]).await.status,
+        "PROCESSING",
+        "younger claim kept"
+    );
 
     assert_eq!(
         s.complete(&claimed[0], DONE).await.expect("late"),
         Completed::ClaimLost
     );
-    assert_eq!(s.complete(&claimed[2], DONE).await.expect("done"), Completed::Written);
+    assert_eq!(
+        s.complete(&claimed[2], DONE).await.expect("done"),
+        Completed::Written
+    );
 }
 
 /// The schedule names the earliest due time of a row not held back by its key, and the
@@ -473,7 +554,11 @@ async fn the_schedule_names_the_next_due_row_and_the_oldest_claim<S: InboxStore,
     _t: &T,
 ) {
     let empty = s.schedule().await.expect("schedule");
-    assert_eq!((empty.next_due, empty.oldest_claim), (None, None), "idle inbox");
+    assert_eq!(
+        (empty.next_due, empty.oldest_claim),
+        (None, None),
+        "idle inbox"
+    );
 
     let before = SystemTime::now();
     s.insert(&[message("q1", "t1", "k"), message("q2", "t2", "k")])
@@ -487,8 +572,14 @@ async fn the_schedule_names_the_next_due_row_and_the_oldest_claim<S: InboxStore,
     let claimed = s.claim(10).await.expect("claim");
     assert_eq!(ids(&claimed), ["q1"]);
     let schedule = s.schedule().await.expect("schedule");
-    assert_eq!(schedule.next_due, None, "q2 waits for its key, not for time");
-    assert!(near(schedule.oldest_claim, SystemTime::now(), slack), "{schedule:?}");
+    assert_eq!(
+        schedule.next_due, None,
+        "q2 waits for its key, not for time"
+    );
+    assert!(
+        near(schedule.oldest_claim, SystemTime::now(), slack),
+        "{schedule:?}"
+    );
 
     let hour = Duration::from_secs(3600);
     let fail = InboxOutcome::Failed {
@@ -519,7 +610,10 @@ async fn concurrent_claimers_never_share_a_key<S: InboxStore>(one: &S, two: &S) 
     keys.sort();
     keys.dedup();
     assert_eq!(keys.len(), claimed, "no key claimed twice: {keys:?}");
-    assert!(claimed >= 6, "at least one claimer got a full batch: {claimed}");
+    assert!(
+        claimed >= 6,
+        "at least one claimer got a full batch: {claimed}"
+    );
 }
 
 /// The janitor's archive has none of the inbox's unique keys: a message stored again after
@@ -532,8 +626,16 @@ async fn the_archive_takes_a_message_twice<S: InboxStore + InboxAdmin, T: Tables
     let window = Duration::from_secs(86_400);
     let action = JanitorAction::Archive(archive.to_owned());
     for round in 0..2 {
-        let ids = stored(&s.insert(&[message("again", "t", "k")]).await.expect("insert"));
-        assert_eq!(ids.len(), 1, "round {round}: stored, the earlier one is gone");
+        let ids = stored(
+            &s.insert(&[message("again", "t", "k")])
+                .await
+                .expect("insert"),
+        );
+        assert_eq!(
+            ids.len(),
+            1,
+            "round {round}: stored, the earlier one is gone"
+        );
         t.done_ago(&ids, 2 * 86_400).await;
         let moved = s
             .janitor_batch(Duration::from_secs(60), window, &action, 100)
@@ -581,7 +683,11 @@ impl Maria {
             .replace("`inbox", &format!("`inbox_{}", m.name))
             .replace("payload          JSON", &format!("payload {payload_type}"));
         assert!(ddl.contains(payload_type));
-        m.sql().await.query_drop(ddl).await.expect("create the inbox");
+        m.sql()
+            .await
+            .query_drop(ddl)
+            .await
+            .expect("create the inbox");
         m
     }
 
@@ -692,12 +798,16 @@ impl Tables for Maria {
     }
 
     async fn claimed_ago(&self, ids: &[i64], seconds: i64) {
-        self.set(ids, &format!("claimed_at = NOW(6) - INTERVAL {seconds} SECOND"))
-            .await;
+        self.set(
+            ids,
+            &format!("claimed_at = NOW(6) - INTERVAL {seconds} SECOND"),
+        )
+        .await;
     }
 
     async fn make_due(&self, ids: &[i64]) {
-        self.set(ids, "next_retry_time = NOW(6) - INTERVAL 1 SECOND").await;
+        self.set(ids, "next_retry_time = NOW(6) - INTERVAL 1 SECOND")
+            .await;
     }
 
     async fn set_retries(&self, ids: &[i64], retry_count: i32, max_retry_count: i32) {
@@ -753,6 +863,13 @@ impl Tables for Maria {
 async fn insert_dedupes_by_either_key() {
     let m = Maria::new("ib_dedupe").await;
     insert_stores_each_message_once_by_either_key(&m.store().await, &m).await;
+    m.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn insert_tells_a_reused_message_id_apart() {
+    let m = Maria::new("ib_reused").await;
+    a_reused_message_id_is_told_apart_by_its_other_values(&m.store().await, &m).await;
     m.cleanup().await;
 }
 
@@ -844,13 +961,19 @@ async fn payload_column_kinds() {
 
     let text = Maria::with_payload("ib_text", "LONGTEXT").await;
     let store = text.store().await;
-    assert!(!store.payload_is_json(), "a LONGTEXT without json_valid is text");
+    assert!(
+        !store.payload_is_json(),
+        "a LONGTEXT without json_valid is text"
+    );
     payloads_round_trip(&store, "plain text, ünïcode".as_bytes()).await;
     text.cleanup().await;
 
     let json = Maria::with_payload("ib_json", "JSON").await;
     let store = json.store().await;
-    assert!(store.payload_is_json(), "MariaDB's JSON: LONGTEXT with json_valid");
+    assert!(
+        store.payload_is_json(),
+        "MariaDB's JSON: LONGTEXT with json_valid"
+    );
     payloads_round_trip(&store, br#"{"a": [1, 2]}"#).await;
     json.cleanup().await;
 }
@@ -878,7 +1001,11 @@ async fn init_adds_the_inbox_indexes_to_an_older_table() {
             "UNIQUE KEY `inbox_type_key_key` (message_type, biz_key),\n    KEY `inbox_claim_idx` (next_retry_time, id),",
         )
         .replace("`inbox", &format!("`inbox_{}", m.name));
-    m.sql().await.query_drop(ddl).await.expect("an older inbox table");
+    m.sql()
+        .await
+        .query_drop(ddl)
+        .await
+        .expect("an older inbox table");
 
     let report = Connector::init(&m.connector, ReadMode::Poll)
         .await
@@ -900,8 +1027,14 @@ async fn init_adds_the_inbox_indexes_to_an_older_table() {
     assert_eq!(
         columns,
         [
-            (format!("{inbox}_claim_idx"), "next_retry_time,id".to_owned()),
-            (format!("{inbox}_due_idx"), "status,next_retry_time,id".to_owned()),
+            (
+                format!("{inbox}_claim_idx"),
+                "next_retry_time,id".to_owned()
+            ),
+            (
+                format!("{inbox}_due_idx"),
+                "status,next_retry_time,id".to_owned()
+            ),
             (format!("{inbox}_key_idx"), "biz_key,status,id".to_owned()),
         ]
     );

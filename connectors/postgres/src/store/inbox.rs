@@ -4,8 +4,8 @@
 //!
 //! Deduplication is `INSERT … ON CONFLICT DO NOTHING` without a conflict target, so both
 //! unique keys count, also between two messages of the same batch. Which messages were
-//! stored is read back from `RETURNING (source, message_id)`: that pair is unique, so the
-//! first message of the batch with a returned pair is the stored one.
+//! stored is read back from `RETURNING`: the first message of the batch with a returned
+//! row's `(source, message_id, message_type, biz_key)` is the stored one.
 
 use std::collections::HashMap;
 use std::time::SystemTime;
@@ -174,7 +174,7 @@ impl Sql {
                  {payload_param}, $7::text[], $8::text[]) WITH ORDINALITY \
                  AS m(source, message_id, message_type, biz_key, headers, payload, status, reason, n) \
                  ORDER BY m.n \
-                 ON CONFLICT DO NOTHING RETURNING id, source, message_id"
+                 ON CONFLICT DO NOTHING RETURNING id, source, message_id, message_type, biz_key"
             ),
             claim: format!(
                 "WITH c AS (SELECT i.id FROM {table} i WHERE {due} AND {not_blocked} \
@@ -279,28 +279,48 @@ impl InboxStore for PgInboxStore {
                     .map_err(|e| self.error(&e, "storing inbox messages"))
             })
             .await?;
-        let mut stored: HashMap<(String, String), i64> = HashMap::with_capacity(rows.len());
+        // A stored row is the first message with all four of its values: the same message
+        // id may come twice in a batch with other types and keys, the first one a
+        // duplicate by (message_type, biz_key) and the second one stored.
+        let mut stored: HashMap<[String; 4], i64> = HashMap::with_capacity(rows.len());
         for row in &rows {
-            stored.insert((get(row, 1)?, get(row, 2)?), get(row, 0)?);
+            let key = [get(row, 1)?, get(row, 2)?, get(row, 3)?, get(row, 4)?];
+            stored.insert(key, get(row, 0)?);
         }
         Ok(messages
             .iter()
-            .map(
-                |m| match stored.remove(&(m.source.clone(), m.message_id.clone())) {
+            .map(|m| {
+                let key = [
+                    m.source.clone(),
+                    m.message_id.clone(),
+                    m.message_type.clone(),
+                    m.biz_key.clone(),
+                ];
+                match stored.remove(&key) {
                     Some(id) => Ingested::Stored(id),
                     None => Ingested::Duplicate,
-                },
-            )
+                }
+            })
             .collect())
     }
 
     async fn claim(&self, limit: usize) -> Result<Vec<ClaimedMessage>, ConnectorError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        // A claim is bookkeeping: lost in a server crash, the row is PENDING again and is
+        // claimed anew (the late outcome of the old claim is refused by its token), which
+        // is the at-least-once a crash means anyway. So it does not wait for its WAL flush,
+        // which would otherwise add a disk flush to every message's latency. The three
+        // requests go out together.
         let rows = self
             .with_client(async |client| {
-                client
-                    .query(&self.sql.claim, &[&limit])
-                    .await
+                let begin = client.batch_execute("BEGIN; SET LOCAL synchronous_commit = off");
+                let params: [&(dyn ToSql + Sync); 1] = [&limit];
+                let claim = client.query(&self.sql.claim, &params);
+                let commit = client.batch_execute("COMMIT");
+                let (begun, claimed, committed) = tokio::join!(begin, claim, commit);
+                begun
+                    .and(claimed)
+                    .and_then(|rows| committed.map(|()| rows))
                     .map_err(|e| self.error(&e, "claiming inbox messages"))
             })
             .await?;
@@ -320,51 +340,76 @@ impl InboxStore for PgInboxStore {
     ) -> Result<Completed, ConnectorError> {
         let id = message.id;
         let token = message.claim_token.0.as_str();
-        self.with_client(async |client| {
-            let tx = (client.transaction().await)
-                .map_err(|e| self.error(&e, "starting an inbox write-back"))?;
-            let written = match outcome {
-                InboxOutcome::Done { .. } => tx.execute(&self.sql.done, &[&id, &token]).await,
-                InboxOutcome::Failed { error, retry_delay } => {
-                    let error = last_error_text(error);
-                    let delay = delay_ms(retry_delay);
-                    tx.execute(&self.sql.failed, &[&id, &token, &error, &delay])
-                        .await
-                }
-                InboxOutcome::ManualRequired { reason } => {
-                    let reason = last_error_text(reason);
-                    tx.execute(&self.sql.manual, &[&id, &token, &reason]).await
-                }
-                InboxOutcome::Released { reason } => {
-                    let reason = last_error_text(reason);
-                    tx.execute(&self.sql.released, &[&id, &token, &reason])
-                        .await
-                }
+        let (update, reason, delay): (&str, Option<String>, Option<i64>) = match outcome {
+            InboxOutcome::Done { .. } => (&self.sql.done, None, None),
+            InboxOutcome::Failed { error, retry_delay } => (
+                &self.sql.failed,
+                Some(last_error_text(error)),
+                Some(delay_ms(retry_delay)),
+            ),
+            InboxOutcome::ManualRequired { reason } => {
+                (&self.sql.manual, Some(last_error_text(reason)), None)
             }
-            .map_err(|e| self.error(&e, "writing back an inbox message"))?;
-            if written == 0 {
-                // Rolled back on drop: the handler's statement must not run either.
-                return Ok(Completed::ClaimLost);
+            InboxOutcome::Released { reason } => {
+                (&self.sql.released, Some(last_error_text(reason)), None)
             }
-            if let InboxOutcome::Done {
+        };
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&id, &token];
+        if let Some(reason) = &reason {
+            params.push(reason);
+        }
+        if let Some(delay) = &delay {
+            params.push(delay);
+        }
+        // The SQL handler's statement, its fields bound as text.
+        let handler = match outcome {
+            InboxOutcome::Done {
                 statement: Some(statement),
-            } = outcome
-            {
+            } => {
                 let (sql, fields) = kit::bind_named(statement, |n| format!("${n}::text"))?;
                 let values: Vec<String> = fields.iter().map(|f| f.text(message)).collect();
-                let params: Vec<&(dyn ToSql + Sync)> =
-                    values.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
-                if let Err(e) = tx.execute(sql.as_str(), &params).await {
-                    if e.as_db_error().is_none() {
-                        return Err(self.error(&e, "running the inbox SQL handler"));
-                    }
-                    return Ok(Completed::StatementFailed(handler_error(&e)));
-                }
+                Some((sql, values))
             }
-            tx.commit()
-                .await
-                .map_err(|e| self.error(&e, "committing an inbox write-back"))?;
-            Ok(Completed::Written)
+            _ => None,
+        };
+        self.with_client(async |client| {
+            // BEGIN, the claim's UPDATE and the handler's statement go out together
+            // (tokio-postgres pipelines requests polled at once): the statement runs even
+            // when the claim is lost, and is rolled back then with the rest.
+            let begin = client.batch_execute("BEGIN");
+            let written = client.execute(update, &params);
+            let statement = async {
+                let Some((sql, values)) = &handler else {
+                    return Ok(());
+                };
+                let values: Vec<&(dyn ToSql + Sync)> =
+                    values.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
+                client.execute(sql.as_str(), &values).await.map(|_| ())
+            };
+            let (begun, written, ran) = tokio::join!(begin, written, statement);
+            // A statement that fails to parse fails before the UPDATE runs (which then
+            // reports the aborted transaction): the statement's error is the news.
+            let outcome = match (begun, written, ran) {
+                (Err(e), _, _) => Err(self.error(&e, "starting an inbox write-back")),
+                (_, Ok(0), _) => Ok(Completed::ClaimLost),
+                (_, _, Err(e)) if e.as_db_error().is_some() => {
+                    Ok(Completed::StatementFailed(handler_error(&e)))
+                }
+                (_, _, Err(e)) => Err(self.error(&e, "running the inbox SQL handler")),
+                (_, Err(e), _) => Err(self.error(&e, "writing back an inbox message")),
+                (_, Ok(_), Ok(())) => Ok(Completed::Written),
+            };
+            let end = if matches!(outcome, Ok(Completed::Written)) {
+                "COMMIT"
+            } else {
+                "ROLLBACK"
+            };
+            let ended = client.batch_execute(end).await;
+            match (outcome, ended) {
+                (Ok(done), Ok(())) => Ok(done),
+                (Err(e), _) => Err(e),
+                (Ok(_), Err(e)) => Err(self.error(&e, "committing an inbox write-back")),
+            }
         })
         .await
     }
