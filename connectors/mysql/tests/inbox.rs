@@ -1,22 +1,21 @@
-//! The MySQL/MariaDB inbox store against a real MariaDB (`scripts/services`): dedup by
-//! either unique key (also inside one batch and across the texts of a large one), claims
-//! one message per key in arrival order, outcomes written only under the claim (the SQL
-//! handler's statement included), the reaper, the schedule, the payload column's kinds and
-//! the janitor's archive.
+//! What only the MySQL/MariaDB inbox store has to get right, against a real MariaDB
+//! (`scripts/services`); the contract's inbox scenarios run in `tests/conformance.rs`:
+//! a batch larger than one query text, a rejected message, handler statements the server
+//! refuses part-way or that do not bind, the archive (no unique keys), the payload
+//! column's kinds, a missing table, and `init` adding the indexes to an older table.
 //!
 //! Each scenario is a plain async fn over a store and [`Tables`] (what a test reads and
-//! sets behind the store's back), so it can move into `connectors/conformance` as is. Each
-//! test has its own tables, so tests run in parallel.
+//! sets behind the store's back). Each test has its own tables, so tests run in parallel.
 
 mod support;
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 use outboxd_connector::{
-    ClaimToken, ClaimedMessage, Completed, Connector, InboxAdmin, InboxMessage, InboxOutcome,
-    InboxStore, Ingested, JanitorAction, OutboxLayout, ReadMode, ReapPolicy,
+    Completed, Connector, InboxAdmin, InboxMessage, InboxOutcome, InboxStore, Ingested,
+    JanitorAction, OutboxLayout, ReadMode,
 };
 use outboxd_mysql::MysqlConnector;
 
@@ -31,9 +30,7 @@ struct InboxRow {
     /// `next_retry_time - now` in seconds.
     next_retry_in: Option<f64>,
     claim_token: Option<String>,
-    claimed: bool,
     last_error: Option<String>,
-    processed: bool,
     /// The stored payload as text.
     payload: String,
 }
@@ -44,12 +41,6 @@ trait Tables {
     async fn row(&self, id: i64) -> InboxRow;
     /// Rows in the inbox table.
     async fn count(&self) -> i64;
-    /// `claimed_at = now - seconds`.
-    async fn claimed_ago(&self, ids: &[i64], seconds: i64);
-    /// `next_retry_time = now - 1 s`: due.
-    async fn make_due(&self, ids: &[i64]);
-    /// `retry_count` and `max_retry_count`.
-    async fn set_retries(&self, ids: &[i64], retry_count: i32, max_retry_count: i32);
     /// `status = 'DONE'`, processed and created `seconds` ago.
     async fn done_ago(&self, ids: &[i64], seconds: i64);
     /// A table `(n integer primary key, v text)` for the SQL handler; its name as SQL.
@@ -81,90 +72,8 @@ fn stored(outcomes: &[Ingested]) -> Vec<i64> {
         .collect()
 }
 
-fn ids(claimed: &[ClaimedMessage]) -> Vec<&str> {
-    claimed.iter().map(|m| m.message_id.as_str()).collect()
-}
-
-fn near(time: Option<SystemTime>, expected: SystemTime, slack: Duration) -> bool {
-    let Some(time) = time else { return false };
-    let diff = match time.duration_since(expected) {
-        Ok(d) => d,
-        Err(e) => e.duration(),
-    };
-    diff <= slack
-}
-
-const DONE: InboxOutcome<'static> = InboxOutcome::Done { statement: None };
-
 // ---------------------------------------------------------------------------------------
 // Scenarios.
-
-/// Either unique key makes a message a duplicate: of a row stored before, and of a message
-/// earlier in the same batch. One row each; ids in arrival order.
-async fn insert_stores_each_message_once_by_either_key<S: InboxStore, T: Tables>(s: &S, t: &T) {
-    assert!(s.payload_is_json(), "the shipped schema's payload is JSON");
-    let batch = [
-        message("m1", "created", "k1"),
-        message("m1", "other-type", "other-key"), // same (source, message_id)
-        message("m9", "created", "k1"),           // same (message_type, biz_key)
-        message("m2", "created", "k2"),
-        message("m2", "created", "k2"), // same by both
-    ];
-    let outcomes = s.insert(&batch).await.expect("insert");
-    let [Ingested::Stored(a), Ingested::Duplicate, Ingested::Duplicate, Ingested::Stored(b), Ingested::Duplicate] =
-        outcomes[..]
-    else {
-        panic!("one row per message by either key: {outcomes:?}");
-    };
-    assert!(a < b, "ids in arrival order: {a}, {b}");
-    assert_eq!(t.count().await, 2);
-    let row = t.row(a).await;
-    assert_eq!((row.status.as_str(), row.retry_count), ("PENDING", 0));
-    assert_eq!(
-        row.next_retry_in, None,
-        "a PENDING row is due at created_at"
-    );
-    let payload: serde_json::Value = serde_json::from_str(&row.payload).expect("JSON payload");
-    assert_eq!(payload, serde_json::json!({"n": "m1"}));
-
-    // A redelivery, and a new message between duplicates.
-    let outcomes = s
-        .insert(&[
-            message("m2", "created", "k2"),
-            message("m3", "created", "k3"),
-            message("m3", "created", "k3"),
-            message("m1", "created", "k1"),
-        ])
-        .await
-        .expect("redelivery");
-    let [Ingested::Duplicate, Ingested::Stored(c), Ingested::Duplicate, Ingested::Duplicate] =
-        outcomes[..]
-    else {
-        panic!("only m3 is new: {outcomes:?}");
-    };
-    assert!(c > b);
-    assert_eq!(t.count().await, 3);
-}
-
-/// A message id used again with another type and key is told apart: the first use, a
-/// duplicate of an older row by type and key, stores nothing; the second is stored.
-async fn a_reused_message_id_is_told_apart_by_its_other_values<S: InboxStore, T: Tables>(
-    s: &S,
-    t: &T,
-) {
-    let first = s
-        .insert(&[message("x1", "t1", "k1")])
-        .await
-        .expect("insert");
-    assert!(matches!(first[..], [Ingested::Stored(_)]), "{first:?}");
-    let batch = [message("m1", "t1", "k1"), message("m1", "t2", "k2")];
-    let outcomes = s.insert(&batch).await.expect("insert");
-    assert!(
-        matches!(outcomes[..], [Ingested::Duplicate, Ingested::Stored(_)]),
-        "{outcomes:?}"
-    );
-    assert_eq!(t.count().await, 2);
-}
 
 /// A batch far larger than one query text is cut into several, still one transaction:
 /// duplicates across the texts are found, and a message the server refuses late in the
@@ -245,85 +154,6 @@ async fn a_rejected_message_is_stored_for_an_operator<S: InboxStore, T: Tables>(
     );
 }
 
-/// One message per key is claimed, in arrival order, oldest first; a key's next message
-/// waits until the earlier one is DONE. The claimed message carries what was stored.
-async fn claim_takes_one_message_per_key_in_arrival_order<S: InboxStore, T: Tables>(s: &S, t: &T) {
-    let batch = [
-        message("a1", "t1", "a"),
-        message("b1", "t1", "b"),
-        message("a2", "t2", "a"),
-        message("c1", "t1", "c"),
-        message("a3", "t3", "a"),
-    ];
-    s.insert(&batch).await.expect("insert");
-
-    let oldest = s.claim(1).await.expect("claim one");
-    assert_eq!(ids(&oldest), ["a1"], "the oldest first");
-    let rest = s.claim(10).await.expect("claim");
-    assert_eq!(ids(&rest), ["b1", "c1"], "the first of each other key");
-    assert!(rest[0].id < rest[1].id, "sorted by id");
-
-    let m = &oldest[0];
-    assert_eq!(
-        (
-            m.source.as_str(),
-            m.message_type.as_str(),
-            m.biz_key.as_str()
-        ),
-        ("orders", "t1", "a")
-    );
-    let payload: serde_json::Value = serde_json::from_slice(&m.payload).expect("JSON payload");
-    assert_eq!(payload, serde_json::json!({"n": "a1"}));
-    assert_eq!(m.headers, [("trace".to_owned(), "t-a1".to_owned())]);
-    assert_eq!((m.retry_count, m.max_retry_count), (0, 10));
-    assert!(
-        near(
-            Some(m.created_at),
-            SystemTime::now(),
-            Duration::from_secs(120)
-        ),
-        "created_at in UTC: {:?}",
-        m.created_at
-    );
-    assert_eq!(m.claim_token.0.len(), 36, "a UUID: {}", m.claim_token.0);
-    assert_ne!(m.claim_token, rest[0].claim_token, "a token per row");
-    let row = t.row(m.id).await;
-    assert_eq!(row.status, "PROCESSING");
-    assert!(row.claimed);
-    assert_eq!(row.claim_token.as_deref(), Some(m.claim_token.0.as_str()));
-
-    assert!(
-        s.claim(10).await.expect("claim").is_empty(),
-        "a2 waits for a1"
-    );
-    assert_eq!(s.complete(m, DONE).await.expect("done"), Completed::Written);
-    assert_eq!(ids(&s.claim(10).await.expect("claim")), ["a2"]);
-}
-
-/// The SQL handler's statement commits with DONE: its effect and the row's DONE together.
-async fn done_commits_the_statement_with_the_row<S: InboxStore, T: Tables>(s: &S, t: &T) {
-    s.insert(&[message("s1", "t", "k1")]).await.expect("insert");
-    let claimed = s.claim(10).await.expect("claim");
-    let effects = t.effects_table().await;
-    let statement = format!(
-        "INSERT INTO {effects} (n, v) VALUES (:id, CONCAT(:message_id, '/', :biz_key, '/', \
-         JSON_VALUE(:payload, '$.n'), '/', JSON_VALUE(:headers, '$.trace'), '/', ':id'))"
-    );
-    let done = InboxOutcome::Done {
-        statement: Some(&statement),
-    };
-    assert_eq!(
-        s.complete(&claimed[0], done).await.expect("done"),
-        Completed::Written
-    );
-    assert_eq!(t.effects().await, ["s1/k1/s1/t-s1/:id"]);
-    let row = t.row(claimed[0].id).await;
-    assert_eq!(row.status, "DONE");
-    assert!(row.processed, "processed_at is set");
-    assert!(!row.claimed && row.claim_token.is_none(), "claim cleared");
-    assert_eq!((row.last_error, row.next_retry_in), (None, None));
-}
-
 /// A statement the server refuses writes nothing, its partial effect included: the row
 /// stays PROCESSING under its claim, and the error is the handler's, for the caller to
 /// record as a failed attempt. A statement that does not bind is refused the same way.
@@ -382,238 +212,6 @@ async fn a_failing_statement_writes_nothing<S: InboxStore, T: Tables>(s: &S, t: 
     );
     let row = t.row(m.id).await;
     assert_eq!((row.status.as_str(), row.retry_count), ("FAILED", 1));
-}
-
-/// An outcome under a token that is not the row's any more is not written, and the
-/// handler's statement does not run.
-async fn a_lost_claim_writes_nothing<S: InboxStore, T: Tables>(s: &S, t: &T) {
-    s.insert(&[message("l1", "t", "k1")]).await.expect("insert");
-    let claimed = s.claim(10).await.expect("claim");
-    let effects = t.effects_table().await;
-    let statement = format!("INSERT INTO {effects} (n, v) VALUES (:id, :message_id)");
-
-    let mut stolen = claimed[0].clone();
-    stolen.claim_token = ClaimToken("00000000-0000-0000-0000-000000000000".into());
-    let outcomes = [
-        InboxOutcome::Done {
-            statement: Some(&statement),
-        },
-        DONE,
-        InboxOutcome::Failed {
-            error: "boom",
-            retry_delay: Duration::from_secs(1),
-        },
-        InboxOutcome::ManualRequired { reason: "400" },
-        InboxOutcome::Released { reason: "stop" },
-    ];
-    for outcome in outcomes {
-        assert_eq!(
-            s.complete(&stolen, outcome).await.expect("complete"),
-            Completed::ClaimLost,
-            "{outcome:?}"
-        );
-    }
-    assert!(t.effects().await.is_empty(), "no effect without the claim");
-    let row = t.row(claimed[0].id).await;
-    assert_eq!((row.status.as_str(), row.retry_count), ("PROCESSING", 0));
-}
-
-/// A failed attempt counts and backs off (holding back its key); at `max_retry_count` the
-/// row needs an operator. MANUAL_REQUIRED is due now for the record; a released claim
-/// counts nothing and is due at once.
-async fn failures_back_off_and_end_in_manual_required<S: InboxStore, T: Tables>(s: &S, t: &T) {
-    let batch = [
-        message("r1", "t1", "k1"),
-        message("r2", "t1", "k2"),
-        message("r1b", "t2", "k1"),
-        message("r3", "t1", "k3"),
-    ];
-    let rows = stored(&s.insert(&batch).await.expect("insert"));
-    let claimed = s.claim(10).await.expect("claim");
-    assert_eq!(ids(&claimed), ["r1", "r2", "r3"]);
-    let fail = InboxOutcome::Failed {
-        error: "503 from the handler",
-        retry_delay: Duration::from_secs(60),
-    };
-    assert_eq!(
-        s.complete(&claimed[0], fail).await.expect("fail"),
-        Completed::Written
-    );
-    let row = t.row(rows[0]).await;
-    assert_eq!((row.status.as_str(), row.retry_count), ("FAILED", 1));
-    assert_eq!(row.last_error.as_deref(), Some("503 from the handler"));
-    assert!(!row.claimed && row.claim_token.is_none());
-    let due_in = row.next_retry_in.expect("next_retry_time");
-    assert!((55.0..=61.0).contains(&due_in), "backoff written: {due_in}");
-    assert!(
-        s.claim(10).await.expect("claim").is_empty(),
-        "r1 is not due; r1b waits behind it"
-    );
-
-    t.make_due(&rows[..1]).await;
-    let again = s.claim(10).await.expect("claim");
-    assert_eq!(ids(&again), ["r1"], "due again, still before r1b");
-    assert_eq!(again[0].retry_count, 1);
-    t.set_retries(&rows[..1], 9, 10).await;
-    assert_eq!(
-        s.complete(&again[0], fail).await.expect("fail"),
-        Completed::Written
-    );
-    let row = t.row(rows[0]).await;
-    assert_eq!(
-        (row.status.as_str(), row.retry_count),
-        ("MANUAL_REQUIRED", 10)
-    );
-
-    let manual = InboxOutcome::ManualRequired {
-        reason: "400 bad request",
-    };
-    assert_eq!(
-        s.complete(&claimed[1], manual).await.expect("manual"),
-        Completed::Written
-    );
-    let row = t.row(rows[1]).await;
-    assert_eq!(
-        (row.status.as_str(), row.retry_count),
-        ("MANUAL_REQUIRED", 0)
-    );
-    assert_eq!(row.last_error.as_deref(), Some("400 bad request"));
-    assert!(row.next_retry_in.is_some_and(|d| d <= 1.0));
-
-    let release = InboxOutcome::Released {
-        reason: "shutting down",
-    };
-    assert_eq!(
-        s.complete(&claimed[2], release).await.expect("release"),
-        Completed::Written
-    );
-    let row = t.row(rows[3]).await;
-    assert_eq!((row.status.as_str(), row.retry_count), ("PENDING", 0));
-    assert_eq!(row.next_retry_in, None);
-    assert_eq!(row.last_error.as_deref(), Some("shutting down"));
-    assert!(!row.claimed && row.claim_token.is_none());
-    assert_eq!(
-        ids(&s.claim(10).await.expect("claim")),
-        ["r3"],
-        "due at once"
-    );
-}
-
-/// The reaper returns claims older than the timeout to FAILED (MANUAL_REQUIRED at the
-/// limit) and leaves younger ones; the reaped worker's late outcome is not written.
-async fn the_reaper_returns_expired_claims<S: InboxStore, T: Tables>(s: &S, t: &T) {
-    let batch = [
-        message("p1", "t", "k1"),
-        message("p2", "t", "k2"),
-        message("p3", "t", "k3"),
-    ];
-    let rows = stored(&s.insert(&batch).await.expect("insert"));
-    let claimed = s.claim(10).await.expect("claim");
-    let policy = ReapPolicy {
-        claim_timeout: Duration::from_secs(30),
-        retry_delay: Duration::from_secs(5),
-    };
-    let report = s.reap(policy).await.expect("reap");
-    assert_eq!(
-        (report.failed, report.manual_required),
-        (0, 0),
-        "not expired"
-    );
-
-    t.claimed_ago(&rows[..2], 60).await;
-    t.set_retries(&rows[1..2], 9, 10).await;
-    let report = s.reap(policy).await.expect("reap");
-    assert_eq!((report.failed, report.manual_required), (1, 1));
-    let row = t.row(rows[0]).await;
-    assert_eq!((row.status.as_str(), row.retry_count), ("FAILED", 1));
-    assert!(!row.claimed && row.claim_token.is_none());
-    assert_eq!(row.last_error, Some(policy.reaped_reason()));
-    let due_in = row.next_retry_in.expect("next_retry_time");
-    assert!((1.0..=6.0).contains(&due_in), "retry delay: {due_in}");
-    assert_eq!(t.row(rows[1]).await.status, "MANUAL_REQUIRED");
-    assert_eq!(
-        t.row(rows[2]).await.status,
-        "PROCESSING",
-        "younger claim kept"
-    );
-
-    assert_eq!(
-        s.complete(&claimed[0], DONE).await.expect("late"),
-        Completed::ClaimLost
-    );
-    assert_eq!(
-        s.complete(&claimed[2], DONE).await.expect("done"),
-        Completed::Written
-    );
-}
-
-/// The schedule names the earliest due time of a row not held back by its key, and the
-/// oldest claim.
-async fn the_schedule_names_the_next_due_row_and_the_oldest_claim<S: InboxStore, T: Tables>(
-    s: &S,
-    _t: &T,
-) {
-    let empty = s.schedule().await.expect("schedule");
-    assert_eq!(
-        (empty.next_due, empty.oldest_claim),
-        (None, None),
-        "idle inbox"
-    );
-
-    let before = SystemTime::now();
-    s.insert(&[message("q1", "t1", "k"), message("q2", "t2", "k")])
-        .await
-        .expect("insert");
-    let schedule = s.schedule().await.expect("schedule");
-    let slack = Duration::from_secs(60);
-    assert!(near(schedule.next_due, before, slack), "{schedule:?}");
-    assert_eq!(schedule.oldest_claim, None);
-
-    let claimed = s.claim(10).await.expect("claim");
-    assert_eq!(ids(&claimed), ["q1"]);
-    let schedule = s.schedule().await.expect("schedule");
-    assert_eq!(
-        schedule.next_due, None,
-        "q2 waits for its key, not for time"
-    );
-    assert!(
-        near(schedule.oldest_claim, SystemTime::now(), slack),
-        "{schedule:?}"
-    );
-
-    let hour = Duration::from_secs(3600);
-    let fail = InboxOutcome::Failed {
-        error: "later",
-        retry_delay: hour,
-    };
-    s.complete(&claimed[0], fail).await.expect("fail");
-    let schedule = s.schedule().await.expect("schedule");
-    assert!(
-        near(schedule.next_due, SystemTime::now() + hour, slack),
-        "q1's retry, q2 still behind it: {schedule:?}"
-    );
-    assert_eq!(schedule.oldest_claim, None);
-}
-
-/// Two stores claiming at once get disjoint rows and never two of one key.
-async fn concurrent_claimers_never_share_a_key<S: InboxStore>(one: &S, two: &S) {
-    let batch: Vec<InboxMessage> = (0..60)
-        .map(|n| message(&format!("m{n}"), &format!("t{n}"), &format!("k{}", n % 12)))
-        .collect();
-    one.insert(&batch).await.expect("insert");
-    let (a, b) = tokio::join!(one.claim(6), two.claim(6));
-    let mut keys: Vec<String> = (a.expect("one").iter())
-        .chain(b.expect("two").iter())
-        .map(|m| m.biz_key.clone())
-        .collect();
-    let claimed = keys.len();
-    keys.sort();
-    keys.dedup();
-    assert_eq!(keys.len(), claimed, "no key claimed twice: {keys:?}");
-    assert!(
-        claimed >= 6,
-        "at least one claimer got a full batch: {claimed}"
-    );
 }
 
 /// The janitor's archive has none of the inbox's unique keys: a message stored again after
@@ -759,9 +357,7 @@ impl Tables for Maria {
             i32,
             Option<f64>,
             Option<String>,
-            bool,
             Option<String>,
-            bool,
             String,
         );
         let row: Option<Row> = self
@@ -770,8 +366,7 @@ impl Tables for Maria {
             .query_first(format!(
                 "SELECT status, retry_count, \
                  TIMESTAMPDIFF(MICROSECOND, NOW(6), next_retry_time) / 1e6, claim_token, \
-                 claimed_at IS NOT NULL, last_error, processed_at IS NOT NULL, \
-                 CAST(payload AS CHAR) FROM {} WHERE id = {id}",
+                 last_error, CAST(payload AS CHAR) FROM {} WHERE id = {id}",
                 self.inbox()
             ))
             .await
@@ -782,10 +377,8 @@ impl Tables for Maria {
             retry_count: r.1,
             next_retry_in: r.2,
             claim_token: r.3,
-            claimed: r.4,
-            last_error: r.5,
-            processed: r.6,
-            payload: r.7,
+            last_error: r.4,
+            payload: r.5,
         }
     }
 
@@ -795,27 +388,6 @@ impl Tables for Maria {
             .await
             .expect("count");
         n.unwrap_or(0)
-    }
-
-    async fn claimed_ago(&self, ids: &[i64], seconds: i64) {
-        self.set(
-            ids,
-            &format!("claimed_at = NOW(6) - INTERVAL {seconds} SECOND"),
-        )
-        .await;
-    }
-
-    async fn make_due(&self, ids: &[i64]) {
-        self.set(ids, "next_retry_time = NOW(6) - INTERVAL 1 SECOND")
-            .await;
-    }
-
-    async fn set_retries(&self, ids: &[i64], retry_count: i32, max_retry_count: i32) {
-        self.set(
-            ids,
-            &format!("retry_count = {retry_count}, max_retry_count = {max_retry_count}"),
-        )
-        .await;
     }
 
     async fn done_ago(&self, ids: &[i64], seconds: i64) {
@@ -860,20 +432,6 @@ impl Tables for Maria {
 // Tests.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn insert_dedupes_by_either_key() {
-    let m = Maria::new("ib_dedupe").await;
-    insert_stores_each_message_once_by_either_key(&m.store().await, &m).await;
-    m.cleanup().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn insert_tells_a_reused_message_id_apart() {
-    let m = Maria::new("ib_reused").await;
-    a_reused_message_id_is_told_apart_by_its_other_values(&m.store().await, &m).await;
-    m.cleanup().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn insert_of_a_large_batch_is_one_transaction() {
     let m = Maria::new("ib_large").await;
     a_large_batch_is_one_transaction(&m.store().await, &m).await;
@@ -888,58 +446,9 @@ async fn rejected_message_is_stored_manual_required() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claim_is_one_message_per_key_in_arrival_order() {
-    let m = Maria::new("ib_order").await;
-    claim_takes_one_message_per_key_in_arrival_order(&m.store().await, &m).await;
-    m.cleanup().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn done_runs_the_sql_handler_in_the_same_transaction() {
-    let m = Maria::new("ib_sql").await;
-    done_commits_the_statement_with_the_row(&m.store().await, &m).await;
-    m.cleanup().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_statement_is_statement_failed_and_writes_nothing() {
     let m = Maria::new("ib_sqlfail").await;
     a_failing_statement_writes_nothing(&m.store().await, &m).await;
-    m.cleanup().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lost_claim_writes_nothing() {
-    let m = Maria::new("ib_lost").await;
-    a_lost_claim_writes_nothing(&m.store().await, &m).await;
-    m.cleanup().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failed_backs_off_then_manual_required() {
-    let m = Maria::new("ib_retry").await;
-    failures_back_off_and_end_in_manual_required(&m.store().await, &m).await;
-    m.cleanup().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reaper_returns_expired_claims() {
-    let m = Maria::new("ib_reap").await;
-    the_reaper_returns_expired_claims(&m.store().await, &m).await;
-    m.cleanup().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn schedule_values() {
-    let m = Maria::new("ib_schedule").await;
-    the_schedule_names_the_next_due_row_and_the_oldest_claim(&m.store().await, &m).await;
-    m.cleanup().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_claims_never_share_a_key() {
-    let m = Maria::new("ib_concurrent").await;
-    concurrent_claimers_never_share_a_key(&m.store().await, &m.store().await).await;
     m.cleanup().await;
 }
 
