@@ -231,7 +231,8 @@ statement = "SELECT 1"
             appended.insert(id, ms);
         }
         let done_sql = format!(
-            "SELECT message_id, (extract(epoch FROM processed_at) * 1000)::float8 FROM inbox_{} \
+            "SELECT message_id, (extract(epoch FROM processed_at) * 1000)::float8, \
+             (extract(epoch FROM created_at) * 1000)::float8 FROM inbox_{} \
              WHERE status = 'DONE' AND message_id <> $1",
             run.name
         );
@@ -246,23 +247,36 @@ statement = "SELECT 1"
         };
         let sample = daemon.sample().unwrap_or_default();
         let _ = daemon.terminate(Duration::from_secs(30)).await;
-        let mut latencies: Vec<f64> = rows
-            .iter()
-            .filter_map(|r| {
-                let id: String = r.get(0);
-                let done: f64 = r.get(1);
-                appended.get(&id).map(|append| done - *append as f64)
+        let mut latencies = Vec::with_capacity(rows.len());
+        let (mut to_stored, mut to_done) = (Vec::new(), Vec::new());
+        for r in &rows {
+            let id: String = r.get(0);
+            let (done, stored): (f64, f64) = (r.get(1), r.get(2));
+            if let Some(append) = appended.get(&id) {
+                latencies.push(done - *append as f64);
+                to_stored.push(stored - *append as f64);
+                to_done.push(done - stored);
+            }
+        }
+        for v in [&mut latencies, &mut to_stored, &mut to_done] {
+            v.sort_by(f64::total_cmp);
+        }
+        let part = |v: &[f64]| {
+            Latency::from_sorted(v).map_or("-".into(), |l| {
+                format!("p50 {:.1} / p99 {:.1} ms", l.p50, l.p99)
             })
-            .collect();
-        latencies.sort_by(f64::total_cmp);
+        };
         let mut row = Row::named(&format!("inbox @{rate} msg/s: append → DONE"));
         row.events = events;
         row.events_per_s = Some(events as f64 / started.elapsed().as_secs_f64());
         row.latency = Latency::from_sorted(&latencies);
         row.set_process(sample, sample.cpu_seconds - cpu0, events);
         row.note = format!(
-            "no-op SQL handler; {} of {events} DONE within 2 min",
-            latencies.len()
+            "no-op SQL handler; {} of {events} DONE within 2 min; append → stored {}, stored → \
+             DONE {}",
+            latencies.len(),
+            part(&to_stored),
+            part(&to_done)
         );
         self.drop_inbox_tables(&run.name).await;
         Ok(row)

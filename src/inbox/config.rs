@@ -63,7 +63,8 @@ pub struct KafkaIngressConfig {
     /// Records stored per inbox transaction, at most.
     #[serde(default = "default_kafka_batch")]
     pub batch_size: usize,
-    /// The longest wait to fill a batch.
+    /// How long to wait for more records to fill a batch; 0 (default): store what has
+    /// arrived (under load, batches fill while the previous insert commits).
     #[serde(default = "default_kafka_linger", with = "humantime_serde")]
     pub batch_wait: Duration,
     /// Any librdkafka consumer option (the bootstrap servers and security options of
@@ -140,7 +141,7 @@ fn default_kafka_batch() -> usize {
     500
 }
 fn default_kafka_linger() -> Duration {
-    Duration::from_millis(5)
+    Duration::ZERO
 }
 fn default_max_body() -> usize {
     1024 * 1024

@@ -17,6 +17,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
+use futures_util::FutureExt;
 use outboxd_connector::{Connector, ConnectorError, InboxMessage};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -53,9 +54,17 @@ pub(crate) async fn run<C: Connector>(
             received = consumer.recv() => received,
             _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
         };
+        // The batch: what has arrived already (under load, while the previous insert
+        // committed), then, if configured, what arrives within `batch_wait`.
         let mut records = vec![first.map_err(kafka_error)?];
-        let deadline = Instant::now() + config.batch_wait;
         while records.len() < config.batch_size {
+            match consumer.recv().now_or_never() {
+                Some(received) => records.push(received.map_err(kafka_error)?),
+                None => break,
+            }
+        }
+        let deadline = Instant::now() + config.batch_wait;
+        while records.len() < config.batch_size && !config.batch_wait.is_zero() {
             let left = deadline.saturating_duration_since(Instant::now());
             match tokio::time::timeout(left, consumer.recv()).await {
                 Ok(received) => records.push(received.map_err(kafka_error)?),
