@@ -98,7 +98,8 @@ pub struct HttpIngressConfig {
 pub enum HandlerConfig {
     /// POST the payload to the user's service.
     Webhook {
-        /// `http://host:port/path`.
+        /// `http://host:port/path` or `https://…` (certificate verified against the
+        /// system's roots).
         url: String,
         /// Time allowed for an answer.
         #[serde(default = "default_handler_timeout", with = "humantime_serde")]
@@ -171,9 +172,10 @@ impl InboxConfig {
         for (message_type, handler) in &self.handlers {
             match handler {
                 HandlerConfig::Webhook { url, timeout, .. } => {
-                    if !url.starts_with("http://") {
+                    if !url.starts_with("http://") && !url.starts_with("https://") {
                         return Err(format!(
-                            "inbox.handlers.{message_type}.url `{url}` must be an http:// URL"
+                            "inbox.handlers.{message_type}.url `{url}` must be an http:// or \
+                             https:// URL"
                         ));
                     }
                     if url.parse::<hyper::Uri>().is_err() {
@@ -264,7 +266,7 @@ mod tests {
         for (extra, key) in [
             ("[inbox]\n[inbox.handlers.default]\nkind = \"sql\"\nstatement = \"SELECT 1\"\n", "needs an ingress"),
             ("[inbox]\n[inbox.http]\n[inbox.handlers.default]\nkind = \"sql\"\nstatement = \"SELECT :nope\"\n", ":nope"),
-            ("[inbox]\n[inbox.http]\n[inbox.handlers.default]\nkind = \"webhook\"\nurl = \"https://x\"\n", "http://"),
+            ("[inbox]\n[inbox.http]\n[inbox.handlers.default]\nkind = \"webhook\"\nurl = \"ftp://x\"\n", "http://"),
             ("[inbox]\n[inbox.http]\n[inbox.http.secrets]\ns = [\"short\"]\n", "inbox.http.secrets.s"),
         ] {
             let config = Config::parse(&format!("{base}\n{extra}")).expect("parses");

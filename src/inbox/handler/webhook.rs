@@ -7,7 +7,9 @@
 //! - other 4xx → MANUAL_REQUIRED (the request itself is wrong and will stay wrong),
 //!   unless listed in `retryable_statuses`.
 //!
-//! hyper's pooled client keeps connections to the service open between messages.
+//! hyper's pooled client keeps connections to the service open between messages. An
+//! `https://` URL is verified as a browser would: the server's certificate must chain to
+//! the system's trusted roots and name the URL's host (OpenSSL through `native-tls`).
 
 use std::time::Duration;
 
@@ -16,6 +18,7 @@ use futures_util::future::BoxFuture;
 use http_body_util::{BodyExt, Full};
 use hyper::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use hyper::{Method, Request, StatusCode, Uri};
+use hyper_tls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -32,18 +35,24 @@ pub struct WebhookHandler {
     url: Uri,
     timeout: Duration,
     retryable: Vec<u16>,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
 }
 
 impl WebhookHandler {
-    /// A handler posting to `url` (http://), waiting at most `timeout` for an answer.
+    /// A handler posting to `url` (http:// or https://), waiting at most `timeout` for an
+    /// answer.
     pub fn new(url: &str, timeout: Duration, retryable: &[u16]) -> Result<Self, String> {
         let url: Uri = url
             .parse()
             .map_err(|e| format!("webhook url `{url}` is not a URL: {e}"))?;
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(timeout));
-        connector.set_nodelay(true);
+        let mut http = HttpConnector::new();
+        http.set_connect_timeout(Some(timeout));
+        http.set_nodelay(true);
+        // Lets https:// through the inner connector; plain http:// URLs stay plain.
+        http.enforce_http(false);
+        let tls = native_tls::TlsConnector::new()
+            .map_err(|e| format!("cannot set up TLS for webhook url `{url}`: {e}"))?;
+        let connector = HttpsConnector::from((http, tls.into()));
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);
@@ -104,7 +113,7 @@ impl WebhookHandler {
             }
             Ok(Err(e)) => {
                 return Handled::Retry {
-                    error: format!("webhook {}: {e}", self.url),
+                    error: format!("webhook {}: {}", self.url, with_causes(&e)),
                     after: None,
                 }
             }
@@ -129,6 +138,19 @@ impl WebhookHandler {
         let error = format!("webhook {} answered {status}: {snippet}", self.url);
         classify(status, &self.retryable, error, retry_after)
     }
+}
+
+/// `e` and its causes, `a: b: c`: hyper's client errors say only "client error
+/// (Connect)" themselves; the cause (refused, a certificate problem) is further down.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }
 
 /// The outcome of a non-2xx answer.
