@@ -205,6 +205,18 @@ async fn send(
     key: &str,
     payload: &str,
 ) {
+    send_bytes(producer, topic, id, type_, key, payload.as_bytes()).await;
+}
+
+/// [`send`] with any bytes as the value.
+async fn send_bytes(
+    producer: &FutureProducer,
+    topic: &str,
+    id: &str,
+    type_: &str,
+    key: &str,
+    payload: &[u8],
+) {
     let headers = OwnedHeaders::new()
         .insert(Header {
             key: "message_id",
@@ -785,6 +797,65 @@ timeout = "1s"
         calls.iter().all(|c| c.2 == "w-1"),
         "same idempotency key: {calls:?}"
     );
+    assert!(daemon.terminate().success());
+    inbox.cleanup().await;
+}
+
+/// Values the database cannot hold as received (a JSON NUL escape, which `jsonb` refuses;
+/// an Avro-style value starting with a NUL byte) neither stop Kafka ingress nor get lost:
+/// they are kept MANUAL_REQUIRED with their bytes in base64, and the records after them
+/// are handled. Over HTTP the same body is answered 400 and nothing is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_the_database_refuses_are_kept_for_an_operator() {
+    let inbox = Inbox::new("unstorable", SQL_HANDLER).await;
+    let mut daemon = inbox.run("run.log");
+    inbox.wait_ready().await;
+    let producer = producer();
+    send(
+        &producer,
+        &inbox.topic,
+        "nul-json",
+        "t1",
+        "k1",
+        r#"{"a": "\u0000"}"#,
+    )
+    .await;
+    send_bytes(
+        &producer,
+        &inbox.topic,
+        "avro",
+        "t2",
+        "k2",
+        &[0, 0, 0, 0, 7, 2, 0x41],
+    )
+    .await;
+    send(&producer, &inbox.topic, "fine", "t3", "k3", r#"{"a": 1}"#).await;
+    let rows = wait_for("all three stored", Duration::from_secs(30), || async {
+        let rows = inbox.rows().await;
+        let done = rows.iter().any(|r| r.0 == "fine" && r.1 == "DONE");
+        (rows.len() == 3 && done).then_some(rows)
+    })
+    .await;
+    for id in ["nul-json", "avro"] {
+        let row = rows.iter().find(|r| r.0 == id).expect(id);
+        assert_eq!(row.1, "MANUAL_REQUIRED", "{id}: {rows:?}");
+    }
+    let sql = format!(
+        "SELECT payload->>'unstorable_payload_base64', last_error FROM {}.inbox WHERE message_id = 'avro'",
+        inbox.schema
+    );
+    let row = pg().await.query_one(&sql, &[]).await.expect("avro row");
+    assert_eq!(
+        row.get::<_, Option<String>>(0).as_deref(),
+        Some("AAAAAAcCQQ==")
+    );
+    let error: String = row.get(1);
+    assert!(error.contains("base64"), "{error}");
+
+    let headers = [("Message-Id", "h-nul"), ("Message-Type", "t")];
+    let (status, body) = post(inbox.port, "/v1/inbox/web", &headers, br#"{"a": "\u0000"}"#).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(inbox.rows().await.len(), 3, "nothing stored from HTTP");
     assert!(daemon.terminate().success());
     inbox.cleanup().await;
 }

@@ -35,6 +35,8 @@ pub struct TableWords {
     pub row: &'static str,
     /// Who waits behind a parked row.
     pub later: &'static str,
+    /// The flag the commands need for this table (`` or ` --inbox`).
+    pub flag: &'static str,
 }
 
 /// The outbox's words.
@@ -47,6 +49,7 @@ pub const OUTBOX: TableWords = TableWords {
     resolved_note: "resolved by operator without sending",
     row: "row",
     later: "with strict ordering later events",
+    flag: "",
 };
 
 /// The inbox's words.
@@ -59,6 +62,7 @@ pub const INBOX: TableWords = TableWords {
     resolved_note: "resolved by operator without handling",
     row: "inbox row",
     later: "later messages",
+    flag: " --inbox",
 };
 
 /// The operator's actions on one table, whichever it is. The futures need not be `Send`:
@@ -247,8 +251,10 @@ pub async fn run<S: AdminTable>(
                 format!(
                     "park: {} {id} is MANUAL_REQUIRED, last_error \"parked by operator: {reason}\"; \
                      {} of its biz_key wait for it \
-                     (`outboxd retry --id {id}` or `outboxd resolve --id {id}` releases them)",
-                    w.row, w.later
+                     (`outboxd retry{flag} --id {id}` or `outboxd resolve{flag} --id {id}` releases them)",
+                    w.row,
+                    w.later,
+                    flag = w.flag
                 )
             } else {
                 format!(

@@ -301,6 +301,15 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
             let handlers = Handlers::from_config(&inbox.handlers)
                 .map_err(anyhow::Error::msg)?
                 .merged(custom_handlers);
+            if handlers.longest_timeout() >= inbox.claim_timeout {
+                anyhow::bail!(
+                    "inbox.claim_timeout ({:?}) must be longer than the longest handler call \
+                     ({:?}): otherwise the reaper hands a message to another worker while it is \
+                     still being handled",
+                    inbox.claim_timeout,
+                    handlers.longest_timeout()
+                );
+            }
             if handlers.is_empty() {
                 anyhow::bail!(
                     "[inbox] has no handler: add [inbox.handlers.default] (kind = \"webhook\" or \"sql\") or one per message type"

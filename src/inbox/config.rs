@@ -68,7 +68,8 @@ pub struct KafkaIngressConfig {
     #[serde(default = "default_kafka_linger", with = "humantime_serde")]
     pub batch_wait: Duration,
     /// Any librdkafka consumer option (the bootstrap servers and security options of
-    /// `[kafka]` apply too). `enable.auto.commit` is always off.
+    /// `[kafka]` apply too). `enable.auto.commit` is outboxd's: offsets are stored for the
+    /// background commit only after the inbox transaction holding their records committed.
     #[serde(default)]
     pub options: BTreeMap<String, String>,
 }
@@ -183,10 +184,13 @@ impl InboxConfig {
                             "inbox.handlers.{message_type}.url `{url}` is not a valid URL"
                         ));
                     }
-                    if *timeout >= self.claim_timeout || timeout.is_zero() {
+                    // A call may take its timeout twice (the answer, then its body).
+                    if *timeout * 2 >= self.claim_timeout || timeout.is_zero() {
                         return Err(format!(
                             "inbox.handlers.{message_type}.timeout must be above zero and \
-                             shorter than inbox.claim_timeout ({:?})",
+                             less than half of inbox.claim_timeout ({:?}): a claim must outlast \
+                             the call, or the reaper hands the message to another worker while \
+                             it is still being delivered",
                             self.claim_timeout
                         ));
                     }
@@ -209,8 +213,8 @@ impl InboxConfig {
             }
             if kafka.options.contains_key("enable.auto.commit") {
                 return Err(
-                    "inbox.kafka.options: enable.auto.commit is always off (offsets \
-                            are committed after the inbox transaction)"
+                    "inbox.kafka.options: enable.auto.commit is set by outboxd (offsets are \
+                     stored for commit only after the inbox transaction)"
                         .into(),
                 );
             }

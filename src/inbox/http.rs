@@ -1,26 +1,29 @@
 //! HTTP ingress: `POST /v1/inbox/{source}` on the endpoint of `/metrics`.
 //!
-//! Headers: `Message-Id` (or Standard Webhooks' `webhook-id`), `Message-Type` (or the
-//! body's top-level `"type"`, as Standard Webhooks payloads carry it), `Biz-Key` (default:
-//! the message id, i.e. no ordering between messages). The body is the payload.
+//! Headers: `Message-Id` (or Standard Webhooks' `webhook-id`, the only id of a source with
+//! secrets), `Message-Type` (or the body's top-level `"type"`, as Standard Webhooks
+//! payloads carry it), `Biz-Key` (default: `<source>:<message id>`, i.e. no ordering
+//! between messages). The body is the payload.
 //!
 //! Answers, as a JSON object:
 //! - 200 `{"id": …, "duplicate": false}` once the row is committed, or
 //!   `{"duplicate": true}` when it was stored before;
-//! - 400 for a missing or malformed field, or a body that is not JSON for a JSON column;
+//! - 400 for a missing or malformed field, a body that is not JSON for a JSON column, or
+//!   a value the database refuses (a NUL character in JSON text, an id too long);
 //! - 401 when the source has secrets and the signature or timestamp does not verify;
 //! - 413 over `inbox.http.max_body_bytes`;
 //! - 503 when the database cannot commit, or the request outlasts
 //!   `inbox.http.request_timeout` (the sender retries; it will get a duplicate answer if
 //!   the first attempt did commit).
 //!
-//! The request head is bounded by the endpoint (8 KiB), the body by the limit above.
+//! The request head is bounded by the endpoint (8 KiB), the body by the limit above, and
+//! reading the body counts toward `request_timeout`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -92,14 +95,31 @@ async fn receive<C: Connector + 'static>(
     State(ingress): State<Arc<HttpIngress<C>>>,
     Path(source): Path<String>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Response {
     let timeout = ingress.config.request_timeout;
-    match tokio::time::timeout(timeout, receive_within(&ingress, source, &headers, body)).await {
+    // The body is read inside the time limit too, so a slow sender cannot hold one of the
+    // endpoint's few connections (shared with /healthz) for longer.
+    let within = async {
+        let body = match axum::body::to_bytes(body, ingress.config.max_body_bytes).await {
+            Ok(body) => body,
+            Err(e) => {
+                return refuse(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!(
+                        "the body could not be read within inbox.http.max_body_bytes = {}: {e}",
+                        ingress.config.max_body_bytes
+                    ),
+                )
+            }
+        };
+        receive_within(&ingress, source, &headers, body).await
+    };
+    match tokio::time::timeout(timeout, within).await {
         Ok(response) => response,
         Err(_) => refuse(
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("not stored within {timeout:?}; retry"),
+            format!("not received and stored within {timeout:?}; retry"),
         ),
     }
 }
@@ -122,7 +142,8 @@ async fn receive_within<C: Connector>(
         Ok(fields) => fields,
         Err(e) => return refuse(StatusCode::BAD_REQUEST, e),
     };
-    if let Some(secrets) = ingress.secrets.get(&source) {
+    let signed = ingress.secrets.get(&source);
+    if let Some(secrets) = signed {
         let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
         if let Err(e) = signature::verify(
             secrets,
@@ -136,7 +157,14 @@ async fn receive_within<C: Connector>(
             return refuse(StatusCode::UNAUTHORIZED, e);
         }
     }
-    let Some(message_id) = message_id.or(webhook_id) else {
+    // A signed request's id is the signed `webhook-id`: an unsigned Message-Id must not
+    // let a captured request be stored again under another id.
+    let message_id = if signed.is_some() {
+        webhook_id
+    } else {
+        message_id.or(webhook_id)
+    };
+    let Some(message_id) = message_id else {
         return refuse(
             StatusCode::BAD_REQUEST,
             "missing Message-Id (or webhook-id) header",
@@ -173,9 +201,12 @@ async fn receive_within<C: Connector>(
             Some(((*name).to_owned(), value.to_owned()))
         })
         .collect();
+    // Without a key, no ordering: each message its own key, unique across sources so that
+    // (message_type, biz_key) cannot make one source's message a duplicate of another's.
+    let biz_key = biz_key.unwrap_or_else(|| format!("{source}:{message_id}"));
     let message = InboxMessage {
         source,
-        biz_key: biz_key.unwrap_or_else(|| message_id.clone()),
+        biz_key,
         message_id,
         message_type,
         payload: body.to_vec(),
@@ -197,12 +228,18 @@ async fn receive_within<C: Connector>(
                 "the store answered nothing",
             ),
         },
-        Err(e) => {
+        Err(e) if e.is_transient() => {
             tracing::warn!(error = %e, "inbox HTTP ingress: cannot store a message");
             refuse(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "cannot store the message now; retry",
             )
         }
+        // The database refuses this message for good (a value it cannot hold): sending it
+        // again would not help.
+        Err(e) => refuse(
+            StatusCode::BAD_REQUEST,
+            format!("the message cannot be stored: {}", e.message()),
+        ),
     }
 }

@@ -7,7 +7,9 @@
 
 use std::sync::Arc;
 
+use base64::Engine as _;
 use outboxd_connector::{Connector, ConnectorError, InboxMessage, InboxStore, Ingested};
+use sha2::{Digest, Sha256};
 use tokio::sync::{Notify, OnceCell};
 
 use super::InboxStats;
@@ -54,12 +56,42 @@ impl<C: Connector> Ingest<C> {
 
     /// Stores `messages` in one transaction; durable when it returns. `ingress` names
     /// the path for the counters (`kafka`, `http`).
+    ///
+    /// A batch the database refuses for good (a value it cannot take: a NUL in JSON text,
+    /// an id longer than its column) is stored message by message, so that only the
+    /// offending message is affected. Such a message from Kafka, which cannot be asked
+    /// again, is kept for an operator ([`quarantined`]); from HTTP the error is returned
+    /// and the sender is answered 400.
     pub async fn store(
         &self,
         messages: &[InboxMessage],
         ingress: &'static str,
     ) -> Result<Vec<Ingested>, ConnectorError> {
-        let outcomes = self.opened().await?.insert(messages).await?;
+        let store = self.opened().await?;
+        let outcomes = match store.insert(messages).await {
+            Err(e) if !e.is_transient() => {
+                let mut outcomes = Vec::with_capacity(messages.len());
+                for message in messages {
+                    let single = std::slice::from_ref(message);
+                    match store.insert(single).await {
+                        Ok(stored) => outcomes.extend(stored),
+                        Err(e) if !e.is_transient() && ingress == "kafka" => {
+                            tracing::warn!(
+                                error = %e,
+                                message_id = %message.message_id,
+                                "inbox: a message the database refuses is kept MANUAL_REQUIRED \
+                                 with its payload in base64"
+                            );
+                            let kept = quarantined(message, &e);
+                            outcomes.extend(store.insert(std::slice::from_ref(&kept)).await?);
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                outcomes
+            }
+            other => other?,
+        };
         let stored = outcomes
             .iter()
             .filter(|o| matches!(o, Ingested::Stored(_)))
@@ -69,5 +101,81 @@ impl<C: Connector> Ingest<C> {
             self.wake.notify_one();
         }
         Ok(outcomes)
+    }
+}
+
+/// Longest id, type or key kept as is in a quarantined message (below every engine's
+/// column and index limits).
+const KEPT_CHARS: usize = 200;
+
+/// `message` in a form every inbox table can store: the payload as a JSON object holding
+/// its bytes in base64, no headers, and its id, type and key without NUL characters and
+/// cut to [`KEPT_CHARS`] (with a hash of the original, so cut values stay distinct),
+/// MANUAL_REQUIRED with the database's error.
+pub(crate) fn quarantined(message: &InboxMessage, error: &ConnectorError) -> InboxMessage {
+    let payload = serde_json::json!({
+        "unstorable_payload_base64": base64::engine::general_purpose::STANDARD.encode(&message.payload),
+    });
+    InboxMessage {
+        source: storable(&message.source),
+        message_id: storable(&message.message_id),
+        message_type: storable(&message.message_type),
+        biz_key: storable(&message.biz_key),
+        payload: payload.to_string().into_bytes(),
+        headers: Vec::new(),
+        rejected: Some(format!(
+            "the message could not be stored as received ({}); its payload is kept in base64",
+            error.message()
+        )),
+    }
+}
+
+/// `text` without NUL characters, at most [`KEPT_CHARS`] long; when changed, followed by
+/// `#` and 16 hex digits of the original's SHA-256.
+fn storable(text: &str) -> String {
+    let clean: String = text
+        .chars()
+        .filter(|c| *c != '\0')
+        .take(KEPT_CHARS)
+        .collect();
+    if clean == text {
+        return clean;
+    }
+    let digest = Sha256::digest(text.as_bytes());
+    let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    format!("{clean}#{hex}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quarantined_messages_are_storable_and_stay_distinct() {
+        let message = InboxMessage {
+            source: "t".into(),
+            message_id: format!("{}\0a", "x".repeat(300)),
+            message_type: "order\0created".into(),
+            biz_key: "k".into(),
+            payload: vec![0, 1, 2, 0xff],
+            headers: vec![("h".into(), "\0".into())],
+            rejected: None,
+        };
+        let error = ConnectorError::definite("unsupported Unicode escape sequence");
+        let kept = quarantined(&message, &error);
+        assert!(kept.message_id.len() <= KEPT_CHARS + 17 && !kept.message_id.contains('\0'));
+        assert_ne!(
+            kept.message_id,
+            storable(&format!("{}\0b", "x".repeat(300)))
+        );
+        assert!(kept.message_type.starts_with("ordercreated#"));
+        assert_eq!(kept.biz_key, "k", "clean values are kept as they are");
+        let payload: serde_json::Value = serde_json::from_slice(&kept.payload).unwrap();
+        assert_eq!(payload["unstorable_payload_base64"], "AAEC/w==");
+        assert!(kept.headers.is_empty());
+        assert!(kept
+            .rejected
+            .unwrap()
+            .contains("unsupported Unicode escape"));
     }
 }

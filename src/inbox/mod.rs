@@ -98,6 +98,8 @@ pub async fn run<C: Connector + Clone + 'static>(
         )
         .await
     };
-    let (workers, consumer) = tokio::join!(workers, consumer);
-    workers.and(consumer)
+    // The first definite failure of either ends both: a consumer storing messages that no
+    // worker handles (or workers waiting for messages no consumer stores) would look
+    // healthy while the inbox does nothing.
+    tokio::try_join!(workers, consumer).map(|((), ())| ())
 }

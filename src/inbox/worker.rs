@@ -14,6 +14,8 @@
 
 use std::time::{Duration, SystemTime};
 
+use tokio::time::Instant;
+
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
 use outboxd_connector::{
@@ -55,17 +57,31 @@ pub(crate) async fn run<I: InboxStore>(
         claim_timeout: settings.claim_timeout,
         retry_delay: settings.retry.base,
     };
-    let reaped = claims.reap(policy).await?;
-    stats.add_reaped(reaped.failed + reaped.manual_required);
     let mut running = FuturesUnordered::new();
     let mut next_store = 0usize;
     let mut look_now = true;
     // Claim in batches: one claim query per half of the slots rather than one per
     // finished message, so the claim costs little next to the handlers.
     let refill_at = settings.workers.div_ceil(2);
+    // The reaper's own schedule, kept across loop turns so that steady traffic (which
+    // wakes the loop all the time) does not postpone it: claims left by a dead peer must
+    // come back within about `claim_timeout` whatever the load.
+    let reap_every = (settings.claim_timeout / 4).clamp(
+        Duration::from_secs(1),
+        settings.idle_check.max(Duration::from_secs(1)),
+    );
+    let mut next_reap = Instant::now();
     loop {
         if *shutdown.borrow() {
             break;
+        }
+        if Instant::now() >= next_reap {
+            let reaped = claims.reap(policy).await?;
+            stats.add_reaped(reaped.failed + reaped.manual_required);
+            if reaped.failed + reaped.manual_required > 0 {
+                look_now = true;
+            }
+            next_reap = Instant::now() + reap_every;
         }
         let free = settings.workers.saturating_sub(running.len());
         let mut sleep_for = settings.idle_check;
@@ -85,21 +101,19 @@ pub(crate) async fn run<I: InboxStore>(
             };
             look_now = false;
         }
-        let timer = tokio::time::sleep(sleep_for);
+        let wake_at = (Instant::now() + sleep_for).min(next_reap);
         tokio::select! {
             Some(result) = running.next(), if !running.is_empty() => {
-                result?;
+                finished(result)?;
                 // More may have finished meanwhile: collect them before the next claim.
                 while let Some(Some(result)) = running.next().now_or_never() {
-                    result?;
+                    finished(result)?;
                 }
                 look_now = true;
             }
             () = wake.notified() => look_now = true,
-            () = timer, if running.len() < settings.workers => {
+            () = tokio::time::sleep_until(wake_at), if running.len() < settings.workers || wake_at == next_reap => {
                 look_now = true;
-                let reaped = claims.reap(policy).await?;
-                stats.add_reaped(reaped.failed + reaped.manual_required);
             }
             _ = shutdown.changed() => {}
         }
@@ -108,7 +122,7 @@ pub(crate) async fn run<I: InboxStore>(
     // PROCESSING and the reaper of the next instance returns them.
     let drain = async {
         while let Some(result) = running.next().await {
-            result?;
+            finished(result)?;
         }
         Ok::<(), ConnectorError>(())
     };
@@ -122,6 +136,23 @@ pub(crate) async fn run<I: InboxStore>(
             );
             Ok(())
         }
+    }
+}
+
+/// One message's end: a transient failure to write its outcome leaves its row PROCESSING
+/// for the reaper (logged) rather than stopping every other running handler; a definite
+/// one (the table is gone) stops the workers.
+fn finished(result: Result<(), ConnectorError>) -> Result<(), ConnectorError> {
+    match result {
+        Err(e) if e.is_transient() => {
+            tracing::warn!(
+                error = %e,
+                "inbox: an outcome could not be written; the row stays PROCESSING until the \
+                 reaper returns it"
+            );
+            Ok(())
+        }
+        other => other,
     }
 }
 
@@ -177,7 +208,8 @@ async fn process<I: InboxStore>(
     stats.observe_handler(started.elapsed(), &handled);
     let delay = |after: Option<Duration>| {
         let backoff = next_retry_delay(retry, message.retry_count);
-        after.map_or(backoff, |after| after.max(backoff))
+        // A Retry-After longer than retry.cap would hold the key back for as long.
+        after.map_or(backoff, |after| after.min(retry.cap).max(backoff))
     };
     match handled {
         Handled::Done => {

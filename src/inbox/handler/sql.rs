@@ -31,4 +31,10 @@ impl Handler for SqlHandler {
     fn statement(&self) -> Option<&str> {
         Some(&self.statement)
     }
+
+    /// `handle` itself returns at once; the statement runs in the write-back, bounded by
+    /// the database's own `statement_timeout` / `innodb_lock_wait_timeout`.
+    fn timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(1)
+    }
 }

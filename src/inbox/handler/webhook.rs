@@ -26,6 +26,27 @@ use outboxd_connector::ClaimedMessage;
 
 use super::{Handled, Handler};
 
+/// Header names of a message that are not copied onto the request: hop-by-hop and framing
+/// headers, which describe a connection or a body, not the message, and the ones outboxd
+/// sets itself.
+const RESERVED: [&str; 15] = [
+    "host",
+    "content-length",
+    "content-type",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "upgrade",
+    "te",
+    "trailer",
+    "expect",
+    "idempotency-key",
+    "message-id",
+    "message-type",
+    "biz-key",
+    "inbox-source",
+];
+
 /// Of the answer's body, at most this much goes into `last_error`.
 const ERROR_BODY_CHARS: usize = 200;
 
@@ -68,30 +89,35 @@ impl WebhookHandler {
         let mut request = Request::builder()
             .method(Method::POST)
             .uri(self.url.clone())
-            .header(CONTENT_TYPE, "application/json");
-        // The message's own headers first, so outboxd's cannot be overridden by them.
+            .body(Full::new(Bytes::from(message.payload.clone())))
+            .map_err(|e| e.to_string())?;
+        let headers = request.headers_mut();
+        // The message's own headers, except those that describe this request rather than
+        // the message (the connection, the body's framing) and those outboxd sets below.
         for (name, value) in &message.headers {
-            if let (Ok(name), Ok(value)) = (
+            let (Ok(name), Ok(value)) = (
                 HeaderName::from_bytes(name.as_bytes()),
-                HeaderValue::from_str(value),
-            ) {
-                request = request.header(name, value);
+                HeaderValue::from_bytes(value.as_bytes()),
+            ) else {
+                continue;
+            };
+            if !RESERVED.contains(&name.as_str()) {
+                headers.append(name, value);
             }
         }
-        let text = |s: &str| HeaderValue::from_str(s).map_err(|e| e.to_string());
-        request = request
-            .header("idempotency-key", text(&message.message_id)?)
-            .header("message-id", text(&message.message_id)?)
-            .header("message-type", text(&message.message_type)?)
-            .header("biz-key", text(&message.biz_key)?)
-            .header("inbox-source", text(&message.source)?)
-            .header(
-                "inbox-attempt",
-                text(&(message.retry_count + 1).to_string())?,
-            );
-        request
-            .body(Full::new(Bytes::from(message.payload.clone())))
-            .map_err(|e| e.to_string())
+        // Values as bytes: a UTF-8 key or id is sent as is (HTTP allows bytes above 0x7F).
+        let value = |s: &str| HeaderValue::from_bytes(s.as_bytes()).map_err(|e| e.to_string());
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert("idempotency-key", value(&message.message_id)?);
+        headers.insert("message-id", value(&message.message_id)?);
+        headers.insert("message-type", value(&message.message_type)?);
+        headers.insert("biz-key", value(&message.biz_key)?);
+        headers.insert("inbox-source", value(&message.source)?);
+        headers.insert(
+            "inbox-attempt",
+            value(&(message.retry_count + 1).to_string())?,
+        );
+        Ok(request)
     }
 
     async fn call(&self, message: &ClaimedMessage) -> Handled {

@@ -314,8 +314,10 @@ impl InboxStore for PgInboxStore {
         let rows = self
             .with_client(async |client| {
                 let begin = client.batch_execute("BEGIN; SET LOCAL synchronous_commit = off");
-                let params: [&(dyn ToSql + Sync); 1] = [&limit];
-                let claim = client.query(&self.sql.claim, &params);
+                // Typed parameters: sent with the claim itself (no prepare round trip
+                // first), so the three requests really go out together.
+                let params: [(&(dyn ToSql + Sync), Type); 1] = [(&limit, Type::INT8)];
+                let claim = client.query_typed(&self.sql.claim, &params);
                 let commit = client.batch_execute("COMMIT");
                 let (begun, claimed, committed) = tokio::join!(begin, claim, commit);
                 begun
@@ -408,6 +410,12 @@ impl InboxStore for PgInboxStore {
             match (outcome, ended) {
                 (Ok(done), Ok(())) => Ok(done),
                 (Err(e), _) => Err(e),
+                // A deferred constraint of the handler's tables fails only here, and the
+                // transaction is rolled back: the handler's failure, as if its statement
+                // had failed.
+                (Ok(Completed::Written), Err(e)) if e.as_db_error().is_some() => {
+                    Ok(Completed::StatementFailed(handler_error(&e)))
+                }
                 (Ok(_), Err(e)) => Err(self.error(&e, "committing an inbox write-back")),
             }
         })
