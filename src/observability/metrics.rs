@@ -304,31 +304,52 @@ fn registry(stats: &PipelineStats, inputs: &ScrapeInputs<'_>) -> Registry {
     r
 }
 
-/// The series that come from the database's status summary.
-fn register_status(r: &mut Registry, status: &StatusSummary, now: SystemTime) {
+/// The names of one table's status series.
+struct TableSeries {
+    rows: &'static str,
+    rows_help: &'static str,
+    statuses: &'static [&'static str],
+    oldest: &'static str,
+    oldest_help: &'static str,
+}
+
+const OUTBOX_SERIES: TableSeries = TableSeries {
+    rows: "outboxd_outbox_rows",
+    rows_help: "Outbox rows by status (SUCCESS rows are not counted)",
+    statuses: &REPORTED_STATUSES,
+    oldest: "outboxd_outbox_oldest_unsent_age_seconds",
+    oldest_help: "Age of the oldest INIT or FAILED row; 0 when there is none",
+};
+
+const INBOX_SERIES: TableSeries = TableSeries {
+    rows: "outboxd_inbox_rows",
+    rows_help: "Inbox rows by status (DONE rows are not counted)",
+    statuses: &["PENDING", "PROCESSING", "FAILED", "MANUAL_REQUIRED"],
+    oldest: "outboxd_inbox_oldest_pending_age_seconds",
+    oldest_help: "Age of the oldest PENDING, FAILED or PROCESSING inbox row; 0 when there is none",
+};
+
+/// Rows by status (every status of `series`, 0 when absent) and the oldest unfinished
+/// row's age, from a table's status summary.
+fn register_rows(r: &mut Registry, series: &TableSeries, status: &StatusSummary, now: SystemTime) {
     let rows = Family::<FixedLabel, Gauge>::default();
-    for wanted in REPORTED_STATUSES {
-        let count: i64 = status
-            .counts
-            .iter()
-            .filter(|c| c.status == wanted)
+    for wanted in series.statuses {
+        let count: i64 = (status.counts.iter())
+            .filter(|c| c.status == *wanted)
             .map(|c| c.rows)
             .sum();
         rows.get_or_create(&[("status", wanted)]).set(count);
     }
-    r.register(
-        "outboxd_outbox_rows",
-        "Outbox rows by status (SUCCESS rows are not counted)",
-        rows,
-    );
+    r.register(series.rows, series.rows_help, rows);
     let oldest = status.oldest_unsent.map_or(0.0, |t| {
         now.duration_since(t).unwrap_or_default().as_secs_f64()
     });
-    r.register(
-        "outboxd_outbox_oldest_unsent_age_seconds",
-        "Age of the oldest INIT or FAILED row; 0 when there is none",
-        ConstGauge::new(oldest),
-    );
+    r.register(series.oldest, series.oldest_help, ConstGauge::new(oldest));
+}
+
+/// The series that come from the database's status summary.
+fn register_status(r: &mut Registry, status: &StatusSummary, now: SystemTime) {
+    register_rows(r, &OUTBOX_SERIES, status, now);
     if let Some(lag) = status.source_lag_bytes {
         r.register(
             "outboxd_source_lag_bytes",
@@ -341,27 +362,7 @@ fn register_status(r: &mut Registry, status: &StatusSummary, now: SystemTime) {
 
 /// The inbox series that come from its status summary.
 fn register_inbox_status(r: &mut Registry, status: &StatusSummary, now: SystemTime) {
-    let rows = Family::<FixedLabel, Gauge>::default();
-    for wanted in ["PENDING", "PROCESSING", "FAILED", "MANUAL_REQUIRED"] {
-        let count: i64 = (status.counts.iter())
-            .filter(|c| c.status == wanted)
-            .map(|c| c.rows)
-            .sum();
-        rows.get_or_create(&[("status", wanted)]).set(count);
-    }
-    r.register(
-        "outboxd_inbox_rows",
-        "Inbox rows by status (DONE rows are not counted)",
-        rows,
-    );
-    let oldest = status.oldest_unsent.map_or(0.0, |t| {
-        now.duration_since(t).unwrap_or_default().as_secs_f64()
-    });
-    r.register(
-        "outboxd_inbox_oldest_pending_age_seconds",
-        "Age of the oldest PENDING, FAILED or PROCESSING inbox row; 0 when there is none",
-        ConstGauge::new(oldest),
-    );
+    register_rows(r, &INBOX_SERIES, status, now);
 }
 
 fn flag(on: bool) -> ConstGauge {
