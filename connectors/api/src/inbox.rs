@@ -95,8 +95,9 @@ pub enum InboxOutcome<'a> {
         /// Stored in `last_error`.
         reason: &'a str,
     },
-    /// The attempt did not happen (shutdown) → back to PENDING, due now, no attempt
-    /// counted.
+    /// The attempt did not happen → back to PENDING, due now, no attempt counted. For an
+    /// embedder that gives a claimed message back; outboxd's workers let running handlers
+    /// finish on shutdown and leave the rest to the reaper.
     Released {
         /// Stored in `last_error`.
         reason: &'a str,
