@@ -304,8 +304,24 @@ async fn duplicates_over_kafka_and_http_are_handled_once() {
     let mut ids: Vec<&str> = done.iter().map(|(id, _, _)| id.as_str()).collect();
     ids.sort();
     assert_eq!(ids, ["h-1", "k-1"]);
-    // Give a late duplicate time to show up, then check the effects.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The Kafka redelivery may still be on its way: wait until it was read (and counted as
+    // a duplicate) before checking that nothing was applied twice.
+    let port = inbox.port;
+    let kafka_duplicate = format!(
+        "{{ingress=\"kafka\",source=\"{}\",result=\"duplicate\"}}",
+        inbox.topic
+    );
+    wait_for(
+        "the Kafka redelivery read",
+        Duration::from_secs(30),
+        || async {
+            let metrics = common::http_get(port, "/metrics").await?.1;
+            let read =
+                common::metric_value(&metrics, "outboxd_inbox_messages_total", &kafka_duplicate);
+            (read == Some(1.0)).then_some(())
+        },
+    )
+    .await;
     let mut effects = inbox.effects().await;
     effects.sort();
     assert_eq!(effects, ["h-1", "k-1"], "each effect once");
@@ -559,7 +575,8 @@ timeout = "2s"
         retry[1] - retry[0] >= Duration::from_millis(300),
         "the backoff (retry.base = 300ms) is respected"
     );
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // No extra wait needed: h-1's timeout and retry above took several claim rounds after
+    // b-1 became MANUAL_REQUIRED, any of which would have taken b-2 were it not held back.
     let b2 = inbox
         .rows()
         .await

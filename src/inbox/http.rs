@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -63,7 +63,6 @@ pub(crate) fn routes<C: Connector + 'static>(
     });
     Ok(Router::new()
         .route("/v1/inbox/{source}", post(receive::<C>))
-        .layer(DefaultBodyLimit::max(config.max_body_bytes))
         .with_state(state))
 }
 

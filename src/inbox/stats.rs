@@ -127,13 +127,6 @@ impl InboxStats {
         self.reaped.inc_by(rows);
     }
 
-    /// Messages DONE so far (for logs and tests).
-    pub fn done(&self) -> u64 {
-        self.handled
-            .get_or_create(&OutcomeLabel { outcome: "done" })
-            .get()
-    }
-
     /// Adds the inbox's series to a scrape's registry.
     pub(crate) fn register(&self, r: &mut Registry) {
         r.register(

@@ -97,7 +97,10 @@ pub(crate) async fn run<I: InboxStore>(
                 // Maybe more: look again as soon as enough slots are free.
                 Duration::ZERO
             } else {
-                until_next(claims, settings).await?
+                // Woken early by a due row, the loop could only claim with enough free slots.
+                let would_claim =
+                    settings.workers - running.len() >= refill_at || running.is_empty();
+                until_next(claims, settings, would_claim).await?
             };
             look_now = false;
         }
@@ -157,22 +160,26 @@ fn finished(result: Result<(), ConnectorError>) -> Result<(), ConnectorError> {
 }
 
 /// How long to sleep when the claim found less than it could take: until the next due
-/// row or the oldest claim's expiry, at most `idle_check`.
+/// row, at most `idle_check`. When waking would not lead to a claim (too few free slots;
+/// a finishing handler wakes the loop then), the schedule is not read. Expired claims
+/// have their own schedule, `next_reap`.
 async fn until_next<I: InboxStore>(
     store: &I,
     settings: &WorkerSettings,
+    would_claim: bool,
 ) -> Result<Duration, ConnectorError> {
-    let schedule = store.schedule().await?;
-    let now = SystemTime::now();
-    let wait = |at: SystemTime| at.duration_since(now).unwrap_or(Duration::ZERO);
-    let due = schedule.next_due.map(wait);
-    let reap = (schedule.oldest_claim).map(|claimed| wait(claimed + settings.claim_timeout));
-    let mut sleep = settings.idle_check;
-    for candidate in [due, reap].into_iter().flatten() {
-        // A due row the claim did not take is held by a claim elsewhere: do not spin.
-        sleep = sleep.min(candidate.max(Duration::from_millis(50)));
+    if !would_claim {
+        return Ok(settings.idle_check);
     }
-    Ok(sleep)
+    let schedule = store.schedule().await?;
+    let due = (schedule.next_due).map(|at| {
+        at.duration_since(SystemTime::now())
+            .unwrap_or(Duration::ZERO)
+    });
+    // A due row the claim did not take is held by a claim elsewhere: do not spin.
+    Ok(due.map_or(settings.idle_check, |due| {
+        settings.idle_check.min(due.max(Duration::from_millis(50)))
+    }))
 }
 
 /// Runs the handler of one claimed message and writes its outcome.

@@ -29,7 +29,8 @@ async fn inbox<H: Harness>(h: &H) -> <H::Connector as Connector>::Inbox {
     h.connector().open_inbox().await.expect("open inbox")
 }
 
-fn stored(outcomes: &[Ingested]) -> Vec<i64> {
+/// The ids of the stored messages, in order.
+pub fn stored(outcomes: &[Ingested]) -> Vec<i64> {
     (outcomes.iter())
         .filter_map(|o| match o {
             Ingested::Stored(id) => Some(*id),

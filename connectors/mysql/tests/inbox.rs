@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
+use outboxd_conformance::inbox::{message, stored};
 use outboxd_connector::{
     Completed, Connector, InboxAdmin, InboxMessage, InboxOutcome, InboxStore, Ingested,
     JanitorAction, OutboxLayout, ReadMode,
@@ -49,27 +50,6 @@ trait Tables {
     async fn effects(&self) -> Vec<String>;
     /// The `message_id`s in a table, in id order.
     async fn message_ids(&self, table: &str) -> Vec<String>;
-}
-
-fn message(id: &str, type_: &str, key: &str) -> InboxMessage {
-    InboxMessage {
-        source: "orders".into(),
-        message_id: id.into(),
-        message_type: type_.into(),
-        biz_key: key.into(),
-        payload: format!(r#"{{"n": "{id}"}}"#).into_bytes(),
-        headers: vec![("trace".into(), format!("t-{id}"))],
-        rejected: None,
-    }
-}
-
-fn stored(outcomes: &[Ingested]) -> Vec<i64> {
-    (outcomes.iter())
-        .filter_map(|o| match o {
-            Ingested::Stored(id) => Some(*id),
-            Ingested::Duplicate => None,
-        })
-        .collect()
 }
 
 // ---------------------------------------------------------------------------------------
