@@ -49,6 +49,7 @@ async fn claimed_rows_are_sent_written_back_and_their_keys_reported() {
         batch_size: 2,
         idle_check: Some(Duration::from_secs(60)),
         strict_order: true,
+        delivery_timeout: Duration::from_secs(30),
     };
     let (keys_tx, mut keys) = mpsc::unbounded_channel();
     let worker = ClaimWorker::new(
@@ -104,6 +105,7 @@ async fn a_fatal_sink_is_rebuilt_and_costs_the_rows_no_attempt() {
         batch_size: 10,
         idle_check: Some(Duration::from_millis(10)),
         strict_order: true,
+        delivery_timeout: Duration::from_secs(30),
     };
     let (keys_tx, _keys) = mpsc::unbounded_channel();
     let worker = ClaimWorker::new(

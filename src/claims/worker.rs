@@ -16,7 +16,7 @@ use crate::config::RetryConfig;
 use crate::reconnect::ReconnectBackoff;
 use crate::relay::outcome::Outcome;
 use crate::relay::PipelineStats;
-use crate::sink::{FailureKind, Sink};
+use crate::sink::{acknowledged_by, FailureKind, Sink};
 
 /// What the claim worker takes and how often it looks.
 #[derive(Clone, Debug)]
@@ -32,6 +32,10 @@ pub struct WorkerSettings {
     pub idle_check: Option<Duration>,
     /// Strict per-key order.
     pub strict_order: bool,
+    /// How long a round waits for its records to be acknowledged
+    /// (`kafka.message_timeout`); shorter than the claim timeout, so the rows are written
+    /// back while the claim still holds.
+    pub delivery_timeout: Duration,
 }
 
 /// The claim worker: retries due FAILED rows beside the log pipeline, or, in poll mode,
@@ -172,8 +176,9 @@ impl<'a, O: OutboxStore, S: Sink> ClaimWorker<'a, O, S> {
         let mut released = Vec::new();
         let mut sink_failure: Option<String> = None;
         let mut keys = Vec::new();
+        let deadline = tokio::time::Instant::now() + self.settings.delivery_timeout;
         for (c, delivery) in pending {
-            let result = delivery.await;
+            let result = acknowledged_by(deadline, delivery).await;
             match Outcome::new(
                 c.event.id,
                 c.event.retry_count,

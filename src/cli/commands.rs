@@ -143,7 +143,8 @@ async fn execute_with<C: Connector + Clone + 'static>(
 
 /// The one place the sink is chosen; a second sink is a branch here on its config.
 fn open_sink(config: &Config) -> Result<KafkaSink, anyhow::Error> {
-    KafkaSink::new(&config.kafka, &config.pipeline.name).map_err(anyhow::Error::msg)
+    let strict = config.pipeline.ordering == crate::config::Ordering::Strict;
+    KafkaSink::new(&config.kafka, &config.pipeline.name, strict).map_err(anyhow::Error::msg)
 }
 
 fn read_mode(config: &Config) -> ReadMode {
@@ -228,6 +229,7 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
                     delivery: config.delivery.clone(),
                     retry: config.retry.clone(),
                     ordering: config.pipeline.ordering,
+                    stall_warning: config.kafka.message_timeout,
                 };
                 let worker_settings = WorkerSettings {
                     retry: config.retry.clone(),
@@ -240,6 +242,7 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
                         Some(DEFAULT_IDLE_CHECK)
                     }),
                     strict_order: strict,
+                    delivery_timeout: config.kafka.message_timeout,
                 };
                 let mut link = RetryLink {
                     wake_worker: Arc::clone(&wake),
@@ -279,6 +282,7 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
                     batch_size: config.poll.batch_size,
                     idle_check: Some(config.poll.interval),
                     strict_order: strict,
+                    delivery_timeout: config.kafka.message_timeout,
                 };
                 run_worker(
                     connector,

@@ -10,7 +10,7 @@ use outboxd_connector::{
 
 use crate::config::{Config, Ordering as KeyOrdering};
 use crate::relay::outcome::Outcome;
-use crate::sink::{FailureKind, Sink};
+use crate::sink::{acknowledged_by, FailureKind, Sink};
 
 /// `outboxd recover`: the log position is lost (slot dropped or invalidated, binlog
 /// purged). Start the log afresh at the server's current position first, so every row
@@ -68,8 +68,11 @@ pub(super) async fn recover<C: Connector, S: Sink>(
         }
         let (mut delivered, mut failures) = (Vec::new(), Vec::new());
         let mut sink_failure = None;
+        // Under strict ordering the sink waits out a broker outage without limit; an
+        // operator's command reports a failure instead.
+        let deadline = tokio::time::Instant::now() + config.kafka.message_timeout;
         for (event, delivery) in pending {
-            let result = delivery.await;
+            let result = acknowledged_by(deadline, delivery).await;
             match Outcome::new(event.id, event.retry_count, result, &config.retry) {
                 Outcome::Delivered(d) => delivered.push(d),
                 // The sink failed, not the row: it stays INIT, no attempt counted.

@@ -14,6 +14,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use outboxd_connector::{Connector, ConnectorError, OutboxStore, Position};
 use tokio::sync::{mpsc, watch, Notify};
@@ -68,6 +69,10 @@ pub struct PipelineSettings {
     pub retry: RetryConfig,
     /// Per-key ordering under failures.
     pub ordering: KeyOrdering,
+    /// After this long without an outcome while records wait (`kafka.message_timeout`),
+    /// the session says so. Under strict ordering records wait for the sink without
+    /// limit, so this warning is what an operator sees of a broker outage.
+    pub stall_warning: Duration,
 }
 
 /// How the log relay and the claim worker talk: the relay wakes the worker when it

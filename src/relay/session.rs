@@ -163,6 +163,9 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         let mut stopping_at: Option<Instant> = None;
         let mut stream_error: Option<ConnectorError> = None;
         let far_future = Instant::now() + Duration::from_secs(86_400 * 365);
+        // The last outcome, or the first send after none was waiting: a broker outage
+        // shows as records waiting with no outcome for `stall_warning`.
+        let mut last_progress = Instant::now();
 
         loop {
             let reading = stopping_at.is_none()
@@ -183,6 +186,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                     stopping_at = Some(Instant::now() + self.settings.delivery.shutdown_deadline);
                 }
                 Some(done) = deliveries.next(), if !deliveries.is_empty() => {
+                    last_progress = Instant::now();
                     self.complete(done);
                     if self.batch_seqs.len() >= self.settings.delivery.writeback_batch {
                         self.flush(stream).await?;
@@ -190,6 +194,19 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                 }
                 _ = sleep_until(flush_at.into()), if self.batch_started.is_some() => {
                     self.flush(stream).await?;
+                }
+                _ = sleep_until((last_progress + self.settings.stall_warning).into()),
+                    if !deliveries.is_empty() =>
+                {
+                    tracing::warn!(
+                        waiting = deliveries.len(),
+                        for_at_least = ?self.settings.stall_warning,
+                        strict_order = self.strict(),
+                        "records wait for Kafka with no acknowledgement; under strict ordering \
+                         they are kept and sent in order once the brokers answer (their rows \
+                         stay INIT and the log position is held)"
+                    );
+                    last_progress = Instant::now();
                 }
                 Some(key) = link.delivered_keys.recv() => {
                     if self.blocked.contains(&key) {
@@ -215,6 +232,9 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                         backoff.reset();
                         if self.in_flight == 0 {
                             self.stats.metrics.read_while_idle(tx.commit_time);
+                        }
+                        if deliveries.is_empty() {
+                            last_progress = Instant::now();
                         }
                         let seq = self.push_slot(tx.commit_position.clone(), tx.events.len());
                         self.stats.transactions.fetch_add(1, Ordering::Relaxed);

@@ -42,6 +42,7 @@ impl Harness {
                 },
                 retry: RetryConfig::default(),
                 ordering: KeyOrdering::Strict,
+                stall_warning: Duration::from_secs(30),
             },
             stats: PipelineStats::default(),
             wake: Arc::new(Notify::new()),

@@ -62,6 +62,27 @@ impl fmt::Display for SinkFailure {
 /// The outcome of one delivery.
 pub type SinkResult = Result<Receipt, SinkFailure>;
 
+/// Waits for `delivery` until `deadline`, for callers that hold a claim (the claim worker,
+/// poll mode, `recover`): they must write their rows back before the claim expires, while
+/// a sink under strict ordering may wait for the destination without limit. A record
+/// still waiting at the deadline is a retryable failure; the sink may deliver it later
+/// all the same, which makes a duplicate, never a reorder (the sink keeps a key's records
+/// in send order, and the row's retry is sent after it).
+pub async fn acknowledged_by<D: Future<Output = SinkResult>>(
+    deadline: tokio::time::Instant,
+    delivery: D,
+) -> SinkResult {
+    match tokio::time::timeout_at(deadline, delivery).await {
+        Ok(result) => result,
+        Err(_) => Err(SinkFailure {
+            kind: FailureKind::Retryable,
+            error: "no acknowledgement from the destination within kafka.message_timeout; \
+                    retried later (the record may still arrive: a duplicate then)"
+                .to_owned(),
+        }),
+    }
+}
+
 /// A destination for outbox events.
 ///
 /// # The guarantee a sink must keep
@@ -107,4 +128,25 @@ pub trait Sink: Send + Sync {
     /// be rebuilt. Records the old client did not acknowledge are the caller's to send
     /// again: a fatal failure says nothing about the row, so it costs the row no attempt.
     fn recover(&self) -> impl Future<Output = Result<bool, String>> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_delivery_still_waiting_at_the_deadline_is_a_retryable_failure() {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(20);
+        let waiting = std::future::pending::<SinkResult>();
+        let failure = acknowledged_by(deadline, waiting).await.unwrap_err();
+        assert_eq!(failure.kind, FailureKind::Retryable);
+        assert!(failure.error.contains("kafka.message_timeout"));
+
+        let receipt = Receipt {
+            partition: 1,
+            offset: 7,
+        };
+        let decided = async move { Ok(receipt) };
+        assert_eq!(acknowledged_by(deadline, decided).await, Ok(receipt));
+    }
 }

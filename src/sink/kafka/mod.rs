@@ -6,6 +6,13 @@
 //! row's key column, partitioned with murmur2 (as Java producers do), and the producer is
 //! idempotent with `acks=all`, so a key's records land in one partition in send order
 //! and an acknowledgement means every in-sync replica has the record.
+//!
+//! Under strict ordering the producer never drops a record on a timer
+//! (`message.timeout.ms = 0`): librdkafka expires the records that waited longest and
+//! keeps the younger ones, so a broker outage longer than the timeout would let a key's
+//! later records reach the partition before its earlier ones are sent again. It waits for
+//! the broker instead, in order; callers that hold a claim bound their own wait
+//! ([`crate::sink::acknowledged_by`]).
 
 use std::sync::{PoisonError, RwLock};
 use std::time::Duration;
@@ -42,7 +49,8 @@ pub struct KafkaSink {
 
 impl KafkaSink {
     /// Builds the producer. librdkafka connects lazily; see [`Sink::check`].
-    pub fn new(config: &KafkaConfig, pipeline: &str) -> Result<Self, String> {
+    /// `strict_order`: records are never expired by the producer (see the module doc).
+    pub fn new(config: &KafkaConfig, pipeline: &str, strict_order: bool) -> Result<Self, String> {
         validate_options(&config.options)?;
         let template = TopicTemplate::parse(&config.topic_template)?;
         let mut client = ClientConfig::new();
@@ -57,10 +65,14 @@ impl KafkaSink {
         for (key, value) in SAFE_DEFAULTS {
             client.set(*key, *value);
         }
-        let timeout_ms = config
-            .message_timeout
-            .as_millis()
-            .clamp(1, i32::MAX as u128);
+        let timeout_ms = if strict_order {
+            0 // librdkafka: no timeout
+        } else {
+            config
+                .message_timeout
+                .as_millis()
+                .clamp(1, i32::MAX as u128)
+        };
         client.set("bootstrap.servers", &config.bootstrap_servers);
         client.set("message.timeout.ms", timeout_ms.to_string());
         let producer = create_producer(&client)?;
@@ -222,7 +234,7 @@ mod tests {
             message_timeout: Duration::from_secs(1),
             options: BTreeMap::new(),
         };
-        let sink = KafkaSink::new(&config, "p").expect("producer");
+        let sink = KafkaSink::new(&config, "p", false).expect("producer");
         assert!(sink.producer().client().fatal_error().is_none());
         assert_eq!(sink.recover().await, Ok(false));
     }
@@ -248,7 +260,7 @@ mod tests {
                     ("compression.type".to_owned(), compression.to_owned()),
                 ]),
             };
-            if let Err(e) = KafkaSink::new(&config, "p") {
+            if let Err(e) = KafkaSink::new(&config, "p", false) {
                 panic!("{mechanism} with {compression}: {e}");
             }
         }
