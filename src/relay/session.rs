@@ -29,6 +29,10 @@ use crate::config::Ordering as KeyOrdering;
 use crate::reconnect::ReconnectBackoff;
 use crate::sink::{FailureKind, Sink, SinkResult};
 
+/// The shortest period between two looks at the keys the table holds back (see
+/// [`Session::refresh_blocked_keys`]): how soon an operator's `park` reaches a busy relay.
+const MIN_BLOCKED_REFRESH: Duration = Duration::from_secs(1);
+
 /// The result of one record, tagged with where it belongs.
 struct Completed {
     seq: u64,
@@ -83,6 +87,10 @@ pub(super) struct Session<'a, O, S> {
     blocked: HashSet<String>,
     /// Blocked keys the retry worker delivered rows of: to check after the next flush.
     maybe_released: HashSet<String>,
+    /// When `blocked` last took in the table's view, and how long until it looks again:
+    /// an operator's `park` of a row this session has not read yet is seen there.
+    blocked_refreshed: Instant,
+    blocked_refresh_every: Duration,
     /// Sequence numbers of the slots the batch's rows belong to, one per row.
     batch_seqs: Vec<u64>,
     batch_started: Option<Instant>,
@@ -116,6 +124,8 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             rejected: Vec::new(),
             blocked: HashSet::new(),
             maybe_released: HashSet::new(),
+            blocked_refreshed: Instant::now(),
+            blocked_refresh_every: MIN_BLOCKED_REFRESH,
             batch_seqs: Vec::new(),
             batch_started: None,
             last_confirmed: None,
@@ -142,11 +152,35 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
     pub(super) async fn load_blocked_keys(&mut self) -> Result<(), ConnectorError> {
         if self.strict() {
             self.blocked = self.store.blocked_keys(None).await?;
+            self.blocked_refreshed = Instant::now();
             if !self.blocked.is_empty() {
                 tracing::info!(
                     keys = self.blocked.len(),
                     "keys held back by earlier failed events"
                 );
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes in the keys the table holds back, at most once per refresh period and only
+    /// when a transaction is about to be sent: an operator may have parked a row (or
+    /// another process failed one) since the session started, and rows of that key read
+    /// from now on must wait behind it. An idle outbox costs no query; a busy one one
+    /// indexed query per period, and the period grows with the query's cost (at most
+    /// 1/20 of the time goes to it). Keys are only added here: one this session blocked
+    /// may not be in the table yet, and keys are released by [`Self::release_keys`].
+    async fn refresh_blocked_keys(&mut self) -> Result<(), ConnectorError> {
+        if !self.strict() || self.blocked_refreshed.elapsed() < self.blocked_refresh_every {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let in_table = self.store.blocked_keys(None).await?;
+        self.blocked_refreshed = Instant::now();
+        self.blocked_refresh_every = (started.elapsed() * 20).max(MIN_BLOCKED_REFRESH);
+        for key in in_table {
+            if self.blocked.insert(key.clone()) {
+                tracing::info!(biz_key = %key, "key held back: the table shows an earlier event of it not delivered (parked by an operator or failed elsewhere)");
             }
         }
         Ok(())
@@ -235,6 +269,9 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                         }
                         if deliveries.is_empty() {
                             last_progress = Instant::now();
+                        }
+                        if !tx.events.is_empty() {
+                            self.refresh_blocked_keys().await?;
                         }
                         let seq = self.push_slot(tx.commit_position.clone(), tx.events.len());
                         self.stats.transactions.fetch_add(1, Ordering::Relaxed);

@@ -75,6 +75,14 @@ pub trait Engine: Sized {
     fn cleanup(p: &Pipeline<Self>) -> impl Future<Output = ()>;
     /// Runs one statement on a fresh connection.
     fn execute(p: &Pipeline<Self>, sql: &str) -> impl Future<Output = ()>;
+    /// The id of the row with `message_id`.
+    fn row_id(p: &Pipeline<Self>, message_id: &str) -> impl Future<Output = i64>;
+    /// Locks the pipeline's checkpoint row in an open transaction, returning once the lock
+    /// is held; every write-back of the relay then waits (it updates that row), so the
+    /// relay reads nothing further from the log. Dropping the sender rolls back.
+    fn hold_checkpoint_row(
+        p: &Pipeline<Self>,
+    ) -> impl Future<Output = tokio::sync::oneshot::Sender<()>>;
 }
 
 /// Writes [`Event`]s on its own connection.
@@ -233,6 +241,14 @@ message_timeout = "10s"
     }
 
     /// The pipeline's checkpoint row.
+    pub async fn row_id(&self, message_id: &str) -> i64 {
+        E::row_id(self, message_id).await
+    }
+
+    pub async fn hold_checkpoint_row(&self) -> tokio::sync::oneshot::Sender<()> {
+        E::hold_checkpoint_row(self).await
+    }
+
     pub async fn checkpoint(&self) -> Option<String> {
         E::checkpoint(self).await
     }

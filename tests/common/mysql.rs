@@ -193,6 +193,37 @@ heartbeat = "1s""#,
         p.sql().await.query_drop(sql).await.expect(sql);
     }
 
+    async fn row_id(p: &MysqlPipeline, message_id: &str) -> i64 {
+        let mut conn = p.sql().await;
+        let id: Option<i64> = conn
+            .query_first(format!(
+                "SELECT id FROM `{}` WHERE message_id = '{message_id}'",
+                p.table
+            ))
+            .await
+            .expect("row id");
+        let _ = conn.disconnect().await;
+        id.expect("the row exists")
+    }
+
+    async fn hold_checkpoint_row(p: &MysqlPipeline) -> tokio::sync::oneshot::Sender<()> {
+        let mut conn = p.sql().await;
+        conn.query_drop("START TRANSACTION").await.expect("begin");
+        conn.query_drop(format!(
+            "SELECT 1 FROM outboxd_checkpoint WHERE pipeline = '{}' FOR UPDATE",
+            p.name
+        ))
+        .await
+        .expect("lock the checkpoint row");
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let _ = released.await;
+            let _ = conn.query_drop("ROLLBACK").await;
+            let _ = conn.disconnect().await;
+        });
+        release
+    }
+
     async fn cleanup(p: &MysqlPipeline) {
         let mut conn = p.sql().await;
         let _ = conn

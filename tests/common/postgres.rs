@@ -160,6 +160,33 @@ status_interval = "1s""#,
         p.sql().await.batch_execute(sql).await.expect(sql);
     }
 
+    async fn row_id(p: &TestPipeline, message_id: &str) -> i64 {
+        let sql = format!("SELECT id FROM \"{}\" WHERE message_id = $1", p.table);
+        p.sql()
+            .await
+            .query_one(&sql, &[&message_id])
+            .await
+            .expect("row id")
+            .get(0)
+    }
+
+    async fn hold_checkpoint_row(p: &TestPipeline) -> tokio::sync::oneshot::Sender<()> {
+        let client = p.sql().await;
+        client
+            .batch_execute(&format!(
+                "BEGIN; SELECT 1 FROM outboxd_checkpoint WHERE pipeline = '{}' FOR UPDATE",
+                p.name
+            ))
+            .await
+            .expect("lock the checkpoint row");
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let _ = released.await;
+            let _ = client.batch_execute("ROLLBACK").await;
+        });
+        release
+    }
+
     async fn cleanup(p: &TestPipeline) {
         let client = p.sql().await;
         let slot = format!("outboxd_{}", p.name);

@@ -438,3 +438,73 @@ pub async fn a_row_that_cannot_be_published_needs_an_operator_and_the_relay_goes
     assert_eq!(keys, ["free"], "nothing of the held key is sent");
     p.cleanup().await;
 }
+
+/// Issue 10, case 8: an operator parks an INIT row that the running relay has not read yet
+/// (here the relay is held by a lock on its checkpoint row, as a slow write-back would hold
+/// it). The relay must not send it, nor the later event of its key; other keys flow; once
+/// the operator retries the row, the key's events arrive in order. Before, the parked row's
+/// key was blocked in the table only, and the relay sent both events.
+pub async fn a_row_parked_while_the_relay_runs_holds_its_key<E: Engine>() {
+    let p = Pipeline::<E>::new("opark", 1, FAST_FAILURES).await;
+    p.init();
+    let daemon = p.spawn_run("run.log");
+    let mut writer = p.writer().await;
+    writer.commit(&event("other", 1), "opark").await;
+    wait_for("the first row SUCCESS", Duration::from_secs(30), || async {
+        (p.rows().await.get("opark-other-1")?.status == "SUCCESS").then_some(())
+    })
+    .await;
+
+    // Hold the relay: its next write-back waits for the checkpoint row.
+    let lock = p.hold_checkpoint_row().await;
+    writer.commit(&event("other", 2), "opark").await;
+    assert_eq!(
+        p.consume(2, Duration::from_secs(30)).len(),
+        2,
+        "other-2 sent"
+    );
+    // The write-back of other-2 now waits; what follows is not read until it commits.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    writer.commit(&event("k", 1), "opark").await;
+    writer.commit(&event("k", 2), "opark").await;
+    writer.commit(&event("other", 3), "opark").await;
+    let parked = p.row_id("opark-k-1").await.to_string();
+    let out = p.outboxd(&["park", "--id", &parked, "--reason", "hold the order"]);
+    assert!(out.status.success(), "park: {out:?}");
+    // Past the relay's refresh period, then release it.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    drop(lock);
+
+    wait_for("the other key to flow", Duration::from_secs(30), || async {
+        (p.rows().await.get("opark-other-3")?.status == "SUCCESS").then_some(())
+    })
+    .await;
+    let rows = p.rows().await;
+    assert_eq!(rows["opark-k-1"].status, "MANUAL_REQUIRED");
+    let later = &rows["opark-k-2"];
+    assert_ne!(later.status, "SUCCESS", "k-2 waits behind the parked k-1");
+    let why = later.last_error.clone().unwrap_or_default();
+    assert!(why.contains("parked"), "the parked row says why: {why}");
+    let records = p.consume(3, Duration::from_secs(30));
+    assert!(
+        records.iter().all(|r| r.key != "k"),
+        "nothing of the parked key was sent"
+    );
+
+    // The operator lets the key go: both events, in order.
+    let out = p.outboxd(&["retry", "--id", &parked]);
+    assert!(out.status.success(), "retry: {out:?}");
+    wait_for("every row SUCCESS", Duration::from_secs(60), || async {
+        let rows = p.rows().await;
+        rows.values().all(|r| r.status == "SUCCESS").then_some(())
+    })
+    .await;
+    let records = p.consume(5, Duration::from_secs(30));
+    assert_eq!(
+        seqs_by_key(&records)["k"],
+        [1, 2],
+        "the parked key in order"
+    );
+    drop(daemon);
+    p.cleanup().await;
+}

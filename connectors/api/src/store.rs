@@ -55,8 +55,9 @@ pub trait OutboxStore: Send + Sync {
     /// checkpoint row commit together or not at all. Durable when it returns `Ok`.
     ///
     /// Idempotent, so a batch replayed after a crash is harmless: SUCCESS is written only
-    /// to rows in INIT or FAILED, FAILED only to rows in INIT, and the checkpoint never
-    /// moves backward. Each statement covers the whole batch (one round trip per kind of
+    /// to rows in INIT, FAILED or MANUAL_REQUIRED (an operator may park a row that was
+    /// already on its way: the record is in Kafka, so SUCCESS is the truth), FAILED only
+    /// to rows in INIT, and the checkpoint never moves backward. Each statement covers the whole batch (one round trip per kind of
     /// update, never one per row).
     fn write_back(
         &self,

@@ -439,7 +439,7 @@ fn success_sql(sql: &mut String, outbox: &str, rows: &[Delivered]) {
         ") AS d ON o.id = d.id SET o.status = 'SUCCESS', o.sent_at = NOW(6), \
          o.updated_at = NOW(6), o.kafka_partition = d.kp, o.kafka_offset = d.ko, \
          o.last_error = NULL, o.next_retry_time = NULL \
-         WHERE o.status IN ('INIT', 'FAILED');\n",
+         WHERE o.status IN ('INIT', 'FAILED', 'MANUAL_REQUIRED');\n",
     );
 }
 
@@ -570,7 +570,7 @@ mod tests {
         success_sql(&mut sql, "`outbox`", &rows);
         assert_eq!(sql.matches("UPDATE").count(), 1, "{sql}");
         assert!(sql.contains("SELECT 1 AS id, 0 AS kp, 10 AS ko UNION ALL SELECT 2, 0, 20"));
-        assert!(sql.contains("WHERE o.status IN ('INIT', 'FAILED')"));
+        assert!(sql.contains("WHERE o.status IN ('INIT', 'FAILED', 'MANUAL_REQUIRED')"));
     }
 
     #[test]

@@ -851,7 +851,7 @@ impl Sql {
                  kafka_partition = d.partition, kafka_offset = d.kafka_offset, \
                  last_error = NULL, next_retry_time = NULL \
                  FROM unnest($1::bigint[], $2::int[], $3::bigint[]) AS d(id, partition, kafka_offset) \
-                 WHERE o.id = d.id AND o.status IN ('INIT', 'FAILED') RETURNING o.id"
+                 WHERE o.id = d.id AND o.status IN ('INIT', 'FAILED', 'MANUAL_REQUIRED') RETURNING o.id"
             ),
             failed: format!(
                 "UPDATE {outbox} AS o SET retry_count = o.retry_count + 1, \
