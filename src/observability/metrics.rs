@@ -63,6 +63,8 @@ pub struct PipelineMetrics {
     /// Commit time (µs since the Unix epoch) the end-to-end lag is measured from.
     lag_base_micros: AtomicU64,
     confirmed_at: Mutex<Option<Instant>>,
+    /// When the status write-back under way began; `None` between write-backs.
+    writeback_since: Mutex<Option<Instant>>,
 }
 
 impl Default for PipelineMetrics {
@@ -74,6 +76,7 @@ impl Default for PipelineMetrics {
             latency: Histogram::new(LATENCY_BUCKETS),
             lag_base_micros: AtomicU64::new(0),
             confirmed_at: Mutex::new(None),
+            writeback_since: Mutex::new(None),
         }
     }
 }
@@ -109,6 +112,13 @@ impl PipelineMetrics {
     pub fn confirmed(&self) {
         if let Ok(mut at) = self.confirmed_at.lock() {
             *at = Some(Instant::now());
+        }
+    }
+
+    /// A status write-back begins (`true`) or has ended (`false`).
+    pub fn writing_back(&self, under_way: bool) {
+        if let Ok(mut since) = self.writeback_since.lock() {
+            *since = under_way.then(Instant::now);
         }
     }
 
@@ -287,6 +297,15 @@ fn registry(stats: &PipelineStats, inputs: &ScrapeInputs<'_>) -> Registry {
             ConstGauge::new(at.elapsed().as_secs_f64()),
         );
     }
+
+    let writing_back = m.writeback_since.lock().ok().and_then(|since| *since);
+    r.register(
+        "outboxd_writeback_wait_seconds",
+        "Seconds the status write-back under way has taken (0 between write-backs); it grows \
+         while decoded rows are not visible yet (a commit waiting for a synchronous standby) \
+         or the outbox rows are locked, and the log position is held meanwhile",
+        ConstGauge::new(writing_back.map_or(0.0, |since| since.elapsed().as_secs_f64())),
+    );
 
     if let Some(ok) = inputs.status_ok {
         r.register(
@@ -484,6 +503,7 @@ mod tests {
             );
         }
         assert!(text.contains("\noutboxd_checkpoint_age_seconds "));
+        assert!(text.contains("\noutboxd_writeback_wait_seconds 0"));
         assert!(text.contains("\noutboxd_outbox_oldest_unsent_age_seconds 6"));
         assert!(text.contains("\nprocess_resident_memory_bytes "));
         // Every sample belongs to a family with HELP and TYPE.

@@ -444,7 +444,10 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                 rejected: &self.rejected,
                 checkpoint: checkpoint.as_ref(),
             };
-            write_back_with_retries(self.store, batch).await?;
+            self.stats.metrics.writing_back(true);
+            let written = write_back_with_retries(self.store, batch).await;
+            self.stats.metrics.writing_back(false);
+            written?;
             let written =
                 self.delivered.len() + self.failed.len() + self.parked.len() + self.rejected.len();
             self.in_flight -= written;

@@ -7,7 +7,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::engine::{Engine, Event, Pipeline, Writer};
-use super::{consume_all, java_partition, seqs_by_key, wait_for, Record};
+use super::{
+    consume_all, free_port, http_get, java_partition, metric_value, metrics_section, seqs_by_key,
+    wait_for, Record,
+};
 
 /// Every seq `1..=per_key` of each of `keys` keys, first occurrences in per-key order (an
 /// at-least-once replay may repeat a suffix of what was sent); returns the repeats.
@@ -445,7 +448,9 @@ pub async fn a_row_that_cannot_be_published_needs_an_operator_and_the_relay_goes
 /// the operator retries the row, the key's events arrive in order. Before, the parked row's
 /// key was blocked in the table only, and the relay sent both events.
 pub async fn a_row_parked_while_the_relay_runs_holds_its_key<E: Engine>() {
-    let p = Pipeline::<E>::new("opark", 1, FAST_FAILURES).await;
+    let port = free_port();
+    let extra = format!("{FAST_FAILURES}{}", metrics_section(port));
+    let p = Pipeline::<E>::new("opark", 1, &extra).await;
     p.init();
     let daemon = p.spawn_run("run.log");
     let mut writer = p.writer().await;
@@ -468,6 +473,17 @@ pub async fn a_row_parked_while_the_relay_runs_holds_its_key<E: Engine>() {
     writer.commit(&event("k", 1), "opark").await;
     writer.commit(&event("k", 2), "opark").await;
     writer.commit(&event("other", 3), "opark").await;
+    // The held write-back shows on /metrics while it lasts.
+    let waited = wait_for(
+        "the write-back wait on /metrics",
+        Duration::from_secs(10),
+        || async {
+            let (_, body) = http_get(port, "/metrics").await?;
+            metric_value(&body, "outboxd_writeback_wait_seconds", "").filter(|s| *s > 0.2)
+        },
+    )
+    .await;
+    assert!(waited > 0.2);
     let parked = p.row_id("opark-k-1").await.to_string();
     let out = p.outboxd(&["park", "--id", &parked, "--reason", "hold the order"]);
     assert!(out.status.success(), "park: {out:?}");
