@@ -16,7 +16,8 @@
 //!   named placeholders.
 //! - [`status`]: the status literals and the statuses that block a key.
 //! - [`retry`]: the longest retry delay written to a row.
-//! - [`tls`]: [`SslMode`], the `sslmode` key of every engine's `[source]`; [`config`]:
+//! - [`tls`]: [`SslMode`] and the certificate keys of every engine's `[source]`, as a
+//!   [`TlsPolicy`] (what to verify), and the `check` line of a connection; [`config`]:
 //!   the defaults of the other keys every engine has.
 //! - [`store`]: small store-side pieces (empty write-backs, `status` rows, qualified
 //!   table names).
@@ -35,4 +36,4 @@ pub mod tls;
 
 pub use columns::{ColumnMap, Field};
 pub use row::{RowSource, Value};
-pub use tls::SslMode;
+pub use tls::{SslMode, TlsOptions, TlsPolicy};

@@ -2,17 +2,23 @@ use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 
 use mysql_async::prelude::Queryable;
-use mysql_async::{Conn, Opts, OptsBuilder, Row, SslOpts, Value};
+use mysql_async::{ClientIdentity, Conn, Opts, OptsBuilder, Row, SslOpts, Value};
+use openssl::pkcs12::Pkcs12;
+use openssl::pkey::PKey;
+use openssl::stack::Stack;
+use openssl::x509::X509;
 use outboxd_connector::{
     CheckReport, Connector, ConnectorError, Engine, ErrorReason, OutboxLayout, ReadMode,
     ENV_SOURCE_PASSWORD,
 };
+use outboxd_connector_kit::tls::{bad_file, read_file, Roots, TlsUse, Verification};
+use outboxd_connector_kit::TlsPolicy;
 
 use crate::log::stream::MysqlChangeStream;
 use crate::schema::{split_qualified, table_ident};
 use crate::store::inbox::MysqlInboxStore;
 use crate::store::MysqlOutboxStore;
-use crate::{setup as admin, MysqlConfig, SslMode};
+use crate::{setup as admin, MysqlConfig};
 
 /// Everything outboxd does with one MySQL or MariaDB pipeline, from its configuration.
 #[derive(Clone, Debug)]
@@ -24,6 +30,135 @@ pub struct MysqlConnector {
     /// pipeline's lock with (0: none yet). Shared by its clones, so the stores opened
     /// from it fence their write-backs on that connection still holding the lock.
     pub(crate) lock_conn: Arc<AtomicU32>,
+    /// The TLS of every connection (SQL and binlog), from the config's TLS keys.
+    pub(crate) tls: Arc<MysqlTls>,
+}
+
+/// The TLS of one configuration: its policy, and the files read once, when the connector
+/// is built (so a missing or bad file is a config error, not a connection failure).
+#[derive(Clone)]
+pub(crate) struct MysqlTls {
+    pub(crate) policy: TlsPolicy,
+    /// PEM of `sslrootcert`.
+    roots: Option<Vec<u8>>,
+    /// `sslcert` + `sslkey` as the PKCS#12 archive native-tls takes (no password).
+    identity: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for MysqlTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MysqlTls")
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MysqlTls {
+    fn new(config: &MysqlConfig) -> Result<Self, ConnectorError> {
+        let policy = TlsPolicy::from_options(config.tls_options())?;
+        let roots = match &policy.roots {
+            Roots::File(path) if policy.verify != Verification::None => {
+                let pem = read_file("source.sslrootcert", path)?;
+                match X509::stack_from_pem(&pem) {
+                    Ok(certs) if !certs.is_empty() => Some(pem),
+                    Ok(_) => {
+                        return Err(bad_file(
+                            "source.sslrootcert",
+                            path,
+                            "CA certificates",
+                            "no certificate found",
+                        ))
+                    }
+                    Err(e) => {
+                        return Err(bad_file("source.sslrootcert", path, "CA certificates", e))
+                    }
+                }
+            }
+            _ => None,
+        };
+        let identity = match &policy.client {
+            Some(client) => {
+                let pem = read_file("source.sslcert", &client.cert)?;
+                let mut chain = X509::stack_from_pem(&pem)
+                    .map_err(|e| bad_file("source.sslcert", &client.cert, "a certificate", e))?
+                    .into_iter();
+                let leaf = chain.next().ok_or_else(|| {
+                    bad_file(
+                        "source.sslcert",
+                        &client.cert,
+                        "a certificate",
+                        "no certificate found",
+                    )
+                })?;
+                let pem = read_file("source.sslkey", &client.key)?;
+                let key = PKey::private_key_from_pem(&pem).map_err(|e| {
+                    bad_file(
+                        "source.sslkey",
+                        &client.key,
+                        "an unencrypted private key",
+                        e,
+                    )
+                })?;
+                let mismatch = || {
+                    ConnectorError::definite(format!(
+                        "source.sslkey `{}` is not the key of source.sslcert `{}`",
+                        client.key.display(),
+                        client.cert.display()
+                    ))
+                };
+                let public = leaf.public_key().map_err(|_| mismatch())?;
+                if !public.public_eq(&key) {
+                    return Err(mismatch());
+                }
+                let openssl = |e: openssl::error::ErrorStack| {
+                    ConnectorError::definite("cannot build the client certificate archive")
+                        .with_source(e)
+                };
+                let mut rest = Stack::new().map_err(openssl)?;
+                for cert in chain {
+                    rest.push(cert).map_err(openssl)?;
+                }
+                let mut builder = Pkcs12::builder();
+                builder.name("outboxd").pkey(&key).cert(&leaf);
+                if !rest.is_empty() {
+                    builder.ca(rest);
+                }
+                Some(
+                    builder
+                        .build2("")
+                        .and_then(|p| p.to_der())
+                        .map_err(openssl)?,
+                )
+            }
+            None => None,
+        };
+        Ok(Self {
+            policy,
+            roots,
+            identity,
+        })
+    }
+
+    /// mysql_async's TLS options for this policy (native-tls, the system OpenSSL).
+    fn ssl_opts(&self) -> SslOpts {
+        let mut opts = SslOpts::default();
+        if let Some(roots) = &self.roots {
+            // Only the configured CAs vouch for the server, not the system's too.
+            opts = opts
+                .with_root_certs(vec![roots.clone().into()])
+                .with_disable_built_in_roots(true);
+        }
+        if let Some(identity) = &self.identity {
+            opts = opts.with_client_identity(Some(ClientIdentity::new(identity.clone().into())));
+        }
+        match self.policy.verify {
+            Verification::None => opts
+                .with_danger_accept_invalid_certs(true)
+                .with_danger_skip_domain_validation(true),
+            Verification::Chain => opts.with_danger_skip_domain_validation(true),
+            Verification::ChainAndHost => opts,
+        }
+    }
 }
 
 impl MysqlConnector {
@@ -58,6 +193,7 @@ impl MysqlConnector {
             }
         }
         Ok(Self {
+            tls: Arc::new(MysqlTls::new(&config)?),
             config,
             pipeline: pipeline.to_owned(),
             layout,
@@ -112,19 +248,36 @@ impl MysqlConnector {
         MysqlChangeStream::open(self).await
     }
 
-    /// An ordinary SQL connection in UTC with utf8mb4.
+    /// An ordinary SQL connection in UTC with utf8mb4, TLS per the config's TLS keys. The
+    /// binlog stream and the pipeline lock are opened through it too.
     pub async fn sql_conn(&self) -> Result<Conn, ConnectorError> {
-        // TLS without certificate verification: `prefer` and `require` promise encryption
-        // only, as libpq's modes of the same names.
-        let tls = || {
-            SslOpts::default()
-                .with_danger_accept_invalid_certs(true)
-                .with_danger_skip_domain_validation(true)
-        };
-        match self.config.sslmode {
-            SslMode::Disable => self.connect(None).await,
-            SslMode::Require => self.connect(Some(tls())).await,
-            SslMode::Prefer => match self.connect(Some(tls())).await {
+        let tls = || Some(self.tls.ssl_opts());
+        match self.tls.policy.tls {
+            TlsUse::Off => self.connect(None).await,
+            TlsUse::Required => self.connect(tls()).await.map_err(|e| {
+                if e.reason() != ErrorReason::TlsUnavailable {
+                    e
+                } else if e.is_transient() {
+                    // The handshake failed: under a verifying mode, the certificate.
+                    if self.tls.policy.verify == Verification::None {
+                        e
+                    } else {
+                        let context = format!("connecting to MySQL at {}", self.endpoint());
+                        let cause = e.to_string();
+                        let cause = cause
+                            .strip_prefix(&format!("{context}: "))
+                            .unwrap_or(&cause);
+                        self.tls.policy.verification_failed(&context, cause)
+                    }
+                } else {
+                    self.tls
+                        .policy
+                        .downgrade_refused(&format!("connecting to MySQL at {}", self.endpoint()))
+                }
+            }),
+            // libpq's `prefer`: TLS when the server offers it (and the handshake works),
+            // plain TCP otherwise.
+            TlsUse::IfOffered => match self.connect(tls()).await {
                 Err(e) if e.reason() == ErrorReason::TlsUnavailable => {
                     tracing::debug!(error = %e, "server offers no TLS; connecting without");
                     self.connect(None).await

@@ -1,6 +1,8 @@
+use std::path::PathBuf;
 use std::time::Duration;
 
 pub use outboxd_connector_kit::SslMode;
+use outboxd_connector_kit::TlsOptions;
 use serde::Deserialize;
 
 /// `[source]` of a MySQL 8 or MariaDB pipeline (`kind = "mysql"`).
@@ -25,9 +27,20 @@ pub struct MysqlConfig {
     /// `server_id` and from every other replica's: the server disconnects an older replica
     /// when a new one registers with the same id.
     pub server_id: u32,
-    /// TLS mode.
+    /// TLS mode, with libpq's meaning (see [`SslMode`]); the binlog connection uses it too.
     #[serde(default)]
     pub sslmode: SslMode,
+    /// PEM file of the CA certificate(s) the server's certificate must chain to. With
+    /// `require` (or `prefer`) it makes the chain verified, as in libpq.
+    #[serde(default)]
+    pub sslrootcert: Option<PathBuf>,
+    /// PEM file of the client certificate (with `sslkey`), for users created
+    /// `REQUIRE X509` or `REQUIRE SUBJECT`.
+    #[serde(default)]
+    pub sslcert: Option<PathBuf>,
+    /// PEM file of the client certificate's private key (unencrypted).
+    #[serde(default)]
+    pub sslkey: Option<PathBuf>,
     /// Time allowed to establish a connection.
     #[serde(
         default = "outboxd_connector_kit::config::default_connect_timeout",
@@ -46,4 +59,16 @@ fn default_port() -> u16 {
 
 fn default_heartbeat() -> Duration {
     Duration::from_secs(5)
+}
+
+impl MysqlConfig {
+    /// The TLS keys.
+    pub fn tls_options(&self) -> TlsOptions<'_> {
+        TlsOptions {
+            mode: self.sslmode,
+            rootcert: self.sslrootcert.as_deref(),
+            cert: self.sslcert.as_deref(),
+            key: self.sslkey.as_deref(),
+        }
+    }
 }

@@ -1,17 +1,22 @@
-use std::sync::OnceLock;
+use std::sync::Arc;
 
-use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
 use outboxd_connector::{
     CheckReport, Connector, ConnectorError, Engine, ErrorReason, OutboxLayout, ReadMode,
     ENV_SOURCE_PASSWORD,
 };
-use postgres_openssl::MakeTlsConnector;
+use outboxd_connector_kit::tls::{Negotiated, TlsUse};
+use tokio::net::TcpStream;
 use tokio_postgres::config::SslMode as PgSslMode;
 
 use crate::store::inbox::PgInboxStore;
 use crate::store::PgOutboxStore;
 use crate::stream::PgChangeStream;
-use crate::{setup as admin, PostgresConfig, SslMode};
+use crate::tls::{carried_error, AuthGuard, PgTls, PgTlsConnect, PgTlsStream};
+use crate::{setup as admin, PostgresConfig};
+
+/// A SQL connection's driver: the guarded socket, TLS over it when negotiated.
+pub(crate) type SqlConnection =
+    tokio_postgres::Connection<AuthGuard<TcpStream>, PgTlsStream<AuthGuard<TcpStream>>>;
 
 /// Everything outboxd does with one PostgreSQL pipeline, from its configuration.
 #[derive(Clone, Debug)]
@@ -19,16 +24,20 @@ pub struct PostgresConnector {
     pub(crate) config: PostgresConfig,
     pub(crate) pipeline: String,
     pub(crate) layout: OutboxLayout,
+    /// The TLS of every connection, from the config's TLS keys.
+    pub(crate) tls: Arc<PgTls>,
 }
 
 impl PostgresConnector {
-    /// Validates names and builds the connector; connects to nothing yet.
+    /// Validates names and the TLS keys (the certificate files are read here) and builds
+    /// the connector; connects to nothing yet.
     pub fn new(
         config: PostgresConfig,
         pipeline: &str,
         layout: OutboxLayout,
     ) -> Result<Self, ConnectorError> {
         let connector = Self {
+            tls: PgTls::for_config(&config)?,
             config,
             pipeline: pipeline.to_owned(),
             layout,
@@ -115,48 +124,87 @@ impl PostgresConnector {
 
     /// An ordinary SQL connection (its connection task is spawned on the runtime).
     pub async fn sql_client(&self) -> Result<tokio_postgres::Client, ConnectorError> {
-        let (client, connection) = self.connect_sql().await?;
+        Ok(self.sql_client_tls().await?.0)
+    }
+
+    /// [`Self::sql_client`] and what its TLS negotiated (for `check`).
+    pub(crate) async fn sql_client_tls(
+        &self,
+    ) -> Result<(tokio_postgres::Client, Negotiated), ConnectorError> {
+        let (client, connection, negotiated) = self.connect_sql().await?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "PostgreSQL SQL connection closed");
             }
         });
-        Ok(client)
+        Ok((client, negotiated))
     }
 
+    /// Opens a SQL connection within `connect_timeout`. tokio-postgres runs the protocol
+    /// over a socket outboxd opens and guards (see `crate::tls`): TLS per the config's
+    /// policy, and no cleartext or MD5 password over an unverified channel.
     async fn connect_sql(
         &self,
-    ) -> Result<
-        (
-            tokio_postgres::Client,
-            tokio_postgres::Connection<
-                tokio_postgres::Socket,
-                postgres_openssl::TlsStream<tokio_postgres::Socket>,
-            >,
-        ),
-        ConnectorError,
-    > {
+    ) -> Result<(tokio_postgres::Client, SqlConnection, Negotiated), ConnectorError> {
+        let context = format!("connecting to PostgreSQL at {}", self.endpoint());
+        match tokio::time::timeout(
+            self.config.connect_timeout,
+            self.connect_sql_inner(&context),
+        )
+        .await
+        {
+            Ok(result) => result,
+            Err(_) => Err(ConnectorError::transient(format!(
+                "{context}: timed out after {:?}",
+                self.config.connect_timeout
+            ))),
+        }
+    }
+
+    async fn connect_sql_inner(
+        &self,
+        context: &str,
+    ) -> Result<(tokio_postgres::Client, SqlConnection, Negotiated), ConnectorError> {
         let mut pg = tokio_postgres::Config::new();
-        pg.host(&self.config.host)
-            .port(self.config.port)
-            .user(&self.config.user)
+        pg.user(&self.config.user)
             .dbname(&self.config.database)
             .application_name("outboxd")
-            .connect_timeout(self.config.connect_timeout)
-            .ssl_mode(match self.config.sslmode {
-                SslMode::Disable => PgSslMode::Disable,
-                SslMode::Prefer => PgSslMode::Prefer,
-                SslMode::Require => PgSslMode::Require,
-            });
+            // The guard refuses a server without TLS when TLS is required, with a message
+            // naming the key; tokio-postgres only has to ask.
+            .ssl_mode(match self.tls.policy().tls {
+                TlsUse::Off => PgSslMode::Disable,
+                TlsUse::IfOffered | TlsUse::Required => PgSslMode::Prefer,
+            })
+            // SCRAM-SHA-256-PLUS whenever the server offers it over TLS. Not `require`:
+            // certificate (and trust) logins have no SCRAM exchange to bind.
+            .channel_binding(tokio_postgres::config::ChannelBinding::Prefer);
         if let Some(password) = &self.config.password {
             pg.password(password);
         }
-        pg.connect(tls_connector()?).await.map_err(|e| {
-            classify_pg_error(
-                &e,
-                &format!("connecting to PostgreSQL at {}", self.endpoint()),
-            )
-        })
+        let tcp = TcpStream::connect((self.config.host.as_str(), self.config.port))
+            .await
+            .map_err(|e| ConnectorError::transient(context.to_owned()).with_source(e))?;
+        let _ = tcp.set_nodelay(true);
+        let negotiated = Arc::new(std::sync::Mutex::new(None));
+        let tls = PgTlsConnect {
+            tls: Arc::clone(&self.tls),
+            host: self.config.host.clone(),
+            context: context.to_owned(),
+            negotiated: Arc::clone(&negotiated),
+        };
+        let (client, connection) = pg
+            .connect_raw(self.tls.guard(tcp, context), tls)
+            .await
+            .map_err(|e| match carried_error(&e) {
+                Some(refused) => refused,
+                None => classify_pg_error(&e, context),
+            })?;
+        let negotiated = negotiated
+            .lock()
+            .ok()
+            .and_then(|mut n| n.take())
+            .unwrap_or(Negotiated::Plain);
+        Ok((client, connection, negotiated))
     }
 
     /// Calls `on_notify` whenever `outboxd retry` or `resolve` notifies this pipeline's
@@ -164,8 +212,8 @@ impl PostgresConnector {
     /// anything sent while it was not). Runs until the connection fails; returns that
     /// error.
     pub async fn watch_retries(&self, on_notify: &(dyn Fn() + Send + Sync)) -> ConnectorError {
-        let (client, mut connection) = match self.connect_sql().await {
-            Ok(pair) => pair,
+        let (client, mut connection, _) = match self.connect_sql().await {
+            Ok(connected) => connected,
             Err(e) => return e,
         };
         let channel = crate::retry_channel(&self.pipeline);
@@ -211,6 +259,7 @@ const LOG_ONLY_CHECKS: &[&str] = &[
     "replication slot",
     "slot lag",
     "slot reader",
+    "replication tls",
 ];
 
 impl Engine for PostgresConnector {
@@ -279,27 +328,6 @@ impl Connector for PostgresConnector {
     async fn watch_retries(&self, on_notify: &(dyn Fn() + Send + Sync)) -> ConnectorError {
         PostgresConnector::watch_retries(self, on_notify).await
     }
-}
-
-/// TLS without certificate verification: `sslmode` prefer/require only promise
-/// encryption, as in libpq. Built once per process: building one loads the system's CA
-/// bundle, which cost more than the rest of a connection.
-pub(crate) fn ssl_connector() -> Result<SslConnector, ConnectorError> {
-    static CONNECTOR: OnceLock<Result<SslConnector, String>> = OnceLock::new();
-    let built = CONNECTOR.get_or_init(|| {
-        let mut builder =
-            SslConnector::builder(SslMethod::tls_client()).map_err(|e| e.to_string())?;
-        builder.set_verify(SslVerifyMode::NONE);
-        Ok(builder.build())
-    });
-    built
-        .clone()
-        .map_err(|e| ConnectorError::definite(format!("cannot initialise OpenSSL: {e}")))
-}
-
-/// [`ssl_connector`] for tokio-postgres.
-pub(crate) fn tls_connector() -> Result<MakeTlsConnector, ConnectorError> {
-    Ok(MakeTlsConnector::new(ssl_connector()?))
 }
 
 /// Classifies a tokio-postgres error by SQLSTATE: connection-level trouble and

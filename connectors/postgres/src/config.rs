@@ -1,6 +1,8 @@
+use std::path::PathBuf;
 use std::time::Duration;
 
 pub use outboxd_connector_kit::SslMode;
+use outboxd_connector_kit::TlsOptions;
 use serde::Deserialize;
 
 /// `[source]` of a PostgreSQL pipeline (`kind = "postgres"`).
@@ -20,9 +22,26 @@ pub struct PostgresConfig {
     pub password: Option<String>,
     /// Database holding the outbox table.
     pub database: String,
-    /// TLS mode.
+    /// TLS mode, with libpq's meaning (see [`SslMode`]).
     #[serde(default)]
     pub sslmode: SslMode,
+    /// PEM file of the CA certificate(s) the server's certificate must chain to. With
+    /// `require` (or `prefer`) it makes the chain verified, as in libpq.
+    #[serde(default)]
+    pub sslrootcert: Option<PathBuf>,
+    /// PEM file of the client certificate, for `cert` authentication (with `sslkey`).
+    #[serde(default)]
+    pub sslcert: Option<PathBuf>,
+    /// PEM file of the client certificate's private key (unencrypted).
+    #[serde(default)]
+    pub sslkey: Option<PathBuf>,
+    /// Send the password in cleartext or as an MD5 hash when the server asks for it over a
+    /// channel whose certificate is not verified (or without TLS). Off: such a server is
+    /// refused, since whoever poses as it would learn the password (cleartext) or a hash
+    /// that logs in as the role (MD5). SCRAM never reveals the password and is always
+    /// allowed. libpq's `require_auth` is the model.
+    #[serde(default)]
+    pub allow_insecure_password: bool,
     /// Logical replication slot; default `outboxd_<pipeline name>`.
     #[serde(default)]
     pub slot: Option<String>,
@@ -54,6 +73,16 @@ impl PostgresConfig {
         self.slot
             .clone()
             .unwrap_or_else(|| format!("outboxd_{pipeline}"))
+    }
+
+    /// The TLS keys.
+    pub fn tls_options(&self) -> TlsOptions<'_> {
+        TlsOptions {
+            mode: self.sslmode,
+            rootcert: self.sslrootcert.as_deref(),
+            cert: self.sslcert.as_deref(),
+            key: self.sslkey.as_deref(),
+        }
     }
 
     /// The publication name for pipeline `pipeline`.

@@ -4,8 +4,9 @@
 //! engines share lives in `outboxd-connector-kit`:
 //!
 //! - `config`: [`PostgresConfig`], the `[source]` section.
-//! - `client`: [`PostgresConnector`], SQL connections (TLS through OpenSSL) and the
-//!   classification of server errors into transient and definite ones.
+//! - `client`: [`PostgresConnector`], SQL connections and the classification of server
+//!   errors into transient and definite ones; `tls`: TLS (OpenSSL) and password safety of
+//!   every connection, SQL and replication.
 //! - `setup/`: `init` (schema, publication, slot), `check`, and the slot reset of
 //!   `recover`.
 //! - `log/`: the log tail. `log::position` is the LSN ([`Lsn`]) and its form as the
@@ -33,6 +34,7 @@ mod outbox_table;
 mod schema;
 mod setup;
 pub mod store;
+mod tls;
 
 pub use client::PostgresConnector;
 pub use config::{PostgresConfig, SslMode};

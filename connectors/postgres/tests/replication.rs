@@ -31,11 +31,21 @@ fn config(user: &str, password: Option<&str>, sslmode: SslMode) -> PostgresConfi
         password: password.map(str::to_owned),
         database: env("DATABASE", "outboxd"),
         sslmode,
+        sslrootcert: None,
+        sslcert: None,
+        sslkey: None,
+        allow_insecure_password: false,
         slot: None,
         publication: None,
         status_interval: Duration::from_secs(10),
         connect_timeout: Duration::from_secs(10),
     }
+}
+
+/// `cfg` allowed to send an MD5 or cleartext password over an unverified channel.
+fn insecure(mut cfg: PostgresConfig) -> PostgresConfig {
+    cfg.allow_insecure_password = true;
+    cfg
 }
 
 fn main_config() -> PostgresConfig {
@@ -485,7 +495,12 @@ async fn scram_md5_and_trust_authentication() {
         SslMode::Disable,
     ))
     .await;
-    identify(config("outboxd_md5", Some(&password), SslMode::Disable)).await;
+    identify(insecure(config(
+        "outboxd_md5",
+        Some(&password),
+        SslMode::Disable,
+    )))
+    .await;
     identify(config("outboxd_trust", None, SslMode::Disable)).await;
 
     let err = ReplicationConnection::connect(&config(
@@ -497,9 +512,10 @@ async fn scram_md5_and_trust_authentication() {
     .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Definite);
     assert!(err.message().contains("28P01"), "{err}");
-    let err = ReplicationConnection::connect(&config("outboxd_md5", None, SslMode::Disable))
-        .await
-        .unwrap_err();
+    let err =
+        ReplicationConnection::connect(&insecure(config("outboxd_md5", None, SslMode::Disable)))
+            .await
+            .unwrap_err();
     assert!(err.message().contains("password"), "{err}");
 }
 
@@ -514,7 +530,14 @@ async fn sslmode_require_uses_tls() {
         ))
         .await
     );
-    assert!(identify(config("outboxd_md5", Some(&password), SslMode::Require)).await);
+    assert!(
+        identify(insecure(config(
+            "outboxd_md5",
+            Some(&password),
+            SslMode::Require
+        )))
+        .await
+    );
     assert!(
         !identify(config(
             &env("USER", "outboxd"),

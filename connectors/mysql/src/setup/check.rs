@@ -2,6 +2,7 @@
 //! fix.
 
 use super::*;
+use outboxd_connector_kit::tls::{tls_line, Negotiated};
 
 const PAYLOAD_TYPES: &[&str] = &[
     "json",
@@ -43,6 +44,7 @@ pub(crate) async fn check(c: &MysqlConnector, mode: ReadMode) -> CheckReport {
         "connection",
         format!("{flavor} {} at {}", server.version, c.endpoint()),
     ));
+    report.push(check_tls(&mut conn, c).await);
     if mode == ReadMode::Poll {
         match check_outbox(&mut conn, c).await {
             Ok(lines) => report.extend(lines),
@@ -410,4 +412,35 @@ async fn check_lock(conn: &mut Conn, c: &MysqlConnector) -> Result<CheckLine, Co
         ),
         None => CheckLine::ok("pipeline lock", format!("{} is free", c.lock_name())),
     })
+}
+
+/// What the connection's TLS verified. The binlog stream and the lock connection are
+/// opened the same way, so one line covers them; the server says which TLS version.
+async fn check_tls(conn: &mut Conn, c: &MysqlConnector) -> CheckLine {
+    const ITEM: &str = "tls";
+    let row = match query_first(
+        conn,
+        "SHOW SESSION STATUS LIKE 'Ssl_version'",
+        "reading the session's TLS version",
+    )
+    .await
+    {
+        Ok(row) => row,
+        Err(e) => return failed_query(ITEM, &e),
+    };
+    let version = match row.map(|row| text_or_empty(&row, 1)).transpose() {
+        Ok(version) => version.unwrap_or_default(),
+        Err(e) => return failed_query(ITEM, &e),
+    };
+    let negotiated = if version.is_empty() {
+        Negotiated::Plain
+    } else {
+        Negotiated::Tls {
+            version,
+            verified: c.tls.policy.verify,
+        }
+    };
+    let mut line = tls_line(ITEM, &c.config().host, &c.tls.policy, &negotiated);
+    line.detail.push_str("; SQL and binlog connections alike");
+    line
 }

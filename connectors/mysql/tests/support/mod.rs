@@ -25,6 +25,9 @@ pub fn config() -> MysqlConfig {
         database: env_or("OUTBOXD_TEST_MYSQL_DATABASE", "outboxd"),
         server_id: 1000 + rand_u32() % 1_000_000,
         sslmode: SslMode::Disable,
+        sslrootcert: None,
+        sslcert: None,
+        sslkey: None,
         connect_timeout: Duration::from_secs(10),
         heartbeat: Duration::from_secs(1),
     }

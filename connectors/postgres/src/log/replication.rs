@@ -2,25 +2,31 @@
 //! tokio (tokio-postgres has no CopyBoth mode).
 //!
 //! [`ReplicationConnection::connect`] opens a `replication=database` session: TLS per
-//! [`SslMode`], then trust, cleartext, MD5 or SCRAM-SHA-256 authentication. On it,
+//! the config's TLS keys (the same verification as the SQL connections, `crate::tls`),
+//! then trust, certificate, cleartext, MD5 (both only over a verified channel unless
+//! `allow_insecure_password`) or SCRAM-SHA-256 authentication, with channel binding
+//! (SCRAM-SHA-256-PLUS, tls-server-end-point) whenever TLS is on and the server offers it. On it,
 //! [`ReplicationConnection::simple_query`] runs replication commands (`IDENTIFY_SYSTEM`,
 //! `CREATE_REPLICATION_SLOT`, ...) and [`ReplicationConnection::start_logical_replication`]
 //! switches to CopyBoth, giving a [`ReplicationStream`] of XLogData and keepalive messages
 //! on which standby status updates are sent.
 
 use std::io;
-use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use fallible_iterator::FallibleIterator;
 use outboxd_connector::ConnectorError;
+use outboxd_connector_kit::tls::{Negotiated, TlsUse};
 
 use super::position::Lsn;
 use postgres_protocol::authentication::md5_hash;
-use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
+use postgres_protocol::authentication::sasl::{
+    ChannelBinding, ScramSha256, SCRAM_SHA_256, SCRAM_SHA_256_PLUS,
+};
 use postgres_protocol::message::backend::{ErrorFields, Header, Message};
 use postgres_protocol::message::frontend;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
@@ -28,7 +34,8 @@ use tokio::net::TcpStream;
 use tokio_openssl::SslStream;
 
 use crate::pgoutput::PG_EPOCH_UNIX_SECS;
-use crate::{PostgresConfig, SslMode};
+use crate::tls::{tls_server_end_point, PgTls};
+use crate::PostgresConfig;
 
 /// `CopyBothResponse`, which `postgres_protocol::message::backend::Message` does not parse.
 const COPY_BOTH_RESPONSE_TAG: u8 = b'W';
@@ -124,6 +131,9 @@ pub struct ReplicationConnection {
     wbuf: BytesMut,
     endpoint: String,
     tls: bool,
+    negotiated: Negotiated,
+    /// tls-server-end-point of the server's certificate, when over TLS.
+    channel_binding: Option<Vec<u8>>,
 }
 
 impl ReplicationConnection {
@@ -155,16 +165,27 @@ impl ReplicationConnection {
             .map_err(|e| ConnectorError::transient(context.clone()).with_source(e))?;
         // Keepalive traffic is small and latency matters for status updates.
         let _ = tcp.set_nodelay(true);
-        let (io, tls) = negotiate_tls(tcp, config, &context).await?;
+        let tls = PgTls::for_config(config)?;
+        let (io, negotiated) = negotiate_tls(tcp, config, &tls, &context).await?;
+        let channel_binding = match &io {
+            PgStream::Tls(stream) => tls_server_end_point(stream.ssl()),
+            PgStream::Plain(_) => None,
+        };
         let mut conn = Self {
             io,
             rbuf: BytesMut::with_capacity(64 * 1024),
             wbuf: BytesMut::with_capacity(1024),
             endpoint: endpoint.to_owned(),
-            tls,
+            tls: negotiated != Negotiated::Plain,
+            negotiated,
+            channel_binding,
         };
-        conn.startup(config).await?;
-        tracing::debug!(endpoint, tls, "replication connection established");
+        conn.startup(config, &tls).await?;
+        tracing::debug!(
+            endpoint,
+            tls = conn.tls,
+            "replication connection established"
+        );
         Ok(conn)
     }
 
@@ -173,7 +194,16 @@ impl ReplicationConnection {
         self.tls
     }
 
-    async fn startup(&mut self, config: &PostgresConfig) -> Result<(), ConnectorError> {
+    /// What the session's TLS negotiated and verified.
+    pub fn negotiated(&self) -> &Negotiated {
+        &self.negotiated
+    }
+
+    async fn startup(
+        &mut self,
+        config: &PostgresConfig,
+        tls: &Arc<PgTls>,
+    ) -> Result<(), ConnectorError> {
         let params = [
             ("user", config.user.as_str()),
             ("database", config.database.as_str()),
@@ -215,11 +245,25 @@ impl ReplicationConnection {
             match message {
                 Message::AuthenticationOk => break,
                 Message::AuthenticationCleartextPassword => {
+                    if !tls.password_allowed(&self.negotiated) {
+                        return Err(tls.password_refused(
+                            &self.context(),
+                            "in cleartext",
+                            &self.negotiated,
+                        ));
+                    }
                     frontend::password_message(password()?, &mut self.wbuf)
                         .map_err(|e| self.protocol_error("encoding the password", e))?;
                     self.flush().await?;
                 }
                 Message::AuthenticationMd5Password(body) => {
+                    if !tls.password_allowed(&self.negotiated) {
+                        return Err(tls.password_refused(
+                            &self.context(),
+                            "as an MD5 hash",
+                            &self.negotiated,
+                        ));
+                    }
                     let hash = md5_hash(config.user.as_bytes(), password()?, body.salt());
                     frontend::password_message(hash.as_bytes(), &mut self.wbuf)
                         .map_err(|e| self.protocol_error("encoding the password", e))?;
@@ -234,22 +278,31 @@ impl ReplicationConnection {
                     {
                         offered.push(m.to_owned());
                     }
-                    if !offered.iter().any(|m| m == SCRAM_SHA_256) {
-                        return Err(ConnectorError::definite(format!(
-                            "PostgreSQL at {} offers SASL mechanisms {offered:?}; outboxd \
-                             supports SCRAM-SHA-256",
-                            self.endpoint
-                        )));
-                    }
-                    // "n,,": no channel binding. Accepted by the server whether or not it
-                    // offers SCRAM-SHA-256-PLUS.
-                    let client = ScramSha256::new(password()?, ChannelBinding::unsupported());
-                    frontend::sasl_initial_response(
-                        SCRAM_SHA_256,
-                        client.message(),
-                        &mut self.wbuf,
-                    )
-                    .map_err(|e| self.protocol_error("encoding SASLInitialResponse", e))?;
+                    let has_plus = offered.iter().any(|m| m == SCRAM_SHA_256_PLUS);
+                    let has_plain = offered.iter().any(|m| m == SCRAM_SHA_256);
+                    // As libpq and tokio-postgres with channel_binding=prefer: bind to the
+                    // server's certificate when both sides can ("p=tls-server-end-point"),
+                    // so a man in the middle cannot relay the exchange; "y,," says we
+                    // could but the server did not offer it (the server then fails the
+                    // login if it did offer it and someone removed it); "n,,": no TLS.
+                    let (binding, mechanism) = match (&self.channel_binding, has_plus, has_plain) {
+                        (Some(hash), true, _) => (
+                            ChannelBinding::tls_server_end_point(hash.clone()),
+                            SCRAM_SHA_256_PLUS,
+                        ),
+                        (Some(_), false, true) => (ChannelBinding::unrequested(), SCRAM_SHA_256),
+                        (None, _, true) => (ChannelBinding::unsupported(), SCRAM_SHA_256),
+                        _ => {
+                            return Err(ConnectorError::definite(format!(
+                                "PostgreSQL at {} offers SASL mechanisms {offered:?}; outboxd \
+                                 supports SCRAM-SHA-256 (and SCRAM-SHA-256-PLUS over TLS)",
+                                self.endpoint
+                            )))
+                        }
+                    };
+                    let client = ScramSha256::new(password()?, binding);
+                    frontend::sasl_initial_response(mechanism, client.message(), &mut self.wbuf)
+                        .map_err(|e| self.protocol_error("encoding SASLInitialResponse", e))?;
                     scram = Some(client);
                     self.flush().await?;
                 }
@@ -500,50 +553,34 @@ impl ReplicationConnection {
     }
 }
 
-/// Sends SSLRequest and wraps the socket in TLS when the server agrees, per `sslmode`.
+/// Sends SSLRequest and wraps the socket in TLS when the server agrees, per the TLS
+/// policy; a server that refuses TLS when it is required is refused in turn.
 async fn negotiate_tls(
     mut tcp: TcpStream,
     config: &PostgresConfig,
+    tls: &PgTls,
     context: &str,
-) -> Result<(PgStream, bool), ConnectorError> {
-    if config.sslmode == SslMode::Disable {
-        return Ok((PgStream::Plain(tcp), false));
+) -> Result<(PgStream, Negotiated), ConnectorError> {
+    if tls.policy().tls == TlsUse::Off {
+        return Ok((PgStream::Plain(tcp), Negotiated::Plain));
     }
     let io_err = |e: io::Error| ConnectorError::transient(context.to_owned()).with_source(e);
     let mut buf = BytesMut::new();
     frontend::ssl_request(&mut buf);
     tcp.write_all(&buf).await.map_err(io_err)?;
     let answer = tcp.read_u8().await.map_err(io_err)?;
-    match (answer, config.sslmode) {
-        (b'S', _) => {}
-        (b'N', SslMode::Require) => {
-            return Err(ConnectorError::definite(format!(
-                "{context}: the server does not accept TLS and sslmode is `require` (enable \
-                 `ssl` on the server or set `source.sslmode = \"prefer\"`)"
-            )))
-        }
-        (b'N', _) => return Ok((PgStream::Plain(tcp), false)),
-        (other, _) => {
+    match answer {
+        b'S' => {}
+        b'N' if tls.policy().tls_required() => return Err(tls.policy().downgrade_refused(context)),
+        b'N' => return Ok((PgStream::Plain(tcp), Negotiated::Plain)),
+        other => {
             return Err(ConnectorError::definite(format!(
                 "{context}: unexpected answer {other} to SSLRequest"
             )))
         }
     }
-    let tls_err = |e: openssl::error::ErrorStack| {
-        ConnectorError::definite(format!("{context}: cannot set up TLS")).with_source(e)
-    };
-    // As in client.rs: sslmode prefer/require promise encryption, not verification.
-    let mut configuration = crate::client::ssl_connector()?
-        .configure()
-        .map_err(tls_err)?;
-    configuration.set_verify_hostname(false);
-    configuration.set_use_server_name_indication(config.host.parse::<IpAddr>().is_err());
-    let ssl = configuration.into_ssl(&config.host).map_err(tls_err)?;
-    let mut stream = SslStream::new(ssl, tcp).map_err(tls_err)?;
-    Pin::new(&mut stream).connect().await.map_err(|e| {
-        ConnectorError::transient(format!("{context}: TLS handshake failed")).with_source(e)
-    })?;
-    Ok((PgStream::Tls(Box::new(stream)), true))
+    let (stream, negotiated) = tls.handshake(tcp, &config.host, context).await?;
+    Ok((PgStream::Tls(Box::new(stream)), negotiated))
 }
 
 /// An `ErrorResponse` as a [`ConnectorError`], classified by SQLSTATE like

@@ -1,6 +1,8 @@
 //! `outboxd check` for PostgreSQL: one line per prerequisite of `run`, with its fix.
 
 use super::*;
+use crate::replication::ReplicationConnection;
+use outboxd_connector_kit::tls::tls_line;
 
 /// Oldest server version outboxd supports (`server_version_num`).
 const MIN_SERVER_VERSION: i32 = 120_000;
@@ -14,8 +16,8 @@ const LAG_WARN_BYTES: i64 = 1 << 30;
 /// the server cannot be reached.
 pub(crate) async fn check(c: &PostgresConnector) -> CheckReport {
     let mut report = Vec::new();
-    let client = match c.sql_client().await {
-        Ok(client) => client,
+    let (client, negotiated) = match c.sql_client_tls().await {
+        Ok(connected) => connected,
         Err(e) => {
             report.push(CheckLine::fail(
                 "connection",
@@ -36,6 +38,9 @@ pub(crate) async fn check(c: &PostgresConnector) -> CheckReport {
             return report;
         }
     };
+    let policy = c.tls.policy();
+    report.push(tls_line("tls", &c.config().host, policy, &negotiated));
+    report.push(check_replication_tls(c).await);
 
     let layout = c.layout();
     let slot_name = c.slot();
@@ -109,6 +114,26 @@ async fn check_checkpoint(client: &Client, c: &PostgresConnector) -> CheckLine {
              position and rescan INIT rows",
         ),
         Err(e) => failed_query("checkpoint", &e),
+    }
+}
+
+/// The TLS of the replication connection, which outboxd opens itself (the SQL
+/// connection's is the `tls` line).
+async fn check_replication_tls(c: &PostgresConnector) -> CheckLine {
+    const ITEM: &str = "replication tls";
+    match ReplicationConnection::connect(c.config()).await {
+        Ok(conn) => tls_line(ITEM, &c.config().host, c.tls.policy(), conn.negotiated()),
+        Err(e) if e.is_transient() => CheckLine::warn(
+            ITEM,
+            format!("could not open a replication connection: {e}"),
+            "see the error; `run` retries",
+        ),
+        Err(e) => CheckLine::fail(
+            ITEM,
+            format!("could not open a replication connection: {e}"),
+            "check the role's REPLICATION attribute, pg_hba.conf's `replication` lines and \
+             the TLS keys in [source]",
+        ),
     }
 }
 
