@@ -115,7 +115,7 @@ impl OutboxStore for MemoryStore {
         state.write_backs += 1;
         for d in batch.delivered {
             if let Some(row) = state.rows.get_mut(&d.id) {
-                if matches!(row.status, "INIT" | "FAILED") {
+                if matches!(row.status, "INIT" | "FAILED" | "MANUAL_REQUIRED") {
                     row.status = "SUCCESS";
                 }
             }
@@ -232,6 +232,25 @@ impl OutboxStore for MemoryStore {
             .filter(|r| matches!(r.status, "FAILED" | "PROCESSING" | "MANUAL_REQUIRED"))
             .filter(|r| keys.is_none_or(|keys| keys.contains(&r.biz_key)))
             .map(|r| r.biz_key.clone())
+            .collect())
+    }
+
+    async fn highest_delivered_id(&self) -> Result<Option<i64>, ConnectorError> {
+        let state = lock(&self.state);
+        Ok(state
+            .rows
+            .iter()
+            .filter(|(_, r)| r.status == "SUCCESS")
+            .map(|(id, _)| *id)
+            .max())
+    }
+
+    async fn delivered_among(&self, ids: &[i64]) -> Result<HashSet<i64>, ConnectorError> {
+        let state = lock(&self.state);
+        Ok(ids
+            .iter()
+            .filter(|id| state.rows.get(id).is_some_and(|r| r.status == "SUCCESS"))
+            .copied()
             .collect())
     }
 }

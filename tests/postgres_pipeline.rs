@@ -172,3 +172,8 @@ async fn a_row_that_cannot_be_published_needs_an_operator_and_the_relay_goes_on(
 async fn a_row_parked_while_the_relay_runs_holds_its_key() {
     scenarios::a_row_parked_while_the_relay_runs_holds_its_key::<PgServices>().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_transaction_read_again_is_not_sent_again() {
+    scenarios::a_large_transaction_read_again_is_not_sent_again::<PgServices>().await;
+}

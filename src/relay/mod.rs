@@ -50,6 +50,9 @@ pub struct PipelineStats {
     pub retry_failed: AtomicU64,
     /// Rows the reaper returned from an abandoned PROCESSING claim.
     pub reaped: AtomicU64,
+    /// Rows of transactions read again (reconnect, restart, takeover) that the table
+    /// already showed SUCCESS, and so were not sent again.
+    pub skipped_delivered: AtomicU64,
     /// The last position confirmed to the source.
     pub confirmed: Mutex<Option<Position>>,
     /// True while a log session is open (`/readyz`).
@@ -145,6 +148,7 @@ pub async fn run<C: Connector, S: Sink>(
         let result = async {
             let mut session = Session::new(&store, sink, settings, stats, wake);
             session.load_blocked_keys().await?;
+            session.load_delivered_through().await?;
             session.set_written_through(store.load_checkpoint().await?);
             session.run(&mut stream, link, &mut shutdown, backoff).await
         }

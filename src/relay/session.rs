@@ -99,6 +99,12 @@ pub(super) struct Session<'a, O, S> {
     /// written back (the row commits with their statuses) and are not sent again, even
     /// when the server's slot had not heard the last confirmation before a restart.
     written_through: Option<Position>,
+    /// The highest SUCCESS id when the session opened: a transaction read again (after a
+    /// reconnect, restart or takeover) with rows at or below it is looked up, and its rows
+    /// already SUCCESS are not sent again. Rows above it were delivered by no one.
+    delivered_through: Option<i64>,
+    /// Rows of transactions read again that the table already showed SUCCESS.
+    skipped_delivered: u64,
     fatal: Option<String>,
     wake_worker: Arc<Notify>,
 }
@@ -130,6 +136,8 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             batch_started: None,
             last_confirmed: None,
             written_through: None,
+            delivered_through: None,
+            skipped_delivered: 0,
             fatal: None,
             wake_worker,
         }
@@ -138,6 +146,50 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
     /// The checkpoint row read when the session opened.
     pub(super) fn set_written_through(&mut self, checkpoint: Option<Position>) {
         self.written_through = checkpoint;
+    }
+
+    /// Reads the highest SUCCESS id (see `delivered_through`).
+    pub(super) async fn load_delivered_through(&mut self) -> Result<(), ConnectorError> {
+        self.delivered_through = self.store.highest_delivered_id().await?;
+        Ok(())
+    }
+
+    /// Drops the events of a transaction read again whose rows the table already shows
+    /// SUCCESS: one lookup per transaction, and only for transactions with a row at or
+    /// below `delivered_through`, so a session that reads new transactions pays nothing.
+    async fn drop_delivered(
+        &mut self,
+        tx: &mut CommittedTransaction,
+    ) -> Result<(), ConnectorError> {
+        let Some(through) = self.delivered_through else {
+            return Ok(());
+        };
+        let candidates: Vec<i64> = tx
+            .events
+            .iter()
+            .map(|e| e.id)
+            .filter(|id| *id <= through)
+            .collect();
+        if candidates.is_empty() {
+            return Ok(());
+        }
+        let delivered = self.store.delivered_among(&candidates).await?;
+        if delivered.is_empty() {
+            return Ok(());
+        }
+        tx.events.retain(|e| !delivered.contains(&e.id));
+        if self.skipped_delivered == 0 {
+            tracing::info!(
+                position = %tx.commit_position,
+                "reading again transactions an earlier session delivered; rows already \
+                 SUCCESS are not sent again"
+            );
+        }
+        self.skipped_delivered += delivered.len() as u64;
+        self.stats
+            .skipped_delivered
+            .fetch_add(delivered.len() as u64, Ordering::Relaxed);
+        Ok(())
     }
 
     fn already_written(&self, position: &Position) -> bool {
@@ -262,8 +314,18 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                             self.flush(stream).await?;
                         }
                     }
-                    Ok(ChangeItem::Transaction(tx)) => {
+                    Ok(ChangeItem::Transaction(mut tx)) => {
                         backoff.reset();
+                        let read = tx.events.len();
+                        self.drop_delivered(&mut tx).await?;
+                        if read > 0 && tx.events.is_empty() {
+                            // Every row delivered already: only the position moves on.
+                            self.push_slot(tx.commit_position, 0);
+                            if self.batch_started.is_none() {
+                                self.flush(stream).await?;
+                            }
+                            continue;
+                        }
                         if self.in_flight == 0 {
                             self.stats.metrics.read_while_idle(tx.commit_time);
                         }

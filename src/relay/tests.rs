@@ -64,6 +64,7 @@ impl Harness {
             Arc::clone(&self.wake),
         );
         session.load_blocked_keys().await?;
+        session.load_delivered_through().await?;
         session.set_written_through(self.store.load_checkpoint().await?);
         let mut backoff = ReconnectBackoff::new();
         session.run(stream, link, &mut shutdown, &mut backoff).await
@@ -398,6 +399,50 @@ async fn a_rejected_row_needs_an_operator_holds_its_key_and_the_stream_goes_on()
     assert_eq!(
         h.store.row(1).and_then(|r| r.last_error).as_deref(),
         Some("cannot be published: column `message_type` is NULL")
+    );
+    assert_no_violations(&confirmed);
+}
+
+#[tokio::test]
+async fn rows_an_earlier_session_delivered_are_not_sent_again() {
+    let h = Harness::new(Duration::from_secs(2));
+    let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
+    let (mut link, _keys) = link();
+    let (stop, shutdown) = watch::channel(false);
+    h.store
+        .insert(&[(1, "A"), (2, "B"), (3, "A"), (4, "C"), (5, "D"), (6, "D")]);
+    // An earlier session delivered rows 1, 2 and 4 and wrote them back, but its
+    // checkpoint did not get past their transactions (row 3 was still in flight).
+    for id in [1, 2, 4] {
+        h.store.set_status(id, "SUCCESS");
+    }
+
+    let driver = async {
+        log.commit(10, vec![event(1, "A"), event(2, "B"), event(3, "A")]);
+        log.commit(20, vec![event(4, "C")]);
+        // New transactions, above the highest delivered id: no lookup, sent.
+        log.commit(30, vec![event(5, "D"), event(6, "D")]);
+        wait_until("30 confirmed", || {
+            last_confirmed(&confirmed) == Some(lsn(30))
+        })
+        .await;
+        stop.send_replace(true);
+    };
+    let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
+    result.unwrap();
+    assert_eq!(
+        h.sink.sent_ids(),
+        [3, 5, 6],
+        "rows already SUCCESS are not sent again"
+    );
+    for id in 1..=6 {
+        assert_eq!(h.store.status(id), "SUCCESS", "row {id}");
+    }
+    assert_eq!(
+        h.stats
+            .skipped_delivered
+            .load(std::sync::atomic::Ordering::Relaxed),
+        3
     );
     assert_no_violations(&confirmed);
 }

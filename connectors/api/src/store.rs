@@ -57,8 +57,8 @@ pub trait OutboxStore: Send + Sync {
     /// Idempotent, so a batch replayed after a crash is harmless: SUCCESS is written only
     /// to rows in INIT, FAILED or MANUAL_REQUIRED (an operator may park a row that was
     /// already on its way: the record is in Kafka, so SUCCESS is the truth), FAILED only
-    /// to rows in INIT, and the checkpoint never moves backward. Each statement covers the whole batch (one round trip per kind of
-    /// update, never one per row).
+    /// to rows in INIT, and the checkpoint never moves backward. Each statement covers the
+    /// whole batch (one round trip per kind of update, never one per row).
     fn write_back(
         &self,
         batch: WriteBack<'_>,
@@ -102,4 +102,19 @@ pub trait OutboxStore: Send + Sync {
         &self,
         keys: Option<&[String]>,
     ) -> impl Future<Output = Result<HashSet<String>, ConnectorError>> + Send;
+
+    /// The highest id of a SUCCESS row (`None` when there is none), read when a session
+    /// opens: a transaction read again from the log whose rows are all above it cannot
+    /// hold a row an earlier session delivered, so only those at or below it are looked
+    /// up ([`OutboxStore::delivered_among`]). Served by the primary key, newest first.
+    fn highest_delivered_id(
+        &self,
+    ) -> impl Future<Output = Result<Option<i64>, ConnectorError>> + Send;
+
+    /// Of `ids`, the rows the table shows SUCCESS: a transaction read again after a
+    /// reconnect, restart or takeover is not sent again where it was delivered already.
+    fn delivered_among(
+        &self,
+        ids: &[i64],
+    ) -> impl Future<Output = Result<HashSet<i64>, ConnectorError>> + Send;
 }

@@ -185,6 +185,54 @@ pub async fn write_back_moves_rows_through_the_state_machine<H: Harness>() {
     h.cleanup().await;
 }
 
+/// What a session reading transactions again asks: the highest SUCCESS id (none in an
+/// empty or undelivered table), and which of some ids are SUCCESS already — whatever their
+/// other rows' statuses, and however many ids are asked at once.
+pub async fn delivered_rows_are_found_for_a_transaction_read_again<H: Harness>() {
+    let h: H = initialised("wb_again", ReadMode::Log).await;
+    let store = store(&h).await;
+    assert_eq!(store.highest_delivered_id().await.expect("highest"), None);
+    let keys: Vec<String> = (0..1500).map(|i| format!("k{i}")).collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let ids = h.insert(&NewRow::keys(&keys)).await;
+    assert_eq!(store.highest_delivered_id().await.expect("highest"), None);
+
+    // Every other row of the first 1,200 delivered; one failed; the rest INIT.
+    let delivered: Vec<Delivered> = ids[..1200]
+        .iter()
+        .step_by(2)
+        .map(|id| Delivered {
+            id: *id,
+            partition: 0,
+            offset: *id,
+        })
+        .collect();
+    let failed = [DeliveryFailure {
+        id: ids[1],
+        error: "x".into(),
+        retry_delay: Duration::from_secs(60),
+    }];
+    store
+        .write_back(WriteBack {
+            delivered: &delivered,
+            failed: &failed,
+            ..WriteBack::default()
+        })
+        .await
+        .expect("write back");
+
+    assert_eq!(
+        store.highest_delivered_id().await.expect("highest"),
+        Some(ids[1198])
+    );
+    let found = store.delivered_among(&ids).await.expect("delivered among");
+    let expected: std::collections::HashSet<i64> = delivered.iter().map(|d| d.id).collect();
+    assert_eq!(found, expected);
+    assert!(store.delivered_among(&[]).await.expect("no ids").is_empty());
+    drop(store);
+    h.cleanup().await;
+}
+
 /// The checkpoint is written with the statuses of its batch (both or neither), ordered as
 /// positions (not as text), never moved backward, and read back by a new store.
 pub async fn checkpoint_commits_with_the_batch_and_never_moves_backward<H: Harness>() {

@@ -25,7 +25,7 @@ use outboxd_connector::{
 use outboxd_connector_kit::row::{self, RowSource, Value as Cell};
 use outboxd_connector_kit::{columns, status, Field};
 
-use crate::client::{classify, query, text, text_or_empty};
+use crate::client::{classify, int, query, text, text_or_empty};
 use crate::schema::{quote_ident, sql_string};
 use crate::store::{delay_ms, failure_cases, reason_case, MysqlOutboxStore};
 use crate::time::{sql_time_iso, system_time};
@@ -420,6 +420,43 @@ impl MysqlOutboxStore {
             }
         }
         Ok(blocked)
+    }
+
+    pub(crate) async fn highest_success_id(&self) -> Result<Option<i64>, ConnectorError> {
+        // The primary key read backward: the newest rows are SUCCESS (or a backlog of INIT
+        // ones, scanned once per session).
+        let sql = format!(
+            "SELECT id FROM {} WHERE status = 'SUCCESS' ORDER BY id DESC LIMIT 1",
+            self.outbox
+        );
+        let rows = self
+            .rows(&sql, "reading the highest delivered row id")
+            .await?;
+        match rows.first() {
+            Some(row) => int(row, 0),
+            None => Ok(None),
+        }
+    }
+
+    pub(crate) async fn success_among(&self, ids: &[i64]) -> Result<HashSet<i64>, ConnectorError> {
+        let mut delivered = HashSet::new();
+        for chunk in ids.chunks(KEYS_PER_STATEMENT) {
+            let list: Vec<String> = chunk.iter().map(ToString::to_string).collect();
+            let sql = format!(
+                "SELECT id FROM {} WHERE id IN ({}) AND status = 'SUCCESS'",
+                self.outbox,
+                list.join(", ")
+            );
+            for row in self
+                .rows(&sql, "reading which rows are delivered already")
+                .await?
+            {
+                if let Some(id) = int(&row, 0)? {
+                    delivered.insert(id);
+                }
+            }
+        }
+        Ok(delivered)
     }
 }
 

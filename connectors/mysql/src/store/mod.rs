@@ -252,6 +252,14 @@ impl OutboxStore for MysqlOutboxStore {
         self.blocked(keys).await
     }
 
+    async fn highest_delivered_id(&self) -> Result<Option<i64>, ConnectorError> {
+        self.highest_success_id().await
+    }
+
+    async fn delivered_among(&self, ids: &[i64]) -> Result<HashSet<i64>, ConnectorError> {
+        self.success_among(ids).await
+    }
+
     async fn load_checkpoint(&self) -> Result<Option<Position>, ConnectorError> {
         let mut slot = self.conn.lock().await;
         if slot.is_none() {

@@ -618,6 +618,43 @@ impl OutboxStore for PgOutboxStore {
         .map_err(|e| self.error(&e, "reading the keys held back by failed rows"))?;
         rows.iter().map(|row| get::<String>(row, 0)).collect()
     }
+
+    // The two below run when a session opens and while it reads transactions again, not
+    // per event: plain (unprepared) statements are enough.
+    async fn highest_delivered_id(&self) -> Result<Option<i64>, ConnectorError> {
+        // The primary key read backward: the newest rows are SUCCESS (or a backlog of INIT
+        // ones, scanned once per session).
+        let sql = format!(
+            "SELECT id FROM {} WHERE status = 'SUCCESS' ORDER BY id DESC LIMIT 1",
+            qualified(self.table())
+        );
+        let mut locked = self.lock().await?;
+        let conn = locked.conn()?;
+        let row = conn
+            .client
+            .query_opt(&sql, &[])
+            .await
+            .map_err(|e| self.error(&e, "reading the highest delivered row id"))?;
+        row.map(|row| get::<i64>(&row, 0)).transpose()
+    }
+
+    async fn delivered_among(&self, ids: &[i64]) -> Result<HashSet<i64>, ConnectorError> {
+        if ids.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let sql = format!(
+            "SELECT id FROM {} WHERE id = ANY($1) AND status = 'SUCCESS'",
+            qualified(self.table())
+        );
+        let mut locked = self.lock().await?;
+        let conn = locked.conn()?;
+        let rows = conn
+            .client
+            .query(&sql, &[&ids])
+            .await
+            .map_err(|e| self.error(&e, "reading which rows are delivered already"))?;
+        rows.iter().map(|row| get::<i64>(row, 0)).collect()
+    }
 }
 
 /// How long a write-back waits for the rows of a just-decoded commit to become visible
