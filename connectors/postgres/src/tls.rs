@@ -241,15 +241,19 @@ fn build_connector(policy: &TlsPolicy) -> Result<SslConnector, ConnectorError> {
                 e,
             )
         })?;
-        builder.set_private_key(&key).map_err(openssl)?;
-        builder.check_private_key().map_err(|e| {
+        let mismatch = || {
             ConnectorError::definite(format!(
                 "source.sslkey `{}` is not the key of source.sslcert `{}`",
                 client.key.display(),
                 client.cert.display()
             ))
-            .with_source(e)
-        })?;
+        };
+        // Checked first: OpenSSL's own refusal would not say which keys to change.
+        let public = leaf.public_key().map_err(|_| mismatch())?;
+        if !public.public_eq(&key) {
+            return Err(mismatch());
+        }
+        builder.set_private_key(&key).map_err(openssl)?;
     }
     Ok(builder.build())
 }
