@@ -198,6 +198,11 @@ pub struct DeliveryConfig {
     /// Records handed to Kafka and not yet acknowledged, at most. Reading the log pauses
     /// at this bound.
     pub max_in_flight: usize,
+    /// Bytes of events (payload, key, headers) read and not yet written back, at most:
+    /// reading the log pauses at this bound, inside a large transaction too (its rows
+    /// arrive in parts). The Kafka producer's local queue is bounded by the same figure
+    /// (`queue.buffering.max.kbytes`, unless set in `[kafka.options]`).
+    pub max_in_flight_bytes: usize,
     /// Acknowledged rows written back in one statement, at most.
     pub writeback_batch: usize,
     /// How long an acknowledged row may wait for its batch to fill.
@@ -212,6 +217,7 @@ impl Default for DeliveryConfig {
     fn default() -> Self {
         Self {
             max_in_flight: 10_000,
+            max_in_flight_bytes: 64 << 20,
             writeback_batch: 1_000,
             writeback_interval: Duration::from_millis(5),
             shutdown_deadline: Duration::from_secs(30),
@@ -365,6 +371,13 @@ impl Config {
             .map_err(ConfigError::Invalid)?;
         crate::sink::kafka::validate_options(&self.kafka.options).map_err(ConfigError::Invalid)?;
         let d = &self.delivery;
+        if d.max_in_flight_bytes < (1 << 20) || d.max_in_flight_bytes > (16 << 30) {
+            return Err(ConfigError::Invalid(
+                "delivery.max_in_flight_bytes must be between 1048576 (1 MiB) and 17179869184 \
+                 (16 GiB)"
+                    .into(),
+            ));
+        }
         if d.max_in_flight == 0 || d.max_in_flight > 1_000_000 {
             return Err(ConfigError::Invalid(
                 "delivery.max_in_flight must be between 1 and 1000000".into(),

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use outboxd_connector::{
     ChangeItem, ChangeStream, ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack,
     CommittedTransaction, ConnectorError, OutboxEvent, OutboxStore, Position, ReapPolicy,
-    ReapReport, RetrySchedule, WriteBack,
+    ReapReport, RetrySchedule, TransactionPart, WriteBack,
 };
 use tokio::sync::mpsc;
 
@@ -290,6 +290,17 @@ impl LogWriter {
         };
         let _ = self.items.send(Ok(ChangeItem::Transaction(tx)));
     }
+
+    /// A part of a large transaction that begins at `lsn(begins)`; its end is a
+    /// [`LogWriter::commit`].
+    pub(crate) fn part(&self, begins: u64, events: Vec<OutboxEvent>) {
+        let part = TransactionPart {
+            begin_position: lsn(begins),
+            commit_time: None,
+            events,
+        };
+        let _ = self.items.send(Ok(ChangeItem::Part(part)));
+    }
 }
 
 /// A log tail fed by a [`LogWriter`]. Once the writer is gone it waits forever, as an idle
@@ -299,6 +310,8 @@ pub(crate) struct MemoryStream {
     store: Arc<MemoryStore>,
     /// Row ids of each transaction yielded, by position.
     yielded: Vec<(Position, Vec<i64>)>,
+    /// Row ids of the parts of the transaction whose end is not yielded yet.
+    open: Vec<i64>,
     log: Arc<Mutex<StreamLog>>,
 }
 
@@ -310,6 +323,7 @@ impl MemoryStream {
             items: rx,
             store,
             yielded: Vec::new(),
+            open: Vec::new(),
             log: Arc::clone(&log),
         };
         (stream, LogWriter { items: tx }, log)
@@ -320,9 +334,16 @@ impl ChangeStream for MemoryStream {
     async fn next(&mut self) -> Result<ChangeItem, ConnectorError> {
         match self.items.recv().await {
             Some(item) => {
-                if let Ok(ChangeItem::Transaction(tx)) = &item {
-                    let ids = tx.events.iter().map(|e| e.id).collect();
-                    self.yielded.push((tx.commit_position.clone(), ids));
+                match &item {
+                    Ok(ChangeItem::Transaction(tx)) => {
+                        let mut ids = std::mem::take(&mut self.open);
+                        ids.extend(tx.events.iter().map(|e| e.id));
+                        self.yielded.push((tx.commit_position.clone(), ids));
+                    }
+                    Ok(ChangeItem::Part(part)) => {
+                        self.open.extend(part.events.iter().map(|e| e.id));
+                    }
+                    _ => {}
                 }
                 item
             }

@@ -144,7 +144,13 @@ async fn execute_with<C: Connector + Clone + 'static>(
 /// The one place the sink is chosen; a second sink is a branch here on its config.
 fn open_sink(config: &Config) -> Result<KafkaSink, anyhow::Error> {
     let strict = config.pipeline.ordering == crate::config::Ordering::Strict;
-    KafkaSink::new(&config.kafka, &config.pipeline.name, strict).map_err(anyhow::Error::msg)
+    KafkaSink::new(
+        &config.kafka,
+        &config.pipeline.name,
+        strict,
+        config.delivery.max_in_flight_bytes,
+    )
+    .map_err(anyhow::Error::msg)
 }
 
 fn read_mode(config: &Config) -> ReadMode {

@@ -6,6 +6,9 @@
 //! the last one of the **longest prefix** of slots whose every event is written back:
 //! confirming past a transaction with an unwritten event could lose it on a crash.
 //!
+//! A transaction that arrives in parts takes one slot when its first part arrives; the
+//! slot has no position, and the frontier cannot pass it, until its end arrives.
+//!
 //! Pure bookkeeping, no I/O: the session decides when to write back and confirm.
 
 use std::collections::VecDeque;
@@ -14,7 +17,8 @@ use outboxd_connector::Position;
 
 /// A log position and how many of its events still await write-back.
 struct Slot {
-    position: Position,
+    /// `None` while the transaction's parts are still arriving.
+    position: Option<Position>,
     unwritten: usize,
 }
 
@@ -36,27 +40,51 @@ impl AckFrontier {
     pub(crate) fn push(&mut self, position: Position, events: usize) -> u64 {
         let seq = self.first_seq + self.slots.len() as u64;
         self.slots.push_back(Slot {
-            position,
+            position: Some(position),
             unwritten: events,
         });
         seq
     }
 
-    /// The position of slot `seq`, while it is queued (for logs).
+    /// Queues a transaction whose first part of `events` events arrived; its position
+    /// comes with its end ([`AckFrontier::close`]).
+    pub(crate) fn open(&mut self, events: usize) -> u64 {
+        let seq = self.first_seq + self.slots.len() as u64;
+        self.slots.push_back(Slot {
+            position: None,
+            unwritten: events,
+        });
+        seq
+    }
+
+    /// `events` more events of the open transaction `seq`; with its position when this
+    /// is its end.
+    pub(crate) fn extend(&mut self, seq: u64, events: usize, end: Option<Position>) {
+        if let Some(slot) = self.slot_mut(seq) {
+            slot.unwritten += events;
+            if end.is_some() {
+                slot.position = end;
+            }
+        }
+    }
+
+    /// The position of slot `seq`, while it is queued and known (for logs).
     pub(crate) fn position(&self, seq: u64) -> Option<&Position> {
         seq.checked_sub(self.first_seq)
             .and_then(|i| self.slots.get(i as usize))
-            .map(|slot| &slot.position)
+            .and_then(|slot| slot.position.as_ref())
+    }
+
+    fn slot_mut(&mut self, seq: u64) -> Option<&mut Slot> {
+        seq.checked_sub(self.first_seq)
+            .and_then(|i| self.slots.get_mut(i as usize))
     }
 
     /// One event of slot `seq` is written back (or is in the batch about to be).
     pub(crate) fn written(&mut self, seq: u64) {
         // A slot leaves the queue only once all its events are written back, so every
         // event's slot is still queued.
-        if let Some(slot) = seq
-            .checked_sub(self.first_seq)
-            .and_then(|i| self.slots.get_mut(i as usize))
-        {
+        if let Some(slot) = self.slot_mut(seq) {
             slot.unwritten = slot.unwritten.saturating_sub(1);
         }
     }
@@ -64,10 +92,14 @@ impl AckFrontier {
     /// Drops the longest fully written prefix and returns its last position when it is
     /// beyond every checkpoint returned before.
     pub(crate) fn advance(&mut self) -> Option<Position> {
-        let done = self.slots.iter().take_while(|s| s.unwritten == 0).count();
+        let done = self
+            .slots
+            .iter()
+            .take_while(|s| s.unwritten == 0 && s.position.is_some())
+            .count();
         let last = self.slots.drain(..done).next_back();
         self.first_seq += done as u64;
-        let position = last?.position;
+        let position = last?.position?;
         if self.checkpoint.as_ref() >= Some(&position) {
             return None;
         }
@@ -104,6 +136,27 @@ mod tests {
         // A progress position equal to the checkpoint is not confirmed twice.
         f.push(lsn(25), 0);
         assert_eq!(f.advance(), None);
+    }
+
+    #[test]
+    fn a_transaction_in_parts_is_not_passed_until_its_end() {
+        let mut f = AckFrontier::default();
+        let a = f.push(lsn(10), 1);
+        let big = f.open(2);
+        f.written(a);
+        f.written(big);
+        f.written(big);
+        assert_eq!(
+            f.advance(),
+            Some(lsn(10)),
+            "every part written, but no end yet"
+        );
+        f.extend(big, 1, None);
+        f.extend(big, 1, Some(lsn(30)));
+        f.written(big);
+        assert_eq!(f.advance(), None, "one event of the end is unwritten");
+        f.written(big);
+        assert_eq!(f.advance(), Some(lsn(30)));
     }
 
     /// Random transactions (some empty: progress), events written back in random order

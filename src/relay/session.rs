@@ -17,7 +17,7 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use outboxd_connector::{
     parked_behind_key, ChangeItem, ChangeStream, CommittedTransaction, ConnectorError, Delivered,
-    DeliveryFailure, OutboxEvent, OutboxStore, ParkedEvent, Position, WriteBack,
+    DeliveryFailure, OutboxEvent, OutboxStore, ParkedEvent, Position, TransactionPart, WriteBack,
 };
 use tokio::sync::{watch, Notify};
 use tokio::time::sleep_until;
@@ -36,6 +36,8 @@ const MIN_BLOCKED_REFRESH: Duration = Duration::from_secs(1);
 /// The result of one record, tagged with where it belongs.
 struct Completed {
     seq: u64,
+    /// [`OutboxEvent::size`], counted in flight until written back.
+    size: usize,
     id: i64,
     retry_count: i32,
     message_id: String,
@@ -50,6 +52,7 @@ type Deliveries = FuturesUnordered<BoxFuture<'static, Completed>>;
 
 async fn track<D: Future<Output = SinkResult>>(
     seq: u64,
+    size: usize,
     event: OutboxEvent,
     topic: String,
     delivery: D,
@@ -59,6 +62,7 @@ async fn track<D: Future<Output = SinkResult>>(
         topic,
         commit_time: event.commit_time,
         seq,
+        size,
         id: event.id,
         retry_count: event.retry_count,
         message_id: event.message_id,
@@ -77,6 +81,12 @@ pub(super) struct Session<'a, O, S> {
     frontier: AckFrontier,
     /// Events sent and not yet written back.
     in_flight: usize,
+    /// Their bytes ([`OutboxEvent::size`]), bounded by `delivery.max_in_flight_bytes`.
+    in_flight_bytes: usize,
+    /// Bytes of the events in the batch about to be written back.
+    batch_bytes: usize,
+    /// The slot of a transaction whose parts are arriving (its end not yet read).
+    open_transaction: Option<u64>,
     delivered: Vec<Delivered>,
     failed: Vec<DeliveryFailure>,
     parked: Vec<ParkedEvent>,
@@ -124,6 +134,9 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             stats,
             frontier: AckFrontier::default(),
             in_flight: 0,
+            in_flight_bytes: 0,
+            batch_bytes: 0,
+            open_transaction: None,
             delivered: Vec::new(),
             failed: Vec::new(),
             parked: Vec::new(),
@@ -159,13 +172,12 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
     /// below `delivered_through`, so a session that reads new transactions pays nothing.
     async fn drop_delivered(
         &mut self,
-        tx: &mut CommittedTransaction,
+        events: &mut Vec<OutboxEvent>,
     ) -> Result<(), ConnectorError> {
         let Some(through) = self.delivered_through else {
             return Ok(());
         };
-        let candidates: Vec<i64> = tx
-            .events
+        let candidates: Vec<i64> = events
             .iter()
             .map(|e| e.id)
             .filter(|id| *id <= through)
@@ -177,10 +189,9 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         if delivered.is_empty() {
             return Ok(());
         }
-        tx.events.retain(|e| !delivered.contains(&e.id));
+        events.retain(|e| !delivered.contains(&e.id));
         if self.skipped_delivered == 0 {
             tracing::info!(
-                position = %tx.commit_position,
                 "reading again transactions an earlier session delivered; rows already \
                  SUCCESS are not sent again"
             );
@@ -257,7 +268,8 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             let reading = stopping_at.is_none()
                 && stream_error.is_none()
                 && self.fatal.is_none()
-                && self.in_flight < self.settings.delivery.max_in_flight;
+                && self.in_flight < self.settings.delivery.max_in_flight
+                && self.in_flight_bytes < self.settings.delivery.max_in_flight_bytes;
             let flush_at = self.batch_started.map_or(far_future, |t| {
                 t + self.settings.delivery.writeback_interval
             });
@@ -314,30 +326,57 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                             self.flush(stream).await?;
                         }
                     }
-                    Ok(ChangeItem::Transaction(mut tx)) => {
+                    Ok(ChangeItem::Transaction(tx)) => {
                         backoff.reset();
-                        let read = tx.events.len();
-                        self.drop_delivered(&mut tx).await?;
-                        if read > 0 && tx.events.is_empty() {
+                        self.stats.transactions.fetch_add(1, Ordering::Relaxed);
+                        let CommittedTransaction { commit_position, commit_time, mut events } = tx;
+                        self.drop_delivered(&mut events).await?;
+                        let seq = match self.open_transaction.take() {
+                            Some(seq) => {
+                                self.frontier.extend(seq, events.len(), Some(commit_position));
+                                self.add_in_flight(events.len());
+                                seq
+                            }
+                            None => self.push_slot(commit_position, events.len()),
+                        };
+                        if events.is_empty() {
                             // Every row delivered already: only the position moves on.
-                            self.push_slot(tx.commit_position, 0);
                             if self.batch_started.is_none() {
                                 self.flush(stream).await?;
                             }
-                            continue;
+                        } else {
+                            self.before_sending(commit_time, deliveries.is_empty(), &mut last_progress).await?;
+                            self.send_events(seq, events, &mut deliveries).await;
                         }
-                        if self.in_flight == 0 {
-                            self.stats.metrics.read_while_idle(tx.commit_time);
+                    }
+                    Ok(ChangeItem::Part(part)) if self.part_already_written(&part.begin_position) => {
+                        tracing::debug!(
+                            begins = %part.begin_position,
+                            events = part.events.len(),
+                            "part of a transaction written back before a restart; not sent again"
+                        );
+                    }
+                    Ok(ChangeItem::Part(part)) => {
+                        backoff.reset();
+                        let TransactionPart { commit_time, mut events, .. } = part;
+                        self.drop_delivered(&mut events).await?;
+                        let seq = match self.open_transaction {
+                            Some(seq) => {
+                                self.frontier.extend(seq, events.len(), None);
+                                self.add_in_flight(events.len());
+                                seq
+                            }
+                            None => {
+                                let seq = self.frontier.open(events.len());
+                                self.add_in_flight(events.len());
+                                self.open_transaction = Some(seq);
+                                seq
+                            }
+                        };
+                        if !events.is_empty() {
+                            self.before_sending(commit_time, deliveries.is_empty(), &mut last_progress).await?;
+                            self.send_events(seq, events, &mut deliveries).await;
                         }
-                        if deliveries.is_empty() {
-                            last_progress = Instant::now();
-                        }
-                        if !tx.events.is_empty() {
-                            self.refresh_blocked_keys().await?;
-                        }
-                        let seq = self.push_slot(tx.commit_position.clone(), tx.events.len());
-                        self.stats.transactions.fetch_add(1, Ordering::Relaxed);
-                        self.send_transaction(seq, tx, &mut deliveries).await;
                     }
                     Ok(ChangeItem::Progress(position)) => {
                         backoff.reset();
@@ -385,20 +424,49 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
 
     fn push_slot(&mut self, position: Position, events: usize) -> u64 {
         let seq = self.frontier.push(position, events);
+        self.add_in_flight(events);
+        seq
+    }
+
+    fn add_in_flight(&mut self, events: usize) {
         self.in_flight += events;
         self.stats
             .in_flight
             .store(self.in_flight as u64, Ordering::Relaxed);
-        seq
     }
 
-    async fn send_transaction(
+    /// A transaction's part is of one written back before a restart when it begins
+    /// before the checkpoint read at session start (see [`TransactionPart`]).
+    fn part_already_written(&self, begins: &Position) -> bool {
+        self.written_through.as_ref().is_some_and(|w| begins < w)
+    }
+
+    /// What reading events to send does besides sending them: the lag measure when
+    /// nothing was in flight, the stall clock, and strict ordering's look at the table.
+    async fn before_sending(
+        &mut self,
+        commit_time: Option<SystemTime>,
+        nothing_waiting: bool,
+        last_progress: &mut Instant,
+    ) -> Result<(), ConnectorError> {
+        if self.in_flight_bytes == 0 {
+            self.stats.metrics.read_while_idle(commit_time);
+        }
+        if nothing_waiting {
+            *last_progress = Instant::now();
+        }
+        self.refresh_blocked_keys().await
+    }
+
+    async fn send_events(
         &mut self,
         seq: u64,
-        tx: CommittedTransaction,
+        events: Vec<OutboxEvent>,
         deliveries: &mut Deliveries,
     ) {
-        for event in tx.events {
+        for event in events {
+            let size = event.size();
+            self.in_flight_bytes += size;
             if let Some(reason) = event.rejected {
                 // Retrying cannot help: MANUAL_REQUIRED with the reason, never sent; its
                 // key waits behind it like behind any event in trouble.
@@ -409,6 +477,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                     id: event.id,
                     reason,
                 });
+                self.batch_bytes += size;
                 self.batch_seqs.push(seq);
                 self.batch_started.get_or_insert_with(Instant::now);
                 continue;
@@ -425,13 +494,14 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                     reason: parked_behind_key("parked", &event.biz_key),
                 });
                 self.stats.parked.fetch_add(1, Ordering::Relaxed);
+                self.batch_bytes += size;
                 self.batch_seqs.push(seq);
                 self.batch_started.get_or_insert_with(Instant::now);
                 continue;
             }
             let topic = self.sink.destination(&event);
             let delivery = self.sink.send(&event).await;
-            deliveries.push(Box::pin(track(seq, event, topic, delivery)));
+            deliveries.push(Box::pin(track(seq, size, event, topic, delivery)));
         }
     }
 
@@ -458,6 +528,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                 );
                 self.fatal.get_or_insert(failure.error);
                 self.in_flight -= 1;
+                self.in_flight_bytes = self.in_flight_bytes.saturating_sub(done.size);
                 self.stats
                     .in_flight
                     .store(self.in_flight as u64, Ordering::Relaxed);
@@ -479,6 +550,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                 self.failed.push(failure);
             }
         }
+        self.batch_bytes += done.size;
         self.batch_seqs.push(done.seq);
         self.batch_started.get_or_insert_with(Instant::now);
     }
@@ -513,6 +585,8 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             let written =
                 self.delivered.len() + self.failed.len() + self.parked.len() + self.rejected.len();
             self.in_flight -= written;
+            self.in_flight_bytes = self.in_flight_bytes.saturating_sub(self.batch_bytes);
+            self.batch_bytes = 0;
             self.stats
                 .in_flight
                 .store(self.in_flight as u64, Ordering::Relaxed);

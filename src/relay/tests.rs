@@ -36,6 +36,7 @@ impl Harness {
             settings: PipelineSettings {
                 delivery: DeliveryConfig {
                     max_in_flight: 1000,
+                    max_in_flight_bytes: 64 << 20,
                     writeback_batch: 100,
                     writeback_interval: Duration::from_millis(5),
                     shutdown_deadline,
@@ -444,5 +445,56 @@ async fn rows_an_earlier_session_delivered_are_not_sent_again() {
             .load(std::sync::atomic::Ordering::Relaxed),
         3
     );
+    assert_no_violations(&confirmed);
+}
+
+#[tokio::test]
+async fn a_transaction_in_parts_is_sent_as_it_comes_and_confirmed_whole() {
+    let mut h = Harness::new(Duration::from_secs(2));
+    // Room for one event's bytes: reading pauses after each part until it is written.
+    h.settings.delivery.max_in_flight_bytes = 1;
+    let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
+    let (mut link, _keys) = link();
+    let (stop, shutdown) = watch::channel(false);
+    h.store
+        .insert(&[(1, "A"), (2, "B"), (3, "A"), (4, "B"), (5, "A")]);
+    h.sink.hold();
+
+    let driver = async {
+        log.commit(5, vec![]);
+        log.part(6, vec![event(1, "A"), event(2, "B")]);
+        log.part(6, vec![event(3, "A"), event(4, "B")]);
+        log.commit(10, vec![event(5, "A")]);
+        wait_until("the first part sent", || h.sink.held() == [1, 2]).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            h.sink.held(),
+            [1, 2],
+            "the byte bound holds the next part back"
+        );
+        for id in [1, 2] {
+            assert!(h.sink.complete(id));
+        }
+        wait_until("the second part sent", || h.sink.held() == [3, 4]).await;
+        assert!(
+            last_confirmed(&confirmed) < Some(lsn(10)),
+            "nothing of the transaction is confirmed before its end"
+        );
+        for id in [3, 4] {
+            assert!(h.sink.complete(id));
+        }
+        wait_until("the end sent", || h.sink.held() == [5]).await;
+        assert!(h.sink.complete(5));
+        wait_until("10 confirmed", || {
+            last_confirmed(&confirmed) == Some(lsn(10))
+        })
+        .await;
+        stop.send_replace(true);
+    };
+    let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
+    result.unwrap();
+    for id in 1..=5 {
+        assert_eq!(h.store.status(id), "SUCCESS", "row {id}");
+    }
     assert_no_violations(&confirmed);
 }

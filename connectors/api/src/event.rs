@@ -37,6 +37,28 @@ pub struct OutboxEvent {
     pub rejected: Option<String>,
 }
 
+impl OutboxEvent {
+    /// The bytes this event holds (payload, key, headers and its text fields): what the
+    /// core counts against `delivery.max_in_flight_bytes`, and connectors against the size
+    /// of a [`crate::TransactionPart`]. Not exact to the allocator; proportional to it.
+    pub fn size(&self) -> usize {
+        const FIXED: usize = 128;
+        FIXED
+            + self.message_id.len()
+            + self.message_type.len()
+            + self.biz_key.len()
+            + self.key.len()
+            + self.topic.as_ref().map_or(0, String::len)
+            + self.payload.len()
+            + self
+                .headers
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + 32)
+                .sum::<usize>()
+            + self.created_at.len()
+    }
+}
+
 /// Where the outbox lives and which column is the Kafka key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OutboxLayout {

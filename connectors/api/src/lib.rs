@@ -46,4 +46,6 @@ pub use last_error::{
 };
 pub use position::{ParsePositionError, Position};
 pub use store::{Delivered, DeliveryFailure, OutboxStore, WriteBack};
-pub use stream::{ChangeItem, ChangeStream, CommittedTransaction};
+pub use stream::{
+    ChangeItem, ChangeStream, CommittedTransaction, TransactionPart, PART_BYTES, PART_EVENTS,
+};

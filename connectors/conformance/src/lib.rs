@@ -67,6 +67,7 @@ pub const SCENARIOS: &[&str] = &[
     "store::write_back_moves_rows_through_the_state_machine",
     "store::checkpoint_commits_with_the_batch_and_never_moves_backward",
     "store::delivered_rows_are_found_for_a_transaction_read_again",
+    "stream::a_large_transaction_arrives_in_parts",
     "store::open_store_without_tables_is_a_definite_error",
     "claims::claim_takes_due_failed_rows_in_id_order",
     "claims::concurrent_claimers_skip_locked_rows_and_never_share_one",

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use outboxd_connector::{
     ChangeItem, ChangeStream, CheckStatus, CommittedTransaction, Connector, ConnectorError,
     Delivered, DeliveryFailure, ErrorKind, ErrorReason, OutboxAdmin, OutboxStore, ReadMode,
-    WriteBack,
+    TransactionPart, WriteBack, PART_EVENTS,
 };
 
 use crate::support::{initialised, open_when_free, store, stored_headers};
@@ -15,17 +15,37 @@ use crate::{Harness, NewRow};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
-/// The next transaction of the stream, skipping progress items.
+/// The next transaction of the stream, skipping progress items, with the rows of its
+/// parts (if it came in parts) before its own.
 async fn next_transaction<S: ChangeStream>(stream: &mut S) -> CommittedTransaction {
+    let (parts, mut txn) = next_transaction_in_parts(stream).await;
+    let mut events: Vec<_> = parts.into_iter().flat_map(|p| p.events).collect();
+    events.append(&mut txn.events);
+    txn.events = events;
+    txn
+}
+
+/// The next transaction of the stream as it came: its parts, then its end.
+async fn next_transaction_in_parts<S: ChangeStream>(
+    stream: &mut S,
+) -> (Vec<TransactionPart>, CommittedTransaction) {
     let deadline = Instant::now() + DEADLINE;
+    let mut parts = Vec::new();
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let item = tokio::time::timeout(left, stream.next())
             .await
             .expect("no transaction in time")
             .expect("stream item");
-        if let ChangeItem::Transaction(txn) = item {
-            return txn;
+        match item {
+            ChangeItem::Transaction(txn) => return (parts, txn),
+            ChangeItem::Part(part) => parts.push(part),
+            ChangeItem::Progress(_) => {
+                assert!(
+                    parts.is_empty(),
+                    "progress between the parts of a transaction"
+                );
+            }
         }
     }
 }
@@ -66,6 +86,43 @@ pub async fn only_committed_transactions_are_read_in_commit_order<H: Harness>() 
     let third = next_transaction(&mut stream).await;
     assert_eq!(keys(&third), ["k3"]);
     assert!(third.commit_position > second.commit_position);
+    drop(stream);
+    h.cleanup().await;
+}
+
+/// A transaction of more than [`PART_EVENTS`] rows arrives in parts of at most that many
+/// rows, then its end with the rest and the commit position: every row once, in insertion
+/// order; each part says where the transaction begins, after the transaction before it and
+/// before its own commit.
+pub async fn a_large_transaction_arrives_in_parts<H: Harness>() {
+    let h: H = initialised("sm_parts", ReadMode::Log).await;
+    let mut stream = open_when_free(|| h.connector().open_stream()).await;
+    let before = h.insert(&NewRow::keys(&["small"])).await;
+    let rows = 2 * PART_EVENTS + PART_EVENTS / 2;
+    let keys: Vec<String> = (0..rows).map(|i| format!("big{}", i % 7)).collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let ids = h.insert(&NewRow::keys(&keys)).await;
+
+    let small = next_transaction(&mut stream).await;
+    assert_eq!(
+        small.events.iter().map(|e| e.id).collect::<Vec<_>>(),
+        before
+    );
+    let (parts, end) = next_transaction_in_parts(&mut stream).await;
+    assert!(parts.len() >= 2, "{} parts for {rows} rows", parts.len());
+    for part in &parts {
+        assert!(!part.events.is_empty() && part.events.len() <= PART_EVENTS);
+        assert!(part.begin_position >= small.commit_position);
+        assert!(part.begin_position < end.commit_position);
+    }
+    let read: Vec<i64> = parts
+        .iter()
+        .flat_map(|p| &p.events)
+        .chain(&end.events)
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(read, ids, "every row once, in insertion order");
+    assert!(end.commit_position > small.commit_position);
     drop(stream);
     h.cleanup().await;
 }
@@ -306,6 +363,9 @@ async fn first_error<C: Connector>(connector: &C) -> ConnectorError {
             Ok(Ok(ChangeItem::Progress(_))) => {}
             Ok(Ok(ChangeItem::Transaction(t))) => {
                 panic!("the stream started afresh and read {t:?}")
+            }
+            Ok(Ok(ChangeItem::Part(p))) => {
+                panic!("the stream started afresh and read {p:?}")
             }
             Ok(Err(e)) => return e,
         }

@@ -8,20 +8,28 @@
 //! positions the core confirms and the timer that reports them to the server (a standby
 //! status update, a checkpoint write) — so a session that is only slow is not dropped.
 //!
+//! The channel is bounded in items and in bytes ([`CHANNEL_BYTES`] of events, counted by
+//! [`OutboxEvent::size`](outboxd_connector::OutboxEvent::size)), so what waits between the
+//! task and the core stays small whatever the rows weigh; an item larger than the whole
+//! budget waits until the channel is empty.
+//!
 //! Progress (the log moved without outbox rows) is rate-limited to one item per
 //! [`PROGRESS_INTERVAL`] and never goes backward; a transaction's position counts as
 //! progress already made.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use outboxd_connector::{ChangeItem, ConnectorError, Position};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 /// Items buffered between the log task and the core.
 pub const CHANNEL_CAPACITY: usize = 1024;
+/// Bytes of events buffered between the log task and the core.
+pub const CHANNEL_BYTES: usize = 16 << 20;
 /// Progress items are sent at most this often.
 pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -49,20 +57,48 @@ pub trait Confirmations {
 /// the position the log is read from, `wrap` makes an engine position a [`Position`].
 pub fn channel<P: Ord + Clone>(start: P, wrap: fn(P) -> Position) -> (Outlet<P>, Inlet) {
     let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
+    let budget = Arc::new(Semaphore::new(CHANNEL_BYTES));
     let outlet = Outlet {
         tx,
+        budget: Arc::clone(&budget),
         last_position: start,
         pending: None,
         last_progress_at: None,
         wrap,
     };
-    (outlet, Inlet { rx, task: None })
+    (
+        outlet,
+        Inlet {
+            rx,
+            budget,
+            task: None,
+        },
+    )
 }
+
+/// What an item holds against the channel's byte budget.
+fn budget_of(item: &ChangeItem) -> u32 {
+    let events = match item {
+        ChangeItem::Transaction(t) => &t.events,
+        ChangeItem::Part(p) => &p.events,
+        ChangeItem::Progress(_) => return 0,
+    };
+    let bytes: usize = events
+        .iter()
+        .map(outboxd_connector::OutboxEvent::size)
+        .sum();
+    // At most the whole budget, so that one huge item can pass (alone).
+    bytes.min(CHANNEL_BYTES) as u32
+}
+
+/// An item in the channel, with the bytes of budget it holds.
+type Sent = (Item, u32);
 
 /// The stream's end of the channel. It owns the log task: dropping it stops the task.
 #[derive(Debug)]
 pub struct Inlet {
-    rx: mpsc::Receiver<Item>,
+    rx: mpsc::Receiver<Sent>,
+    budget: Arc<Semaphore>,
     task: Option<JoinHandle<()>>,
 }
 
@@ -78,7 +114,10 @@ impl Inlet {
     /// Cancel-safe (`mpsc::Receiver::recv` is).
     pub async fn next(&mut self, ended: impl FnOnce() -> String) -> Item {
         match self.rx.recv().await {
-            Some(item) => item,
+            Some((item, bytes)) => {
+                self.budget.add_permits(bytes as usize);
+                item
+            }
             None => Err(ConnectorError::transient(ended())),
         }
     }
@@ -95,7 +134,9 @@ impl Drop for Inlet {
 /// The task's end of the channel, with the progress bookkeeping.
 #[derive(Debug)]
 pub struct Outlet<P> {
-    tx: mpsc::Sender<Item>,
+    tx: mpsc::Sender<Sent>,
+    /// Bytes of events the channel may still take.
+    budget: Arc<Semaphore>,
     /// Position of the last transaction or progress recorded; never goes backward.
     last_position: P,
     /// A progress position not sent yet because of the rate limit.
@@ -158,12 +199,19 @@ impl<P: Ord + Clone> Outlet<P> {
         if matches!(item, ChangeItem::Progress(_)) {
             self.last_progress_at = Some(Instant::now());
         }
+        let bytes = budget_of(&item);
+        let mut held = bytes == 0;
         loop {
             let due = duties.due();
             tokio::select! {
-                permit = self.tx.reserve() => {
+                acquired = self.budget.acquire_many(bytes), if !held => {
+                    // Released by the inlet when it takes the item.
+                    acquired.map_err(|_| Closed)?.forget();
+                    held = true;
+                }
+                permit = self.tx.reserve(), if held => {
                     let permit = permit.map_err(|_| Closed)?;
-                    permit.send(Ok(item));
+                    permit.send((Ok(item), bytes));
                     return Ok(());
                 }
                 changed = duties.changed() => {
@@ -172,8 +220,8 @@ impl<P: Ord + Clone> Outlet<P> {
                 }
                 () = sleep_until_opt(due) => {
                     if let Err(e) = duties.on_due().await {
-                        let _ = self.tx.send(Ok(item)).await;
-                        let _ = self.tx.send(Err(e)).await;
+                        let _ = self.tx.send((Ok(item), if held { bytes } else { 0 })).await;
+                        let _ = self.tx.send((Err(e), 0)).await;
                         return Err(Closed);
                     }
                 }
@@ -184,7 +232,7 @@ impl<P: Ord + Clone> Outlet<P> {
     /// Ends the task: hands the error that stopped it to the core (if it still listens).
     pub async fn fail(&self, error: ConnectorError) {
         // The receiver may be gone already; then nobody needs the error.
-        let _ = self.tx.send(Err(error)).await;
+        let _ = self.tx.send((Err(error), 0)).await;
     }
 }
 

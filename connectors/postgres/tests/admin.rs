@@ -601,6 +601,7 @@ async fn a_row_whose_commit_waits_for_a_standby_is_waited_for_not_skipped() {
             .expect("stream")
         {
             ChangeItem::Transaction(txn) => break txn,
+            ChangeItem::Part(part) => panic!("one row came in parts: {part:?}"),
             ChangeItem::Progress(_) => {}
         }
     };

@@ -208,6 +208,7 @@ async fn assert_rows_arrive(db: &Db, connector: &PostgresConnector, table: &str,
             .expect("stream")
         {
             ChangeItem::Transaction(txn) => break txn,
+            ChangeItem::Part(part) => panic!("a few rows came in parts: {part:?}"),
             ChangeItem::Progress(position) => {
                 assert!(
                     lsn(&position.to_string()) < lsn(&after_insert),

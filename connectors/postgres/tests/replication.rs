@@ -224,6 +224,7 @@ async fn next_transaction(
             .unwrap()
         {
             ChangeItem::Transaction(t) => return t,
+            ChangeItem::Part(p) => panic!("a small transaction came in parts: {p:?}"),
             ChangeItem::Progress(_) => {}
         }
     }
@@ -364,6 +365,7 @@ async fn idle_outbox_reports_progress_and_confirming_it_moves_the_slot() {
                 }
             }
             ChangeItem::Transaction(t) => panic!("unexpected {t:?}"),
+            ChangeItem::Part(p) => panic!("unexpected {p:?}"),
         }
     };
     assert!(progress > start);

@@ -50,7 +50,15 @@ pub struct KafkaSink {
 impl KafkaSink {
     /// Builds the producer. librdkafka connects lazily; see [`Sink::check`].
     /// `strict_order`: records are never expired by the producer (see the module doc).
-    pub fn new(config: &KafkaConfig, pipeline: &str, strict_order: bool) -> Result<Self, String> {
+    /// `queue_bytes`: the producer's local queue holds at most this many bytes
+    /// (`delivery.max_in_flight_bytes`), unless `[kafka.options]` sets
+    /// `queue.buffering.max.kbytes` itself.
+    pub fn new(
+        config: &KafkaConfig,
+        pipeline: &str,
+        strict_order: bool,
+        queue_bytes: usize,
+    ) -> Result<Self, String> {
         validate_options(&config.options)?;
         let template = TopicTemplate::parse(&config.topic_template)?;
         let mut client = ClientConfig::new();
@@ -59,6 +67,10 @@ impl KafkaSink {
         client.set("partitioner", "murmur2_random");
         client.set("compression.type", "lz4");
         client.set("linger.ms", "5");
+        client.set(
+            "queue.buffering.max.kbytes",
+            (queue_bytes / 1024).clamp(1024, 2_097_151).to_string(),
+        );
         for (key, value) in &config.options {
             client.set(key, value);
         }
@@ -234,7 +246,7 @@ mod tests {
             message_timeout: Duration::from_secs(1),
             options: BTreeMap::new(),
         };
-        let sink = KafkaSink::new(&config, "p", false).expect("producer");
+        let sink = KafkaSink::new(&config, "p", false, 64 << 20).expect("producer");
         assert!(sink.producer().client().fatal_error().is_none());
         assert_eq!(sink.recover().await, Ok(false));
     }
@@ -260,7 +272,7 @@ mod tests {
                     ("compression.type".to_owned(), compression.to_owned()),
                 ]),
             };
-            if let Err(e) = KafkaSink::new(&config, "p", false) {
+            if let Err(e) = KafkaSink::new(&config, "p", false, 64 << 20) {
                 panic!("{mechanism} with {compression}: {e}");
             }
         }

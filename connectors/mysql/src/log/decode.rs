@@ -32,7 +32,10 @@ use mysql_async::binlog::value::BinlogValue;
 use mysql_async::binlog::{BinlogChecksumAlg, EventType, IncidentType};
 use mysql_async::consts::ColumnType;
 use mysql_async::Value;
-use outboxd_connector::{CommittedTransaction, ConnectorError, ErrorReason, OutboxEvent};
+use outboxd_connector::{
+    CommittedTransaction, ConnectorError, ErrorReason, OutboxEvent, TransactionPart, PART_BYTES,
+    PART_EVENTS,
+};
 use outboxd_connector_kit::row::{self, RowSource, Value as Cell};
 use outboxd_connector_kit::{ColumnMap, Field};
 
@@ -56,8 +59,10 @@ pub(crate) enum Decoded {
     /// Between transactions, the position moved (a transaction without outbox rows
     /// committed, a rotation, a DDL statement): a progress candidate.
     Boundary,
-    /// A committed transaction with outbox rows.
+    /// A committed transaction with outbox rows (or the end of one yielded in parts).
     Transaction(CommittedTransaction),
+    /// The next rows of a large transaction (its end follows).
+    Part(TransactionPart),
     /// The server's heartbeat: the binlog is idle.
     Heartbeat,
     /// The outbox's column names are needed: look them up, hand them to
@@ -101,6 +106,10 @@ struct Group {
     touched_checkpoint: bool,
     /// Rows of another table were written.
     touched_other: bool,
+    /// [`OutboxEvent::size`] of `events`.
+    bytes: usize,
+    /// Parts yielded so far: the end may then be empty.
+    parts: usize,
 }
 
 /// The binlog → outbox transaction state machine of one stream.
@@ -340,7 +349,7 @@ impl Decoder {
         if end > self.offset {
             self.offset = end;
         }
-        if group.events.is_empty() {
+        if group.events.is_empty() && group.parts == 0 {
             if group.touched_checkpoint && !group.touched_other {
                 return Decoded::Nothing;
             }
@@ -571,11 +580,33 @@ impl Decoder {
                 events.push(event);
             }
         }
+        // Where the transaction begins: the last position between transactions (the
+        // offset moves only at commits and boundaries).
+        let begin_position = self.position();
+        let timestamp = event.header().timestamp();
         let group = self.group.get_or_insert_with(|| Group {
             has_begin: true,
             ..Group::default()
         });
+        group.bytes += events.iter().map(OutboxEvent::size).sum::<usize>();
         group.events.extend(events);
+        if group.events.len() >= PART_EVENTS || group.bytes >= PART_BYTES {
+            // A large transaction: hand its rows over as they come. The binlog stamps the
+            // commit time on the commit only; the rows event's time stands in for it.
+            let commit_time =
+                SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(u64::from(timestamp)));
+            let mut events = std::mem::take(&mut group.events);
+            for event in &mut events {
+                event.commit_time = commit_time;
+            }
+            group.bytes = 0;
+            group.parts += 1;
+            return Ok(Decoded::Part(TransactionPart {
+                begin_position: begin_position.position(),
+                commit_time,
+                events,
+            }));
+        }
         Ok(Decoded::Nothing)
     }
 

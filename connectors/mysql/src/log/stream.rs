@@ -504,6 +504,10 @@ impl Task {
                     let item = ChangeItem::Transaction(txn);
                     return Ok(self.outlet.emit(item, &mut self.checkpoint).await);
                 }
+                Decoded::Part(part) => {
+                    let item = ChangeItem::Part(part);
+                    return Ok(self.outlet.emit(item, &mut self.checkpoint).await);
+                }
             }
         }
     }

@@ -112,14 +112,22 @@ pub async fn next_transaction<S: ChangeStream>(
     timeout: Duration,
 ) -> outboxd_connector::CommittedTransaction {
     let deadline = Instant::now() + timeout;
+    // A large transaction comes in parts: their rows, then the end's.
+    let mut rows = Vec::new();
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let item = tokio::time::timeout(left, stream.next())
             .await
             .expect("timed out waiting for a transaction")
             .expect("stream item");
-        if let ChangeItem::Transaction(txn) = item {
-            return txn;
+        match item {
+            ChangeItem::Transaction(mut txn) => {
+                rows.append(&mut txn.events);
+                txn.events = rows;
+                return txn;
+            }
+            ChangeItem::Part(mut part) => rows.append(&mut part.events),
+            ChangeItem::Progress(_) => {}
         }
     }
 }

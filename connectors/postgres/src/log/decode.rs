@@ -10,7 +10,11 @@
 //! the slot be confirmed past rows that may be the outbox's, and they would stay INIT.
 
 use bytes::Bytes;
-use outboxd_connector::{CommittedTransaction, ConnectorError, OutboxEvent};
+use std::time::SystemTime;
+
+use outboxd_connector::{
+    CommittedTransaction, ConnectorError, OutboxEvent, TransactionPart, PART_BYTES, PART_EVENTS,
+};
 
 use super::position::Lsn;
 use outboxd_connector_kit::{row, ColumnMap, Field, RowSource, Value};
@@ -28,6 +32,8 @@ pub(crate) enum Decoded {
     Transaction(Lsn, CommittedTransaction),
     /// A committed transaction without outbox rows, ending at this LSN.
     Empty(Lsn),
+    /// The next rows of a large transaction (its end follows).
+    Part(TransactionPart),
 }
 
 /// Where each outbox column is in the relation's tuples, and which of key and payload
@@ -68,7 +74,14 @@ pub(crate) struct Decoder {
 }
 
 struct OpenTransaction {
+    /// The LSN of its commit record (from Begin): where it begins, for its parts.
+    final_lsn: Lsn,
+    commit_time: Option<SystemTime>,
     events: Vec<OutboxEvent>,
+    /// [`OutboxEvent::size`] of `events`.
+    bytes: usize,
+    /// Parts yielded so far: the end may then be empty.
+    parts: usize,
 }
 
 impl Decoder {
@@ -99,8 +112,14 @@ impl Decoder {
             .with_source(e)
         })?;
         match message {
-            PgOutputMessage::Begin(_) => {
-                self.txn = Some(OpenTransaction { events: Vec::new() });
+            PgOutputMessage::Begin(begin) => {
+                self.txn = Some(OpenTransaction {
+                    final_lsn: begin.final_lsn,
+                    commit_time: pgoutput::pg_timestamp(begin.commit_ts),
+                    events: Vec::new(),
+                    bytes: 0,
+                    parts: 0,
+                });
             }
             PgOutputMessage::Relation(rel) => {
                 if rel.oid != self.outbox.oid {
@@ -129,28 +148,35 @@ impl Decoder {
                 let txn = self.txn.as_mut().ok_or_else(|| {
                     ConnectorError::definite("replication stream: insert outside a transaction")
                 })?;
-                if let Some(event) = event {
+                if let Some(mut event) = event {
+                    event.commit_time = txn.commit_time;
+                    txn.bytes += event.size();
                     txn.events.push(event);
+                    if txn.events.len() >= PART_EVENTS || txn.bytes >= PART_BYTES {
+                        // A large transaction: hand its rows over as they come.
+                        txn.parts += 1;
+                        txn.bytes = 0;
+                        return Ok(Some(Decoded::Part(TransactionPart {
+                            begin_position: txn.final_lsn.position(),
+                            commit_time: txn.commit_time,
+                            events: std::mem::take(&mut txn.events),
+                        })));
+                    }
                 }
             }
             PgOutputMessage::Commit(commit) => {
                 let txn = self.txn.take().ok_or_else(|| {
                     ConnectorError::definite("replication stream: commit without begin")
                 })?;
-                if txn.events.is_empty() {
+                if txn.events.is_empty() && txn.parts == 0 {
                     return Ok(Some(Decoded::Empty(commit.end_lsn)));
-                }
-                let commit_time = pgoutput::pg_timestamp(commit.commit_ts);
-                let mut events = txn.events;
-                for event in &mut events {
-                    event.commit_time = commit_time;
                 }
                 return Ok(Some(Decoded::Transaction(
                     commit.end_lsn,
                     CommittedTransaction {
                         commit_position: commit.end_lsn.position(),
-                        commit_time,
-                        events,
+                        commit_time: pgoutput::pg_timestamp(commit.commit_ts),
+                        events: txn.events,
                     },
                 )));
             }

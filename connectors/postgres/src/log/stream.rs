@@ -386,6 +386,7 @@ impl Task {
                     self.outlet.transaction(&lsn);
                     Ok(self.emit(ChangeItem::Transaction(txn)).await)
                 }
+                Some(Decoded::Part(part)) => Ok(self.emit(ChangeItem::Part(part)).await),
             },
         }
     }
