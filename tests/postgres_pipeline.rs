@@ -177,3 +177,8 @@ async fn a_row_parked_while_the_relay_runs_holds_its_key() {
 async fn a_large_transaction_read_again_is_not_sent_again() {
     scenarios::a_large_transaction_read_again_is_not_sent_again::<PgServices>().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_outside_the_allowed_list_is_never_written() {
+    scenarios::a_topic_outside_the_allowed_list_is_never_written::<PgServices>().await;
+}

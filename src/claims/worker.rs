@@ -157,7 +157,12 @@ impl<'a, O: OutboxStore, S: Sink> ClaimWorker<'a, O, S> {
         let mut pending = Vec::with_capacity(claimed.len());
         let mut rejected = Vec::new();
         for mut c in claimed {
-            if let Some(reason) = c.event.rejected.take() {
+            let refused = c
+                .event
+                .rejected
+                .take()
+                .or_else(|| self.sink.refusal(&c.event));
+            if let Some(reason) = refused {
                 // Retrying cannot help: MANUAL_REQUIRED with the reason, never sent.
                 rejected.push((
                     ParkedEvent {

@@ -46,14 +46,14 @@ pub(super) async fn recover<C: Connector, S: Sink>(
         let mut parked = Vec::new();
         let mut rejected = Vec::new();
         for event in &rows {
-            if let Some(reason) = &event.rejected {
+            if let Some(reason) = event.rejected.clone().or_else(|| sink.refusal(event)) {
                 // Retrying cannot help: MANUAL_REQUIRED with the reason, never sent.
                 if strict && !event.biz_key.is_empty() {
                     failed_keys.insert(event.biz_key.clone());
                 }
                 rejected.push(ParkedEvent {
                     id: event.id,
-                    reason: reason.clone(),
+                    reason,
                 });
                 continue;
             }

@@ -14,7 +14,7 @@
 //! counter is registered without its `_total`, which the encoder appends.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -65,7 +65,13 @@ pub struct PipelineMetrics {
     confirmed_at: Mutex<Option<Instant>>,
     /// When the status write-back under way began; `None` between write-backs.
     writeback_since: Mutex<Option<Instant>>,
+    /// Topics with series of their own (`metrics.max_topic_series`); later ones count
+    /// under [`OTHER_TOPICS`].
+    max_topic_series: AtomicUsize,
 }
+
+/// The `topic` label of the topics past `metrics.max_topic_series`.
+const OTHER_TOPICS: &str = "other";
 
 impl Default for PipelineMetrics {
     fn default() -> Self {
@@ -77,6 +83,7 @@ impl Default for PipelineMetrics {
             lag_base_micros: AtomicU64::new(0),
             confirmed_at: Mutex::new(None),
             writeback_since: Mutex::new(None),
+            max_topic_series: AtomicUsize::new(200),
         }
     }
 }
@@ -115,6 +122,11 @@ impl PipelineMetrics {
         }
     }
 
+    /// How many topics get series of their own (`metrics.max_topic_series`).
+    pub fn limit_topic_series(&self, max: usize) {
+        self.max_topic_series.store(max, Ordering::Relaxed);
+    }
+
     /// A status write-back begins (`true`) or has ended (`false`).
     pub fn writing_back(&self, under_way: bool) {
         if let Ok(mut since) = self.writeback_since.lock() {
@@ -131,6 +143,14 @@ impl PipelineMetrics {
         }
         let Ok(mut topics) = self.topics.write() else {
             return;
+        };
+        // Rows choose their topics: past the limit, new topics share one series.
+        let topic = if topics.len() >= self.max_topic_series.load(Ordering::Relaxed)
+            && !topics.contains_key(topic)
+        {
+            OTHER_TOPICS
+        } else {
+            topic
         };
         let counters = topics.entry(topic.to_owned()).or_insert_with(|| {
             let label = TopicLabel {
@@ -524,6 +544,33 @@ mod tests {
                 "no HELP for {name}"
             );
         }
+    }
+
+    #[test]
+    fn topics_past_the_limit_share_one_series() {
+        let m = PipelineMetrics::default();
+        m.limit_topic_series(2);
+        for topic in ["a", "b", "c", "d", "a"] {
+            m.acked(topic, None);
+        }
+        m.failed("e");
+        let stats = PipelineStats {
+            metrics: m,
+            ..PipelineStats::default()
+        };
+        let text = render(&stats, &ScrapeInputs::default());
+        for line in [
+            "outboxd_events_published_total{topic=\"a\"} 2",
+            "outboxd_events_published_total{topic=\"b\"} 1",
+            "outboxd_events_published_total{topic=\"other\"} 2",
+            "outboxd_events_failed_total{topic=\"other\"} 1",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing `{line}` in\n{text}"
+            );
+        }
+        assert!(!text.contains("topic=\"c\""));
     }
 
     #[test]

@@ -464,10 +464,10 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         events: Vec<OutboxEvent>,
         deliveries: &mut Deliveries,
     ) {
-        for event in events {
+        for mut event in events {
             let size = event.size();
             self.in_flight_bytes += size;
-            if let Some(reason) = event.rejected {
+            if let Some(reason) = event.rejected.take().or_else(|| self.sink.refusal(&event)) {
                 // Retrying cannot help: MANUAL_REQUIRED with the reason, never sent; its
                 // key waits behind it like behind any event in trouble.
                 if self.strict() && !event.biz_key.is_empty() {

@@ -113,6 +113,14 @@ pub trait Sink: Send + Sync {
     /// outcome metrics.
     fn destination(&self, event: &OutboxEvent) -> String;
 
+    /// Why this sink will never take `event` as it is (for Kafka: a topic outside
+    /// `kafka.allowed_topics`), or `None`. The caller then does not send it and writes
+    /// the row MANUAL_REQUIRED with the reason, as for a row that cannot become an event.
+    fn refusal(&self, event: &OutboxEvent) -> Option<String> {
+        let _ = event;
+        None
+    }
+
     /// Waits up to `deadline` for records handed over to be delivered (at shutdown).
     fn flush(&self, deadline: Duration) -> impl Future<Output = ()> + Send;
 

@@ -55,6 +55,19 @@ fn kafka_admin(kafka: &str) -> AdminClient<DefaultClientContext> {
         .expect("admin client")
 }
 
+/// Whether the cluster has `topic` (asked without creating it).
+pub fn topic_exists(kafka: &str, topic: &str) -> bool {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka)
+        .set("allow.auto.create.topics", "false")
+        .create()
+        .expect("metadata client");
+    let metadata = consumer
+        .fetch_metadata(None, Duration::from_secs(10))
+        .expect("cluster metadata");
+    metadata.topics().iter().any(|t| t.name() == topic)
+}
+
 /// Creates a topic with topic-level configs such as `max.message.bytes`.
 pub async fn create_topic_with(
     kafka: &str,

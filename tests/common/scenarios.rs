@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::engine::{Engine, Event, Pipeline, Writer};
 use super::{
     consume_all, free_port, http_get, java_partition, metric_value, metrics_section, seqs_by_key,
-    wait_for, Record,
+    topic_exists, wait_for, Record,
 };
 
 /// Every seq `1..=per_key` of each of `keys` keys, first occurrences in per-key order (an
@@ -578,6 +578,69 @@ pub async fn a_row_parked_while_the_relay_runs_holds_its_key<E: Engine>() {
         seqs_by_key(&records)["k"],
         [1, 2],
         "the parked key in order"
+    );
+    drop(daemon);
+    p.cleanup().await;
+}
+
+/// Issue 12: a row routed to a topic outside `kafka.allowed_topics` is never sent (no topic
+/// is created for it): it becomes MANUAL_REQUIRED with the reason, its key waits behind it,
+/// and other rows flow.
+pub async fn a_topic_outside_the_allowed_list_is_never_written<E: Engine>() {
+    let p = Pipeline::<E>::new("allowed", 1, "").await;
+    let config = std::fs::read_to_string(&p.config_path).expect("read config");
+    let config = config.replace(
+        "message_timeout = \"10s\"",
+        &format!(
+            "message_timeout = \"10s\"\nallowed_topics = [\"{}\", \"it.allowed.*\"]",
+            p.topic
+        ),
+    );
+    std::fs::write(&p.config_path, config).expect("write config");
+    p.init();
+    let daemon = p.spawn_run("run.log");
+    let forbidden = format!("it.forbidden.{}", p.name);
+    let allowed = format!("it.allowed.{}", p.name);
+    p.create_topic(&allowed, 1).await;
+    let mut writer = p.writer().await;
+    writer
+        .insert_padded("allowed-k-1", "k", 1, &forbidden, 10)
+        .await;
+    writer
+        .insert_padded("allowed-k-2", "k", 2, &allowed, 10)
+        .await;
+    writer
+        .insert_padded("allowed-j-1", "j", 1, &allowed, 10)
+        .await;
+    writer.commit(&event("j", 2), "allowed").await;
+
+    wait_for(
+        "the other rows delivered",
+        Duration::from_secs(30),
+        || async {
+            let rows = p.rows().await;
+            let done = ["allowed-j-1", "allowed-j-2"]
+                .iter()
+                .all(|id| rows.get(*id).is_some_and(|r| r.status == "SUCCESS"));
+            (done && rows.get("allowed-k-2")?.status != "INIT").then_some(())
+        },
+    )
+    .await;
+    let rows = p.rows().await;
+    let refused = &rows["allowed-k-1"];
+    assert_eq!(refused.status, "MANUAL_REQUIRED");
+    let why = refused.last_error.clone().unwrap_or_default();
+    assert!(
+        why.contains(&forbidden) && why.contains("kafka.allowed_topics"),
+        "the reason names the topic and the key: {why}"
+    );
+    assert_ne!(
+        rows["allowed-k-2"].status, "SUCCESS",
+        "k-2 waits behind k-1"
+    );
+    assert!(
+        !topic_exists(p.services.kafka(), &forbidden),
+        "no topic was created for the refused row"
     );
     drop(daemon);
     p.cleanup().await;

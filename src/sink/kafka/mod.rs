@@ -26,12 +26,14 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use crate::config::KafkaConfig;
 use crate::sink::Sink;
 
+mod allowed;
 mod delivery;
 mod options;
 mod topic;
 
+pub use allowed::AllowedTopics;
 pub use delivery::KafkaDelivery;
-pub(crate) use options::validate_options;
+pub(crate) use options::{security_line, validate_options};
 pub use topic::TopicTemplate;
 
 use options::SAFE_DEFAULTS;
@@ -44,6 +46,7 @@ pub struct KafkaSink {
     /// What a replacement producer is built from.
     client: ClientConfig,
     template: TopicTemplate,
+    allowed: AllowedTopics,
     pipeline: String,
 }
 
@@ -61,6 +64,7 @@ impl KafkaSink {
     ) -> Result<Self, String> {
         validate_options(&config.options)?;
         let template = TopicTemplate::parse(&config.topic_template)?;
+        let allowed = AllowedTopics::parse(&config.allowed_topics)?;
         let mut client = ClientConfig::new();
         // Java's default partitioner hashes keys with murmur2: records keyed by the same
         // biz_key land where a Java producer would put them.
@@ -92,6 +96,7 @@ impl KafkaSink {
             producer: RwLock::new(producer),
             client,
             template,
+            allowed,
             pipeline: pipeline.to_owned(),
         })
     }
@@ -119,6 +124,20 @@ fn create_producer(client: &ClientConfig) -> Result<FutureProducer, String> {
         .map_err(|e| format!("cannot create the Kafka producer: {e}"))
 }
 
+/// The headers outboxd writes on every record.
+const OWN_HEADERS: [&str; 4] = ["message_id", "message_type", "biz_key", "created_at"];
+
+/// The name a row's own header is sent under: as given, unless it is one outboxd writes
+/// (compared without case, as many consumers compare them), which a row must not be able
+/// to replace or shadow; that one is sent as `row-<name>`.
+fn row_header_name(key: &str) -> std::borrow::Cow<'_, str> {
+    if OWN_HEADERS.iter().any(|own| own.eq_ignore_ascii_case(key)) {
+        std::borrow::Cow::Owned(format!("row-{key}"))
+    } else {
+        std::borrow::Cow::Borrowed(key)
+    }
+}
+
 /// The record headers: outboxd's four, then the row's own `headers`, in their order.
 fn headers(event: &OutboxEvent) -> OwnedHeaders {
     let mut headers = OwnedHeaders::new_with_capacity(4 + event.headers.len())
@@ -140,7 +159,7 @@ fn headers(event: &OutboxEvent) -> OwnedHeaders {
         });
     for (key, value) in &event.headers {
         headers = headers.insert(Header {
-            key: key.as_str(),
+            key: &row_header_name(key),
             value: Some(value.as_ref()),
         });
     }
@@ -173,6 +192,10 @@ impl Sink for KafkaSink {
 
     fn destination(&self, event: &OutboxEvent) -> String {
         self.topic_for(event)
+    }
+
+    fn refusal(&self, event: &OutboxEvent) -> Option<String> {
+        self.allowed.refusal(&self.topic_for(event))
     }
 
     async fn flush(&self, deadline: Duration) {
@@ -232,6 +255,19 @@ impl Sink for KafkaSink {
 }
 
 #[cfg(test)]
+mod header_tests {
+    use super::*;
+
+    #[test]
+    fn a_row_header_cannot_replace_one_outboxd_writes() {
+        assert_eq!(row_header_name("trace_id"), "trace_id");
+        assert_eq!(row_header_name("message_id"), "row-message_id");
+        assert_eq!(row_header_name("Biz_Key"), "row-Biz_Key");
+        assert_eq!(row_header_name("created_at_local"), "created_at_local");
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
 
@@ -245,6 +281,9 @@ mod tests {
             topic_template: "t".into(),
             message_timeout: Duration::from_secs(1),
             options: BTreeMap::new(),
+            allowed_topics: Vec::new(),
+            sasl_password_file: None,
+            ssl_key_password_file: None,
         };
         let sink = KafkaSink::new(&config, "p", false, 64 << 20).expect("producer");
         assert!(sink.producer().client().fatal_error().is_none());
@@ -271,6 +310,9 @@ mod tests {
                     ("sasl.password".to_owned(), "p".to_owned()),
                     ("compression.type".to_owned(), compression.to_owned()),
                 ]),
+                allowed_topics: Vec::new(),
+                sasl_password_file: None,
+                ssl_key_password_file: None,
             };
             if let Err(e) = KafkaSink::new(&config, "p", false, 64 << 20) {
                 panic!("{mechanism} with {compression}: {e}");

@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use outboxd_connector::CheckLine;
+
 /// Producer settings outboxd always applies. Together they make the producer
 /// idempotent: no duplicates from internal retries and no reordering within a
 /// partition, which is what keeps each `biz_key` in order.
@@ -57,6 +59,54 @@ pub(crate) fn validate_options(options: &BTreeMap<String, String>) -> Result<(),
     Ok(())
 }
 
+/// `outboxd check`'s line on the Kafka connection's security, from the options alone:
+/// a warning, with the fix, when certificates are not verified or a password travels
+/// without TLS.
+pub(crate) fn security_line(options: &BTreeMap<String, String>) -> CheckLine {
+    let get = |key: &str| {
+        options
+            .get(key)
+            .map(|v| v.trim().to_ascii_lowercase())
+            .unwrap_or_default()
+    };
+    let protocol = match get("security.protocol") {
+        p if p.is_empty() => "plaintext".to_owned(),
+        p => p,
+    };
+    let tls = protocol == "ssl" || protocol == "sasl_ssl";
+    let mechanism = match get("sasl.mechanism").as_str() {
+        "" => get("sasl.mechanisms"),
+        m => m.to_owned(),
+    };
+    let mut problems = Vec::new();
+    let mut fixes = Vec::new();
+    if protocol == "sasl_plaintext" && (mechanism.is_empty() || mechanism == "plain") {
+        problems.push(
+            "SASL PLAIN sends the password in the clear (security.protocol = SASL_PLAINTEXT)",
+        );
+        fixes.push("set \"security.protocol\" = \"SASL_SSL\"");
+    }
+    if tls && get("enable.ssl.certificate.verification") == "false" {
+        problems.push("the brokers' certificates are not verified (enable.ssl.certificate.verification = false)");
+        fixes.push("remove enable.ssl.certificate.verification (or set it to true) and give ssl.ca.location");
+    }
+    if tls && get("ssl.endpoint.identification.algorithm") == "none" {
+        problems.push("the brokers' host names are not checked (ssl.endpoint.identification.algorithm = none)");
+        fixes.push("remove ssl.endpoint.identification.algorithm (librdkafka's default is https)");
+    }
+    if !problems.is_empty() {
+        return CheckLine::warn("kafka security", problems.join("; "), fixes.join("; "));
+    }
+    let detail = if tls {
+        "TLS, brokers' certificates and host names verified".to_owned()
+    } else if protocol == "sasl_plaintext" {
+        format!("SASL {mechanism} without TLS: no password in the clear, traffic not encrypted")
+    } else {
+        "no TLS (security.protocol = PLAINTEXT): traffic not encrypted".to_owned()
+    };
+    CheckLine::ok("kafka security", detail)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -78,5 +128,39 @@ mod tests {
             ("security.protocol".to_owned(), "SASL_SSL".to_owned()),
         ]);
         validate_options(&fine).unwrap();
+    }
+
+    #[test]
+    fn check_warns_when_certificates_are_not_verified_or_a_password_travels_in_clear() {
+        let line = |pairs: &[(&str, &str)]| {
+            let options: BTreeMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            security_line(&options)
+        };
+        let plain = line(&[
+            ("security.protocol", "SASL_PLAINTEXT"),
+            ("sasl.mechanism", "PLAIN"),
+        ]);
+        assert_eq!(plain.status, outboxd_connector::CheckStatus::Warn);
+        assert!(plain.fix.unwrap_or_default().contains("SASL_SSL"));
+        let unverified = line(&[
+            ("security.protocol", "SSL"),
+            ("enable.ssl.certificate.verification", "false"),
+        ]);
+        assert_eq!(unverified.status, outboxd_connector::CheckStatus::Warn);
+        let no_host = line(&[
+            ("security.protocol", "SASL_SSL"),
+            ("ssl.endpoint.identification.algorithm", "none"),
+        ]);
+        assert!(no_host.detail.contains("host names"), "{}", no_host.detail);
+        let verified = line(&[
+            ("security.protocol", "SASL_SSL"),
+            ("sasl.mechanism", "SCRAM-SHA-512"),
+        ]);
+        assert_eq!(verified.status, outboxd_connector::CheckStatus::Ok);
+        assert!(verified.detail.contains("verified"));
+        assert_eq!(line(&[]).status, outboxd_connector::CheckStatus::Ok);
     }
 }
