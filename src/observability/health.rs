@@ -117,8 +117,14 @@ impl<C: Connector, S: Sink> Health<C, S> {
     }
 }
 
+/// How long a scrape waits for the status connection and query: a slow or locked
+/// database makes `outboxd_status_query_up` 0, it never holds the scrape (nor the
+/// endpoint's connections) longer.
+pub(crate) const STATUS_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// One status query on the connection in `slot`, opened with `open` when there is none
-/// and dropped after an error (the next scrape opens a new one).
+/// and dropped after an error or a timeout (the next scrape opens a new one, and the
+/// server ends the abandoned query with the connection).
 async fn summary<T>(
     slot: &Mutex<Option<T>>,
     open: impl Future<Output = Result<T, ConnectorError>>,
@@ -126,23 +132,32 @@ async fn summary<T>(
 ) -> StatusResult {
     let mut slot = slot.lock().await;
     if slot.is_none() {
-        match open.await {
-            Ok(opened) => *slot = Some(opened),
-            Err(e) => {
+        match tokio::time::timeout(STATUS_TIMEOUT, open).await {
+            Ok(Ok(opened)) => *slot = Some(opened),
+            Ok(Err(e)) => {
                 tracing::warn!(error = %e, "metrics: cannot open the status connection");
                 return Arc::new(Err(e.to_string()));
+            }
+            Err(_) => {
+                tracing::warn!(timeout = ?STATUS_TIMEOUT, "metrics: the status connection did not open in time");
+                return Arc::new(Err("the status connection timed out".into()));
             }
         }
     }
     let Some(open) = slot.as_ref() else {
         return Arc::new(Err("no status connection".into()));
     };
-    match query(open).await {
-        Ok(summary) => Arc::new(Ok(summary)),
-        Err(e) => {
+    match tokio::time::timeout(STATUS_TIMEOUT, query(open)).await {
+        Ok(Ok(summary)) => Arc::new(Ok(summary)),
+        Ok(Err(e)) => {
             tracing::warn!(error = %e, "metrics: status query failed");
             *slot = None;
             Arc::new(Err(e.to_string()))
+        }
+        Err(_) => {
+            tracing::warn!(timeout = ?STATUS_TIMEOUT, "metrics: the status query timed out; its connection is dropped");
+            *slot = None;
+            Arc::new(Err("the status query timed out".into()))
         }
     }
 }

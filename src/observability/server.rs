@@ -38,8 +38,15 @@ use crate::sink::Sink;
 const MAX_HEAD: usize = 8 * 1024;
 /// Time allowed to receive the request head.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
-/// Connections served at once; more wait in the listen backlog.
+/// Time allowed for a whole exchange (head, body, answer): a client that sends its body
+/// slowly cannot hold a connection longer.
+const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections served at once by the full router.
 const MAX_CONNECTIONS: usize = 16;
+/// Connections beyond [`MAX_CONNECTIONS`] still accepted, answered by [`busy_router`]:
+/// `/healthz` at once, anything else 503. A liveness probe never waits behind slow
+/// scrapes or ingress requests; past both limits, connections wait in the backlog.
+const MAX_BUSY_CONNECTIONS: usize = 16;
 
 /// Binds `addr` for [`serve_until`], with an error that names the config key.
 pub(crate) async fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
@@ -136,11 +143,17 @@ pub(crate) async fn serve_until(
 ) {
     let mut shutdown = pin!(shutdown);
     let mut connections = FuturesUnordered::new();
+    let mut busy_connections = FuturesUnordered::new();
+    let busy = busy_router();
+    let room = |full: usize, busy: usize| full < MAX_CONNECTIONS || busy < MAX_BUSY_CONNECTIONS;
     loop {
         tokio::select! {
             () = &mut shutdown => return,
-            accepted = listener.accept(), if connections.len() < MAX_CONNECTIONS => match accepted {
-                Ok((stream, _peer)) => connections.push(serve_connection(stream, router.clone())),
+            accepted = listener.accept(), if room(connections.len(), busy_connections.len()) => match accepted {
+                Ok((stream, _peer)) if connections.len() < MAX_CONNECTIONS => {
+                    connections.push(serve_connection(stream, router.clone()));
+                }
+                Ok((stream, _peer)) => busy_connections.push(serve_connection(stream, busy.clone())),
                 Err(e) => {
                     // Out of file descriptors and the like: back off instead of spinning.
                     tracing::warn!(error = %e, "metrics listener: accept failed");
@@ -148,8 +161,22 @@ pub(crate) async fn serve_until(
                 }
             },
             Some(()) = connections.next(), if !connections.is_empty() => {}
+            Some(()) = busy_connections.next(), if !busy_connections.is_empty() => {}
         }
     }
+}
+
+/// What answers while every connection of the full router is taken: liveness only.
+fn busy_router() -> Router {
+    Router::new()
+        .route("/healthz", get(alive).fallback(method_not_allowed))
+        .fallback(|| async {
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(header::RETRY_AFTER, "1")],
+                "busy: every connection is taken; try again\n",
+            )
+        })
 }
 
 /// One request on one connection, then close.
@@ -160,8 +187,14 @@ async fn serve_connection(stream: TcpStream, router: Router) {
         .max_buf_size(MAX_HEAD)
         .keep_alive(false);
     let connection = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(router));
-    if let Err(e) = connection.await {
-        tracing::debug!(error = %e, "metrics listener: connection ended with an error");
+    match tokio::time::timeout(EXCHANGE_TIMEOUT, connection).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "metrics listener: connection ended with an error")
+        }
+        Err(_) => {
+            tracing::debug!(timeout = ?EXCHANGE_TIMEOUT, "metrics listener: exchange took too long; closed")
+        }
     }
 }
 
@@ -187,6 +220,37 @@ mod tests {
                 get(|| async { "you asked for /echo" }).fallback(method_not_allowed),
             )
             .fallback(not_found)
+    }
+
+    #[tokio::test]
+    async fn liveness_answers_while_every_connection_is_held_by_slow_requests() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let router = routes().route("/slow", get(std::future::pending::<&'static str>));
+        let client = async {
+            // Hold every connection of the full router with requests that never finish.
+            let mut held = Vec::new();
+            for _ in 0..MAX_CONNECTIONS {
+                let mut stream = TcpStream::connect(addr).await.unwrap();
+                stream
+                    .write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+                    .await
+                    .unwrap();
+                held.push(stream);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let started = std::time::Instant::now();
+            let reply = exchange(addr, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await;
+            assert!(reply.starts_with("HTTP/1.1 200 OK\r\n"), "{reply}");
+            assert!(started.elapsed() < Duration::from_secs(2));
+            let reply = exchange(addr, b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n").await;
+            assert!(reply.starts_with("HTTP/1.1 503 "), "{reply}");
+            drop(held);
+        };
+        tokio::select! {
+            () = serve_until(listener, router, std::future::pending()) => unreachable!(),
+            () = client => {}
+        }
     }
 
     #[tokio::test]
