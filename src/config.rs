@@ -1,12 +1,16 @@
 //! The TOML configuration: typed, `deny_unknown_fields`, validated before anything
-//! connects, with environment overrides for secrets.
+//! connects, with secrets from the environment or files (see `crate::secrets`), and every
+//! duration and size bounded at load.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use outboxd_connector::OutboxLayout;
+use outboxd_connector::{OutboxLayout, Secret, SecretError};
+use outboxd_connector_kit::config::check_duration;
 use serde::Deserialize;
+
+pub use crate::secrets::ConfigWarning;
 
 pub use crate::engines::SourceConfig;
 /// Environment variable that overrides `source.password`.
@@ -38,6 +42,9 @@ pub enum ConfigError {
     /// The values do not make sense together.
     #[error("invalid config: {0}")]
     Invalid(String),
+    /// A secret cannot be resolved (unreadable file, value and file both set).
+    #[error("invalid config: {0}")]
+    Secret(#[from] SecretError),
 }
 
 /// The whole configuration file.
@@ -69,6 +76,10 @@ pub struct Config {
     /// `[inbox]`: the receiving half; off when the section is absent.
     #[serde(default)]
     pub inbox: Option<crate::inbox::InboxConfig>,
+    /// What [`Config::load`] found wrong with the file itself (secrets in a file others
+    /// may read); `check` prints it and `run` logs it.
+    #[serde(skip)]
+    pub warnings: Vec<ConfigWarning>,
 }
 
 /// `[pipeline]`
@@ -163,8 +174,8 @@ impl OutboxConfig {
     }
 }
 
-/// `[kafka]`
-#[derive(Clone, Debug, Deserialize)]
+/// `[kafka]`. `Debug` hides secret options (`sasl.password`, `ssl.key.password`, …).
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaConfig {
     /// `host:port[,host:port…]`; `OUTBOXD_KAFKA_BOOTSTRAP_SERVERS` overrides it.
@@ -181,6 +192,30 @@ pub struct KafkaConfig {
     /// rejected.
     #[serde(default)]
     pub options: BTreeMap<String, String>,
+    /// Topics a row may be sent to: exact names and `*` patterns. Empty (the default):
+    /// any. A row routed elsewhere is never sent; it becomes MANUAL_REQUIRED.
+    #[serde(default)]
+    pub allowed_topics: Vec<String>,
+    /// File holding the librdkafka option `sasl.password`, read at load into `options`.
+    #[serde(default)]
+    pub sasl_password_file: Option<PathBuf>,
+    /// File holding the librdkafka option `ssl.key.password`, read at load into `options`.
+    #[serde(default)]
+    pub ssl_key_password_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaConfig")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .field("topic_template", &self.topic_template)
+            .field("message_timeout", &self.message_timeout)
+            .field("options", &crate::secrets::RedactedOptions(&self.options))
+            .field("allowed_topics", &self.allowed_topics)
+            .field("sasl_password_file", &self.sasl_password_file)
+            .field("ssl_key_password_file", &self.ssl_key_password_file)
+            .finish_non_exhaustive()
+    }
 }
 
 fn default_topic_template() -> String {
@@ -279,12 +314,17 @@ impl Default for RetryConfig {
 pub struct MetricsConfig {
     /// Address to listen on; `0.0.0.0:9187` to be scraped or probed from other hosts.
     pub listen: std::net::SocketAddr,
+    /// Topics with a series of their own in the per-topic counters; the topics seen after
+    /// that count under `topic="other"`, so rows naming ever new topics (or message types)
+    /// cannot grow memory or the scrape without bound.
+    pub max_topic_series: usize,
 }
 
 impl Default for MetricsConfig {
     fn default() -> Self {
         Self {
             listen: std::net::SocketAddr::from(([127, 0, 0, 1], 9187)),
+            max_topic_series: 200,
         }
     }
 }
@@ -310,7 +350,8 @@ impl Default for PollConfig {
 }
 
 impl Config {
-    /// Reads, applies environment overrides and validates `path`.
+    /// Reads `path`, resolves its secrets (environment, `*_file` keys) and validates it;
+    /// [`Config::warnings`] says whether the file holds secrets others may read.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.display().to_string(),
@@ -323,28 +364,126 @@ impl Config {
             },
             other => other,
         })?;
-        config.apply_env(|name| std::env::var(name).ok());
+        // Parsed once more as a plain table: which secrets the file itself holds, before
+        // the environment or files fill others in.
+        if let Ok(table) = text.parse::<toml::Table>() {
+            let keys = crate::secrets::inline_secrets(&table);
+            config
+                .warnings
+                .extend(crate::secrets::permission_warning(path, &keys));
+        }
+        config.resolve_secrets(|name| std::env::var(name).ok())?;
         config.validate()?;
         Ok(config)
     }
 
-    /// Parses TOML text without environment overrides or validation.
+    /// Parses TOML text without environment overrides or validation. An error on a line
+    /// that may hold a secret names the line and key without quoting it.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
         toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: "<text>".into(),
-            message: e.to_string(),
+            message: crate::secrets::parse_error_message(&e, text),
         })
     }
 
-    /// Applies the environment overrides for secrets and endpoints.
-    pub fn apply_env(&mut self, var: impl Fn(&str) -> Option<String>) {
-        self.source.engine.apply_env(&var);
-        if let Some(password) = var(ENV_KAFKA_SASL_PASSWORD) {
-            self.kafka.options.insert("sasl.password".into(), password);
+    /// Fills the secrets from the environment (which wins) or their `*_file` keys, and
+    /// applies the environment's other overrides. `var` reads one variable.
+    pub fn resolve_secrets(
+        &mut self,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<(), ConfigError> {
+        self.source.engine.resolve_secrets(&var)?;
+        for (option, file_key, file, env) in [
+            (
+                "sasl.password",
+                "kafka.sasl_password_file",
+                &self.kafka.sasl_password_file,
+                Some(ENV_KAFKA_SASL_PASSWORD),
+            ),
+            (
+                "ssl.key.password",
+                "kafka.ssl_key_password_file",
+                &self.kafka.ssl_key_password_file,
+                None,
+            ),
+        ] {
+            let mut value = self.kafka.options.get(option).cloned().map(Secret::from);
+            outboxd_connector::secret::resolve(
+                &format!("kafka.options.\"{option}\""),
+                file_key,
+                &mut value,
+                file.as_deref(),
+                env.and_then(&var),
+            )?;
+            if let Some(value) = value {
+                self.kafka
+                    .options
+                    .insert(option.to_owned(), value.expose().to_owned());
+            }
+        }
+        if let Some(http) = self.inbox.as_mut().and_then(|i| i.http.as_mut()) {
+            http.resolve_secret_files()?;
         }
         if let Some(servers) = var(ENV_KAFKA_BOOTSTRAP_SERVERS) {
             self.kafka.bootstrap_servers = servers;
         }
+        Ok(())
+    }
+
+    /// Every duration within its range: a huge one would overflow the deadline computed
+    /// from it (`Instant + d` panics), a zero period would spin. The engine's own keys
+    /// are checked by the engine, the inbox's by [`crate::inbox::InboxConfig::validate`].
+    fn check_durations(&self) -> Result<(), ConfigError> {
+        let (ms, secs) = (Duration::from_millis, Duration::from_secs);
+        const HOUR: u64 = 3600;
+        const DAY: u64 = 24 * HOUR;
+        let retry = &self.retry;
+        for (key, value, min, max) in [
+            // librdkafka's message.timeout.ms is an i32 of milliseconds (24.8 days).
+            (
+                "kafka.message_timeout",
+                self.kafka.message_timeout,
+                ms(100),
+                secs(DAY),
+            ),
+            (
+                "delivery.writeback_interval",
+                self.delivery.writeback_interval,
+                ms(0),
+                secs(60),
+            ),
+            (
+                "delivery.shutdown_deadline",
+                self.delivery.shutdown_deadline,
+                ms(0),
+                secs(HOUR),
+            ),
+            ("retry.base", retry.base, ms(1), secs(HOUR)),
+            // Delays longer than a year are clamped when written (MAX_RETRY_DELAY).
+            (
+                "retry.cap",
+                retry.cap,
+                ms(1),
+                outboxd_connector_kit::retry::MAX_RETRY_DELAY,
+            ),
+            ("retry.jitter", retry.jitter, ms(0), secs(HOUR)),
+            (
+                "retry.claim_timeout",
+                retry.claim_timeout,
+                secs(1),
+                secs(7 * DAY),
+            ),
+            (
+                "retry.idle_check",
+                retry.idle_check.unwrap_or(DEFAULT_IDLE_CHECK),
+                ms(10),
+                secs(DAY),
+            ),
+            ("poll.interval", self.poll.interval, ms(10), secs(HOUR)),
+        ] {
+            check_duration(key, value, min, max).map_err(ConfigError::Invalid)?;
+        }
+        self.source.engine.validate().map_err(ConfigError::Invalid)
     }
 
     /// Checks what serde cannot: names, bounds, and librdkafka options that would
@@ -370,6 +509,14 @@ impl Config {
         crate::sink::kafka::TopicTemplate::parse(&self.kafka.topic_template)
             .map_err(ConfigError::Invalid)?;
         crate::sink::kafka::validate_options(&self.kafka.options).map_err(ConfigError::Invalid)?;
+        crate::secrets::check_kafka_options("kafka.options", &self.kafka.options)
+            .map_err(ConfigError::Invalid)?;
+        if let Some(kafka) = self.inbox.as_ref().and_then(|i| i.kafka.as_ref()) {
+            crate::secrets::check_kafka_options("inbox.kafka.options", &kafka.options)
+                .map_err(ConfigError::Invalid)?;
+        }
+        crate::sink::kafka::AllowedTopics::parse(&self.kafka.allowed_topics)
+            .map_err(ConfigError::Invalid)?;
         let d = &self.delivery;
         if d.max_in_flight_bytes < (1 << 20) || d.max_in_flight_bytes > (16 << 30) {
             return Err(ConfigError::Invalid(
@@ -388,6 +535,7 @@ impl Config {
                 "delivery.writeback_batch must be between 1 and 50000".into(),
             ));
         }
+        self.check_durations()?;
         if self.retry.base.is_zero() || self.retry.cap < self.retry.base {
             return Err(ConfigError::Invalid(
                 "retry.base must be above zero and retry.cap at least retry.base".into(),
@@ -401,18 +549,6 @@ impl Config {
                 return Err(ConfigError::Invalid(format!(
                     "{key} must be between 1 and 10000"
                 )));
-            }
-        }
-        for (key, d) in [
-            ("retry.claim_timeout", self.retry.claim_timeout),
-            (
-                "retry.idle_check",
-                self.retry.idle_check.unwrap_or(DEFAULT_IDLE_CHECK),
-            ),
-            ("poll.interval", self.poll.interval),
-        ] {
-            if d.is_zero() {
-                return Err(ConfigError::Invalid(format!("{key} must be above zero")));
             }
         }
         if self.retry.claim_timeout <= self.kafka.message_timeout {
@@ -551,15 +687,17 @@ mod tests {
     #[test]
     fn environment_overrides_secrets() {
         let mut config = Config::parse(MINIMAL).unwrap();
-        config.apply_env(|name| match name {
-            ENV_SOURCE_PASSWORD => Some("s3cret".into()),
-            ENV_KAFKA_SASL_PASSWORD => Some("k3y".into()),
-            _ => None,
-        });
+        config
+            .resolve_secrets(|name| match name {
+                ENV_SOURCE_PASSWORD => Some("s3cret".into()),
+                ENV_KAFKA_SASL_PASSWORD => Some("k3y".into()),
+                _ => None,
+            })
+            .unwrap();
         let SourceConfig::Postgres(pg) = &config.source.engine else {
             panic!("{:?}", config.source.engine)
         };
-        assert_eq!(pg.password.as_deref(), Some("s3cret"));
+        assert_eq!(pg.password.as_ref().map(Secret::expose), Some("s3cret"));
         assert_eq!(config.kafka.options["sasl.password"], "k3y");
     }
 
@@ -568,14 +706,16 @@ mod tests {
         let text = MINIMAL.replace("kind = \"postgres\"", "kind = \"mysql\"\nserver_id = 4242");
         let mut config = Config::parse(&text).unwrap();
         config.validate().unwrap();
-        config.apply_env(|name| (name == ENV_SOURCE_PASSWORD).then(|| "s3cret".into()));
+        config
+            .resolve_secrets(|name| (name == ENV_SOURCE_PASSWORD).then(|| "s3cret".into()))
+            .unwrap();
         let SourceConfig::Mysql(my) = &config.source.engine else {
             panic!("{:?}", config.source.engine)
         };
         assert_eq!(my.port, 3306);
         assert_eq!(my.server_id, 4242);
         assert_eq!(my.heartbeat, Duration::from_secs(5));
-        assert_eq!(my.password.as_deref(), Some("s3cret"));
+        assert_eq!(my.password.as_ref().map(Secret::expose), Some("s3cret"));
         // server_id is required; unknown keys are named.
         let text = MINIMAL.replace("kind = \"postgres\"", "kind = \"mysql\"");
         assert!(Config::parse(&text)
@@ -605,6 +745,76 @@ mod tests {
         }
         let text = format!("{MINIMAL}\n[kafka.options]\n\"compression.type\" = \"zstd\"\n");
         Config::parse(&text).unwrap().validate().unwrap();
+    }
+
+    /// A huge duration is an error naming the key and the range, never a panic later
+    /// (`Instant + d` overflows); so is a zero period.
+    #[test]
+    fn durations_are_bounded_at_load() {
+        let huge = "\"18446744073709551615s\"";
+        for (section, key) in [
+            ("kafka", "message_timeout"),
+            ("delivery", "writeback_interval"),
+            ("delivery", "shutdown_deadline"),
+            ("retry", "base"),
+            ("retry", "cap"),
+            ("retry", "jitter"),
+            ("retry", "claim_timeout"),
+            ("retry", "idle_check"),
+            ("poll", "interval"),
+            ("source", "status_interval"),
+            ("source", "connect_timeout"),
+        ] {
+            let text = MINIMAL.replace(
+                &format!("[{section}]"),
+                &format!("[{section}]\n{key} = {huge}"),
+            );
+            let text = if text == MINIMAL {
+                format!("{MINIMAL}\n[{section}]\n{key} = {huge}\n")
+            } else {
+                text
+            };
+            let err = Config::parse(&text)
+                .unwrap()
+                .validate()
+                .expect_err(key)
+                .to_string();
+            assert!(
+                err.contains(&format!("{section}.{key}")) && err.contains("allowed from"),
+                "{err}"
+            );
+        }
+        for (section, key) in [
+            ("poll", "interval"),
+            ("retry", "idle_check"),
+            ("source", "status_interval"),
+        ] {
+            let text = MINIMAL.replace(
+                &format!("[{section}]"),
+                &format!("[{section}]\n{key} = \"0s\""),
+            );
+            let text = if text == MINIMAL {
+                format!("{MINIMAL}\n[{section}]\n{key} = \"0s\"\n")
+            } else {
+                text
+            };
+            let err = Config::parse(&text)
+                .unwrap()
+                .validate()
+                .expect_err(key)
+                .to_string();
+            assert!(err.contains(key), "{err}");
+        }
+        let mysql = MINIMAL.replace("kind = \"postgres\"", "kind = \"mysql\"\nserver_id = 7");
+        for key in ["heartbeat", "connect_timeout"] {
+            let text = mysql.replace("[source]", &format!("[source]\n{key} = {huge}"));
+            let err = Config::parse(&text)
+                .unwrap()
+                .validate()
+                .expect_err(key)
+                .to_string();
+            assert!(err.contains(&format!("source.{key}")), "{err}");
+        }
     }
 
     #[test]

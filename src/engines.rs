@@ -39,10 +39,20 @@ macro_rules! engines {
                 }
             }
 
-            /// Applies the engine's environment overrides of its secrets.
-            pub(crate) fn apply_env(&mut self, var: &dyn Fn(&str) -> Option<String>) {
+            /// Fills the engine's secrets from the environment or their files.
+            pub(crate) fn resolve_secrets(
+                &mut self,
+                var: &dyn Fn(&str) -> Option<String>,
+            ) -> Result<(), outboxd_connector::SecretError> {
                 match self {
-                    $( Self::$variant(config) => <$engine as Engine>::apply_env(config, var), )+
+                    $( Self::$variant(config) => <$engine as Engine>::resolve_secrets(config, var), )+
+                }
+            }
+
+            /// Checks the ranges of the engine's keys.
+            pub(crate) fn validate(&self) -> Result<(), String> {
+                match self {
+                    $( Self::$variant(config) => <$engine as Engine>::validate(config), )+
                 }
             }
 

@@ -20,6 +20,7 @@ pub mod inbox;
 pub mod observability;
 mod reconnect;
 pub mod relay;
+mod secrets;
 pub mod sink;
 #[cfg(test)]
 mod testing;

@@ -109,6 +109,9 @@ async fn execute_with<C: Connector + Clone + 'static>(
         // Boxed: the relay's and the inbox's futures together nest deeper than the
         // compiler's default query depth allows for one unboxed future.
         Command::Run => {
+            for warning in &config.warnings {
+                tracing::warn!(fix = %warning.fix, "{}", warning.message);
+            }
             Box::pin(run(
                 config,
                 connector,
@@ -162,9 +165,15 @@ fn read_mode(config: &Config) -> ReadMode {
 
 async fn check<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i32> {
     let mut report = vec![CheckLine::ok("config", "valid")];
+    report.extend(
+        (config.warnings.iter()).map(|w| CheckLine::warn("config file", &w.message, &w.fix)),
+    );
     report.extend(connector.check(read_mode(config)).await);
     match open_sink(config) {
-        Ok(sink) => report.push(sink.check(Duration::from_secs(5)).await),
+        Ok(sink) => {
+            report.push(sink.check(Duration::from_secs(5)).await);
+            report.push(crate::sink::kafka::security_line(&config.kafka.options));
+        }
         Err(e) => report.push(CheckLine::fail(
             "kafka",
             e.to_string(),
@@ -195,6 +204,8 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
 ) -> anyhow::Result<i32> {
     let sink: &S = &shared_sink;
     let stats = Arc::new(PipelineStats::default());
+    let metrics = config.metrics.clone().unwrap_or_default();
+    stats.metrics.limit_topic_series(metrics.max_topic_series);
     let (stop, shutdown) = watch::channel(false);
     let stop = Arc::new(stop);
     tokio::spawn(stop_on_signals(Arc::clone(&stop)));

@@ -2,8 +2,11 @@
 //! workers) on the `[source]` database's `outbox.inbox_table`.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
+use outboxd_connector::{Secret, SecretError};
+use outboxd_connector_kit::config::check_duration;
 use serde::Deserialize;
 
 /// `[inbox]`
@@ -36,8 +39,8 @@ pub struct InboxConfig {
     pub handlers: BTreeMap<String, HandlerConfig>,
 }
 
-/// `[inbox.kafka]`
-#[derive(Clone, Debug, Deserialize)]
+/// `[inbox.kafka]`. `Debug` hides secret options.
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaIngressConfig {
     /// Topics to consume.
@@ -74,6 +77,19 @@ pub struct KafkaIngressConfig {
     pub options: BTreeMap<String, String>,
 }
 
+impl std::fmt::Debug for KafkaIngressConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaIngressConfig")
+            .field("topics", &self.topics)
+            .field("group_id", &self.group_id)
+            .field("source", &self.source)
+            .field("batch_size", &self.batch_size)
+            .field("batch_wait", &self.batch_wait)
+            .field("options", &crate::secrets::RedactedOptions(&self.options))
+            .finish_non_exhaustive()
+    }
+}
+
 /// `[inbox.http]`
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -90,7 +106,42 @@ pub struct HttpIngressConfig {
     /// Signing secrets per source (`whsec_…` base64, or raw text), several at once while
     /// rotating. A source listed here accepts only correctly signed requests.
     #[serde(default)]
-    pub secrets: BTreeMap<String, Vec<String>>,
+    pub secrets: BTreeMap<String, Vec<Secret>>,
+    /// Per source, a file of its signing secrets, one a line (blank lines ignored), read at
+    /// load into `secrets`; a source is in `secrets` or here, not both.
+    #[serde(default)]
+    pub secret_files: BTreeMap<String, PathBuf>,
+}
+
+impl HttpIngressConfig {
+    /// Reads `secret_files` into `secrets`.
+    pub(crate) fn resolve_secret_files(&mut self) -> Result<(), SecretError> {
+        for (source, path) in &self.secret_files {
+            let file_key = format!("inbox.http.secret_files.{source}");
+            if self.secrets.contains_key(source) {
+                return Err(SecretError::Both {
+                    key: format!("inbox.http.secrets.{source}"),
+                    file_key,
+                });
+            }
+            let text = outboxd_connector::secret::read_file(&file_key, path)?;
+            let secrets: Vec<Secret> = text
+                .expose()
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(Secret::from)
+                .collect();
+            if secrets.is_empty() {
+                return Err(SecretError::Empty {
+                    file_key,
+                    path: path.clone(),
+                });
+            }
+            self.secrets.insert(source.clone(), secrets);
+        }
+        Ok(())
+    }
 }
 
 /// `[inbox.handlers.<message_type>]`
@@ -159,11 +210,76 @@ fn default_handler_timeout() -> Duration {
 }
 
 impl InboxConfig {
+    /// Every duration within its range: a huge one would overflow a deadline or a
+    /// timestamp computed from it, a zero period would spin.
+    fn check_durations(&self) -> Result<(), String> {
+        let (ms, secs) = (Duration::from_millis, Duration::from_secs);
+        const HOUR: u64 = 3600;
+        const DAY: u64 = 24 * HOUR;
+        let mut checks = vec![
+            (
+                "inbox.claim_timeout".to_owned(),
+                self.claim_timeout,
+                secs(1),
+                secs(7 * DAY),
+            ),
+            (
+                "inbox.idle_check".to_owned(),
+                self.idle_check,
+                ms(10),
+                secs(HOUR),
+            ),
+            (
+                "inbox.dedupe_retention".to_owned(),
+                self.dedupe_retention,
+                secs(1),
+                secs(3650 * DAY),
+            ),
+        ];
+        if let Some(kafka) = &self.kafka {
+            checks.push((
+                "inbox.kafka.batch_wait".into(),
+                kafka.batch_wait,
+                ms(0),
+                secs(60),
+            ));
+        }
+        if let Some(http) = &self.http {
+            checks.push((
+                "inbox.http.request_timeout".into(),
+                http.request_timeout,
+                ms(100),
+                secs(HOUR),
+            ));
+            checks.push((
+                "inbox.http.timestamp_tolerance".into(),
+                http.timestamp_tolerance,
+                secs(1),
+                secs(DAY),
+            ));
+        }
+        for (message_type, handler) in &self.handlers {
+            if let HandlerConfig::Webhook { timeout, .. } = handler {
+                checks.push((
+                    format!("inbox.handlers.{message_type}.timeout"),
+                    *timeout,
+                    ms(1),
+                    secs(HOUR),
+                ));
+            }
+        }
+        for (key, value, min, max) in checks {
+            check_duration(&key, value, min, max)?;
+        }
+        Ok(())
+    }
+
     /// Checks what serde cannot; errors name the key to fix.
     pub fn validate(&self, metrics_configured: bool) -> Result<(), String> {
         if self.workers == 0 || self.workers > 1024 {
             return Err("inbox.workers must be between 1 and 1024".into());
         }
+        self.check_durations()?;
         if self.kafka.is_none() && self.http.is_none() {
             return Err(
                 "[inbox] needs an ingress: add [inbox.kafka] (topics, group_id) or [inbox.http]"
@@ -230,7 +346,7 @@ impl InboxConfig {
             }
             for (source, secrets) in &http.secrets {
                 for secret in secrets {
-                    super::signature::Secret::parse(secret)
+                    super::signature::Secret::parse(secret.expose())
                         .map_err(|e| format!("inbox.http.secrets.{source}: {e}"))?;
                 }
             }
@@ -262,6 +378,28 @@ mod tests {
         assert_eq!(inbox.workers, 8);
         assert_eq!(inbox.handlers.len(), 2);
         assert!(inbox.kafka.is_some() && inbox.http.is_some());
+    }
+
+    /// Huge durations are errors naming the key, not panics when a deadline is computed.
+    #[test]
+    fn inbox_durations_are_bounded() {
+        let base = include_str!("../../examples/outboxd.toml");
+        let huge = "\"18446744073709551615s\"";
+        for (extra, key) in [
+            (format!("[inbox]\nclaim_timeout = {huge}\n[inbox.http]\n"), "inbox.claim_timeout"),
+            ("[inbox]\nidle_check = \"0s\"\n[inbox.http]\n".to_owned(), "inbox.idle_check"),
+            (format!("[inbox]\ndedupe_retention = {huge}\n[inbox.http]\n"), "inbox.dedupe_retention"),
+            (format!("[inbox]\n[inbox.http]\nrequest_timeout = {huge}\n"), "inbox.http.request_timeout"),
+            (format!("[inbox]\n[inbox.http]\ntimestamp_tolerance = {huge}\n"), "inbox.http.timestamp_tolerance"),
+            (
+                format!("[inbox]\n[inbox.kafka]\ntopics = [\"t\"]\ngroup_id = \"g\"\nbatch_wait = {huge}\n"),
+                "inbox.kafka.batch_wait",
+            ),
+        ] {
+            let config = Config::parse(&format!("{base}\n{extra}")).expect("parses");
+            let err = config.validate().expect_err(key).to_string();
+            assert!(err.contains(key) && err.contains("allowed from"), "{extra}: {err}");
+        }
     }
 
     #[test]

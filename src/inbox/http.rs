@@ -50,7 +50,8 @@ pub(crate) fn routes<C: Connector + 'static>(
 ) -> Result<Router, String> {
     let mut secrets = HashMap::new();
     for (source, texts) in &config.secrets {
-        let parsed: Result<Vec<Secret>, String> = texts.iter().map(|t| Secret::parse(t)).collect();
+        let parsed: Result<Vec<Secret>, String> =
+            texts.iter().map(|t| Secret::parse(t.expose())).collect();
         secrets.insert(
             source.clone(),
             parsed.map_err(|e| format!("inbox.http.secrets.{source}: {e}"))?,

@@ -108,7 +108,10 @@ fn consumer(
         client.set("auto.offset.reset", "earliest");
     }
     client.create().map_err(|e| {
-        ConnectorError::definite(format!("cannot create the inbox Kafka consumer: {e}"))
+        ConnectorError::definite(format!(
+            "cannot create the inbox Kafka consumer: {}",
+            crate::secrets::kafka_error_text(&e)
+        ))
     })
 }
 

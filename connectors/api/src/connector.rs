@@ -101,7 +101,17 @@ pub trait Engine: Connector + Clone + 'static {
         layout: OutboxLayout,
     ) -> Result<Self, ConnectorError>;
 
-    /// Applies the environment's overrides of the engine's secrets, e.g.
-    /// [`ENV_SOURCE_PASSWORD`]. `var` reads one variable.
-    fn apply_env(config: &mut Self::Config, var: &dyn Fn(&str) -> Option<String>);
+    /// Fills the engine's secrets from where the config says they are: the environment
+    /// (e.g. [`ENV_SOURCE_PASSWORD`], which wins) or a file (`password_file`), with
+    /// [`crate::secret::resolve`]. `var` reads one variable. Called once, when the config
+    /// is loaded; errors name the key and never hold the secret.
+    fn resolve_secrets(
+        config: &mut Self::Config,
+        var: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<(), crate::SecretError>;
+
+    /// Rejects values of the engine's keys out of their range (durations that would
+    /// overflow a deadline, a zero period), naming the key and the range. Called when the
+    /// config is loaded, before anything connects.
+    fn validate(config: &Self::Config) -> Result<(), String>;
 }

@@ -24,6 +24,7 @@ mod headers;
 mod inbox;
 mod last_error;
 mod position;
+pub mod secret;
 mod store;
 mod stream;
 
@@ -45,6 +46,7 @@ pub use last_error::{
     resolved_without_handling, short_duration, LAST_ERROR_MAX_CHARS,
 };
 pub use position::{ParsePositionError, Position};
+pub use secret::{Secret, SecretError};
 pub use store::{Delivered, DeliveryFailure, OutboxStore, WriteBack};
 pub use stream::{
     ChangeItem, ChangeStream, CommittedTransaction, TransactionPart, PART_BYTES, PART_EVENTS,

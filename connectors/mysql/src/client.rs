@@ -9,7 +9,7 @@ use openssl::stack::Stack;
 use openssl::x509::X509;
 use outboxd_connector::{
     CheckReport, Connector, ConnectorError, Engine, ErrorReason, OutboxLayout, ReadMode,
-    ENV_SOURCE_PASSWORD,
+    SecretError, ENV_SOURCE_PASSWORD,
 };
 use outboxd_connector_kit::tls::{bad_file, read_file, Roots, TlsUse, Verification};
 use outboxd_connector_kit::TlsPolicy;
@@ -293,7 +293,7 @@ impl MysqlConnector {
             .ip_or_hostname(self.config.host.clone())
             .tcp_port(self.config.port)
             .user(Some(self.config.user.clone()))
-            .pass(self.config.password.clone())
+            .pass(self.config.password.as_ref().map(|p| p.expose().to_owned()))
             .db_name(Some(self.config.database.clone()))
             .prefer_socket(false)
             .tcp_nodelay(true)
@@ -330,10 +330,21 @@ impl Engine for MysqlConnector {
         Self::new(config, pipeline, layout)
     }
 
-    fn apply_env(config: &mut MysqlConfig, var: &dyn Fn(&str) -> Option<String>) {
-        if let Some(password) = var(ENV_SOURCE_PASSWORD) {
-            config.password = Some(password);
-        }
+    fn resolve_secrets(
+        config: &mut MysqlConfig,
+        var: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<(), SecretError> {
+        outboxd_connector::secret::resolve(
+            "source.password",
+            "source.password_file",
+            &mut config.password,
+            config.password_file.as_deref(),
+            var(ENV_SOURCE_PASSWORD),
+        )
+    }
+
+    fn validate(config: &MysqlConfig) -> Result<(), String> {
+        config.validate()
     }
 }
 

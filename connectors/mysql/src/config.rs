@@ -1,6 +1,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use outboxd_connector::Secret;
 pub use outboxd_connector_kit::SslMode;
 use outboxd_connector_kit::TlsOptions;
 use serde::Deserialize;
@@ -19,8 +20,13 @@ pub struct MysqlConfig {
     /// BINLOG MONITOR too) and read/write on the outbox and checkpoint tables.
     pub user: String,
     /// Password; the `OUTBOXD_SOURCE_PASSWORD` environment variable overrides it.
+    /// Redacted in `Debug`.
     #[serde(default)]
-    pub password: Option<String>,
+    pub password: Option<Secret>,
+    /// File holding the password (one trailing newline ignored), read when the config is
+    /// loaded into `password`; not together with `password`.
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
     /// Database holding the outbox table (tables that are not qualified live here).
     pub database: String,
     /// The replica server id outboxd registers with. Must differ from the server's own
@@ -62,6 +68,25 @@ fn default_heartbeat() -> Duration {
 }
 
 impl MysqlConfig {
+    /// Rejects durations out of their range, naming the key: a huge one would overflow a
+    /// deadline (`Instant + d` panics; the server takes a heartbeat of at most 4294967 s),
+    /// a zero heartbeat would turn the server's heartbeats off.
+    pub fn validate(&self) -> Result<(), String> {
+        use outboxd_connector_kit::config::check_duration;
+        check_duration(
+            "source.heartbeat",
+            self.heartbeat,
+            Duration::from_millis(100),
+            Duration::from_secs(3600),
+        )?;
+        check_duration(
+            "source.connect_timeout",
+            self.connect_timeout,
+            Duration::from_millis(100),
+            Duration::from_secs(3600),
+        )
+    }
+
     /// The TLS keys.
     pub fn tls_options(&self) -> TlsOptions<'_> {
         TlsOptions {

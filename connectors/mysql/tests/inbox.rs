@@ -298,7 +298,7 @@ impl Maria {
             .ip_or_hostname(c.host.clone())
             .tcp_port(c.port)
             .user(Some(c.user.clone()))
-            .pass(c.password.clone())
+            .pass(c.password.as_ref().map(|p| p.expose().to_owned()))
             .db_name(Some(c.database.clone()))
             .prefer_socket(false)
             .setup(vec!["SET time_zone = '+00:00'"]);

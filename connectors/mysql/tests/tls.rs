@@ -182,6 +182,7 @@ async fn a_client_certificate_logs_in_as_its_user() {
     let with_cert = MysqlConfig {
         user: user.clone(),
         password: None,
+        password_file: None,
         sslcert: Some(tls_file("OUTBOXD_TEST_CLIENT_CERT", "client.crt")),
         sslkey: Some(tls_file("OUTBOXD_TEST_CLIENT_KEY", "client.key")),
         ..config(SslMode::VerifyFull, Some(ca()))

@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use outboxd_connector::{
     CheckReport, Connector, ConnectorError, Engine, ErrorReason, OutboxLayout, ReadMode,
-    ENV_SOURCE_PASSWORD,
+    SecretError, ENV_SOURCE_PASSWORD,
 };
 use outboxd_connector_kit::tls::{Negotiated, TlsUse};
 use tokio::net::TcpStream;
@@ -179,7 +179,7 @@ impl PostgresConnector {
             // certificate (and trust) logins have no SCRAM exchange to bind.
             .channel_binding(tokio_postgres::config::ChannelBinding::Prefer);
         if let Some(password) = &self.config.password {
-            pg.password(password);
+            pg.password(password.expose());
         }
         let tcp = TcpStream::connect((self.config.host.as_str(), self.config.port))
             .await
@@ -273,10 +273,21 @@ impl Engine for PostgresConnector {
         Self::new(config, pipeline, layout)
     }
 
-    fn apply_env(config: &mut PostgresConfig, var: &dyn Fn(&str) -> Option<String>) {
-        if let Some(password) = var(ENV_SOURCE_PASSWORD) {
-            config.password = Some(password);
-        }
+    fn resolve_secrets(
+        config: &mut PostgresConfig,
+        var: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<(), SecretError> {
+        outboxd_connector::secret::resolve(
+            "source.password",
+            "source.password_file",
+            &mut config.password,
+            config.password_file.as_deref(),
+            var(ENV_SOURCE_PASSWORD),
+        )
+    }
+
+    fn validate(config: &PostgresConfig) -> Result<(), String> {
+        config.validate()
     }
 }
 

@@ -1,6 +1,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use outboxd_connector::Secret;
 pub use outboxd_connector_kit::SslMode;
 use outboxd_connector_kit::TlsOptions;
 use serde::Deserialize;
@@ -18,8 +19,13 @@ pub struct PostgresConfig {
     /// Role to connect as; needs the REPLICATION attribute (or superuser).
     pub user: String,
     /// Password; the `OUTBOXD_SOURCE_PASSWORD` environment variable overrides it.
+    /// Redacted in `Debug`.
     #[serde(default)]
-    pub password: Option<String>,
+    pub password: Option<Secret>,
+    /// File holding the password (one trailing newline ignored), read when the config is
+    /// loaded into `password`; not together with `password`.
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
     /// Database holding the outbox table.
     pub database: String,
     /// TLS mode, with libpq's meaning (see [`SslMode`]).
@@ -83,6 +89,24 @@ impl PostgresConfig {
             cert: self.sslcert.as_deref(),
             key: self.sslkey.as_deref(),
         }
+    }
+
+    /// Rejects durations out of their range, naming the key: a huge one would overflow a
+    /// deadline (`Instant + d` panics), a zero one would spin.
+    pub fn validate(&self) -> Result<(), String> {
+        use outboxd_connector_kit::config::check_duration;
+        check_duration(
+            "source.status_interval",
+            self.status_interval,
+            Duration::from_millis(100),
+            Duration::from_secs(3600),
+        )?;
+        check_duration(
+            "source.connect_timeout",
+            self.connect_timeout,
+            Duration::from_millis(100),
+            Duration::from_secs(3600),
+        )
     }
 
     /// The publication name for pipeline `pipeline`.

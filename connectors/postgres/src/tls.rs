@@ -537,6 +537,7 @@ mod tests {
             port: 1,
             user: "u".into(),
             password: None,
+            password_file: None,
             database: "d".into(),
             sslmode: mode,
             sslrootcert: None,

@@ -50,7 +50,8 @@ fn config(mode: SslMode, rootcert: Option<PathBuf>) -> PostgresConfig {
         host: env("OUTBOXD_TEST_PG_HOST", "127.0.0.1"),
         port: port(),
         user: env("OUTBOXD_TEST_PG_USER", "outboxd"),
-        password: Some(env("OUTBOXD_TEST_PG_PASSWORD", "outboxd")),
+        password: Some(env("OUTBOXD_TEST_PG_PASSWORD", "outboxd").into()),
+        password_file: None,
         database: env("OUTBOXD_TEST_PG_DATABASE", "outboxd"),
         sslmode: mode,
         sslrootcert: rootcert,
@@ -218,6 +219,7 @@ async fn a_client_certificate_logs_in_as_its_role() {
     let with_cert = PostgresConfig {
         user: user.clone(),
         password: None,
+        password_file: None,
         sslcert: Some(tls_file("OUTBOXD_TEST_CLIENT_CERT", "client.crt")),
         sslkey: Some(tls_file("OUTBOXD_TEST_CLIENT_KEY", "client.key")),
         ..config(SslMode::VerifyFull, Some(ca()))
@@ -388,6 +390,7 @@ fn fake_config(port: u16, mode: SslMode) -> PostgresConfig {
         host: "127.0.0.1".into(),
         port,
         password: Some("secret-password".into()),
+        password_file: None,
         connect_timeout: Duration::from_secs(5),
         ..config(mode, None)
     }

@@ -21,7 +21,8 @@ pub fn config() -> MysqlConfig {
             .parse()
             .expect("OUTBOXD_TEST_MYSQL_PORT"),
         user: env_or("OUTBOXD_TEST_MYSQL_USER", "outboxd"),
-        password: Some(env_or("OUTBOXD_TEST_MYSQL_PASSWORD", "outboxd")),
+        password: Some(env_or("OUTBOXD_TEST_MYSQL_PASSWORD", "outboxd").into()),
+        password_file: None,
         database: env_or("OUTBOXD_TEST_MYSQL_DATABASE", "outboxd"),
         server_id: 1000 + rand_u32() % 1_000_000,
         sslmode: SslMode::Disable,
@@ -74,7 +75,7 @@ impl Fixture {
             .ip_or_hostname(c.host.clone())
             .tcp_port(c.port)
             .user(Some(c.user.clone()))
-            .pass(c.password.clone())
+            .pass(c.password.as_ref().map(|p| p.expose().to_owned()))
             .db_name(Some(c.database.clone()))
             .prefer_socket(false);
         Conn::new(opts)

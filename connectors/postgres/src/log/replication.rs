@@ -224,12 +224,12 @@ impl ReplicationConnection {
         let password = || {
             config
                 .password
-                .as_deref()
-                .map(str::as_bytes)
+                .as_ref()
+                .map(|p| p.expose().as_bytes())
                 .ok_or_else(|| {
                     ConnectorError::definite(format!(
                     "PostgreSQL at {} asks a password for role `{}` and none is configured: set \
-                     `source.password` or OUTBOXD_SOURCE_PASSWORD",
+                     `source.password_file`, OUTBOXD_SOURCE_PASSWORD or `source.password`",
                     endpoint, config.user
                 ))
                 })
