@@ -318,6 +318,11 @@ pub struct MetricsConfig {
     /// that count under `topic="other"`, so rows naming ever new topics (or message types)
     /// cannot grow memory or the scrape without bound.
     pub max_topic_series: usize,
+    /// When set, every route but `/healthz` (`/metrics`, `/readyz`, the inbox's ingress)
+    /// needs `Authorization: Bearer <token>`; `OUTBOXD_METRICS_BEARER_TOKEN` overrides it.
+    pub bearer_token: Option<Secret>,
+    /// File holding `bearer_token`.
+    pub bearer_token_file: Option<PathBuf>,
 }
 
 impl Default for MetricsConfig {
@@ -325,9 +330,14 @@ impl Default for MetricsConfig {
         Self {
             listen: std::net::SocketAddr::from(([127, 0, 0, 1], 9187)),
             max_topic_series: 200,
+            bearer_token: None,
+            bearer_token_file: None,
         }
     }
 }
+
+/// Environment variable that sets `metrics.bearer_token`.
+pub const ENV_METRICS_BEARER_TOKEN: &str = "OUTBOXD_METRICS_BEARER_TOKEN";
 
 /// `[poll]`: poll mode (`source.mode = "poll"`).
 #[derive(Clone, Debug, Deserialize)]
@@ -423,6 +433,15 @@ impl Config {
         }
         if let Some(http) = self.inbox.as_mut().and_then(|i| i.http.as_mut()) {
             http.resolve_secret_files()?;
+        }
+        if let Some(metrics) = self.metrics.as_mut() {
+            outboxd_connector::secret::resolve(
+                "metrics.bearer_token",
+                "metrics.bearer_token_file",
+                &mut metrics.bearer_token,
+                metrics.bearer_token_file.as_deref(),
+                var(ENV_METRICS_BEARER_TOKEN),
+            )?;
         }
         if let Some(servers) = var(ENV_KAFKA_BOOTSTRAP_SERVERS) {
             self.kafka.bootstrap_servers = servers;

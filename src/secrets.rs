@@ -123,6 +123,9 @@ pub(crate) fn inline_secrets(table: &toml::Table) -> Vec<String> {
     if section(&["inbox", "http", "secrets"]).is_some_and(|s| !s.is_empty()) {
         found.push("inbox.http.secrets".into());
     }
+    if section(&["metrics"]).is_some_and(|m| m.contains_key("bearer_token")) {
+        found.push("metrics.bearer_token".into());
+    }
     found
 }
 

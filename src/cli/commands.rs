@@ -369,6 +369,8 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
         outbox.and(inbox)
     };
     // The endpoint answers while the pipeline runs, drain included.
+    let token = config.metrics.as_ref().and_then(|m| m.bearer_token.clone());
+    let router = observability::require_bearer(router, token);
     let result = observability::serve_while(listener, router, work).await;
     sink.flush(Duration::from_secs(5)).await;
     result?;

@@ -16,4 +16,4 @@ mod server;
 
 pub(crate) use health::Health;
 pub use metrics::PipelineMetrics;
-pub(crate) use server::{bind, router, serve_while};
+pub(crate) use server::{bind, require_bearer, router, serve_while};

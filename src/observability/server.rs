@@ -27,7 +27,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use outboxd_connector::Connector;
+use outboxd_connector::{Connector, Secret};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::health::Health;
@@ -56,6 +56,45 @@ pub(crate) async fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
              the [metrics] section"
         )
     })
+}
+
+/// Requires `Authorization: Bearer <token>` on every route but `/healthz` (which a
+/// liveness probe must reach without credentials, and which tells nothing). Layered last,
+/// over the inbox's routes too. Compared in constant time.
+pub(crate) fn require_bearer(router: Router, token: Option<Secret>) -> Router {
+    let Some(token) = token else {
+        return router;
+    };
+    let expected = Arc::new(format!("Bearer {}", token.expose()).into_bytes());
+    router.layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            let expected = Arc::clone(&expected);
+            async move {
+                let given = request
+                    .headers()
+                    .get(header::AUTHORIZATION)
+                    .map(|v| v.as_bytes().to_vec())
+                    .unwrap_or_default();
+                let open = request.uri().path() == "/healthz";
+                if open || same_bytes(&given, &expected) {
+                    next.run(request).await
+                } else {
+                    (
+                        StatusCode::UNAUTHORIZED,
+                        [(header::WWW_AUTHENTICATE, "Bearer")],
+                        "unauthorized: send Authorization: Bearer <metrics.bearer_token>\n",
+                    )
+                        .into_response()
+                }
+            }
+        },
+    ))
+}
+
+/// Equal, in time that depends on the length only (no early exit on the first
+/// difference, so the token cannot be guessed byte by byte from response times).
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
 }
 
 /// `/metrics`, `/healthz` and `/readyz` over one pipeline's [`Health`]; GET and HEAD.
@@ -251,6 +290,43 @@ mod tests {
             () = serve_until(listener, router, std::future::pending()) => unreachable!(),
             () = client => {}
         }
+    }
+
+    #[tokio::test]
+    async fn a_bearer_token_guards_every_route_but_liveness() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let router = require_bearer(routes(), Some(Secret::new("s3cr3t-token")));
+        let client = async {
+            let reply = exchange(addr, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await;
+            assert!(reply.starts_with("HTTP/1.1 200 OK\r\n"), "{reply}");
+            for auth in [
+                "",
+                "Authorization: Bearer wrong\r\n",
+                "Authorization: s3cr3t-token\r\n",
+            ] {
+                let request = format!("GET /echo HTTP/1.1\r\nHost: x\r\n{auth}\r\n");
+                let reply = exchange(addr, request.as_bytes()).await;
+                assert!(reply.starts_with("HTTP/1.1 401 "), "{auth}: {reply}");
+                assert!(
+                    !reply.contains("s3cr3t"),
+                    "the token is never echoed: {reply}"
+                );
+            }
+            let reply = exchange(
+                addr,
+                b"GET /echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cr3t-token\r\n\r\n",
+            )
+            .await;
+            assert!(reply.starts_with("HTTP/1.1 200 OK\r\n"), "{reply}");
+        };
+        tokio::select! {
+            () = serve_until(listener, router, std::future::pending()) => unreachable!(),
+            () = client => {}
+        }
+        assert!(
+            same_bytes(b"abc", b"abc") && !same_bytes(b"abc", b"abd") && !same_bytes(b"ab", b"abc")
+        );
     }
 
     #[tokio::test]
