@@ -272,6 +272,78 @@ pub fn bad_file(
     ))
 }
 
+/// The CA certificates of `source.sslrootcert` (PEM), at least one.
+pub fn root_certificates(path: &Path) -> Result<Vec<openssl::x509::X509>, ConnectorError> {
+    const KEY: &str = "source.sslrootcert";
+    let pem = read_file(KEY, path)?;
+    let certs = openssl::x509::X509::stack_from_pem(&pem)
+        .map_err(|e| bad_file(KEY, path, "CA certificates", e))?;
+    if certs.is_empty() {
+        return Err(bad_file(
+            KEY,
+            path,
+            "CA certificates",
+            "no certificate found",
+        ));
+    }
+    Ok(certs)
+}
+
+/// A client certificate (`source.sslcert`: the certificate, then any intermediates) and
+/// its key (`source.sslkey`), checked to belong together.
+pub struct ClientIdentity {
+    /// The client's own certificate.
+    pub leaf: openssl::x509::X509,
+    /// Intermediate certificates sent with it.
+    pub chain: Vec<openssl::x509::X509>,
+    /// The unencrypted private key of `leaf`.
+    pub key: openssl::pkey::PKey<openssl::pkey::Private>,
+}
+
+impl ClientIdentity {
+    /// Reads and checks the files of `client`. The key is compared with the certificate
+    /// here, because the TLS library's own refusal would not say which keys to change.
+    pub fn load(client: &ClientCert) -> Result<Self, ConnectorError> {
+        let pem = read_file("source.sslcert", &client.cert)?;
+        let mut certs = openssl::x509::X509::stack_from_pem(&pem)
+            .map_err(|e| bad_file("source.sslcert", &client.cert, "a certificate", e))?
+            .into_iter();
+        let leaf = certs.next().ok_or_else(|| {
+            bad_file(
+                "source.sslcert",
+                &client.cert,
+                "a certificate",
+                "no certificate found",
+            )
+        })?;
+        let pem = read_file("source.sslkey", &client.key)?;
+        let key = openssl::pkey::PKey::private_key_from_pem(&pem).map_err(|e| {
+            bad_file(
+                "source.sslkey",
+                &client.key,
+                "an unencrypted private key",
+                e,
+            )
+        })?;
+        let mismatch = || {
+            ConnectorError::definite(format!(
+                "source.sslkey `{}` is not the key of source.sslcert `{}`",
+                client.key.display(),
+                client.cert.display()
+            ))
+        };
+        let public = leaf.public_key().map_err(|_| mismatch())?;
+        if !public.public_eq(&key) {
+            return Err(mismatch());
+        }
+        Ok(Self {
+            leaf,
+            chain: certs.collect(),
+            key,
+        })
+    }
+}
+
 /// What one connection ended up with, as the engine's TLS library reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Negotiated {

@@ -4,14 +4,12 @@ use std::sync::Arc;
 use mysql_async::prelude::Queryable;
 use mysql_async::{ClientIdentity, Conn, Opts, OptsBuilder, Row, SslOpts, Value};
 use openssl::pkcs12::Pkcs12;
-use openssl::pkey::PKey;
 use openssl::stack::Stack;
-use openssl::x509::X509;
 use outboxd_connector::{
     CheckReport, Connector, ConnectorError, Engine, ErrorReason, OutboxLayout, ReadMode,
     SecretError, ENV_SOURCE_PASSWORD,
 };
-use outboxd_connector_kit::tls::{bad_file, read_file, Roots, TlsUse, Verification};
+use outboxd_connector_kit::tls::{self, read_file, root_certificates, Roots, TlsUse, Verification};
 use outboxd_connector_kit::TlsPolicy;
 
 use crate::log::stream::MysqlChangeStream;
@@ -58,58 +56,15 @@ impl MysqlTls {
         let policy = TlsPolicy::from_options(config.tls_options())?;
         let roots = match &policy.roots {
             Roots::File(path) if policy.verify != Verification::None => {
-                let pem = read_file("source.sslrootcert", path)?;
-                match X509::stack_from_pem(&pem) {
-                    Ok(certs) if !certs.is_empty() => Some(pem),
-                    Ok(_) => {
-                        return Err(bad_file(
-                            "source.sslrootcert",
-                            path,
-                            "CA certificates",
-                            "no certificate found",
-                        ))
-                    }
-                    Err(e) => {
-                        return Err(bad_file("source.sslrootcert", path, "CA certificates", e))
-                    }
-                }
+                // Checked here, with errors that name the key; the driver reads the file.
+                root_certificates(path)?;
+                Some(read_file("source.sslrootcert", path)?)
             }
             _ => None,
         };
         let identity = match &policy.client {
             Some(client) => {
-                let pem = read_file("source.sslcert", &client.cert)?;
-                let mut chain = X509::stack_from_pem(&pem)
-                    .map_err(|e| bad_file("source.sslcert", &client.cert, "a certificate", e))?
-                    .into_iter();
-                let leaf = chain.next().ok_or_else(|| {
-                    bad_file(
-                        "source.sslcert",
-                        &client.cert,
-                        "a certificate",
-                        "no certificate found",
-                    )
-                })?;
-                let pem = read_file("source.sslkey", &client.key)?;
-                let key = PKey::private_key_from_pem(&pem).map_err(|e| {
-                    bad_file(
-                        "source.sslkey",
-                        &client.key,
-                        "an unencrypted private key",
-                        e,
-                    )
-                })?;
-                let mismatch = || {
-                    ConnectorError::definite(format!(
-                        "source.sslkey `{}` is not the key of source.sslcert `{}`",
-                        client.key.display(),
-                        client.cert.display()
-                    ))
-                };
-                let public = leaf.public_key().map_err(|_| mismatch())?;
-                if !public.public_eq(&key) {
-                    return Err(mismatch());
-                }
+                let tls::ClientIdentity { leaf, chain, key } = tls::ClientIdentity::load(client)?;
                 let openssl = |e: openssl::error::ErrorStack| {
                     ConnectorError::definite("cannot build the client certificate archive")
                         .with_source(e)

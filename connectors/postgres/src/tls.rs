@@ -26,12 +26,13 @@ use std::task::{Context, Poll};
 
 use openssl::hash::MessageDigest;
 use openssl::nid::Nid;
-use openssl::pkey::PKey;
 use openssl::ssl::{Ssl, SslConnector, SslMethod, SslRef, SslVerifyMode};
 use openssl::x509::store::X509StoreBuilder;
-use openssl::x509::{X509VerifyResult, X509};
+use openssl::x509::X509VerifyResult;
 use outboxd_connector::{ConnectorError, ErrorKind};
-use outboxd_connector_kit::tls::{bad_file, read_file, Negotiated, Roots, TlsUse, Verification};
+use outboxd_connector_kit::tls::{
+    root_certificates, ClientIdentity, Negotiated, Roots, TlsUse, Verification,
+};
 use outboxd_connector_kit::TlsPolicy;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_openssl::SslStream;
@@ -197,63 +198,20 @@ fn build_connector(policy: &TlsPolicy) -> Result<SslConnector, ConnectorError> {
         builder.set_verify(SslVerifyMode::PEER);
         if let Roots::File(path) = &policy.roots {
             // Only the configured CAs: the system's roots must not vouch for the server.
-            let pem = read_file("source.sslrootcert", path)?;
-            let certs = X509::stack_from_pem(&pem)
-                .map_err(|e| bad_file("source.sslrootcert", path, "CA certificates", e))?;
-            if certs.is_empty() {
-                return Err(bad_file(
-                    "source.sslrootcert",
-                    path,
-                    "CA certificates",
-                    "no certificate found",
-                ));
-            }
             let mut store = X509StoreBuilder::new().map_err(openssl)?;
-            for cert in certs {
+            for cert in root_certificates(path)? {
                 store.add_cert(cert).map_err(openssl)?;
             }
             builder.set_cert_store(store.build());
         }
     }
     if let Some(client) = &policy.client {
-        let pem = read_file("source.sslcert", &client.cert)?;
-        let chain = X509::stack_from_pem(&pem)
-            .map_err(|e| bad_file("source.sslcert", &client.cert, "a certificate", e))?;
-        let mut chain = chain.into_iter();
-        let leaf = chain.next().ok_or_else(|| {
-            bad_file(
-                "source.sslcert",
-                &client.cert,
-                "a certificate",
-                "no certificate found",
-            )
-        })?;
-        builder.set_certificate(&leaf).map_err(openssl)?;
-        for extra in chain {
+        let identity = ClientIdentity::load(client)?;
+        builder.set_certificate(&identity.leaf).map_err(openssl)?;
+        for extra in identity.chain {
             builder.add_extra_chain_cert(extra).map_err(openssl)?;
         }
-        let pem = read_file("source.sslkey", &client.key)?;
-        let key = PKey::private_key_from_pem(&pem).map_err(|e| {
-            bad_file(
-                "source.sslkey",
-                &client.key,
-                "an unencrypted private key",
-                e,
-            )
-        })?;
-        let mismatch = || {
-            ConnectorError::definite(format!(
-                "source.sslkey `{}` is not the key of source.sslcert `{}`",
-                client.key.display(),
-                client.cert.display()
-            ))
-        };
-        // Checked first: OpenSSL's own refusal would not say which keys to change.
-        let public = leaf.public_key().map_err(|_| mismatch())?;
-        if !public.public_eq(&key) {
-            return Err(mismatch());
-        }
-        builder.set_private_key(&key).map_err(openssl)?;
+        builder.set_private_key(&identity.key).map_err(openssl)?;
     }
     Ok(builder.build())
 }
