@@ -34,6 +34,10 @@ enum CliCommand {
     /// Create the outbox, inbox and checkpoint tables, the publication and the slot
     /// where missing; says what it created. Safe to run again.
     Init(ConfigArg),
+    /// Print the DDL `init` would run (schemas, tables, indexes, the publication) with the
+    /// configured names, for teams that apply DDL through a migration tool. Connects to
+    /// nothing; `init` and `check` accept what it creates.
+    Schema(ConfigArg),
     /// Check connectivity and every prerequisite of `run`, one line each, with fixes.
     Check(ConfigArg),
     /// Relay outbox inserts to Kafka until SIGTERM/SIGINT.
@@ -207,6 +211,7 @@ fn main() -> ExitCode {
     init_logging(cli.log_format);
     let (command, path) = match cli.command {
         CliCommand::Init(a) => (Command::Init, a.config),
+        CliCommand::Schema(a) => (Command::Schema, a.config),
         CliCommand::Check(a) => (Command::Check, a.config),
         CliCommand::Run(a) => (Command::Run, a.config),
         CliCommand::Recover(a) => (Command::Recover, a.config),

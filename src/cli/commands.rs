@@ -25,6 +25,8 @@ use crate::sink::Sink;
 pub enum Command {
     /// Create tables, publication and slot.
     Init,
+    /// Print the DDL `init` would run, for a migration tool; connects to nothing.
+    Schema,
     /// Check every prerequisite of `run`.
     Check,
     /// Relay until SIGTERM/SIGINT.
@@ -103,6 +105,10 @@ async fn execute_with<C: Connector + Clone + 'static>(
             for line in connector.init(read_mode(config)).await? {
                 println!("{line}");
             }
+            Ok(0)
+        }
+        Command::Schema => {
+            print!("{}", connector.schema(read_mode(config)));
             Ok(0)
         }
         Command::Check => check(config, connector).await,

@@ -41,6 +41,13 @@ pub trait Connector: Send + Sync {
         mode: ReadMode,
     ) -> impl Future<Output = Result<Vec<String>, ConnectorError>> + Send;
 
+    /// The DDL `init` would run for `mode` (tables and indexes, and the publication or
+    /// equivalent in `Log` mode), with the configured names, as one script, for teams that
+    /// apply DDL through their migration tool; what is not DDL (the replication slot) is
+    /// a comment with the statement. No connection is made. `init` and `check` accept
+    /// what it creates.
+    fn schema(&self, mode: ReadMode) -> String;
+
     /// One line per prerequisite of `run` in `mode`, each failure with its fix. Never
     /// fails as a whole: unreachable servers are reported as lines.
     fn check(&self, mode: ReadMode) -> impl Future<Output = CheckReport> + Send;

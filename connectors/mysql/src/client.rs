@@ -312,6 +312,10 @@ impl Connector for MysqlConnector {
         admin::init(self, mode).await
     }
 
+    fn schema(&self, mode: ReadMode) -> String {
+        admin::schema_script(self, mode)
+    }
+
     async fn check(&self, mode: ReadMode) -> CheckReport {
         admin::check(self, mode).await
     }

@@ -300,6 +300,10 @@ impl Connector for PostgresConnector {
         self.init_with(mode == ReadMode::Poll).await
     }
 
+    fn schema(&self, mode: ReadMode) -> String {
+        admin::schema_script(self, mode)
+    }
+
     async fn check(&self, mode: ReadMode) -> CheckReport {
         let report = PostgresConnector::check(self).await;
         match mode {

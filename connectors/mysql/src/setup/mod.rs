@@ -13,10 +13,12 @@
 mod check;
 mod init;
 mod recover;
+mod schema_script;
 
 pub(crate) use check::check;
 pub(crate) use init::init;
 pub(crate) use recover::reset_log_position;
+pub(crate) use schema_script::schema_script;
 
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;

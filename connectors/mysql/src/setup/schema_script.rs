@@ -1,0 +1,44 @@
+//! `outboxd schema`: the DDL `init` runs, printed instead of run, for teams that apply DDL
+//! through a migration tool (Flyway, Liquibase, Rails, Alembic). The same renderings as
+//! `init` (`crate::schema`), so what a migration creates is what `init` and `check` expect.
+
+use outboxd_connector::ReadMode;
+use outboxd_connector_kit::store::table_qualifiers;
+
+use crate::schema::{self, quote_ident, split_qualified};
+use crate::MysqlConnector;
+
+/// The script: databases of qualified names, then the tables with their indexes. The
+/// starting checkpoint (a row, not DDL) is `init`'s, said in a comment.
+pub(crate) fn schema_script(c: &MysqlConnector, mode: ReadMode) -> String {
+    let layout = c.layout();
+    let mode_name = match mode {
+        ReadMode::Log => "log",
+        ReadMode::Poll => "poll",
+    };
+    let mut parts = vec![format!(
+        "-- outboxd schema (MySQL/MariaDB, {mode_name} mode) for pipeline `{}`, as `outboxd \
+         init` would create it.",
+        c.pipeline()
+    )];
+    for db in table_qualifiers(layout, |t| split_qualified(t).0) {
+        parts.push(format!(
+            "CREATE DATABASE IF NOT EXISTS {} CHARACTER SET utf8mb4;",
+            quote_ident(&db)
+        ));
+    }
+    for ddl in schema::render_all(layout) {
+        let sql = ddl.sql.trim();
+        let end = if sql.ends_with(';') { "" } else { ";" };
+        parts.push(format!("{sql}{end}"));
+    }
+    if mode == ReadMode::Log {
+        parts.push(
+            "-- Not DDL: the starting checkpoint. `outboxd init` records the server's current\n\
+             -- binlog position for the pipeline when it has none, so the first `run` starts\n\
+             -- there; run it once after this script."
+                .to_owned(),
+        );
+    }
+    parts.join("\n\n") + "\n"
+}

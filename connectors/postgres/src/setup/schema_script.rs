@@ -1,0 +1,54 @@
+//! `outboxd schema`: the DDL `init` runs, printed instead of run, for teams that apply DDL
+//! through a migration tool (Flyway, Liquibase, Rails, Alembic). The same renderings as
+//! `init` (`crate::schema`), so what a migration creates is what `init` and `check` expect.
+
+use outboxd_connector::ReadMode;
+use outboxd_connector_kit::store::table_qualifiers;
+
+use super::create_publication_sql;
+use crate::schema::{self, quote_ident, TableName};
+use crate::PostgresConnector;
+
+/// The script: schemas, tables with their indexes, and in log mode the publication; the
+/// slot (not DDL, and it starts retaining WAL the moment it exists) as a comment.
+pub(crate) fn schema_script(c: &PostgresConnector, mode: ReadMode) -> String {
+    let layout = c.layout();
+    let mut parts = vec![format!(
+        "-- outboxd schema (PostgreSQL, {} mode) for pipeline `{}`, as `outboxd init` would \
+         create it.",
+        mode_name(mode),
+        c.pipeline()
+    )];
+    for name in table_qualifiers(layout, |t| TableName::parse(t).schema) {
+        parts.push(format!(
+            "CREATE SCHEMA IF NOT EXISTS {};",
+            quote_ident(&name)
+        ));
+    }
+    for ddl in schema::render_all(layout) {
+        parts.push(ddl.sql.trim().to_owned());
+    }
+    match mode {
+        ReadMode::Poll => parts.push(schema::render_poll_index(layout).sql.trim().to_owned()),
+        ReadMode::Log => {
+            parts.push(format!(
+                "{};",
+                create_publication_sql(&c.publication(), layout)
+            ));
+            parts.push(format!(
+                "-- Not DDL: the replication slot. `outboxd init` creates it when it is\n\
+                 -- missing (and checks wal_level first); or, once, by hand:\n\
+                 -- SELECT pg_create_logical_replication_slot('{}', 'pgoutput');",
+                c.slot()
+            ));
+        }
+    }
+    parts.join("\n\n") + "\n"
+}
+
+fn mode_name(mode: ReadMode) -> &'static str {
+    match mode {
+        ReadMode::Log => "log",
+        ReadMode::Poll => "poll",
+    }
+}
