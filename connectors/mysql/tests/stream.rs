@@ -506,3 +506,64 @@ async fn the_lock_of_a_vanished_holder_is_freed_within_a_bound() {
     drop(second);
     f.cleanup().await;
 }
+
+/// A large transaction that also changed a non-transactional table, then rolled back: none
+/// of its outbox rows may come out, not even as parts of a transaction too large to hold
+/// whole. MariaDB (row format) logs only the non-transactional change, as its own group;
+/// a server that logs the whole group ending in ROLLBACK does not mark it transactional,
+/// and such a group is held whole by the decoder (`Group::may_split`), never split.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_rolled_back_transaction_with_a_non_transactional_table_yields_nothing() {
+    let f = Fixture::new("st_myisam");
+    f.connector.init().await.expect("init");
+    let mut stream = f.connector.open_stream().await.expect("stream");
+    let mut sql = f.sql().await;
+    let side = format!("{}_side", f.table);
+    sql.query_drop(format!(
+        "CREATE TABLE `{side}` (id INT PRIMARY KEY) ENGINE = MyISAM"
+    ))
+    .await
+    .expect("a MyISAM table");
+    let rows = 2 * outboxd_connector::PART_EVENTS + 7;
+    sql.query_drop(format!(
+        "START TRANSACTION; \
+         INSERT INTO `{outbox}` (message_id, message_type, biz_key, payload) \
+         SELECT CONCAT('ghost-', seq), CONCAT('t', seq), CONCAT('g', seq), '{{}}' \
+         FROM seq_1_to_{rows}; \
+         INSERT INTO `{side}` VALUES (1); \
+         ROLLBACK",
+        outbox = f.table
+    ))
+    .await
+    .expect("the mixed transaction, rolled back");
+    sql.query_drop(f.insert_sql("real", 1, "after"))
+        .await
+        .expect("a committed row");
+
+    // The first outbox item is the committed row: no part of the ghost transaction.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the committed row never came"
+        );
+        match tokio::time::timeout(Duration::from_secs(5), stream.next()).await {
+            Ok(Ok(ChangeItem::Part(part))) => {
+                panic!(
+                    "rows of a rolled-back transaction handed over: {:?}",
+                    part.events[0].message_id
+                )
+            }
+            Ok(Ok(ChangeItem::Transaction(t))) => {
+                let ids: Vec<&str> = t.events.iter().map(|e| e.message_id.as_str()).collect();
+                assert_eq!(ids, ["after-real-1"], "only the committed row");
+                break;
+            }
+            Ok(Err(e)) => panic!("{e}"),
+            _ => {}
+        }
+    }
+    let _ = sql.query_drop(format!("DROP TABLE `{side}`")).await;
+    drop(stream);
+    f.cleanup().await;
+}

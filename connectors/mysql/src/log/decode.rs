@@ -50,6 +50,9 @@ const MARIADB_GTID_LIST_EVENT: u8 = 163;
 const HEARTBEAT_LOG_EVENT_V2: u8 = 0x29;
 /// MariaDB GTID event flag: a statement without BEGIN/COMMIT (DDL) follows.
 const MARIADB_FL_STANDALONE: u8 = 1;
+/// MariaDB GTID event flag: the group changes transactional tables only, so it ends in a
+/// commit; without it the group may end in ROLLBACK (see [`Group::may_split`]).
+const MARIADB_FL_TRANSACTIONAL: u8 = 4;
 
 /// What one event amounts to.
 #[derive(Debug)]
@@ -110,6 +113,14 @@ struct Group {
     bytes: usize,
     /// Parts yielded so far: the end may then be empty.
     parts: usize,
+    /// Whether the group is certain to end in a commit, so its rows may be handed over in
+    /// parts before the end is read. A group that also changed a non-transactional table
+    /// is logged even when it rolls back, ending in ROLLBACK: its outbox rows never
+    /// happened, so they must not be sent before the end says so. Certain when MariaDB
+    /// marks the group transactional, or when MySQL logs it with a GTID (GTID mode needs
+    /// `enforce_gtid_consistency`, which refuses non-transactional changes inside a
+    /// transaction). Otherwise the group is held whole, as before parts existed.
+    may_split: bool,
 }
 
 /// The binlog → outbox transaction state machine of one stream.
@@ -245,6 +256,7 @@ impl Decoder {
                         tag,
                         gno: gtid.gno(),
                     }),
+                    may_split: true,
                     ..Group::default()
                 });
                 Ok(Decoded::Nothing)
@@ -259,6 +271,7 @@ impl Decoder {
                 self.group = Some(Group {
                     gtid: Some(gtid),
                     has_begin: flags & MARIADB_FL_STANDALONE == 0,
+                    may_split: flags & MARIADB_FL_TRANSACTIONAL != 0,
                     ..Group::default()
                 });
                 Ok(Decoded::Nothing)
@@ -590,7 +603,7 @@ impl Decoder {
         });
         group.bytes += events.iter().map(OutboxEvent::size).sum::<usize>();
         group.events.extend(events);
-        if group.events.len() >= PART_EVENTS || group.bytes >= PART_BYTES {
+        if group.may_split && (group.events.len() >= PART_EVENTS || group.bytes >= PART_BYTES) {
             // A large transaction: hand its rows over as they come. The binlog stamps the
             // commit time on the commit only; the rows event's time stands in for it.
             let commit_time =
@@ -754,7 +767,7 @@ fn logged_column_names(tme: &TableMapEvent<'_>) -> Option<Vec<String>> {
 }
 
 /// MariaDB GTID event: seq_no u64, domain_id u32, flags u8, …
-fn parse_mariadb_gtid(data: &[u8], server: u32) -> Option<(Gtid, u8)> {
+pub(crate) fn parse_mariadb_gtid(data: &[u8], server: u32) -> Option<(Gtid, u8)> {
     let seq = u64::from_le_bytes(data.get(0..8)?.try_into().ok()?);
     let domain = u32::from_le_bytes(data.get(8..12)?.try_into().ok()?);
     let flags = *data.get(12)?;
@@ -769,7 +782,7 @@ fn parse_mariadb_gtid(data: &[u8], server: u32) -> Option<(Gtid, u8)> {
 }
 
 /// MariaDB GTID list event: count (low 28 bits) then (domain u32, server u32, seq u64)s.
-fn parse_mariadb_gtid_list(data: &[u8]) -> Option<MariaDbGtidPos> {
+pub(crate) fn parse_mariadb_gtid_list(data: &[u8]) -> Option<MariaDbGtidPos> {
     let count = u32::from_le_bytes(data.get(0..4)?.try_into().ok()?) & 0x0fff_ffff;
     let mut pos = MariaDbGtidPos::default();
     for i in 0..usize::try_from(count).ok()? {
