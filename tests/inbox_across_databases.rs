@@ -62,10 +62,29 @@ impl Receiver {
         }
     }
 
+    /// The receiving side's `[source]`, logging in as the test's own user: the inbox side
+    /// of this test does not run under the least-privilege roles (its `init` and the SQL
+    /// handler's effects table would need their own grants).
     fn source_section(self) -> String {
+        let login =
+            |user: &str, password: &str| format!("user = \"{user}\"\npassword = \"{password}\"\n");
         match self {
-            Receiver::Postgres => PgServices::from_env().source_section(),
-            Receiver::Mariadb => MysqlServices::from_env().source_section(),
+            Receiver::Postgres => {
+                let s = PgServices::from_env();
+                s.source_section().replacen(
+                    &login(&s.run_user, &s.run_password),
+                    &login(&s.pg_user, &s.pg_password),
+                    1,
+                )
+            }
+            Receiver::Mariadb => {
+                let s = MysqlServices::from_env();
+                s.source_section().replacen(
+                    &login(&s.run_user, &s.run_password),
+                    &login(&s.user, &s.password),
+                    1,
+                )
+            }
         }
     }
 }

@@ -105,9 +105,15 @@ async fn no_secret_reaches_any_output() {
         ))
         .await
         .expect("create the test role");
+    // This test is about secrets, not privileges: outboxd runs everything (`init` too) as
+    // that one role.
     let services = PgServices {
         pg_user: role.clone(),
         pg_password: password.clone(),
+        run_user: role.clone(),
+        run_password: password.clone(),
+        admin_user: role.clone(),
+        admin_password: password.clone(),
         ..PgServices::from_env()
     };
     let port = free_port();

@@ -12,8 +12,8 @@ use std::time::Duration;
 use rand::Rng;
 
 use super::{
-    alter_topic, consume_all, create_topic_with, init_outboxd, run_outboxd, spawn_outboxd, Daemon,
-    Record,
+    alter_topic, block_on_thread, consume_all, create_topic_with, run_outboxd, spawn_outboxd,
+    Daemon, Record,
 };
 
 /// One outbox row a test writes: `(biz_key, seq)`. Written as message `{tag}-{key}-{seq}`
@@ -59,8 +59,15 @@ pub trait Engine: Sized {
     /// The server named by the environment.
     fn from_env() -> Self;
     fn kafka(&self) -> &str;
-    /// The config's `[source]` section.
+    /// The config's `[source]` section, logging in as the runtime role (README,
+    /// "Privileges"): what `run`, `check`, `recover` and the operator commands use.
     fn source_section(&self) -> String;
+    /// `config` (written with [`Engine::source_section`]) logging in as the admin role
+    /// instead, for `init`.
+    fn as_admin(&self, config: &str) -> String;
+    /// Gives the runtime role its table grants (`schemas/<engine>/grants.sql`) on the
+    /// pipeline's tables, as the administrator does after `init`.
+    fn grant_runtime(p: &Pipeline<Self>) -> impl Future<Output = ()> + Send;
 
     fn writer(p: &Pipeline<Self>) -> impl Future<Output = Self::Writer>;
     /// Rows by status.
@@ -187,13 +194,34 @@ message_timeout = "10s"
         alter_topic(self.services.kafka(), topic, key, value).await;
     }
 
-    /// Runs an outboxd subcommand to completion.
+    /// Runs an outboxd subcommand to completion under the runtime role; `init` as an
+    /// administrator runs it: under the admin role, then the runtime role's table grants
+    /// (see [`Pipeline::init`]).
     pub fn outboxd(&self, args: &[&str]) -> Output {
-        run_outboxd(&self.config_path, args)
+        if args.first() != Some(&"init") {
+            return run_outboxd(&self.config_path, args);
+        }
+        let config = std::fs::read_to_string(&self.config_path).expect("read config");
+        let admin = self.dir.join("outboxd-admin.toml");
+        std::fs::write(&admin, self.services.as_admin(&config)).expect("write admin config");
+        let out = run_outboxd(&admin, args);
+        if out.status.success() {
+            block_on_thread(E::grant_runtime(self));
+        }
+        out
     }
 
+    /// `outboxd init` (which must succeed) under the admin role, then the grants of
+    /// `schemas/<engine>/grants.sql` to the runtime role, which runs everything else: a
+    /// grant missing there fails the test.
     pub fn init(&self) {
-        init_outboxd(&self.config_path);
+        let out = self.outboxd(&["init"]);
+        assert!(
+            out.status.success(),
+            "outboxd init failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// Starts `outboxd run` in the background; its log goes to `<dir>/<log_name>`.

@@ -128,6 +128,27 @@ pub fn init_outboxd(config: &Path) {
     );
 }
 
+/// Runs `future` to completion on a runtime of its own in another thread: async set-up
+/// (the runtime role's grants) from a test's synchronous helpers, whatever runtime the
+/// calling test is on.
+pub fn block_on_thread<F: std::future::Future + Send>(future: F) -> F::Output
+where
+    F::Output: Send,
+{
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a runtime")
+                    .block_on(future)
+            })
+            .join()
+            .expect("set-up thread")
+    })
+}
+
 /// Starts `outboxd run` on `config` in the background, logging to `log` with `filter`.
 pub fn spawn_outboxd(config: &Path, log: &Path, filter: &str) -> Daemon {
     let file = std::fs::File::create(log).expect("log file");

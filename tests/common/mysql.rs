@@ -26,12 +26,18 @@ pub enum BinlogGuard {
 
 /// Where the MariaDB (or MySQL) server and Kafka are, and this test's hold on the
 /// server's binlog files.
+/// `user` is the test's own user for its SQL; outboxd runs as `run_user`, and `init` as
+/// `admin_user` (README, "Privileges").
 pub struct MysqlServices {
     pub host: String,
     pub port: u16,
     pub user: String,
     pub password: String,
     pub database: String,
+    pub run_user: String,
+    pub run_password: String,
+    pub admin_user: String,
+    pub admin_password: String,
     pub kafka: String,
     _binlog: BinlogGuard,
 }
@@ -46,6 +52,10 @@ impl MysqlServices {
             user: env_or("OUTBOXD_TEST_MYSQL_USER", "outboxd"),
             password: env_or("OUTBOXD_TEST_MYSQL_PASSWORD", "outboxd"),
             database: env_or("OUTBOXD_TEST_MYSQL_DATABASE", "outboxd"),
+            run_user: env_or("OUTBOXD_TEST_MYSQL_RUN_USER", "outboxd_run"),
+            run_password: env_or("OUTBOXD_TEST_MYSQL_RUN_PASSWORD", "outboxd_run"),
+            admin_user: env_or("OUTBOXD_TEST_MYSQL_ADMIN_USER", "outboxd_admin"),
+            admin_password: env_or("OUTBOXD_TEST_MYSQL_ADMIN_PASSWORD", "outboxd_admin"),
             kafka: env_or("OUTBOXD_TEST_KAFKA", "127.0.0.1:39092"),
             _binlog: guard,
         }
@@ -64,6 +74,27 @@ impl MysqlServices {
             .await
             .expect("connect to the test MariaDB (is `scripts/services start` running?)")
     }
+}
+
+/// `schemas/mysql/grants.sql`, applied by the tests after every `init`.
+const GRANTS_SQL: &str = include_str!("../../schemas/mysql/grants.sql");
+
+/// The statements of `GRANTS_SQL` for these tables and user.
+pub fn runtime_grants(run_user: &str, outbox: &str, inbox: &str, checkpoint: &str) -> Vec<String> {
+    let body: String = GRANTS_SQL
+        .lines()
+        .filter(|l| !l.starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    body.replace("`outbox`", &format!("`{outbox}`"))
+        .replace("`inbox`", &format!("`{inbox}`"))
+        .replace("`outboxd_checkpoint`", &format!("`{checkpoint}`"))
+        .replace("'outboxd_run'", &format!("'{run_user}'"))
+        .split(';')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 /// `INSERT` of one [`Event`] into `table`.
@@ -117,8 +148,29 @@ database = "{}"
 server_id = {server_id}
 sslmode = "disable"
 heartbeat = "1s""#,
-            self.host, self.port, self.user, self.password, self.database
+            self.host, self.port, self.run_user, self.run_password, self.database
         )
+    }
+
+    fn as_admin(&self, config: &str) -> String {
+        let login =
+            |user: &str, password: &str| format!("user = \"{user}\"\npassword = \"{password}\"\n");
+        let run = login(&self.run_user, &self.run_password);
+        assert!(config.contains(&run), "the runtime login in:\n{config}");
+        config.replacen(&run, &login(&self.admin_user, &self.admin_password), 1)
+    }
+
+    async fn grant_runtime(p: &MysqlPipeline) {
+        let mut conn = p.sql().await;
+        for sql in runtime_grants(
+            &p.services.run_user,
+            &p.table,
+            "inbox",
+            "outboxd_checkpoint",
+        ) {
+            conn.query_drop(&sql).await.expect(&sql);
+        }
+        let _ = conn.disconnect().await;
     }
 
     async fn writer(p: &MysqlPipeline) -> MysqlWriter {
@@ -226,6 +278,13 @@ heartbeat = "1s""#,
 
     async fn cleanup(p: &MysqlPipeline) {
         let mut conn = p.sql().await;
+        // MySQL keeps a table's grants after the table is dropped.
+        let _ = conn
+            .query_drop(format!(
+                "REVOKE ALL PRIVILEGES ON `{}` FROM '{}'@'%'",
+                p.table, p.services.run_user
+            ))
+            .await;
         let _ = conn
             .query_drop(format!("DROP TABLE IF EXISTS `{}`", p.table))
             .await;

@@ -12,13 +12,36 @@ use super::env_or;
 pub type TestPipeline = Pipeline<PgServices>;
 
 /// Where PostgreSQL and Kafka are (`scripts/services env` prints these variables).
+/// `pg_user` is the test's own (superuser) role for its SQL; outboxd runs as `run_user`,
+/// and `init` as `admin_user` (README, "Privileges").
 pub struct PgServices {
     pub pg_host: String,
     pub pg_port: u16,
     pub pg_user: String,
     pub pg_password: String,
     pub pg_database: String,
+    pub run_user: String,
+    pub run_password: String,
+    pub admin_user: String,
+    pub admin_password: String,
     pub kafka: String,
+}
+
+/// `schemas/postgres/grants.sql`, applied by the tests after every `init`.
+const GRANTS_SQL: &str = include_str!("../../schemas/postgres/grants.sql");
+
+/// `GRANTS_SQL` for these tables and role, as psql would run it.
+pub fn runtime_grants(run_role: &str, outbox: &str, inbox: &str, checkpoint: &str) -> String {
+    let quote = |name: &str| format!("\"{}\"", name.replace('"', "\"\""));
+    GRANTS_SQL
+        .lines()
+        .filter(|l| !l.starts_with('\\'))
+        .collect::<Vec<_>>()
+        .join("\n")
+        .replace(":\"run_role\"", &quote(run_role))
+        .replace(":\"outbox_table\"", &quote(outbox))
+        .replace(":\"inbox_table\"", &quote(inbox))
+        .replace(":\"checkpoint_table\"", &quote(checkpoint))
 }
 
 impl PgServices {
@@ -68,6 +91,10 @@ impl Engine for PgServices {
             pg_user: env_or("OUTBOXD_TEST_PG_USER", "outboxd"),
             pg_password: env_or("OUTBOXD_TEST_PG_PASSWORD", "outboxd"),
             pg_database: env_or("OUTBOXD_TEST_PG_DATABASE", "outboxd"),
+            run_user: env_or("OUTBOXD_TEST_PG_RUN_USER", "outboxd_run"),
+            run_password: env_or("OUTBOXD_TEST_PG_RUN_PASSWORD", "outboxd_run"),
+            admin_user: env_or("OUTBOXD_TEST_PG_ADMIN_USER", "outboxd_admin"),
+            admin_password: env_or("OUTBOXD_TEST_PG_ADMIN_PASSWORD", "outboxd_admin"),
             kafka: env_or("OUTBOXD_TEST_KAFKA", "127.0.0.1:39092"),
         }
     }
@@ -87,8 +114,26 @@ password = "{}"
 database = "{}"
 sslmode = "disable"
 status_interval = "1s""#,
-            self.pg_host, self.pg_port, self.pg_user, self.pg_password, self.pg_database
+            self.pg_host, self.pg_port, self.run_user, self.run_password, self.pg_database
         )
+    }
+
+    fn as_admin(&self, config: &str) -> String {
+        let login =
+            |user: &str, password: &str| format!("user = \"{user}\"\npassword = \"{password}\"\n");
+        let run = login(&self.run_user, &self.run_password);
+        assert!(config.contains(&run), "the runtime login in:\n{config}");
+        config.replacen(&run, &login(&self.admin_user, &self.admin_password), 1)
+    }
+
+    async fn grant_runtime(p: &TestPipeline) {
+        let sql = runtime_grants(
+            &p.services.run_user,
+            &p.table,
+            "inbox",
+            "outboxd_checkpoint",
+        );
+        p.sql().await.batch_execute(&sql).await.expect(&sql);
     }
 
     async fn writer(p: &TestPipeline) -> PgWriter {
