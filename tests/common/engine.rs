@@ -82,6 +82,9 @@ pub trait Engine: Sized {
     fn cleanup(p: &Pipeline<Self>) -> impl Future<Output = ()>;
     /// Runs one statement on a fresh connection.
     fn execute(p: &Pipeline<Self>, sql: &str) -> impl Future<Output = ()>;
+    /// Runs `sql` as the admin role would (what a migration tool applies), then gives the
+    /// runtime role its grants, as after `init`.
+    fn execute_as_admin(p: &Pipeline<Self>, sql: &str) -> impl Future<Output = ()>;
     /// The id of the row with `message_id`.
     fn row_id(p: &Pipeline<Self>, message_id: &str) -> impl Future<Output = i64>;
     /// Locks the pipeline's checkpoint row in an open transaction, returning once the lock

@@ -245,6 +245,12 @@ heartbeat = "1s""#,
         p.sql().await.query_drop(sql).await.expect(sql);
     }
 
+    async fn execute_as_admin(p: &MysqlPipeline, sql: &str) {
+        // MySQL has no owners: the admin's database-level grants cover what anyone creates.
+        Self::execute(p, sql).await;
+        Self::grant_runtime(p).await;
+    }
+
     async fn row_id(p: &MysqlPipeline, message_id: &str) -> i64 {
         let mut conn = p.sql().await;
         let id: Option<i64> = conn

@@ -205,6 +205,14 @@ status_interval = "1s""#,
         p.sql().await.batch_execute(sql).await.expect(sql);
     }
 
+    async fn execute_as_admin(p: &TestPipeline, sql: &str) {
+        // The test's own role may take the admin's identity: the objects are the admin's.
+        let admin = p.services.admin_user.replace('"', "\"\"");
+        let script = format!("SET ROLE \"{admin}\";\n{sql}\nRESET ROLE;");
+        p.sql().await.batch_execute(&script).await.expect(sql);
+        Self::grant_runtime(p).await;
+    }
+
     async fn row_id(p: &TestPipeline, message_id: &str) -> i64 {
         let sql = format!("SELECT id FROM \"{}\" WHERE message_id = $1", p.table);
         p.sql()

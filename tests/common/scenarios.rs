@@ -645,3 +645,53 @@ pub async fn a_topic_outside_the_allowed_list_is_never_written<E: Engine>() {
     drop(daemon);
     p.cleanup().await;
 }
+
+/// Issue 13: `outboxd schema` prints the DDL `init` runs; applied by hand (as a migration
+/// tool would), it is exactly what `init` and `check` expect: `init` then finds every
+/// table, index (and on PostgreSQL the publication) in place, and `check` passes.
+pub async fn the_schema_command_prints_what_init_and_check_expect<E: Engine>() {
+    let p = Pipeline::<E>::new("schema", 1, "").await;
+    // An inbox of its own: the script creates everything, as a migration of a new
+    // service would (the shared test inbox belongs to another role).
+    let inbox = format!("{}_in", p.table);
+    let config = std::fs::read_to_string(&p.config_path).expect("read config");
+    let config = config.replace(
+        "checkpoint_table = \"outboxd_checkpoint\"",
+        &format!("checkpoint_table = \"outboxd_checkpoint\"\ninbox_table = \"{inbox}\""),
+    );
+    std::fs::write(&p.config_path, config).expect("write config");
+    let out = p.outboxd(&["schema"]);
+    assert!(out.status.success(), "schema: {out:?}");
+    let script = String::from_utf8(out.stdout).expect("UTF-8 script");
+    assert!(
+        script.contains(&p.table),
+        "the configured outbox name: {script}"
+    );
+    E::execute_as_admin(&p, &script).await;
+
+    let out = p.outboxd(&["init"]);
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "init after the script: {out:?}");
+    assert!(
+        !said.contains("created table") && !said.contains("created index"),
+        "every table and index came from the script: {said}"
+    );
+    assert!(
+        said.contains(&format!("table {}: exists, nothing to do", p.table)),
+        "{said}"
+    );
+    if script.contains("CREATE PUBLICATION") {
+        assert!(
+            said.contains("publication") && said.contains("exists, nothing to do"),
+            "{said}"
+        );
+    }
+    let out = p.outboxd(&["check"]);
+    assert!(
+        out.status.success(),
+        "check accepts tables made by the script: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    E::execute(&p, &format!("DROP TABLE IF EXISTS {inbox}")).await;
+    p.cleanup().await;
+}
