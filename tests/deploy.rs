@@ -74,8 +74,8 @@ fn metric_names(text: &str) -> Vec<String> {
 fn every_metric_the_kit_uses_is_documented() {
     let readme = std::fs::read_to_string(root().join("README.md")).expect("README");
     let documented = metric_names(&readme);
-    let rules = std::fs::read_to_string(root().join("deploy/prometheus/outboxd.rules.yml"))
-        .expect("rules");
+    let rules =
+        std::fs::read_to_string(root().join("deploy/prometheus/outboxd.rules.yml")).expect("rules");
     let dashboard =
         std::fs::read_to_string(root().join("deploy/grafana/outboxd.json")).expect("dashboard");
     for (file, text) in [("rules", &rules), ("dashboard", &dashboard)] {

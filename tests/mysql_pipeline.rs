@@ -352,3 +352,8 @@ async fn a_large_transaction_read_again_is_not_sent_again() {
 async fn a_topic_outside_the_allowed_list_is_never_written() {
     scenarios::a_topic_outside_the_allowed_list_is_never_written::<MysqlServices>().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_schema_command_prints_what_init_and_check_expect() {
+    scenarios::the_schema_command_prints_what_init_and_check_expect::<MysqlServices>().await;
+}
