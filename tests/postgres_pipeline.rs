@@ -187,3 +187,8 @@ async fn a_topic_outside_the_allowed_list_is_never_written() {
 async fn the_schema_command_prints_what_init_and_check_expect() {
     scenarios::the_schema_command_prints_what_init_and_check_expect::<PgServices>().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_names_a_missing_table_grant() {
+    scenarios::check_names_a_missing_table_grant::<PgServices>().await;
+}

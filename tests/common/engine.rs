@@ -85,6 +85,8 @@ pub trait Engine: Sized {
     /// Runs `sql` as the admin role would (what a migration tool applies), then gives the
     /// runtime role its grants, as after `init`.
     fn execute_as_admin(p: &Pipeline<Self>, sql: &str) -> impl Future<Output = ()>;
+    /// Takes UPDATE on the pipeline's outbox away from the runtime role.
+    fn revoke_outbox_update(p: &Pipeline<Self>) -> impl Future<Output = ()>;
     /// The id of the row with `message_id`.
     fn row_id(p: &Pipeline<Self>, message_id: &str) -> impl Future<Output = i64>;
     /// Locks the pipeline's checkpoint row in an open transaction, returning once the lock

@@ -245,6 +245,14 @@ heartbeat = "1s""#,
         p.sql().await.query_drop(sql).await.expect(sql);
     }
 
+    async fn revoke_outbox_update(p: &MysqlPipeline) {
+        let sql = format!(
+            "REVOKE UPDATE ON `{}` FROM '{}'@'%'",
+            p.table, p.services.run_user
+        );
+        Self::execute(p, &sql).await;
+    }
+
     async fn execute_as_admin(p: &MysqlPipeline, sql: &str) {
         // MySQL has no owners: the admin's database-level grants cover what anyone creates.
         Self::execute(p, sql).await;

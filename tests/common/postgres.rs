@@ -205,6 +205,14 @@ status_interval = "1s""#,
         p.sql().await.batch_execute(sql).await.expect(sql);
     }
 
+    async fn revoke_outbox_update(p: &TestPipeline) {
+        let sql = format!(
+            "REVOKE UPDATE ON \"{}\" FROM \"{}\"",
+            p.table, p.services.run_user
+        );
+        Self::execute(p, &sql).await;
+    }
+
     async fn execute_as_admin(p: &TestPipeline, sql: &str) {
         // The test's own role may take the admin's identity: the objects are the admin's.
         let admin = p.services.admin_user.replace('"', "\"\"");

@@ -695,3 +695,28 @@ pub async fn the_schema_command_prints_what_init_and_check_expect<E: Engine>() {
     E::execute(&p, &format!("DROP TABLE IF EXISTS {inbox}")).await;
     p.cleanup().await;
 }
+
+/// Issue 12: `check` names a table privilege the runtime role lacks (with the GRANT that
+/// fixes it), instead of passing and leaving `run` to fail at its first write-back.
+pub async fn check_names_a_missing_table_grant<E: Engine>() {
+    let p = Pipeline::<E>::new("grants", 1, "").await;
+    p.init();
+    let out = p.outboxd(&["check"]);
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "check with every grant: {said}");
+    assert!(said.contains("table grants"), "{said}");
+    E::revoke_outbox_update(&p).await;
+    let out = p.outboxd(&["check"]);
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(!out.status.success(), "check must fail: {said}");
+    let line = said
+        .lines()
+        .find(|l| l.contains("table grants"))
+        .unwrap_or_default();
+    assert!(
+        line.contains("FAIL") && line.contains("UPDATE") && line.contains(&p.table),
+        "the missing grant is named: {said}"
+    );
+    assert!(said.contains("GRANT UPDATE ON"), "with the fix: {said}");
+    p.cleanup().await;
+}

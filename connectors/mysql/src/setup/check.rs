@@ -113,6 +113,11 @@ pub(crate) async fn check(c: &MysqlConnector, mode: ReadMode) -> CheckReport {
         Ok(lines) => report.extend(lines),
         Err(e) => report.push(failed_query("outbox table", &e)),
     }
+    push(
+        &mut report,
+        "table grants",
+        check_table_grants(&mut conn, c).await,
+    );
     match check_checkpoint(&mut conn, c, &server).await {
         Ok(lines) => report.extend(lines),
         Err(e) => report.push(failed_query("checkpoint", &e)),
@@ -274,6 +279,95 @@ async fn check_server_id(
                 )
             }
         }
+    })
+}
+
+/// The table privileges `run` needs (README, "Privileges"; `schemas/mysql/grants.sql`),
+/// tried with statements that change nothing (`WHERE 1 = 0`): the server checks the
+/// privileges of a statement before it looks for rows, so the answer is exact whatever
+/// the grants' form (global, database, table, role). Without this line `check` would pass
+/// and `run` fail at its first write-back.
+async fn check_table_grants(
+    conn: &mut Conn,
+    c: &MysqlConnector,
+) -> Result<CheckLine, ConnectorError> {
+    /// ER_TABLEACCESS_DENIED_ERROR, ER_COLUMNACCESS_DENIED_ERROR.
+    const DENIED: [u16; 2] = [1142, 1143];
+    /// ER_NO_SUCH_TABLE: its own line says so.
+    const NO_TABLE: u16 = 1146;
+    let layout = c.layout();
+    let outbox = qualified(&layout.outbox_table);
+    let checkpoint = qualified(&layout.checkpoint_table);
+    let probes = [
+        (
+            &layout.outbox_table,
+            "SELECT",
+            format!("SELECT 1 FROM {outbox} WHERE 1 = 0"),
+        ),
+        (
+            &layout.outbox_table,
+            "UPDATE",
+            format!("UPDATE {outbox} SET status = status WHERE 1 = 0"),
+        ),
+        (
+            &layout.checkpoint_table,
+            "SELECT",
+            format!("SELECT 1 FROM {checkpoint} WHERE 1 = 0"),
+        ),
+        (
+            &layout.checkpoint_table,
+            "INSERT",
+            format!(
+                "INSERT INTO {checkpoint} (pipeline, position) SELECT 'check', 'check' FROM DUAL \
+                 WHERE 1 = 0"
+            ),
+        ),
+        (
+            &layout.checkpoint_table,
+            "UPDATE",
+            format!("UPDATE {checkpoint} SET position = position WHERE 1 = 0"),
+        ),
+    ];
+    let mut missing: Vec<(&String, Vec<&str>)> = Vec::new();
+    for (table, privilege, sql) in &probes {
+        match conn.query_drop(sql).await {
+            Ok(()) => {}
+            Err(mysql_async::Error::Server(e)) if DENIED.contains(&e.code) => {
+                match missing.iter_mut().find(|(t, _)| t == table) {
+                    Some((_, lacking)) => lacking.push(privilege),
+                    None => missing.push((table, vec![privilege])),
+                }
+            }
+            Err(mysql_async::Error::Server(e)) if e.code == NO_TABLE => {}
+            Err(e) => return Err(crate::client::classify(&e, "trying the table privileges")),
+        }
+    }
+    Ok(if missing.is_empty() {
+        CheckLine::ok(
+            "table grants",
+            "the user may read and write back the outbox and the checkpoint",
+        )
+    } else {
+        let said: Vec<String> = (missing.iter())
+            .map(|(table, lacking)| format!("{} on {table}", lacking.join(", ")))
+            .collect();
+        let grants: Vec<String> = (missing.iter())
+            .map(|(table, lacking)| {
+                format!(
+                    "GRANT {} ON {} TO <user>;",
+                    lacking.join(", "),
+                    qualified(table)
+                )
+            })
+            .collect();
+        CheckLine::fail(
+            "table grants",
+            format!("the user lacks {}", said.join("; ")),
+            format!(
+                "as an administrator: {} (see schemas/mysql/grants.sql)",
+                grants.join(" ")
+            ),
+        )
     })
 }
 

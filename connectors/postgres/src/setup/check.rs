@@ -63,6 +63,11 @@ pub(crate) async fn check(c: &PostgresConnector) -> CheckReport {
     }
     push(
         &mut report,
+        "table grants",
+        check_grants(&client, layout).await,
+    );
+    push(
+        &mut report,
         "publication",
         check_publication(&client, &publication, layout).await,
     );
@@ -208,6 +213,72 @@ async fn check_role(client: &Client) -> Result<CheckLine, ConnectorError> {
                 quote_ident(&user)
             ),
         ),
+    })
+}
+
+/// The table privileges `run` needs (README, "Privileges"; `schemas/postgres/grants.sql`),
+/// on the tables that exist: without them `check` would pass and `run` fail at its first
+/// write-back.
+async fn check_grants(client: &Client, layout: &OutboxLayout) -> Result<CheckLine, ConnectorError> {
+    let needs = [
+        (&layout.outbox_table, &["SELECT", "UPDATE"][..]),
+        (
+            &layout.checkpoint_table,
+            &["SELECT", "INSERT", "UPDATE"][..],
+        ),
+    ];
+    // (table, privileges it lacks)
+    let mut missing: Vec<(String, Vec<&str>)> = Vec::new();
+    for (table, privileges) in needs {
+        let name = qualified(table);
+        let mut lacking = Vec::new();
+        for privilege in privileges {
+            let row = query_one(
+                client,
+                "SELECT has_table_privilege(to_regclass($1), $2)",
+                &[&name, privilege],
+                "reading table privileges",
+            )
+            .await?;
+            // NULL: the table does not exist; its own line says so.
+            if get::<Option<bool>>(&row, 0)? == Some(false) {
+                lacking.push(*privilege);
+            }
+        }
+        if !lacking.is_empty() {
+            missing.push((name, lacking));
+        }
+    }
+    let user: String = get(
+        &query_one(client, "SELECT current_user::text", &[], "reading the role").await?,
+        0,
+    )?;
+    Ok(if missing.is_empty() {
+        CheckLine::ok(
+            "table grants",
+            format!("{user} may read and write back the outbox and the checkpoint"),
+        )
+    } else {
+        let said: Vec<String> = (missing.iter())
+            .map(|(table, lacking)| format!("{} on {table}", lacking.join(", ")))
+            .collect();
+        let grants: Vec<String> = (missing.iter())
+            .map(|(table, lacking)| {
+                format!(
+                    "GRANT {} ON {table} TO {};",
+                    lacking.join(", "),
+                    quote_ident(&user)
+                )
+            })
+            .collect();
+        CheckLine::fail(
+            "table grants",
+            format!("{user} lacks {}", said.join("; ")),
+            format!(
+                "as the tables' owner: {} (see schemas/postgres/grants.sql)",
+                grants.join(" ")
+            ),
+        )
     })
 }
 
