@@ -16,6 +16,9 @@ pub mod claims;
 pub mod cli;
 pub mod config;
 mod engines;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod inbox;
 pub mod observability;
 mod reconnect;

@@ -130,88 +130,24 @@ async fn receive_within<C: Connector>(
     headers: &HeaderMap,
     body: Bytes,
 ) -> Response {
-    let fields = (|| {
-        Ok::<_, String>((
-            header_text(headers, "message-id")?,
-            header_text(headers, "webhook-id")?,
-            header_text(headers, "message-type")?,
-            header_text(headers, "biz-key")?,
-        ))
-    })();
-    let (message_id, webhook_id, message_type, biz_key) = match fields {
+    let signed = ingress.secrets.get(&source).map(Vec::as_slice);
+    let fields = match checked_headers(
+        headers,
+        &body,
+        signed,
+        ingress.config.timestamp_tolerance,
+        SystemTime::now(),
+    ) {
         Ok(fields) => fields,
-        Err(e) => return refuse(StatusCode::BAD_REQUEST, e),
-    };
-    let signed = ingress.secrets.get(&source);
-    if let Some(secrets) = signed {
-        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-        if let Err(e) = signature::verify(
-            secrets,
-            header("webhook-id"),
-            header("webhook-timestamp"),
-            header("webhook-signature"),
-            &body,
-            ingress.config.timestamp_tolerance,
-            SystemTime::now(),
-        ) {
-            return refuse(StatusCode::UNAUTHORIZED, e);
-        }
-    }
-    // A signed request's id is the signed `webhook-id`: an unsigned Message-Id must not
-    // let a captured request be stored again under another id.
-    let message_id = if signed.is_some() {
-        webhook_id
-    } else {
-        message_id.or(webhook_id)
-    };
-    let Some(message_id) = message_id else {
-        return refuse(
-            StatusCode::BAD_REQUEST,
-            "missing Message-Id (or webhook-id) header",
-        );
+        Err(Refusal(status, e)) => return refuse(status, e),
     };
     let json_body = match ingress.ingest.payload_is_json().await {
         Ok(json) => json,
         Err(e) => return refuse(StatusCode::SERVICE_UNAVAILABLE, e),
     };
-    let parsed: Option<serde_json::Value> = serde_json::from_slice(&body).ok();
-    if json_body && parsed.is_none() {
-        return refuse(StatusCode::BAD_REQUEST, "the body is not JSON");
-    }
-    let body_type = (parsed.as_ref())
-        .and_then(|v| v.get("type"))
-        .and_then(|t| t.as_str())
-        .map(str::to_owned);
-    let Some(message_type) = message_type.or(body_type) else {
-        return refuse(
-            StatusCode::BAD_REQUEST,
-            "missing Message-Type header (or a top-level \"type\" in the JSON body)",
-        );
-    };
-    let forwarded = [
-        "webhook-timestamp",
-        "content-type",
-        "user-agent",
-        "traceparent",
-    ];
-    let kept: Vec<(String, String)> = forwarded
-        .iter()
-        .filter_map(|name| {
-            let value = headers.get(*name)?.to_str().ok()?;
-            Some(((*name).to_owned(), value.to_owned()))
-        })
-        .collect();
-    // Without a key, no ordering: each message its own key, unique across sources so that
-    // (message_type, biz_key) cannot make one source's message a duplicate of another's.
-    let biz_key = biz_key.unwrap_or_else(|| format!("{source}:{message_id}"));
-    let message = InboxMessage {
-        source,
-        biz_key,
-        message_id,
-        message_type,
-        payload: body.to_vec(),
-        headers: kept,
-        rejected: None,
+    let message = match to_message(source, fields, headers, &body, json_body) {
+        Ok(message) => message,
+        Err(Refusal(status, e)) => return refuse(status, e),
     };
     match ingress
         .ingest
@@ -242,4 +178,119 @@ async fn receive_within<C: Connector>(
             format!("the message cannot be stored: {}", e.message()),
         ),
     }
+}
+
+/// Why a request is refused before it reaches the store: the status and the error.
+#[derive(Debug)]
+pub(crate) struct Refusal(pub(crate) StatusCode, pub(crate) String);
+
+/// What the headers say, once checked.
+#[derive(Clone, Debug)]
+pub(crate) struct Fields {
+    message_id: String,
+    message_type: Option<String>,
+    biz_key: Option<String>,
+}
+
+/// Checks a request's headers, and its signature when the source has `secrets`. Pure (the
+/// fuzz target `inbox_http` feeds it), and done before anything asks the database.
+pub(crate) fn checked_headers(
+    headers: &HeaderMap,
+    body: &[u8],
+    secrets: Option<&[Secret]>,
+    tolerance: std::time::Duration,
+    now: SystemTime,
+) -> Result<Fields, Refusal> {
+    let bad = |e: String| Refusal(StatusCode::BAD_REQUEST, e);
+    let message_id = header_text(headers, "message-id").map_err(bad)?;
+    let webhook_id = header_text(headers, "webhook-id").map_err(bad)?;
+    let message_type = header_text(headers, "message-type").map_err(bad)?;
+    let biz_key = header_text(headers, "biz-key").map_err(bad)?;
+    if let Some(secrets) = secrets {
+        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        signature::verify(
+            secrets,
+            header("webhook-id"),
+            header("webhook-timestamp"),
+            header("webhook-signature"),
+            body,
+            tolerance,
+            now,
+        )
+        .map_err(|e| Refusal(StatusCode::UNAUTHORIZED, e.to_string()))?;
+    }
+    // A signed request's id is the signed `webhook-id`: an unsigned Message-Id must not
+    // let a captured request be stored again under another id.
+    let message_id = if secrets.is_some() {
+        webhook_id
+    } else {
+        message_id.or(webhook_id)
+    };
+    let message_id = message_id.ok_or_else(|| {
+        Refusal(
+            StatusCode::BAD_REQUEST,
+            "missing Message-Id (or webhook-id) header".into(),
+        )
+    })?;
+    Ok(Fields {
+        message_id,
+        message_type,
+        biz_key,
+    })
+}
+
+/// The message to store for a request whose headers passed [`checked_headers`];
+/// `json_body` when the inbox's payload column is JSON. Pure.
+pub(crate) fn to_message(
+    source: String,
+    fields: Fields,
+    headers: &HeaderMap,
+    body: &[u8],
+    json_body: bool,
+) -> Result<InboxMessage, Refusal> {
+    let parsed: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    if json_body && parsed.is_none() {
+        return Err(Refusal(
+            StatusCode::BAD_REQUEST,
+            "the body is not JSON".into(),
+        ));
+    }
+    let body_type = (parsed.as_ref())
+        .and_then(|v| v.get("type"))
+        .and_then(|t| t.as_str())
+        .map(str::to_owned);
+    let Some(message_type) = fields.message_type.or(body_type) else {
+        return Err(Refusal(
+            StatusCode::BAD_REQUEST,
+            "missing Message-Type header (or a top-level \"type\" in the JSON body)".into(),
+        ));
+    };
+    let forwarded = [
+        "webhook-timestamp",
+        "content-type",
+        "user-agent",
+        "traceparent",
+    ];
+    let kept: Vec<(String, String)> = forwarded
+        .iter()
+        .filter_map(|name| {
+            let value = headers.get(*name)?.to_str().ok()?;
+            Some(((*name).to_owned(), value.to_owned()))
+        })
+        .collect();
+    // Without a key, no ordering: each message its own key, unique across sources so that
+    // (message_type, biz_key) cannot make one source's message a duplicate of another's.
+    let message_id = fields.message_id;
+    let biz_key = fields
+        .biz_key
+        .unwrap_or_else(|| format!("{source}:{message_id}"));
+    Ok(InboxMessage {
+        source,
+        biz_key,
+        message_id,
+        message_type,
+        payload: body.to_vec(),
+        headers: kept,
+        rejected: None,
+    })
 }

@@ -28,6 +28,9 @@
 
 mod client;
 mod config;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod log;
 mod schema;
 mod setup;

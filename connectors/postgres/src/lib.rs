@@ -29,6 +29,9 @@
 
 mod client;
 mod config;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod log;
 mod outbox_table;
 mod schema;

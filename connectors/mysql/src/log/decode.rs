@@ -730,6 +730,37 @@ fn info_class(data_type: &str) -> Option<&'static str> {
     })
 }
 
+/// Reads one event from the bytes the server sent for it, as the binlog stream does
+/// (`mysql_common`'s `Event::read`), after checking the event size in its header against
+/// them: `Event::read` allocates the size the header declares (up to 4 GiB) and panics
+/// when fewer bytes follow (found by the `binlog_decoder` fuzz target). The stream itself
+/// gets its events from `mysql_async`, which calls `Event::read` unguarded: there the
+/// panic is caught (`log::stream`'s `next_event`).
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) fn read_event(
+    fde: &mysql_async::binlog::events::FormatDescriptionEvent<'_>,
+    bytes: &[u8],
+) -> std::io::Result<Event> {
+    let size = bytes
+        .get(9..13)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    match size.and_then(|s| usize::try_from(s).ok()) {
+        Some(size) if (EVENT_HEADER_LEN..=bytes.len()).contains(&size) => Event::read(fde, bytes),
+        _ => Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "binlog event of {} bytes declares {size:?} in its header",
+                bytes.len()
+            ),
+        )),
+    }
+}
+
+/// The common header of every binlog event (v4): timestamp, type, server id, event size,
+/// log position, flags.
+#[cfg(any(test, feature = "fuzzing"))]
+const EVENT_HEADER_LEN: usize = 19;
+
 /// The 6-byte table id that starts table map and rows events (binlog v4).
 fn table_id(data: &[u8]) -> Option<u64> {
     let b = data.get(..6)?;
@@ -1200,6 +1231,42 @@ mod tests {
 
     /// Corrupted bodies (header intact, so the framing holds): the decoder returns errors,
     /// it never panics. A deterministic stand-in for fuzzing.
+    #[test]
+    fn an_event_shorter_than_its_header_says_is_an_error() {
+        // What the `binlog_decoder` fuzz target found at once: a header declaring more
+        // bytes than follow. `Event::read` alone allocates them and panics on the
+        // missing ones (here 1.5 GB declared, none sent).
+        let fde = FormatDescriptionEvent::new(BinlogVersion::Version4);
+        let mut event = vec![0u8; 19];
+        event[4] = EventType::QUERY_EVENT as u8;
+        event[9..13].copy_from_slice(&0x5a5a_5a5au32.to_le_bytes());
+        assert!(read_event(&fde, &event).is_err());
+        // Shorter than a header, or declaring less than one.
+        assert!(read_event(&fde, &event[..12]).is_err());
+        event[9..13].copy_from_slice(&18u32.to_le_bytes());
+        assert!(read_event(&fde, &event).is_err());
+        // The captured events all read.
+        let mut fde = fde;
+        for line in include_str!("testdata/mariadb_outbox.hex").lines() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let bytes: Vec<u8> = (0..line.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&line[i..i + 2], 16).unwrap())
+                .collect();
+            let event = read_event(&fde, &bytes).unwrap();
+            if event.header().event_type_raw() == EventType::FORMAT_DESCRIPTION_EVENT as u8 {
+                fde = event
+                    .read_event::<FormatDescriptionEvent>()
+                    .unwrap()
+                    .into_owned()
+                    .with_footer(event.footer());
+            }
+        }
+    }
+
     #[test]
     fn corrupted_events_are_errors_not_panics() {
         let mut fde = FormatDescriptionEvent::new(BinlogVersion::Version4);

@@ -266,6 +266,32 @@ async fn start_binlog(
 
 /// Classifies an error of the binlog connection; 1236 (the server cannot send the binlog
 /// asked for) is definite and names the fix.
+/// The next item of the binlog stream; `Err(())` when reading it panicked. `mysql_common`
+/// reads each event by the size its header declares: it allocates that much and panics
+/// when the packet holds fewer bytes (the `binlog_decoder` fuzz target found it; see
+/// `log::decode::read_event`). Bytes from the network must not take the task down.
+async fn next_event(
+    binlog: &mut BinlogStream,
+) -> Result<Option<Result<mysql_async::binlog::events::Event, mysql_async::Error>>, ()> {
+    futures_util::future::poll_fn(|cx| {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| binlog.poll_next_unpin(cx)))
+        {
+            Ok(poll) => poll.map(Ok),
+            Err(_) => std::task::Poll::Ready(Err(())),
+        }
+    })
+    .await
+}
+
+/// The error for an event the binlog stream could not even read.
+fn malformed_event(at: &BinlogPosition, pipeline: &str) -> ConnectorError {
+    ConnectorError::definite(format!(
+        "pipeline `{pipeline}`: the server sent a malformed binlog event after {at} (its \
+         header declares more bytes than the packet holds); check the binlog on the server \
+         (mysqlbinlog) and connect with sslmode=verify-full, so nothing between can alter it"
+    ))
+}
+
 fn stream_error(e: &mysql_async::Error, at: &BinlogPosition, pipeline: &str) -> ConnectorError {
     if let mysql_async::Error::Server(server) = e {
         if server.code == 1236 {
@@ -432,8 +458,10 @@ impl Task {
             let silent_at = self.last_heard + self.idle_timeout;
             let due_at = self.checkpoint.due();
             tokio::select! {
-                event = self.binlog.next() => {
-                    let event = match event {
+                event = next_event(&mut self.binlog) => {
+                    let event = match event.map_err(|()| {
+                        malformed_event(&self.decoder.position(), &self.pipeline)
+                    })? {
                         Some(Ok(event)) => event,
                         Some(Err(e)) => {
                             return Err(stream_error(&e, &self.decoder.position(), &self.pipeline));

@@ -88,7 +88,7 @@ impl AsyncWrite for PgStream {
 }
 
 /// A backend message, including the one `postgres-protocol` does not know.
-enum Backend {
+pub(crate) enum Backend {
     Message(Message),
     CopyBothResponse,
 }
@@ -488,21 +488,10 @@ impl ReplicationConnection {
     /// Reads one backend message. Cancel-safe: bytes read stay in `rbuf`.
     async fn read_backend(&mut self) -> Result<Backend, ConnectorError> {
         loop {
-            if let Some(header) =
-                Header::parse(&self.rbuf).map_err(|e| self.protocol_error("message header", e))?
+            if let Some(backend) = next_backend(&mut self.rbuf)
+                .map_err(|e| self.protocol_error("backend message", e))?
             {
-                if header.tag() == COPY_BOTH_RESPONSE_TAG {
-                    let total = usize::try_from(header.len()).unwrap_or(0).saturating_add(1);
-                    if self.rbuf.len() >= total {
-                        // Format and per-column formats: nothing to use for pgoutput.
-                        self.rbuf.advance(total);
-                        return Ok(Backend::CopyBothResponse);
-                    }
-                } else if let Some(message) = Message::parse(&mut self.rbuf)
-                    .map_err(|e| self.protocol_error("backend message", e))?
-                {
-                    return Ok(Backend::Message(message));
-                }
+                return Ok(backend);
             }
             let n = self.io.read_buf(&mut self.rbuf).await.map_err(|e| {
                 ConnectorError::transient(format!("{}: read failed", self.context())).with_source(e)
@@ -551,6 +540,42 @@ impl ReplicationConnection {
         ))
         .with_source(e)
     }
+}
+
+/// The largest backend message accepted: PostgreSQL sends none larger than 1 GiB (its
+/// `MaxAllocSize`), plus the CopyData/XLogData headers.
+pub(crate) const MAX_BACKEND_MESSAGE: usize = (1 << 30) + 1024;
+
+/// Takes the next complete backend message off the front of `rbuf`; `None` until it is
+/// all there. Pure; never panics. The length field is checked before anything is done
+/// with it, and nothing is reserved for it: the buffer grows only as bytes arrive, so a
+/// hostile length cannot make outboxd allocate what the peer never sends
+/// (`postgres_protocol`'s `Message::parse` reserves the declared length, so it is called
+/// only once the whole message is buffered).
+pub(crate) fn next_backend(rbuf: &mut BytesMut) -> io::Result<Option<Backend>> {
+    let Some(header) = Header::parse(rbuf)? else {
+        return Ok(None);
+    };
+    let len = usize::try_from(header.len()).unwrap_or(usize::MAX);
+    if !(4..=MAX_BACKEND_MESSAGE).contains(&len) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "backend message `{}` declares {len} bytes (at most {MAX_BACKEND_MESSAGE})",
+                char::from(header.tag()).escape_default()
+            ),
+        ));
+    }
+    let total = len + 1;
+    if rbuf.len() < total {
+        return Ok(None);
+    }
+    if header.tag() == COPY_BOTH_RESPONSE_TAG {
+        // Format and per-column formats: nothing to use for pgoutput.
+        rbuf.advance(total);
+        return Ok(Some(Backend::CopyBothResponse));
+    }
+    Ok(Message::parse(rbuf)?.map(Backend::Message))
 }
 
 /// Sends SSLRequest and wraps the socket in TLS when the server agrees, per the TLS
@@ -823,6 +848,33 @@ mod tests {
             assert!(ReplicationMessage::parse(k.slice(..len)).is_err());
         }
         assert!(ReplicationMessage::parse(Bytes::from_static(b"x")).is_err());
+    }
+
+    #[test]
+    fn a_hostile_length_is_refused_before_any_allocation() {
+        // A CopyData header declaring 4 GiB: `Message::parse` alone would reserve it
+        // before a byte of the body arrived.
+        let mut rbuf = BytesMut::from(&[b'd', 0xff, 0xff, 0xff, 0xff, b'w'][..]);
+        assert!(next_backend(&mut rbuf).is_err());
+        assert!(rbuf.capacity() < 64, "reserved {}", rbuf.capacity());
+        // Within the bound but not yet received: wait for the bytes, reserve nothing.
+        let mut rbuf = BytesMut::from(&[b'd', 0x10, 0, 0, 0, b'w'][..]);
+        assert!(next_backend(&mut rbuf).unwrap().is_none());
+        assert!(rbuf.capacity() < 64, "reserved {}", rbuf.capacity());
+        // A length below its own four bytes.
+        assert!(next_backend(&mut BytesMut::from(&[b'd', 0, 0, 0, 3][..])).is_err());
+        // Complete messages come out one by one, the rest stays buffered.
+        let mut rbuf = BytesMut::from(&[b'W', 0, 0, 0, 4, b'c', 0, 0, 0, 4, b'd'][..]);
+        assert!(matches!(
+            next_backend(&mut rbuf).unwrap(),
+            Some(Backend::CopyBothResponse)
+        ));
+        assert!(matches!(
+            next_backend(&mut rbuf).unwrap(),
+            Some(Backend::Message(Message::CopyDone))
+        ));
+        assert!(next_backend(&mut rbuf).unwrap().is_none());
+        assert_eq!(&rbuf[..], b"d");
     }
 
     #[test]
