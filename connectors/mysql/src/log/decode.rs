@@ -731,29 +731,51 @@ fn info_class(data_type: &str) -> Option<&'static str> {
 }
 
 /// Reads one event from the bytes the server sent for it, as the binlog stream does
-/// (`mysql_common`'s `Event::read`), after checking the event size in its header against
-/// them: `Event::read` allocates the size the header declares (up to 4 GiB) and panics
-/// when fewer bytes follow (found by the `binlog_decoder` fuzz target). The stream itself
-/// gets its events from `mysql_async`, which calls `Event::read` unguarded: there the
-/// panic is caught (`log::stream`'s `next_event`).
+/// (`mysql_common`'s `Event::read`), after checking the sizes `Event::read` trusts (both
+/// found by the `binlog_decoder` fuzz target): it allocates the event size the header
+/// declares (up to 4 GiB) and panics when fewer bytes follow; and it cuts the CRC32 (and
+/// a format description's checksum algorithm) off the body without checking the body
+/// holds them, which panics (subtract with overflow, or a slice out of range). The
+/// stream itself gets its events from `mysql_async`, which calls `Event::read`
+/// unguarded: there the panic is caught (`log::stream`'s `next_event`).
 #[cfg(any(test, feature = "fuzzing"))]
 pub(crate) fn read_event(
     fde: &mysql_async::binlog::events::FormatDescriptionEvent<'_>,
     bytes: &[u8],
 ) -> std::io::Result<Event> {
+    let invalid = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
     let size = bytes
         .get(9..13)
         .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-    match size.and_then(|s| usize::try_from(s).ok()) {
-        Some(size) if (EVENT_HEADER_LEN..=bytes.len()).contains(&size) => Event::read(fde, bytes),
-        _ => Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!(
+    let size = match size.and_then(|s| usize::try_from(s).ok()) {
+        Some(size) if (EVENT_HEADER_LEN..=bytes.len()).contains(&size) => size,
+        _ => {
+            return Err(invalid(format!(
                 "binlog event of {} bytes declares {size:?} in its header",
                 bytes.len()
-            ),
-        )),
+            )))
+        }
+    };
+    let body = size - EVENT_HEADER_LEN;
+    let footer = fde.footer();
+    let is_fde = bytes.get(4) == Some(&(EventType::FORMAT_DESCRIPTION_EVENT as u8));
+    let checksummed = footer.get_checksum_enabled()
+        && !matches!(
+            footer.get_checksum_alg(),
+            Ok(None | Some(BinlogChecksumAlg::BINLOG_CHECKSUM_ALG_OFF))
+        );
+    // A format description carries its own checksum algorithm byte and CRC32.
+    let trailer = if is_fde {
+        5
+    } else {
+        4 * usize::from(checksummed)
+    };
+    if body < trailer {
+        return Err(invalid(format!(
+            "binlog event body of {body} bytes cannot hold its {trailer}-byte checksum"
+        )));
     }
+    Event::read(fde, bytes)
 }
 
 /// The common header of every binlog event (v4): timestamp, type, server id, event size,
@@ -1245,6 +1267,21 @@ mod tests {
         assert!(read_event(&fde, &event[..12]).is_err());
         event[9..13].copy_from_slice(&18u32.to_le_bytes());
         assert!(read_event(&fde, &event).is_err());
+        // Found next: after a format description that turns CRC32 on, an event of 19 + 2
+        // bytes; `Event::read` cut 4 checksum bytes off its 2-byte body.
+        let crc_fde = fixture()
+            .into_iter()
+            .find(|e| e.header().event_type_raw() == EventType::FORMAT_DESCRIPTION_EVENT as u8)
+            .unwrap();
+        let crc_fde = crc_fde
+            .read_event::<FormatDescriptionEvent>()
+            .unwrap()
+            .into_owned()
+            .with_footer(crc_fde.footer());
+        let mut short = vec![0u8; 21];
+        short[4] = EventType::XID_EVENT as u8;
+        short[9..13].copy_from_slice(&21u32.to_le_bytes());
+        assert!(read_event(&crc_fde, &short).is_err());
         // The captured events all read.
         let mut fde = fde;
         for line in include_str!("testdata/mariadb_outbox.hex").lines() {

@@ -267,9 +267,10 @@ async fn start_binlog(
 /// Classifies an error of the binlog connection; 1236 (the server cannot send the binlog
 /// asked for) is definite and names the fix.
 /// The next item of the binlog stream; `Err(())` when reading it panicked. `mysql_common`
-/// reads each event by the size its header declares: it allocates that much and panics
-/// when the packet holds fewer bytes (the `binlog_decoder` fuzz target found it; see
-/// `log::decode::read_event`). Bytes from the network must not take the task down.
+/// trusts an event's sizes: it allocates the size its header declares and panics when the
+/// packet holds fewer bytes, or when the body is too short for its CRC32 (the
+/// `binlog_decoder` fuzz target found both; see `log::decode::read_event`). Bytes from
+/// the network must not take the task down.
 async fn next_event(
     binlog: &mut BinlogStream,
 ) -> Result<Option<Result<mysql_async::binlog::events::Event, mysql_async::Error>>, ()> {
@@ -286,8 +287,8 @@ async fn next_event(
 /// The error for an event the binlog stream could not even read.
 fn malformed_event(at: &BinlogPosition, pipeline: &str) -> ConnectorError {
     ConnectorError::definite(format!(
-        "pipeline `{pipeline}`: the server sent a malformed binlog event after {at} (its \
-         header declares more bytes than the packet holds); check the binlog on the server \
+        "pipeline `{pipeline}`: the server sent a malformed binlog event after {at} (shorter \
+         than its header or checksum says); check the binlog on the server \
          (mysqlbinlog) and connect with sslmode=verify-full, so nothing between can alter it"
     ))
 }
