@@ -155,3 +155,16 @@ fn roundtrip<T: std::fmt::Display>(value: &T, parse: impl Fn(&str) -> Option<T>)
     let again = parse(&printed).unwrap_or_else(|| panic!("`{printed}` does not parse again"));
     assert_eq!(again.to_string(), printed, "printed form changed");
 }
+
+#[cfg(test)]
+mod tests {
+    /// The inputs on which `binlog_decoder` found panics in `mysql_common` (an event
+    /// shorter than its header says, a body too short for its CRC32, a table map without
+    /// the metadata of its columns): errors now.
+    #[test]
+    fn crashes_found_by_fuzzing_are_errors() {
+        super::binlog_decoder(include_bytes!("log/testdata/fuzz/event_size.bin"));
+        super::binlog_decoder(include_bytes!("log/testdata/fuzz/short_checksum.bin"));
+        super::binlog_decoder(include_bytes!("log/testdata/fuzz/column_metadata.bin"));
+    }
+}

@@ -28,7 +28,7 @@
 
 mod client;
 mod config;
-#[cfg(feature = "fuzzing")]
+#[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
 mod log;

@@ -481,6 +481,16 @@ impl Decoder {
             let ty = tme.get_column_type(i).ok().flatten().ok_or_else(|| {
                 self.bad(format!("column {i} of the table map has an unknown type"))
             })?;
+            // mysql_common indexes each value's column metadata unchecked: an empty slice
+            // when the table map's metadata is too short, and always for a typed array
+            // (its metadata is the element type's, without the type byte it reads first).
+            // Both panic (found by the `binlog_decoder` fuzz target); no outbox column is
+            // a typed array, so a row is decoded only with all of the metadata there.
+            if ty == ColumnType::MYSQL_TYPE_TYPED_ARRAY || tme.get_column_metadata(i).is_none() {
+                return Err(self.bad(format!(
+                    "column {i} of the table map (type {ty:?}) lacks its type's metadata"
+                )));
+            }
             shape.push(ty as u8);
         }
         let logged_names = logged_column_names(&tme);
