@@ -526,12 +526,8 @@ pub async fn a_row_parked_while_the_relay_runs_holds_its_key<E: Engine>() {
         2,
         "other-2 sent"
     );
-    // The write-back of other-2 now waits; what follows is not read until it commits.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    writer.commit(&event("k", 1), "opark").await;
-    writer.commit(&event("k", 2), "opark").await;
-    writer.commit(&event("other", 3), "opark").await;
-    // The held write-back shows on /metrics while it lasts.
+    // The write-back of other-2 now waits (shown on /metrics while it lasts); what
+    // follows is not read until it commits.
     let waited = wait_for(
         "the write-back wait on /metrics",
         Duration::from_secs(10),
@@ -542,10 +538,14 @@ pub async fn a_row_parked_while_the_relay_runs_holds_its_key<E: Engine>() {
     )
     .await;
     assert!(waited > 0.2);
+    writer.commit(&event("k", 1), "opark").await;
+    writer.commit(&event("k", 2), "opark").await;
+    writer.commit(&event("other", 3), "opark").await;
     let parked = p.row_id("opark-k-1").await.to_string();
     let out = p.outboxd(&["park", "--id", &parked, "--reason", "hold the order"]);
     assert!(out.status.success(), "park: {out:?}");
-    // Past the relay's refresh period, then release it.
+    // Past the relay's refresh period (a duration the relay must let pass, not an
+    // event to wait for), then release it.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     drop(lock);
 
