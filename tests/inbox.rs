@@ -16,7 +16,7 @@ fn env_or(name: &str, default: &str) -> String {
 }
 
 fn kafka() -> String {
-    env_or("OUTBOXD_TEST_KAFKA", "127.0.0.1:39092")
+    env_or("OUTBOXD_TEST_KAFKA", "127.0.0.1:29092")
 }
 
 /// One test's inbox on PostgreSQL: its own schema (inbox, outbox, effects tables), topic,
@@ -33,7 +33,7 @@ async fn pg() -> tokio_postgres::Client {
     let conn = format!(
         "host={} port={} user={} password={} dbname={}",
         env_or("OUTBOXD_TEST_PG_HOST", "127.0.0.1"),
-        env_or("OUTBOXD_TEST_PG_PORT", "55432"),
+        env_or("OUTBOXD_TEST_PG_PORT", "25432"),
         env_or("OUTBOXD_TEST_PG_USER", "outboxd"),
         env_or("OUTBOXD_TEST_PG_PASSWORD", "outboxd"),
         env_or("OUTBOXD_TEST_PG_DATABASE", "outboxd"),
@@ -100,7 +100,7 @@ jitter = "0ms"
 {inbox_toml}
 "#,
             host = env_or("OUTBOXD_TEST_PG_HOST", "127.0.0.1"),
-            port_pg = env_or("OUTBOXD_TEST_PG_PORT", "55432"),
+            port_pg = env_or("OUTBOXD_TEST_PG_PORT", "25432"),
             user = env_or("OUTBOXD_TEST_PG_USER", "outboxd"),
             password = env_or("OUTBOXD_TEST_PG_PASSWORD", "outboxd"),
             database = env_or("OUTBOXD_TEST_PG_DATABASE", "outboxd"),

@@ -117,16 +117,16 @@ fn env_or(name: &str, default: &str) -> String {
 fn services_from_env() -> anyhow::Result<Services> {
     Ok(Services {
         pg_host: env_or("OUTBOXD_TEST_PG_HOST", "127.0.0.1"),
-        pg_port: env_or("OUTBOXD_TEST_PG_PORT", "55432")
+        pg_port: env_or("OUTBOXD_TEST_PG_PORT", "25432")
             .parse()
             .context("OUTBOXD_TEST_PG_PORT")?,
         pg_user: env_or("OUTBOXD_TEST_PG_USER", "outboxd"),
         pg_password: env_or("OUTBOXD_TEST_PG_PASSWORD", "outboxd"),
         pg_database: env_or("OUTBOXD_TEST_PG_DATABASE", "outboxd"),
         pg_bin: PathBuf::from(env_or("OUTBOXD_PG_BIN", "/usr/lib/postgresql/15/bin")),
-        kafka: env_or("OUTBOXD_TEST_KAFKA", "127.0.0.1:39092"),
+        kafka: env_or("OUTBOXD_TEST_KAFKA", "127.0.0.1:29092"),
         mysql_host: env_or("OUTBOXD_TEST_MYSQL_HOST", "127.0.0.1"),
-        mysql_port: env_or("OUTBOXD_TEST_MYSQL_PORT", "33306")
+        mysql_port: env_or("OUTBOXD_TEST_MYSQL_PORT", "23306")
             .parse()
             .context("OUTBOXD_TEST_MYSQL_PORT")?,
         mysql_user: env_or("OUTBOXD_TEST_MYSQL_USER", "outboxd"),

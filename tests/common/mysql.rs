@@ -46,7 +46,7 @@ impl MysqlServices {
     fn with_guard(guard: BinlogGuard) -> Self {
         Self {
             host: env_or("OUTBOXD_TEST_MYSQL_HOST", "127.0.0.1"),
-            port: env_or("OUTBOXD_TEST_MYSQL_PORT", "33306")
+            port: env_or("OUTBOXD_TEST_MYSQL_PORT", "23306")
                 .parse()
                 .expect("OUTBOXD_TEST_MYSQL_PORT"),
             user: env_or("OUTBOXD_TEST_MYSQL_USER", "outboxd"),
@@ -56,7 +56,7 @@ impl MysqlServices {
             run_password: env_or("OUTBOXD_TEST_MYSQL_RUN_PASSWORD", "outboxd_run"),
             admin_user: env_or("OUTBOXD_TEST_MYSQL_ADMIN_USER", "outboxd_admin"),
             admin_password: env_or("OUTBOXD_TEST_MYSQL_ADMIN_PASSWORD", "outboxd_admin"),
-            kafka: env_or("OUTBOXD_TEST_KAFKA", "127.0.0.1:39092"),
+            kafka: env_or("OUTBOXD_TEST_KAFKA", "127.0.0.1:29092"),
             _binlog: guard,
         }
     }

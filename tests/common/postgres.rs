@@ -85,7 +85,7 @@ impl Engine for PgServices {
     fn from_env() -> Self {
         Self {
             pg_host: env_or("OUTBOXD_TEST_PG_HOST", "127.0.0.1"),
-            pg_port: env_or("OUTBOXD_TEST_PG_PORT", "55432")
+            pg_port: env_or("OUTBOXD_TEST_PG_PORT", "25432")
                 .parse()
                 .expect("OUTBOXD_TEST_PG_PORT"),
             pg_user: env_or("OUTBOXD_TEST_PG_USER", "outboxd"),
@@ -95,7 +95,7 @@ impl Engine for PgServices {
             run_password: env_or("OUTBOXD_TEST_PG_RUN_PASSWORD", "outboxd_run"),
             admin_user: env_or("OUTBOXD_TEST_PG_ADMIN_USER", "outboxd_admin"),
             admin_password: env_or("OUTBOXD_TEST_PG_ADMIN_PASSWORD", "outboxd_admin"),
-            kafka: env_or("OUTBOXD_TEST_KAFKA", "127.0.0.1:39092"),
+            kafka: env_or("OUTBOXD_TEST_KAFKA", "127.0.0.1:29092"),
         }
     }
 

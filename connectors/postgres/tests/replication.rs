@@ -2,7 +2,7 @@
 //!
 //! Server: `scripts/services start postgres && eval "$(scripts/services env)"`, or any
 //! cluster with `wal_level=logical` named by OUTBOXD_TEST_PG_HOST/PORT/USER/PASSWORD/
-//! DATABASE (defaults 127.0.0.1, 55432, outboxd, outboxd, outboxd). Each test makes its
+//! DATABASE (defaults 127.0.0.1, 25432, outboxd, outboxd, outboxd). Each test makes its
 //! own table, publication and slot, and drops the slot at the end.
 //!
 //! `cargo test -p outboxd-postgres --test replication -- --ignored capture` regenerates
@@ -26,7 +26,7 @@ fn env(name: &str, default: &str) -> String {
 fn config(user: &str, password: Option<&str>, sslmode: SslMode) -> PostgresConfig {
     PostgresConfig {
         host: env("HOST", "127.0.0.1"),
-        port: env("PORT", "55432").parse().expect("OUTBOXD_TEST_PG_PORT"),
+        port: env("PORT", "25432").parse().expect("OUTBOXD_TEST_PG_PORT"),
         user: user.to_owned(),
         password: password.map(Into::into),
         password_file: None,

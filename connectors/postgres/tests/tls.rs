@@ -39,7 +39,7 @@ fn wrong_ca() -> PathBuf {
 }
 
 fn port() -> u16 {
-    env("OUTBOXD_TEST_PG_PORT", "55432")
+    env("OUTBOXD_TEST_PG_PORT", "25432")
         .parse()
         .expect("OUTBOXD_TEST_PG_PORT")
 }

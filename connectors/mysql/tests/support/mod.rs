@@ -17,7 +17,7 @@ fn env_or(name: &str, default: &str) -> String {
 pub fn config() -> MysqlConfig {
     MysqlConfig {
         host: env_or("OUTBOXD_TEST_MYSQL_HOST", "127.0.0.1"),
-        port: env_or("OUTBOXD_TEST_MYSQL_PORT", "33306")
+        port: env_or("OUTBOXD_TEST_MYSQL_PORT", "23306")
             .parse()
             .expect("OUTBOXD_TEST_MYSQL_PORT"),
         user: env_or("OUTBOXD_TEST_MYSQL_USER", "outboxd"),

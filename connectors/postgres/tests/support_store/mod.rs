@@ -27,7 +27,7 @@ impl PgEnv {
         };
         Self {
             host: var("HOST", "127.0.0.1"),
-            port: var("PORT", "55432")
+            port: var("PORT", "25432")
                 .parse()
                 .expect("OUTBOXD_TEST_PG_PORT is a port number"),
             user: var("USER", "outboxd"),
