@@ -202,6 +202,73 @@ pub struct KafkaConfig {
     /// File holding the librdkafka option `ssl.key.password`, read at load into `options`.
     #[serde(default)]
     pub ssl_key_password_file: Option<PathBuf>,
+    /// `[kafka.cloudevents]`: every record also carries CloudEvents attributes as headers
+    /// (the Kafka protocol binding's binary content mode); off when the section is absent.
+    #[serde(default)]
+    pub cloudevents: Option<CloudEventsConfig>,
+}
+
+/// `[kafka.cloudevents]`: `ce_id` is the message id, `ce_type` the message type,
+/// `ce_subject` the biz_key and `ce_time` the row's `created_at`; these two are the
+/// pipeline's own.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CloudEventsConfig {
+    /// `ce_source`, a URI-reference naming what produced the events. Default:
+    /// `/outboxd/<pipeline.name>`.
+    pub source: Option<String>,
+    /// `content-type` (the event's `datacontenttype`) unless the row's `headers` set one.
+    pub content_type: String,
+}
+
+impl Default for CloudEventsConfig {
+    fn default() -> Self {
+        Self {
+            source: None,
+            content_type: "application/json".into(),
+        }
+    }
+}
+
+impl CloudEventsConfig {
+    /// `ce_source` for `pipeline`.
+    pub fn source(&self, pipeline: &str) -> String {
+        self.source
+            .clone()
+            .unwrap_or_else(|| format!("/outboxd/{pipeline}"))
+    }
+
+    /// A non-empty URI-reference (RFC 3986 characters, `%` followed by two hex digits) and
+    /// a media type: header values consumers parse.
+    fn validate(&self) -> Result<(), String> {
+        if let Some(source) = &self.source {
+            let bytes = source.as_bytes();
+            let uri_char =
+                |b: u8| b.is_ascii_alphanumeric() || b"-._~:/?#[]@!$&'()*+,;=%".contains(&b);
+            let escapes_ok = bytes.iter().enumerate().all(|(i, b)| {
+                *b != b'%'
+                    || bytes
+                        .get(i + 1..i + 3)
+                        .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
+            });
+            if source.is_empty() || !bytes.iter().all(|b| uri_char(*b)) || !escapes_ok {
+                return Err(format!(
+                    "kafka.cloudevents.source `{source}` must be a non-empty URI-reference \
+                     (e.g. `/orders-service` or `urn:example:orders`; percent-encode other \
+                     characters)"
+                ));
+            }
+        }
+        let ct = &self.content_type;
+        let printable = ct.bytes().all(|b| b.is_ascii_graphic() || b == b' ');
+        if !printable || !ct.split(';').next().is_some_and(|t| t.trim().contains('/')) {
+            return Err(format!(
+                "kafka.cloudevents.content_type `{ct}` must be a media type such as \
+                 `application/json` or `application/protobuf; proto=orders.v1.OrderCreated`"
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for KafkaConfig {
@@ -214,6 +281,7 @@ impl std::fmt::Debug for KafkaConfig {
             .field("allowed_topics", &self.allowed_topics)
             .field("sasl_password_file", &self.sasl_password_file)
             .field("ssl_key_password_file", &self.ssl_key_password_file)
+            .field("cloudevents", &self.cloudevents)
             .finish_non_exhaustive()
     }
 }
@@ -536,6 +604,9 @@ impl Config {
         }
         crate::sink::kafka::AllowedTopics::parse(&self.kafka.allowed_topics)
             .map_err(ConfigError::Invalid)?;
+        if let Some(cloudevents) = &self.kafka.cloudevents {
+            cloudevents.validate().map_err(ConfigError::Invalid)?;
+        }
         let d = &self.delivery;
         if d.max_in_flight_bytes < (1 << 20) || d.max_in_flight_bytes > (16 << 30) {
             return Err(ConfigError::Invalid(
@@ -834,6 +905,42 @@ mod tests {
                 .to_string();
             assert!(err.contains(&format!("source.{key}")), "{err}");
         }
+    }
+
+    #[test]
+    fn cloudevents_are_off_unless_configured_and_checked() {
+        assert!(Config::parse(MINIMAL).unwrap().kafka.cloudevents.is_none());
+        let config = Config::parse(&format!("{MINIMAL}\n[kafka.cloudevents]\n")).unwrap();
+        config.validate().unwrap();
+        let ce = config.kafka.cloudevents.unwrap();
+        assert_eq!(ce.source("orders"), "/outboxd/orders");
+        assert_eq!(ce.content_type, "application/json");
+        let text = format!(
+            "{MINIMAL}\n[kafka.cloudevents]\nsource = \"urn:example:orders\"\n\
+             content_type = \"application/cloudevents-batch\"\n"
+        );
+        Config::parse(&text).unwrap().validate().unwrap();
+        for (line, key) in [
+            ("source = \"\"", "source"),
+            ("source = \"my service\"", "source"),
+            ("source = \"/a%zz\"", "source"),
+            ("content_type = \"json\"", "content_type"),
+            ("content_type = \"application/json\\n\"", "content_type"),
+        ] {
+            let text = format!("{MINIMAL}\n[kafka.cloudevents]\n{line}\n");
+            let err = Config::parse(&text)
+                .unwrap()
+                .validate()
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&format!("kafka.cloudevents.{key}")),
+                "{line}: {err}"
+            );
+        }
+        let text = format!("{MINIMAL}\n[kafka.cloudevents]\nmode = \"structured\"\n");
+        let err = Config::parse(&text).unwrap_err().to_string();
+        assert!(err.contains("mode"), "{err}");
     }
 
     #[test]

@@ -20,7 +20,6 @@ use std::time::Duration;
 use outboxd_connector::{CheckLine, OutboxEvent};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 
 use crate::config::KafkaConfig;
@@ -28,6 +27,7 @@ use crate::sink::Sink;
 
 mod allowed;
 mod delivery;
+mod headers;
 mod options;
 mod topic;
 
@@ -36,6 +36,7 @@ pub use delivery::KafkaDelivery;
 pub(crate) use options::{security_line, validate_options};
 pub use topic::TopicTemplate;
 
+use headers::RecordHeaders;
 use options::SAFE_DEFAULTS;
 
 /// The librdkafka producer with outboxd's routing.
@@ -47,6 +48,7 @@ pub struct KafkaSink {
     client: ClientConfig,
     template: TopicTemplate,
     allowed: AllowedTopics,
+    headers: RecordHeaders,
     pipeline: String,
 }
 
@@ -97,6 +99,7 @@ impl KafkaSink {
             client,
             template,
             allowed,
+            headers: RecordHeaders::new(config, pipeline),
             pipeline: pipeline.to_owned(),
         })
     }
@@ -124,48 +127,6 @@ fn create_producer(client: &ClientConfig) -> Result<FutureProducer, String> {
         .map_err(|e| format!("cannot create the Kafka producer: {e}"))
 }
 
-/// The headers outboxd writes on every record.
-const OWN_HEADERS: [&str; 4] = ["message_id", "message_type", "biz_key", "created_at"];
-
-/// The name a row's own header is sent under: as given, unless it is one outboxd writes
-/// (compared without case, as many consumers compare them), which a row must not be able
-/// to replace or shadow; that one is sent as `row-<name>`.
-fn row_header_name(key: &str) -> std::borrow::Cow<'_, str> {
-    if OWN_HEADERS.iter().any(|own| own.eq_ignore_ascii_case(key)) {
-        std::borrow::Cow::Owned(format!("row-{key}"))
-    } else {
-        std::borrow::Cow::Borrowed(key)
-    }
-}
-
-/// The record headers: outboxd's four, then the row's own `headers`, in their order.
-fn headers(event: &OutboxEvent) -> OwnedHeaders {
-    let mut headers = OwnedHeaders::new_with_capacity(4 + event.headers.len())
-        .insert(Header {
-            key: "message_id",
-            value: Some(event.message_id.as_bytes()),
-        })
-        .insert(Header {
-            key: "message_type",
-            value: Some(event.message_type.as_bytes()),
-        })
-        .insert(Header {
-            key: "biz_key",
-            value: Some(event.biz_key.as_bytes()),
-        })
-        .insert(Header {
-            key: "created_at",
-            value: Some(event.created_at.as_bytes()),
-        });
-    for (key, value) in &event.headers {
-        headers = headers.insert(Header {
-            key: &row_header_name(key),
-            value: Some(value.as_ref()),
-        });
-    }
-    headers
-}
-
 impl Sink for KafkaSink {
     type Delivery = KafkaDelivery;
 
@@ -175,7 +136,7 @@ impl Sink for KafkaSink {
         let mut record = FutureRecord::to(&topic)
             .key(event.key.as_ref())
             .payload(event.payload.as_ref())
-            .headers(headers(event));
+            .headers(self.headers.build(event));
         let producer = self.producer();
         loop {
             match producer.send_result(record) {
@@ -195,7 +156,9 @@ impl Sink for KafkaSink {
     }
 
     fn refusal(&self, event: &OutboxEvent) -> Option<String> {
-        self.allowed.refusal(&self.topic_for(event))
+        self.allowed
+            .refusal(&self.topic_for(event))
+            .or_else(|| self.headers.refusal(event))
     }
 
     async fn flush(&self, deadline: Duration) {
@@ -255,19 +218,6 @@ impl Sink for KafkaSink {
 }
 
 #[cfg(test)]
-mod header_tests {
-    use super::*;
-
-    #[test]
-    fn a_row_header_cannot_replace_one_outboxd_writes() {
-        assert_eq!(row_header_name("trace_id"), "trace_id");
-        assert_eq!(row_header_name("message_id"), "row-message_id");
-        assert_eq!(row_header_name("Biz_Key"), "row-Biz_Key");
-        assert_eq!(row_header_name("created_at_local"), "created_at_local");
-    }
-}
-
-#[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
 
@@ -284,6 +234,7 @@ mod tests {
             allowed_topics: Vec::new(),
             sasl_password_file: None,
             ssl_key_password_file: None,
+            cloudevents: None,
         };
         let sink = KafkaSink::new(&config, "p", false, 64 << 20).expect("producer");
         assert!(sink.producer().client().fatal_error().is_none());
@@ -313,6 +264,7 @@ mod tests {
                 allowed_topics: Vec::new(),
                 sasl_password_file: None,
                 ssl_key_password_file: None,
+                cloudevents: None,
             };
             if let Err(e) = KafkaSink::new(&config, "p", false, 64 << 20) {
                 panic!("{mechanism} with {compression}: {e}");
