@@ -145,8 +145,18 @@ impl InboxAdmin for PgInboxStore {
             ),
             JanitorAction::Archive(table) => {
                 let archive = qualified(table);
+                // Created only when missing: CREATE TABLE IF NOT EXISTS still needs CREATE on
+                // the schema, which the runtime role has no need of once the administrator
+                // made the archive table (README, "Privileges").
                 let create = format!("CREATE TABLE IF NOT EXISTS {archive} (LIKE {inbox})");
                 self.with_client(async |client| {
+                    let exists = client
+                        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&archive])
+                        .await
+                        .map_err(|e| self.error(&e, "looking up the archive table"))?;
+                    if get::<bool>(&exists, 0)? {
+                        return Ok(());
+                    }
                     (client.batch_execute(&create).await)
                         .map_err(|e| self.error(&e, &format!("creating the archive table {table}")))
                 })
