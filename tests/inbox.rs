@@ -1,53 +1,62 @@
 //! The inbox end to end against real PostgreSQL and Kafka: `outboxd run` with `[inbox]`,
 //! messages arriving over Kafka and HTTP, handled by the SQL handler and a webhook.
+//! As README's "Privileges" says: `init` runs as the admin role, everything else as the
+//! runtime role with the grants of `schemas/postgres/grants.sql`, and the SQL handler's
+//! statement with the grants the application gave that role on its own table.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
+use common::engine::Engine;
+use common::postgres::{runtime_grants, PgServices};
 use common::{free_port, metrics_section, spawn_outboxd, wait_for, Daemon};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-fn env_or(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.to_owned())
-}
-
 fn kafka() -> String {
-    env_or("OUTBOXD_TEST_KAFKA", "127.0.0.1:29092")
+    PgServices::from_env().kafka
 }
 
-/// One test's inbox on PostgreSQL: its own schema (inbox, outbox, effects tables), topic,
-/// consumer group and config.
+/// One test's inbox on PostgreSQL: its own schema (the application's, holding its effects
+/// table and outboxd's tables), topic, consumer group and config.
 struct Inbox {
+    services: PgServices,
     schema: String,
     topic: String,
     port: u16,
     dir: std::path::PathBuf,
+    /// The runtime role's config: `run` and the operator commands.
     config: std::path::PathBuf,
 }
 
+/// The test's own (superuser) connection: the application's and the administrator's set-up,
+/// and reading what outboxd wrote.
 async fn pg() -> tokio_postgres::Client {
-    let conn = format!(
-        "host={} port={} user={} password={} dbname={}",
-        env_or("OUTBOXD_TEST_PG_HOST", "127.0.0.1"),
-        env_or("OUTBOXD_TEST_PG_PORT", "25432"),
-        env_or("OUTBOXD_TEST_PG_USER", "outboxd"),
-        env_or("OUTBOXD_TEST_PG_PASSWORD", "outboxd"),
-        env_or("OUTBOXD_TEST_PG_DATABASE", "outboxd"),
-    );
-    let (client, connection) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
-        .await
-        .expect("connect to the test PostgreSQL (scripts/services start)");
+    let (client, connection) = tokio_postgres::connect(
+        &PgServices::from_env().pg_conn_string(),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .expect("connect to the test PostgreSQL (scripts/services start)");
     tokio::spawn(connection);
     client
 }
 
+/// `name` as a PostgreSQL identifier.
+fn ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
 impl Inbox {
-    /// Writes the config (`[inbox]` and handlers in `inbox_toml`) and runs `init`.
+    /// Writes the config (`[inbox]` and handlers in `inbox_toml`), runs `init` as the admin
+    /// role and gives the runtime role its grants: `schemas/postgres/grants.sql` on
+    /// outboxd's tables, and INSERT on the effects table (with USAGE on its `bigserial`
+    /// sequence) for the SQL handler, as the application would.
     async fn new(prefix: &str, inbox_toml: &str) -> Self {
+        let services = PgServices::from_env();
         let suffix: u32 = rand::random::<u32>() % 900_000 + 100_000;
         let name = format!("{prefix}_{suffix}");
         let schema = format!("ib_{name}");
@@ -55,9 +64,12 @@ impl Inbox {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("outboxd-inbox-{name}"));
         std::fs::create_dir_all(&dir).expect("test dir");
+        let (admin, run) = (ident(&services.admin_user), ident(&services.run_user));
         let sql = pg().await;
+        // The application's schema and table; the admin may create outboxd's tables there.
         sql.batch_execute(&format!(
             "CREATE SCHEMA {schema}; \
+             GRANT USAGE, CREATE ON SCHEMA {schema} TO {admin}; \
              CREATE TABLE {schema}.effects (n bigserial PRIMARY KEY, message_id text, biz_key text, payload jsonb)"
         ))
         .await
@@ -72,15 +84,8 @@ impl Inbox {
 [pipeline]
 name = "{name}"
 
-[source]
-kind = "postgres"
+{source}
 mode = "poll"
-host = "{host}"
-port = {port_pg}
-user = "{user}"
-password = "{password}"
-database = "{database}"
-sslmode = "disable"
 
 [outbox]
 table = "{schema}.outbox"
@@ -99,18 +104,31 @@ jitter = "0ms"
 {metrics}
 {inbox_toml}
 "#,
-            host = env_or("OUTBOXD_TEST_PG_HOST", "127.0.0.1"),
-            port_pg = env_or("OUTBOXD_TEST_PG_PORT", "25432"),
-            user = env_or("OUTBOXD_TEST_PG_USER", "outboxd"),
-            password = env_or("OUTBOXD_TEST_PG_PASSWORD", "outboxd"),
-            database = env_or("OUTBOXD_TEST_PG_DATABASE", "outboxd"),
+            source = services.source_section(),
             kafka = kafka(),
             metrics = metrics_section(port),
         );
         let path = dir.join("outboxd.toml");
-        std::fs::write(&path, config).expect("config");
-        common::init_outboxd(&path);
+        std::fs::write(&path, &config).expect("config");
+        let admin_path = dir.join("outboxd-admin.toml");
+        std::fs::write(&admin_path, services.as_admin(&config)).expect("admin config");
+        common::init_outboxd(&admin_path);
+        let grants = runtime_grants(
+            &services.run_user,
+            &schema,
+            "outbox",
+            "inbox",
+            "outboxd_checkpoint",
+        );
+        sql.batch_execute(&grants).await.expect(&grants);
+        sql.batch_execute(&format!(
+            "GRANT INSERT ON {schema}.effects TO {run}; \
+             GRANT USAGE ON SEQUENCE {schema}.effects_n_seq TO {run}"
+        ))
+        .await
+        .expect("the SQL handler's grants");
         Self {
+            services,
             schema,
             topic,
             port,
@@ -149,6 +167,40 @@ jitter = "0ms"
             common::http_get(port, "/healthz").await.map(|_| ())
         })
         .await;
+    }
+
+    /// Runs `sql` as the admin role (the owner of outboxd's tables).
+    async fn as_admin(&self, sql: &str) {
+        let admin = ident(&self.services.admin_user);
+        let script = format!("SET ROLE {admin};\n{sql};\nRESET ROLE;");
+        pg().await.batch_execute(&script).await.expect(sql);
+    }
+
+    /// Waits until `n` inbox rows are DONE and older than `dedupe_retention` (1 s), then
+    /// runs `outboxd janitor --inbox --older-than 1s --json` with `args` as the runtime
+    /// role: its report.
+    async fn janitor(&self, n: i64, args: &[&str]) -> serde_json::Value {
+        let old = format!(
+            "SELECT count(*) FROM {}.inbox WHERE status = 'DONE' \
+             AND processed_at < now() - interval '1 second' \
+             AND created_at < now() - interval '1 second'",
+            self.schema
+        );
+        wait_for("rows past the window", Duration::from_secs(30), || async {
+            let row = pg().await.query_one(&old, &[]).await.expect("old rows");
+            (row.get::<_, i64>(0) == n).then_some(())
+        })
+        .await;
+        let mut command = vec!["janitor", "--inbox", "--older-than", "1s", "--json"];
+        command.extend_from_slice(args);
+        let out = common::run_outboxd(&self.config, &command);
+        assert!(
+            out.status.success(),
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("janitor JSON")
     }
 
     async fn cleanup(&self) {
@@ -246,6 +298,7 @@ async fn send_bytes(
 const SQL_HANDLER: &str = r#"
 [inbox]
 claim_timeout = "5s"
+dedupe_retention = "1s"
 
 [inbox.kafka]
 topics = ["{topic}"]
@@ -344,6 +397,83 @@ async fn duplicates_over_kafka_and_http_are_handled_once() {
         "{metrics}"
     );
     assert!(daemon.terminate().success());
+
+    // Past the deduplication window the janitor, as the runtime role, moves the rows into
+    // an archive table the administrator made for it (the runtime role may create none).
+    let archive = format!("{}.inbox_archive", inbox.schema);
+    let run = ident(&inbox.services.run_user);
+    inbox
+        .as_admin(&format!(
+            "CREATE TABLE {archive} (LIKE {}.inbox); GRANT INSERT ON {archive} TO {run}",
+            inbox.schema
+        ))
+        .await;
+    let report = inbox.janitor(2, &["--archive-table", &archive]).await;
+    assert_eq!(
+        (report["rows"].as_u64(), report["action"].as_str()),
+        (Some(2), Some("archive")),
+        "{report}"
+    );
+    assert!(inbox.rows().await.is_empty());
+    let sql = format!("SELECT count(*) FROM {archive}");
+    let archived: i64 = pg().await.query_one(&sql, &[]).await.expect(&sql).get(0);
+    assert_eq!(archived, 2);
+    inbox.cleanup().await;
+}
+
+/// The SQL handler's statement runs as the runtime role with only what the application
+/// granted it: without USAGE on the effects table's sequence the message fails with
+/// PostgreSQL's refusal in `last_error` and nothing is applied; once granted, the retry
+/// applies it. The janitor, as that role, then deletes the DONE row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sql_handler_has_only_the_grants_the_application_gave() {
+    let inbox = Inbox::new("grants", SQL_HANDLER).await;
+    let sequence = format!("{}.effects_n_seq", inbox.schema);
+    let run = ident(&inbox.services.run_user);
+    let revoke = format!("REVOKE USAGE ON SEQUENCE {sequence} FROM {run}");
+    pg().await.batch_execute(&revoke).await.expect(&revoke);
+    let mut daemon = inbox.run("run.log");
+    inbox.wait_ready().await;
+    let headers = [
+        ("Message-Id", "g-1"),
+        ("Message-Type", "t"),
+        ("Biz-Key", "k"),
+    ];
+    let (status, body) = post(inbox.port, "/v1/inbox/app", &headers, br#"{"a": 1}"#).await;
+    assert_eq!(status, 200, "{body}");
+    let attempt = format!(
+        "SELECT retry_count, last_error FROM {}.inbox WHERE message_id = 'g-1'",
+        inbox.schema
+    );
+    let error = wait_for("a failed attempt", Duration::from_secs(30), || async {
+        let row = pg().await.query_one(&attempt, &[]).await.expect("g-1");
+        let (tries, error): (i32, Option<String>) = (row.get(0), row.get(1));
+        error.filter(|_| tries >= 1)
+    })
+    .await;
+    assert!(
+        error.contains("permission denied for sequence effects_n_seq"),
+        "{error}"
+    );
+    assert!(inbox.effects().await.is_empty(), "nothing applied");
+
+    let grant = format!("GRANT USAGE ON SEQUENCE {sequence} TO {run}");
+    pg().await.batch_execute(&grant).await.expect(&grant);
+    wait_for("handled once granted", Duration::from_secs(30), || async {
+        let rows = inbox.rows().await;
+        (rows.len() == 1 && rows[0].1 == "DONE").then_some(())
+    })
+    .await;
+    assert_eq!(inbox.effects().await, ["g-1"]);
+    assert!(daemon.terminate().success(), "{}", daemon.log_text());
+
+    let report = inbox.janitor(1, &[]).await;
+    assert_eq!(
+        (report["rows"].as_u64(), report["action"].as_str()),
+        (Some(1), Some("delete")),
+        "{report}"
+    );
+    assert!(inbox.rows().await.is_empty());
     inbox.cleanup().await;
 }
 

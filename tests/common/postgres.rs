@@ -30,8 +30,14 @@ pub struct PgServices {
 /// `schemas/postgres/grants.sql`, applied by the tests after every `init`.
 const GRANTS_SQL: &str = include_str!("../../schemas/postgres/grants.sql");
 
-/// `GRANTS_SQL` for these tables and role, as psql would run it.
-pub fn runtime_grants(run_role: &str, outbox: &str, inbox: &str, checkpoint: &str) -> String {
+/// `GRANTS_SQL` for these tables (in `schema`) and role, as psql would run it.
+pub fn runtime_grants(
+    run_role: &str,
+    schema: &str,
+    outbox: &str,
+    inbox: &str,
+    checkpoint: &str,
+) -> String {
     let quote = |name: &str| format!("\"{}\"", name.replace('"', "\"\""));
     GRANTS_SQL
         .lines()
@@ -39,6 +45,7 @@ pub fn runtime_grants(run_role: &str, outbox: &str, inbox: &str, checkpoint: &st
         .collect::<Vec<_>>()
         .join("\n")
         .replace(":\"run_role\"", &quote(run_role))
+        .replace(":\"schema\"", &quote(schema))
         .replace(":\"outbox_table\"", &quote(outbox))
         .replace(":\"inbox_table\"", &quote(inbox))
         .replace(":\"checkpoint_table\"", &quote(checkpoint))
@@ -129,6 +136,7 @@ status_interval = "1s""#,
     async fn grant_runtime(p: &TestPipeline) {
         let sql = runtime_grants(
             &p.services.run_user,
+            "public",
             &p.table,
             "inbox",
             "outboxd_checkpoint",
