@@ -1,15 +1,17 @@
 //! The whole pattern across two databases, both directions: an outbox on one engine,
 //! relayed to Kafka by one outboxd, received by a second outboxd into the inbox of the
 //! other engine, whose SQL handler applies each event's effect. Each outboxd is killed -9
-//! once while events flow; every event's effect must exist exactly once.
+//! once while events flow; every event's effect must exist exactly once. Both sides run
+//! as README's "Privileges" says: `init` as the admin role, `run` as the runtime role with
+//! the grants of `schemas/<engine>/grants.sql` and INSERT on the handler's table.
 
 mod common;
 
 use std::time::Duration;
 
 use common::engine::{Engine, Event, Pipeline, Writer};
-use common::mysql::MysqlServices;
-use common::postgres::PgServices;
+use common::mysql::{self, MysqlServices};
+use common::postgres::{self, PgServices};
 use common::{init_outboxd, spawn_outboxd, wait_for};
 use mysql_async::prelude::Queryable;
 
@@ -62,30 +64,61 @@ impl Receiver {
         }
     }
 
-    /// The receiving side's `[source]`, logging in as the test's own user: the inbox side
-    /// of this test does not run under the least-privilege roles (its `init` and the SQL
-    /// handler's effects table would need their own grants).
+    /// The receiving side's `[source]`, logging in as the runtime role.
     fn source_section(self) -> String {
-        let login =
-            |user: &str, password: &str| format!("user = \"{user}\"\npassword = \"{password}\"\n");
+        match self {
+            Receiver::Postgres => PgServices::from_env().source_section(),
+            Receiver::Mariadb => MysqlServices::from_env().source_section(),
+        }
+    }
+
+    /// `config` logging in as the admin role instead, for `init`.
+    fn as_admin(self, config: &str) -> String {
+        match self {
+            Receiver::Postgres => PgServices::from_env().as_admin(config),
+            Receiver::Mariadb => MysqlServices::from_env().as_admin(config),
+        }
+    }
+
+    /// What the administrator does after `init`: the runtime role's grants of
+    /// `schemas/<engine>/grants.sql` on `<outbox, inbox, checkpoint>`, and what the
+    /// application gives it for the SQL handler: INSERT on its `effects` table.
+    async fn grant_runtime(self, [outbox, inbox, checkpoint]: [&str; 3], effects: &str) {
         match self {
             Receiver::Postgres => {
                 let s = PgServices::from_env();
-                s.source_section().replacen(
-                    &login(&s.run_user, &s.run_password),
-                    &login(&s.pg_user, &s.pg_password),
-                    1,
-                )
+                let grants = postgres::runtime_grants(
+                    &s.run_user,
+                    "public",
+                    outbox,
+                    inbox,
+                    checkpoint,
+                );
+                self.execute(&grants).await;
+                let grant = format!("GRANT INSERT ON {effects} TO \"{}\"", s.run_user);
+                self.execute(&grant).await;
             }
             Receiver::Mariadb => {
                 let s = MysqlServices::from_env();
-                s.source_section().replacen(
-                    &login(&s.run_user, &s.run_password),
-                    &login(&s.user, &s.password),
-                    1,
-                )
+                for grant in mysql::runtime_grants(&s.run_user, outbox, inbox, checkpoint) {
+                    self.execute(&grant).await;
+                }
+                let grant = format!("GRANT INSERT ON `{effects}` TO '{}'@'%'", s.run_user);
+                self.execute(&grant).await;
             }
         }
+    }
+
+    /// Drops `table`; on MariaDB also the runtime user's grants on it, which would outlive
+    /// the table.
+    async fn drop_table(self, table: &str) {
+        if self == Receiver::Mariadb {
+            let s = MysqlServices::from_env();
+            let revoke = format!("REVOKE ALL PRIVILEGES ON `{table}` FROM '{}'@'%'", s.run_user);
+            let mut conn = s.sql().await;
+            let _ = conn.query_drop(revoke).await;
+        }
+        self.execute(&format!("DROP TABLE IF EXISTS {table}")).await;
     }
 }
 
@@ -146,7 +179,18 @@ statement = "INSERT INTO {effects} (message_id, biz_key) VALUES (:message_id, :b
         ),
     )
     .expect("inbox config");
-    init_outboxd(&config);
+    let admin_config = relay.dir.join("inbox-admin.toml");
+    let text = std::fs::read_to_string(&config).expect("inbox config");
+    std::fs::write(&admin_config, receiver.as_admin(&text)).expect("admin config");
+    init_outboxd(&admin_config);
+    let (outbox, inbox, checkpoint) = (
+        format!("outbox_{name}"),
+        format!("inbox_{name}"),
+        format!("ckpt_{name}"),
+    );
+    receiver
+        .grant_runtime([&outbox, &inbox, &checkpoint], &effects)
+        .await;
     let mut inbox_daemon = spawn_outboxd(
         &config,
         &relay.dir.join("inbox-1.log"),
@@ -213,15 +257,8 @@ statement = "INSERT INTO {effects} (message_id, biz_key) VALUES (:message_id, :b
         "{}",
         relay_daemon.log_text()
     );
-    for table in [
-        &effects,
-        &format!("inbox_{name}"),
-        &format!("outbox_{name}"),
-        &format!("ckpt_{name}"),
-    ] {
-        receiver
-            .execute(&format!("DROP TABLE IF EXISTS {table}"))
-            .await;
+    for table in [&effects, &inbox, &outbox, &checkpoint] {
+        receiver.drop_table(table).await;
     }
     relay.cleanup().await;
 }
