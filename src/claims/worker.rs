@@ -10,9 +10,11 @@ use outboxd_connector::{
     ParkedEvent, ReapPolicy, RetrySchedule,
 };
 use tokio::sync::{mpsc, watch, Notify};
+use tracing::Instrument;
 
 use super::schedule::next_look;
 use crate::config::RetryConfig;
+use crate::observability::trace_context::event_span;
 use crate::reconnect::ReconnectBackoff;
 use crate::relay::outcome::Outcome;
 use crate::relay::PipelineStats;
@@ -173,8 +175,11 @@ impl<'a, O: OutboxStore, S: Sink> ClaimWorker<'a, O, S> {
                 ));
                 continue;
             }
-            let delivery = self.sink.send(&c.event).await;
-            pending.push((c, delivery));
+            // The event's span (its trace id when the row carries a traceparent) covers
+            // its send, its acknowledgement and what is logged about it.
+            let span = event_span(&c.event);
+            let delivery = self.sink.send(&c.event).instrument(span.clone()).await;
+            pending.push((c, span, delivery));
         }
         let mut delivered = Vec::new();
         let mut failed = Vec::new();
@@ -182,8 +187,11 @@ impl<'a, O: OutboxStore, S: Sink> ClaimWorker<'a, O, S> {
         let mut sink_failure: Option<String> = None;
         let mut keys = Vec::new();
         let deadline = tokio::time::Instant::now() + self.settings.delivery_timeout;
-        for (c, delivery) in pending {
-            let result = acknowledged_by(deadline, delivery).await;
+        for (c, span, delivery) in pending {
+            let result = acknowledged_by(deadline, delivery)
+                .instrument(span.clone())
+                .await;
+            let _entered = span.enter();
             match Outcome::new(
                 c.event.id,
                 c.event.retry_count,

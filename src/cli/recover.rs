@@ -9,6 +9,7 @@ use outboxd_connector::{
 };
 
 use crate::config::{Config, Ordering as KeyOrdering};
+use crate::observability::trace_context::event_span;
 use crate::relay::outcome::Outcome;
 use crate::sink::{acknowledged_by, FailureKind, Sink};
 
@@ -83,6 +84,7 @@ pub(super) async fn recover<C: Connector, S: Sink>(
                     sink_failure.get_or_insert(failure.error);
                 }
                 Outcome::Failed { failure, .. } => {
+                    let _span = event_span(event).entered();
                     tracing::warn!(id = event.id, message_id = %event.message_id, error = %failure.error, "recover: delivery failed");
                     if strict {
                         failed_keys.insert(event.biz_key.clone());

@@ -5,7 +5,8 @@
 //! endpoint ([`server`]) answers `/metrics`, `/healthz` and `/readyz`; on each request
 //! [`health`] adds what only the outside knows (Kafka's reachability, the database's
 //! status summary, each behind its cache) and [`metrics`] renders every series, with the
-//! process's own figures from [`process`].
+//! process's own figures from [`process`]. [`trace_context`] ties the log lines about an
+//! event to the application's trace (the row's `traceparent`).
 //!
 //! [`PipelineStats`]: crate::relay::PipelineStats
 
@@ -13,6 +14,7 @@ mod health;
 mod metrics;
 mod process;
 mod server;
+pub(crate) mod trace_context;
 
 pub(crate) use health::Health;
 pub use metrics::PipelineMetrics;
