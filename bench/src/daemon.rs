@@ -208,6 +208,11 @@ impl Daemon {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// SIGKILL, and waits for the process to be gone.
+    pub(crate) async fn kill9(mut self) {
+        let _ = self.child.kill().await;
+    }
+
     /// SIGTERM, then waits up to `deadline` for a clean exit.
     pub(crate) async fn terminate(mut self, deadline: Duration) -> anyhow::Result<i32> {
         let _ = Command::new("kill")

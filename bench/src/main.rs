@@ -6,6 +6,7 @@
 
 mod consume;
 mod daemon;
+mod faults;
 mod inbox;
 mod limits;
 mod report;
@@ -89,7 +90,20 @@ pub(crate) struct Args {
     /// The inbox's fixed rate, records per second (for `poll_seconds`).
     #[arg(long, default_value_t = 1000.0)]
     inbox_rate: f64,
-    /// Scenarios to run, comma-separated: rate,idle,limits,backlog,max,poll,mariadb,inbox.
+    /// `pgrestart`: rows of the one transaction PostgreSQL is restarted in the middle of.
+    #[arg(long, default_value_t = 100_000)]
+    fault_tx_events: usize,
+    /// `kill9`: the writers' rate, events per second.
+    #[arg(long, default_value_t = 2000.0)]
+    fault_rate: f64,
+    /// `kill9`: how long the writers write, seconds.
+    #[arg(long, default_value_t = 20.0)]
+    fault_seconds: f64,
+    /// `kill9`: seconds between two SIGKILLs of outboxd.
+    #[arg(long, default_value_t = 2.0)]
+    kill_every: f64,
+    /// Scenarios to run, comma-separated: rate,idle,limits,backlog,max,poll,mariadb,inbox;
+    /// the fault scenarios pgrestart and kill9 run only when named.
     #[arg(
         long,
         default_value = "rate,idle,limits,backlog,max,poll,mariadb,inbox"
@@ -252,6 +266,25 @@ impl Bench {
                     report.rows.push(Row::unavailable(
                         "inbox (PostgreSQL)",
                         &format!("not available: {}", last_line(&format!("{e:#}"))),
+                    ));
+                }
+            }
+        }
+        for fault in ["pgrestart", "kill9"] {
+            if !self.args.wants(fault) {
+                continue;
+            }
+            let result = match fault {
+                "pgrestart" => self.pg_restart_mid_drain().await,
+                _ => self.kill9_under_load().await,
+            };
+            match result {
+                Ok(row) => report.rows.push(row),
+                Err(e) => {
+                    eprintln!("{fault}: {e:#}");
+                    report.rows.push(Row::unavailable(
+                        &format!("fault: {fault}"),
+                        &format!("failed: {}", last_line(&format!("{e:#}"))),
                     ));
                 }
             }
