@@ -86,7 +86,10 @@ impl Bench {
         row.duplicates = Some(consumed.duplicates);
         row.peak_rss = Some(sample.peak_rss);
         let missing = events.saturating_sub(consumed.records.len());
-        anyhow::ensure!(missing == 0, "pgrestart: {missing} rows never reached Kafka");
+        anyhow::ensure!(
+            missing == 0,
+            "pgrestart: {missing} rows never reached Kafka"
+        );
         row.note = match in_flight {
             Some(n) if n > 0.0 => format!(
                 "{written_back} SUCCESS and {n:.0} in flight at the restart; duplicates = {:.2} % \
@@ -173,8 +176,8 @@ async fn metric(port: u16, name: &str) -> Option<f64> {
 async fn restart_postgres() -> anyhow::Result<()> {
     let data = std::env::var("OUTBOXD_TEST_PG_DATA")
         .context("OUTBOXD_TEST_PG_DATA (from `scripts/services env`) names the cluster")?;
-    let bin = std::env::var("OUTBOXD_PG_BIN")
-        .unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".to_owned());
+    let bin =
+        std::env::var("OUTBOXD_PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".to_owned());
     // The server's log stays where scripts/services puts it (beside the data directory).
     let log = std::path::Path::new(&data)
         .with_file_name("log")
@@ -182,7 +185,9 @@ async fn restart_postgres() -> anyhow::Result<()> {
     let status = tokio::process::Command::new("runuser")
         .args(["-u", "postgres", "--"])
         .arg(format!("{bin}/pg_ctl"))
-        .args(["restart", "-D", &data, "-m", "fast", "-w", "-t", "60", "-s", "-l"])
+        .args([
+            "restart", "-D", &data, "-m", "fast", "-w", "-t", "60", "-s", "-l",
+        ])
         .arg(&log)
         .current_dir("/")
         .status()
