@@ -192,3 +192,8 @@ async fn the_schema_command_prints_what_init_and_check_expect() {
 async fn check_names_a_missing_table_grant() {
     scenarios::check_names_a_missing_table_grant::<PgServices>().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloudevents_and_trace_context_reach_the_consumer() {
+    scenarios::cloudevents_and_trace_context_reach_the_consumer::<PgServices>().await;
+}

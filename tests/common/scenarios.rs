@@ -720,3 +720,90 @@ pub async fn check_names_a_missing_table_grant<E: Engine>() {
     assert!(said.contains("GRANT UPDATE ON"), "with the fix: {said}");
     p.cleanup().await;
 }
+
+/// Issue 13: with `[kafka.cloudevents]`, a consumer reads every CloudEvents attribute of
+/// the binary content mode back, beside outboxd's own headers; the row's `traceparent` and
+/// `tracestate` arrive unchanged (an invalid `traceparent` too: it is the application's
+/// data); a row header named like an attribute outboxd writes arrives as `row-<name>`, an
+/// extension attribute as written, and a row's `content-type` sets the event's.
+pub async fn cloudevents_and_trace_context_reach_the_consumer<E: Engine>() {
+    const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    const TRACESTATE: &str = "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE";
+    let extra = "[kafka.cloudevents]\nsource = \"urn:example:orders\"\n";
+    let p = Pipeline::<E>::new("cloudevents", 1, extra).await;
+    p.init();
+    let daemon = p.spawn_run("run.log");
+    let insert = |message_id: &str, biz_key: &str, headers: &str| {
+        format!(
+            "INSERT INTO {} (message_id, message_type, biz_key, payload, headers) \
+             VALUES ('{message_id}', 'order.created', '{biz_key}', '{{\"total\": 12}}', \
+             '{headers}')",
+            p.table
+        )
+    };
+    let traced = format!(
+        r#"{{"traceparent": "{TRACEPARENT}", "tracestate": "{TRACESTATE}", "ce_type": "forged", "ce_tenant": "acme"}}"#
+    );
+    E::execute(&p, &insert("ce-traced", "order-1", &traced)).await;
+    let odd = r#"{"traceparent": "00-not-a-trace", "Content-Type": "application/vnd.orders+json"}"#;
+    E::execute(&p, &insert("ce-odd", "order-2", odd)).await;
+    // One through the writer every scenario uses: its own headers, no trace context.
+    p.writer().await.commit(&event("order-3", 1), "ce").await;
+
+    let records = p.consume(3, Duration::from_secs(60));
+    assert_eq!(records.len(), 3, "{records:?}");
+    let by_id: HashMap<&str, &HashMap<String, String>> = records
+        .iter()
+        .map(|r| (r.headers["ce_id"].as_str(), &r.headers))
+        .collect();
+    for (id, biz_key, message_type) in [
+        ("ce-traced", "order-1", "order.created"),
+        ("ce-odd", "order-2", "order.created"),
+        ("ce-order-3-1", "order-3", "order.step1"),
+    ] {
+        let h = by_id
+            .get(id)
+            .unwrap_or_else(|| panic!("{id} in {records:?}"));
+        assert_eq!(h["ce_specversion"], "1.0", "{id}");
+        assert_eq!(h["message_id"], id, "{id}: outboxd's own headers stay");
+        assert_eq!(h["ce_source"], "urn:example:orders", "{id}");
+        assert_eq!(h["ce_type"], message_type, "{id}");
+        assert_eq!(h["message_type"], message_type, "{id}");
+        assert_eq!(h["ce_subject"], biz_key, "{id}");
+        // ce_time: RFC 3339 in UTC, the instant of created_at (as the engine renders it).
+        let ce_time = &h["ce_time"];
+        assert!(ce_time.ends_with('Z'), "{id}: {ce_time}");
+        let time: jiff::Timestamp = ce_time.parse().expect("ce_time");
+        let created: jiff::Timestamp = h["created_at"].parse().expect("created_at");
+        assert_eq!(time, created, "{id}: {ce_time} vs {}", h["created_at"]);
+        let age = jiff::Timestamp::now().duration_since(time);
+        assert!(age.as_secs() < 600, "{id}: ce_time {ce_time} is now");
+    }
+    let traced = by_id["ce-traced"];
+    assert_eq!(traced["traceparent"], TRACEPARENT);
+    assert_eq!(traced["tracestate"], TRACESTATE);
+    assert_eq!(traced["content-type"], "application/json");
+    assert_eq!(
+        traced["row-ce_type"], "forged",
+        "the row cannot replace ce_type"
+    );
+    assert_eq!(traced["ce_tenant"], "acme", "an extension attribute passes");
+    let odd = by_id["ce-odd"];
+    assert_eq!(odd["traceparent"], "00-not-a-trace", "passed on as written");
+    assert_eq!(odd["content-type"], "application/vnd.orders+json");
+    assert!(
+        !odd.contains_key("Content-Type"),
+        "one content type: {odd:?}"
+    );
+    let plain = by_id["ce-order-3-1"];
+    assert_eq!(plain["content-type"], "application/json");
+    assert_eq!(plain["seq"], "1");
+    assert!(!plain.contains_key("traceparent"));
+
+    wait_for("every row SUCCESS", Duration::from_secs(30), || async {
+        (p.success_count().await == 3).then_some(())
+    })
+    .await;
+    drop(daemon);
+    p.cleanup().await;
+}
