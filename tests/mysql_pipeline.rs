@@ -367,3 +367,8 @@ async fn check_names_a_missing_table_grant() {
 async fn cloudevents_and_trace_context_reach_the_consumer() {
     scenarios::cloudevents_and_trace_context_reach_the_consumer::<MysqlServices>().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_events_span_carries_the_trace_id_of_its_traceparent() {
+    scenarios::the_events_span_carries_the_trace_id_of_its_traceparent::<MysqlServices>().await;
+}

@@ -200,6 +200,12 @@ impl<'a, O: OutboxStore, S: Sink> ClaimWorker<'a, O, S> {
             ) {
                 Outcome::Delivered(d) => {
                     let topic = self.sink.destination(&c.event);
+                    tracing::debug!(
+                        %topic,
+                        partition = d.partition,
+                        offset = d.offset,
+                        "delivered"
+                    );
                     self.stats.metrics.acked(&topic, c.event.commit_time);
                     delivered.push((d, c.claim_token));
                     keys.push(c.event.biz_key);

@@ -89,8 +89,8 @@ pub(crate) fn event_span(event: &OutboxEvent) -> tracing::Span {
         parent_span_id = tracing::field::Empty,
     );
     if let Some(parent) = TraceParent::of(event) {
-        span.record("trace_id", parent.trace_id);
-        span.record("parent_span_id", parent.parent_id);
+        span.record("trace_id", tracing::field::display(parent.trace_id));
+        span.record("parent_span_id", tracing::field::display(parent.parent_id));
     }
     span
 }

@@ -807,3 +807,81 @@ pub async fn cloudevents_and_trace_context_reach_the_consumer<E: Engine>() {
     drop(daemon);
     p.cleanup().await;
 }
+
+/// Issue 13: outboxd's span for an event carries the trace id of the row's `traceparent`:
+/// in poll mode (the claim worker's path), the log line of each delivery names it; a row
+/// with an invalid `traceparent` is delivered all the same, its line without a trace id.
+pub async fn the_events_span_carries_the_trace_id_of_its_traceparent<E: Engine>() {
+    let p = Pipeline::<E>::new("tracespan", 1, "\n[poll]\ninterval = \"100ms\"\n").await;
+    let config = std::fs::read_to_string(&p.config_path).expect("read config");
+    assert!(config.contains("[source]\n"), "{config}");
+    let config = config.replacen("[source]\n", "[source]\nmode = \"poll\"\n", 1);
+    std::fs::write(&p.config_path, config).expect("write config");
+    p.init();
+    let daemon = p.spawn_run("run.log");
+    let insert = |message_id: &str, traceparent: &str| {
+        format!(
+            "INSERT INTO {} (message_id, message_type, biz_key, payload, headers) \
+             VALUES ('{message_id}', 'order.{message_id}', 'k', '{{}}', \
+             '{{\"traceparent\": \"{traceparent}\"}}')",
+            p.table
+        )
+    };
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    E::execute(&p, &insert("traced", traceparent)).await;
+    E::execute(
+        &p,
+        &insert("untraced", "00-4bf92f3577b34da6a3ce929d0e0e4736"),
+    )
+    .await;
+    wait_for("both rows SUCCESS", Duration::from_secs(30), || async {
+        (p.success_count().await == 2).then_some(())
+    })
+    .await;
+    let log = wait_for(
+        "both deliveries logged",
+        Duration::from_secs(10),
+        || async {
+            let log = without_ansi_colors(&daemon.log_text());
+            let lines = log.lines().filter(|l| l.contains("delivered")).count();
+            (lines >= 2).then_some(log)
+        },
+    )
+    .await;
+    let delivered = |message_id: &str| {
+        log.lines()
+            .find(|l| l.contains("delivered") && l.contains(&format!("message_id={message_id}")))
+            .unwrap_or_else(|| panic!("no delivery line of {message_id} in:\n{log}"))
+            .to_owned()
+    };
+    let traced = delivered("traced");
+    assert!(
+        traced.contains("trace_id=4bf92f3577b34da6a3ce929d0e0e4736")
+            && traced.contains("parent_span_id=00f067aa0ba902b7"),
+        "{traced}"
+    );
+    let untraced = delivered("untraced");
+    assert!(!untraced.contains("trace_id="), "{untraced}");
+    let records = p.consume(2, Duration::from_secs(30));
+    let passed: Vec<&str> = records
+        .iter()
+        .map(|r| r.headers["traceparent"].as_str())
+        .collect();
+    assert!(passed.contains(&traceparent), "{passed:?}");
+    drop(daemon);
+    p.cleanup().await;
+}
+
+/// `text` without the ANSI color sequences (`ESC [ … m`) of outboxd's text log.
+fn without_ansi_colors(text: &str) -> String {
+    let mut plain = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            chars.by_ref().find(|c| *c == 'm');
+        } else {
+            plain.push(c);
+        }
+    }
+    plain
+}
