@@ -76,6 +76,10 @@ pub struct Config {
     /// `[inbox]`: the receiving half; off when the section is absent.
     #[serde(default)]
     pub inbox: Option<crate::inbox::InboxConfig>,
+    /// `[otlp]`: export the spans of traced events to an OpenTelemetry collector; off when
+    /// the section is absent.
+    #[serde(default)]
+    pub otlp: Option<crate::observability::otlp::OtlpConfig>,
     /// What [`Config::load`] found wrong with the file itself (secrets in a file others
     /// may read); `check` prints it and `run` logs it.
     #[serde(skip)]
@@ -607,6 +611,9 @@ impl Config {
         if let Some(cloudevents) = &self.kafka.cloudevents {
             cloudevents.validate().map_err(ConfigError::Invalid)?;
         }
+        if let Some(otlp) = &self.otlp {
+            otlp.validate().map_err(ConfigError::Invalid)?;
+        }
         let d = &self.delivery;
         if d.max_in_flight_bytes < (1 << 20) || d.max_in_flight_bytes > (16 << 30) {
             return Err(ConfigError::Invalid(
@@ -983,6 +990,29 @@ mod example_tests {
             let config = Config::parse(text).unwrap_or_else(|e| panic!("{name}: {e}"));
             config.validate().unwrap_or_else(|e| panic!("{name}: {e}"));
         }
+    }
+
+    /// The commented `[otlp]` part of `examples/outboxd.toml`, uncommented, is valid.
+    #[test]
+    fn the_documented_otlp_keys_parse_and_validate() {
+        let example = include_str!("../examples/outboxd.toml");
+        let start = example.find("# [otlp]").expect("an [otlp] part");
+        let part: String = example[start..]
+            .lines()
+            .take_while(|l| l.starts_with("# "))
+            .map(|l| format!("{}\n", &l[2..]))
+            .collect();
+        let text = format!("{}\n{part}", include_str!("../examples/outboxd.toml"));
+        let config = Config::parse(&text).unwrap_or_else(|e| panic!("{part}: {e}"));
+        config.validate().unwrap();
+        let otlp = config.otlp.expect("[otlp]");
+        assert_eq!(otlp.endpoint, "http://127.0.0.1:4318");
+        assert_eq!(otlp.timeout, Duration::from_secs(10));
+        let text = format!("{text}bogus = 1\n");
+        assert!(Config::parse(&text)
+            .unwrap_err()
+            .to_string()
+            .contains("bogus"));
     }
 
     /// So must the MySQL examples.

@@ -7,7 +7,9 @@ use clap::{Parser, Subcommand, ValueEnum};
 use outboxd::admin_cli::{AdminCommand, OutputFormat, DEFAULT_JANITOR_BATCH};
 use outboxd::commands::{execute, Command};
 use outboxd::config::Config;
+use outboxd::observability::otlp::{self, OtlpConfig, OtlpExport};
 use outboxd_connector::RetrySelector;
+use tracing::Level;
 
 #[derive(Parser)]
 #[command(
@@ -208,7 +210,6 @@ struct ConfigArg {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
     let (command, path) = match cli.command {
         CliCommand::Init(a) => (Command::Init, a.config),
         CliCommand::Schema(a) => (Command::Schema, a.config),
@@ -230,6 +231,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Held to the end: dropping it sends the spans still queued.
+    let _otlp = init_logging(cli.log_format, config.otlp.as_ref());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -250,14 +253,34 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(format: LogFormat) {
+/// Logs to stderr, filtered by `OUTBOXD_LOG`; with `[otlp]`, outboxd's spans also go to
+/// the collector (unfiltered by `OUTBOXD_LOG`).
+fn init_logging(format: LogFormat, otlp: Option<&OtlpConfig>) -> Option<OtlpExport> {
+    use tracing_subscriber::layer::{Layer, SubscriberExt};
+    use tracing_subscriber::util::SubscriberInitExt;
+
     let filter = tracing_subscriber::EnvFilter::try_from_env("OUTBOXD_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match format {
+        LogFormat::Text => fmt.boxed(),
+        LogFormat::Json => fmt.json().boxed(),
+    };
+    let (layer, export, failed) = match otlp.map(otlp::start) {
+        Some(Ok((layer, export))) => {
+            let spans =
+                tracing_subscriber::filter::Targets::new().with_target("outboxd", Level::INFO);
+            (Some(layer.with_filter(spans)), Some(export), None)
+        }
+        Some(Err(e)) => (None, None, Some(e)),
+        None => (None, None, None),
+    };
+    tracing_subscriber::registry()
+        .with(fmt.with_filter(filter))
+        .with(layer)
+        .init();
+    if let Some(e) = failed {
+        tracing::warn!(error = %e, "cannot start the OTLP export thread; spans are not exported");
     }
+    export
 }

@@ -6,12 +6,14 @@
 //! [`health`] adds what only the outside knows (Kafka's reachability, the database's
 //! status summary, each behind its cache) and [`metrics`] renders every series, with the
 //! process's own figures from [`process`]. [`trace_context`] ties the log lines about an
-//! event to the application's trace (the row's `traceparent`).
+//! event to the application's trace (the row's `traceparent`), and [`otlp`] exports those
+//! events' spans to an OpenTelemetry collector (`[otlp]`).
 //!
 //! [`PipelineStats`]: crate::relay::PipelineStats
 
 mod health;
 mod metrics;
+pub mod otlp;
 mod process;
 mod server;
 pub(crate) mod trace_context;

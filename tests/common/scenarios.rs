@@ -6,6 +6,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use serde_json::json;
+
 use super::engine::{Engine, Event, Pipeline, Writer};
 use super::{
     consume_all, free_port, http_get, java_partition, metric_value, metrics_section, seqs_by_key,
@@ -809,10 +811,18 @@ pub async fn cloudevents_and_trace_context_reach_the_consumer<E: Engine>() {
 }
 
 /// Issue 13: outboxd's span for an event carries the trace id of the row's `traceparent`:
-/// in poll mode (the claim worker's path), the log line of each delivery names it; a row
-/// with an invalid `traceparent` is delivered all the same, its line without a trace id.
+/// in poll mode (the claim worker's path), the log line of each delivery names it, and
+/// with `[otlp]` the span reaches the collector as a child of the application's span; a
+/// row with an invalid `traceparent` is delivered all the same, its line without a trace
+/// id, its span not exported.
 pub async fn the_events_span_carries_the_trace_id_of_its_traceparent<E: Engine>() {
-    let p = Pipeline::<E>::new("tracespan", 1, "\n[poll]\ninterval = \"100ms\"\n").await;
+    let collector = OtlpCollector::start().await;
+    let extra = format!(
+        "\n[poll]\ninterval = \"100ms\"\n\n[otlp]\nendpoint = \"http://127.0.0.1:{}\"\n\
+         service_name = \"orders-relay\"\ntimeout = \"2s\"\n",
+        collector.port
+    );
+    let p = Pipeline::<E>::new("tracespan", 1, &extra).await;
     let config = std::fs::read_to_string(&p.config_path).expect("read config");
     assert!(config.contains("[source]\n"), "{config}");
     let config = config.replacen("[source]\n", "[source]\nmode = \"poll\"\n", 1);
@@ -862,6 +872,35 @@ pub async fn the_events_span_carries_the_trace_id_of_its_traceparent<E: Engine>(
     );
     let untraced = delivered("untraced");
     assert!(!untraced.contains("trace_id="), "{untraced}");
+    // The collector got the traced event's span, in the application's trace.
+    let span = wait_for("the span exported", Duration::from_secs(15), || async {
+        collector.spans().into_iter().find(|(_, span)| {
+            span["attributes"].as_array().is_some_and(|a| {
+                a.contains(&json!({"key": "message_id", "value": {"stringValue": "traced"}}))
+            })
+        })
+    })
+    .await;
+    let (resource, span) = span;
+    assert_eq!(
+        span["traceId"], "4bf92f3577b34da6a3ce929d0e0e4736",
+        "{span}"
+    );
+    assert_eq!(span["parentSpanId"], "00f067aa0ba902b7", "{span}");
+    assert_eq!(span["name"], "event", "{span}");
+    assert_eq!(span["spanId"].as_str().map(str::len), Some(16), "{span}");
+    assert_eq!(
+        resource["attributes"][0],
+        json!({"key": "service.name", "value": {"stringValue": "orders-relay"}})
+    );
+    let untraced = collector
+        .spans()
+        .into_iter()
+        .find(|(_, span)| span.to_string().contains("\"untraced\""));
+    assert!(
+        untraced.is_none(),
+        "no trace context, no export: {untraced:?}"
+    );
     let records = p.consume(2, Duration::from_secs(30));
     let passed: Vec<&str> = records
         .iter()
@@ -884,4 +923,88 @@ fn without_ansi_colors(text: &str) -> String {
         }
     }
     plain
+}
+
+/// A stand-in for an OpenTelemetry collector's OTLP/HTTP receiver: keeps the JSON body of
+/// every `POST /v1/traces` and answers 200, one request a connection.
+struct OtlpCollector {
+    port: u16,
+    bodies: std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+}
+
+impl OtlpCollector {
+    async fn start() -> Self {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let bodies: std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>> = Default::default();
+        let kept = std::sync::Arc::clone(&bodies);
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let kept = std::sync::Arc::clone(&kept);
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 8192];
+                    let (path, body) = loop {
+                        let Ok(n) = stream.read(&mut chunk).await else {
+                            return;
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                        let text = String::from_utf8_lossy(&buf).into_owned();
+                        let Some((head, body)) = text.split_once("\r\n\r\n") else {
+                            continue;
+                        };
+                        let length = head
+                            .lines()
+                            .find_map(|l| {
+                                let (k, v) = l.split_once(':')?;
+                                k.eq_ignore_ascii_case("content-length")
+                                    .then(|| v.trim().parse::<usize>().ok())?
+                            })
+                            .unwrap_or(0);
+                        if body.len() >= length {
+                            let path = head.split(' ').nth(1).unwrap_or_default().to_owned();
+                            break (path, body.to_owned());
+                        }
+                    };
+                    assert_eq!(path, "/v1/traces");
+                    let json = serde_json::from_str(&body).expect("OTLP JSON");
+                    kept.lock().expect("bodies").push(json);
+                    let reply = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\
+                                 Content-Type: application/json\r\nConnection: close\r\n\r\n{}";
+                    let _ = stream.write_all(reply.as_bytes()).await;
+                });
+            }
+        });
+        Self { port, bodies }
+    }
+
+    /// Every span received, with its resource.
+    fn spans(&self) -> Vec<(serde_json::Value, serde_json::Value)> {
+        let bodies = self.bodies.lock().expect("bodies").clone();
+        let mut spans = Vec::new();
+        for body in bodies {
+            for resource_spans in body["resourceSpans"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+            {
+                let scopes = resource_spans["scopeSpans"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                for scope in scopes {
+                    for span in scope["spans"].as_array().cloned().unwrap_or_default() {
+                        spans.push((resource_spans["resource"].clone(), span));
+                    }
+                }
+            }
+        }
+        spans
+    }
 }
