@@ -158,17 +158,30 @@ impl Harness for Pg {
 
     async fn carry_checkpoint_from_another_server(&self) {
         // As a row copied from another cluster reads here: another system identifier,
-        // an LSN past this cluster's WAL.
+        // an LSN past this cluster's WAL (added here: pg_lsn + int needs 14).
+        let row = self
+            .0
+            .client
+            .query_one(
+                "SELECT pg_current_wal_lsn()::text, (system_identifier + 1)::text \
+                 FROM pg_control_system()",
+                &[],
+            )
+            .await
+            .expect("the current LSN");
+        let current: String = row.get(0);
+        let system: String = row.get(1);
+        let ahead = Lsn(current.parse::<Lsn>().expect("lsn").0 + 1_000_000_000);
+        let position = format!("lsn:{ahead};system={system};timeline=1");
         let sql = format!(
             "INSERT INTO \"{}\".outboxd_checkpoint AS t (pipeline, position, updated_at) \
-             SELECT $1, 'lsn:' || (pg_current_wal_lsn() + 1000000000)::text || ';system=' || \
-             (s.system_identifier + 1)::text || ';timeline=1', now() FROM pg_control_system() s \
+             VALUES ($1, $2, now()) \
              ON CONFLICT (pipeline) DO UPDATE SET position = EXCLUDED.position",
             self.0.schema
         );
         self.0
             .client
-            .execute(&sql, &[&self.0.connector.pipeline()])
+            .execute(&sql, &[&self.0.connector.pipeline(), &position])
             .await
             .expect("copy a checkpoint from another cluster");
     }

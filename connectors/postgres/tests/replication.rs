@@ -110,8 +110,12 @@ impl Fixture {
         cfg.slot = Some(base.clone());
         cfg.publication = Some(base.clone());
         cfg.status_interval = Duration::from_secs(1);
+        // Its own checkpoint table too: the stream reads the checkpoint, and a fresh
+        // database has no default one.
+        let checkpoint = format!("{base}_checkpoint");
         let layout = OutboxLayout {
             outbox_table: format!("public.{outbox}"),
+            checkpoint_table: format!("public.{checkpoint}"),
             ..OutboxLayout::default()
         };
         let connector = PostgresConnector::new(cfg, "test", layout).unwrap();
@@ -120,7 +124,9 @@ impl Fixture {
             .replace("payload          jsonb", &format!("payload {payload_type}"));
         sql.batch_execute(&ddl).await.unwrap();
         sql.batch_execute(&format!(
-            "CREATE TABLE {other} (id serial PRIMARY KEY, note text);
+            "CREATE TABLE {checkpoint} (pipeline text PRIMARY KEY, position text NOT NULL, \
+                 updated_at timestamptz NOT NULL DEFAULT now());
+             CREATE TABLE {other} (id serial PRIMARY KEY, note text);
              CREATE PUBLICATION {base} FOR TABLE {outbox} WITH (publish = 'insert');"
         ))
         .await

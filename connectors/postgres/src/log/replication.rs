@@ -19,7 +19,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use fallible_iterator::FallibleIterator;
-use outboxd_connector::ConnectorError;
+use outboxd_connector::{ConnectorError, ErrorReason};
 use outboxd_connector_kit::tls::{Negotiated, TlsUse};
 
 use super::position::Lsn;
@@ -482,6 +482,7 @@ impl ReplicationConnection {
         Ok(ReplicationStream {
             conn: self,
             slot: slot.to_owned(),
+            publication: publication.to_owned(),
         })
     }
 
@@ -610,6 +611,16 @@ async fn negotiate_tls(
 
 /// An `ErrorResponse` as a [`ConnectorError`], classified by SQLSTATE like
 /// `client::classify_pg_error`.
+/// One field (`C` code, `M` message, …) of an ErrorResponse or NoticeResponse.
+fn error_field(mut fields: ErrorFields<'_>, kind: u8) -> Option<String> {
+    while let Ok(Some(field)) = fields.next() {
+        if field.type_() == kind {
+            return Some(String::from_utf8_lossy(field.value_bytes()).into_owned());
+        }
+    }
+    None
+}
+
 fn server_error(fields: ErrorFields<'_>, context: &str) -> ConnectorError {
     let (mut code, mut message, mut detail, mut hint) = (String::new(), String::new(), None, None);
     let mut fields = fields;
@@ -739,6 +750,7 @@ pub fn standby_status_update(lsn: Lsn, now: SystemTime, reply_requested: bool) -
 pub struct ReplicationStream {
     conn: ReplicationConnection,
     slot: String,
+    publication: String,
 }
 
 impl ReplicationStream {
@@ -778,7 +790,27 @@ impl ReplicationStream {
                         self.slot
                     )))
                 }
-                Message::NoticeResponse(_) | Message::ParameterStatus(_) => {}
+                Message::NoticeResponse(body) => {
+                    // From PostgreSQL 18 on, pgoutput skips a publication that does not
+                    // exist at a change's point in the WAL with a WARNING (55000, naming
+                    // it) where older servers fail: the outbox rows would pass unseen, so
+                    // it is the same definite error as there.
+                    let notice = server_error(
+                        body.fields(),
+                        &format!(
+                            "replication from slot `{}` at {}",
+                            self.slot, self.conn.endpoint
+                        ),
+                    );
+                    let named = format!("\"{}\"", self.publication);
+                    if error_field(body.fields(), b'C').as_deref() == Some("55000")
+                        && error_field(body.fields(), b'M').is_some_and(|m| m.contains(&named))
+                    {
+                        return Err(ConnectorError::definite(notice.message())
+                            .with_reason(ErrorReason::MissingObject));
+                    }
+                }
+                Message::ParameterStatus(_) => {}
                 _ => return Err(self.conn.unexpected("message in CopyBoth mode")),
             }
         }
