@@ -95,6 +95,20 @@ pub(crate) fn event_span(event: &OutboxEvent) -> tracing::Span {
     span
 }
 
+/// The span a sink opens for sending `event` and holds until the outcome: `event`'s
+/// span when it has a valid `traceparent` and no event span is open already (the claim
+/// worker opens one around its sends; the log relay does not). Untraced events get none:
+/// the relay's path pays a look at the headers, no span.
+pub(crate) fn send_span(event: &OutboxEvent) -> Option<tracing::Span> {
+    let inside_one = tracing::Span::current()
+        .metadata()
+        .is_some_and(|m| m.name() == "event" && m.target() == module_path!());
+    if inside_one || TraceParent::of(event).is_none() {
+        return None;
+    }
+    Some(event_span(event))
+}
+
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;
@@ -234,6 +248,19 @@ mod tests {
             commit_time: None,
             rejected: None,
         }
+    }
+
+    #[test]
+    fn a_sink_opens_the_span_of_a_traced_event_unless_one_is_open() {
+        let traced = event_with(vec![("traceparent".into(), Bytes::from(VALID))]);
+        let untraced = event_with(vec![("traceparent".into(), Bytes::from("00-x"))]);
+        tracing::subscriber::with_default(tracing_subscriber::registry(), || {
+            let opened = send_span(&traced).expect("a traced event's span");
+            assert_eq!(opened.metadata().map(|m| m.name()), Some("event"));
+            assert!(send_span(&untraced).is_none());
+            let caller = event_span(&traced);
+            caller.in_scope(|| assert!(send_span(&traced).is_none(), "the caller's is open"));
+        });
     }
 
     #[test]

@@ -731,8 +731,13 @@ pub async fn check_names_a_missing_table_grant<E: Engine>() {
 pub async fn cloudevents_and_trace_context_reach_the_consumer<E: Engine>() {
     const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     const TRACESTATE: &str = "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE";
-    let extra = "[kafka.cloudevents]\nsource = \"urn:example:orders\"\n";
-    let p = Pipeline::<E>::new("cloudevents", 1, extra).await;
+    let collector = OtlpCollector::start().await;
+    let extra = format!(
+        "[kafka.cloudevents]\nsource = \"urn:example:orders\"\n\n[otlp]\n\
+         endpoint = \"http://127.0.0.1:{}\"\ntimeout = \"2s\"\n",
+        collector.port
+    );
+    let p = Pipeline::<E>::new("cloudevents", 1, &extra).await;
     p.init();
     let daemon = p.spawn_run("run.log");
     let insert = |message_id: &str, biz_key: &str, headers: &str| {
@@ -806,6 +811,31 @@ pub async fn cloudevents_and_trace_context_reach_the_consumer<E: Engine>() {
         (p.success_count().await == 3).then_some(())
     })
     .await;
+
+    // The log relay's path: the traced event's span covers its send and acknowledgement,
+    // in the log and at the collector; the others have none.
+    let log = without_ansi_colors(&daemon.log_text());
+    let acknowledged: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("acknowledged by Kafka"))
+        .collect();
+    assert_eq!(acknowledged.len(), 1, "{log}");
+    assert!(
+        acknowledged[0].contains("message_id=ce-traced")
+            && acknowledged[0].contains("trace_id=4bf92f3577b34da6a3ce929d0e0e4736"),
+        "{log}"
+    );
+    let (_, span) = wait_for("the span exported", Duration::from_secs(15), || async {
+        collector.spans().into_iter().next()
+    })
+    .await;
+    assert_eq!(
+        span["traceId"], "4bf92f3577b34da6a3ce929d0e0e4736",
+        "{span}"
+    );
+    assert_eq!(span["parentSpanId"], "00f067aa0ba902b7", "{span}");
+    assert!(span.to_string().contains("\"ce-traced\""), "{span}");
+    assert_eq!(collector.spans().len(), 1, "{:?}", collector.spans());
     drop(daemon);
     p.cleanup().await;
 }

@@ -4,17 +4,23 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use outboxd_connector::OutboxEvent;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::DeliveryFuture;
 
+use crate::observability::trace_context;
 use crate::sink::{FailureKind, Receipt, SinkFailure, SinkResult};
 
 /// A record handed to the producer; resolves to its outcome.
 ///
 /// A plain enum rather than an `async` block so the relay's per-record future stays the
 /// one allocation it was before the sink boundary existed.
+///
+/// A traced event's record holds its span ([`trace_context::send_span`]) until the broker
+/// answers: the span then covers the send and its acknowledgement, and ends with a debug
+/// line of the outcome.
 #[must_use = "a delivery resolves to the record's outcome"]
-pub struct KafkaDelivery(State);
+pub struct KafkaDelivery(State, Option<tracing::Span>);
 
 enum State {
     /// Waiting for the broker's acknowledgement.
@@ -25,11 +31,18 @@ enum State {
 
 impl KafkaDelivery {
     pub(super) fn in_flight(future: DeliveryFuture) -> Self {
-        Self(State::InFlight(future))
+        Self(State::InFlight(future), None)
     }
 
     pub(super) fn failed(e: &KafkaError) -> Self {
-        Self(State::Done(Some(classify(e))))
+        Self(State::Done(Some(classify(e))), None)
+    }
+
+    /// Holds `event`'s span until the outcome, when it has a trace context and its caller
+    /// has not opened the span already.
+    pub(super) fn traced(mut self, event: &OutboxEvent) -> Self {
+        self.1 = trace_context::send_span(event);
+        self
     }
 }
 
@@ -37,7 +50,29 @@ impl Future for KafkaDelivery {
     type Output = SinkResult;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<SinkResult> {
-        match &mut self.get_mut().0 {
+        let this = self.get_mut();
+        let outcome = this.poll_outcome(cx);
+        if let Poll::Ready(result) = &outcome {
+            let Some(span) = this.1.take() else {
+                return outcome;
+            };
+            let _entered = span.enter();
+            match result {
+                Ok(receipt) => tracing::debug!(
+                    partition = receipt.partition,
+                    offset = receipt.offset,
+                    "acknowledged by Kafka"
+                ),
+                Err(failure) => tracing::debug!(error = %failure.error, "not delivered"),
+            }
+        }
+        outcome
+    }
+}
+
+impl KafkaDelivery {
+    fn poll_outcome(&mut self, cx: &mut Context<'_>) -> Poll<SinkResult> {
+        match &mut self.0 {
             State::Done(failure) => {
                 Poll::Ready(Err(failure.take().unwrap_or_else(|| SinkFailure {
                     kind: FailureKind::Fatal,

@@ -140,7 +140,7 @@ impl Sink for KafkaSink {
         let producer = self.producer();
         loop {
             match producer.send_result(record) {
-                Ok(future) => return KafkaDelivery::in_flight(future),
+                Ok(future) => return KafkaDelivery::in_flight(future).traced(event),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
                     // librdkafka's queue is full: let it drain a little, then try again.
                     record = returned;
