@@ -61,6 +61,8 @@ struct StoreState {
     checkpoint: Option<Position>,
     write_backs: usize,
     claims: u64,
+    /// Every write-back fails as on a database that is restarting.
+    unavailable: bool,
 }
 
 /// An outbox table and checkpoint row in memory, with the write-back rules of the
@@ -104,6 +106,11 @@ impl MemoryStore {
         }
     }
 
+    /// Write-backs fail (transient) while `down`, as during a database restart.
+    pub(crate) fn set_unavailable(&self, down: bool) {
+        lock(&self.state).unavailable = down;
+    }
+
     pub(crate) fn checkpoint(&self) -> Option<Position> {
         lock(&self.state).checkpoint.clone()
     }
@@ -112,6 +119,11 @@ impl MemoryStore {
 impl OutboxStore for MemoryStore {
     async fn write_back(&self, batch: WriteBack<'_>) -> Result<(), ConnectorError> {
         let mut state = lock(&self.state);
+        if state.unavailable {
+            return Err(ConnectorError::transient(
+                "the database system is shutting down",
+            ));
+        }
         state.write_backs += 1;
         for d in batch.delivered {
             if let Some(row) = state.rows.get_mut(&d.id) {

@@ -29,7 +29,7 @@ mod session;
 #[cfg(test)]
 mod tests;
 
-use session::Session;
+use session::{Session, Unwritten};
 
 /// Counters of a running pipeline, shared with status reporting and metrics.
 #[derive(Debug, Default)]
@@ -106,6 +106,10 @@ pub enum PipelineError {
     ProducerFatal(String),
 }
 
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 impl SessionError for PipelineError {
     fn is_transient(&self) -> bool {
         match self {
@@ -130,6 +134,9 @@ pub async fn run<C: Connector, S: Sink>(
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), PipelineError> {
     tracing::info!(source = %connector.describe(), "pipeline starting");
+    // Outcomes a session could not write back (the database went away while Kafka kept
+    // acknowledging), written by the next one before it reads.
+    let unwritten = Mutex::new(Unwritten::default());
     let session = async |backoff: &mut ReconnectBackoff, mut shutdown: watch::Receiver<bool>| {
         // After a session that ended on a fatal sink failure: a fresh sink first.
         if sink.recover().await.map_err(PipelineError::ProducerFatal)? {
@@ -145,14 +152,22 @@ pub async fn run<C: Connector, S: Sink>(
         // failures woke its own worker, not ours). Wake the claim worker so it reaps,
         // claims what is due and learns the schedule of the rest.
         wake.notify_one();
+        let mut session = Session::new(&store, sink, settings, stats, wake);
         let result = async {
-            let mut session = Session::new(&store, sink, settings, stats, wake);
+            let mut carried = std::mem::take(&mut *lock(&unwritten));
+            if let Err(e) = session.write_unwritten(&mut carried).await {
+                *lock(&unwritten) = carried;
+                return Err(e.into());
+            }
             session.load_blocked_keys().await?;
             session.load_delivered_through().await?;
             session.set_written_through(store.load_checkpoint().await?);
             session.run(&mut stream, link, &mut shutdown, backoff).await
         }
         .await;
+        if result.is_err() {
+            lock(&unwritten).merge(session.take_unwritten());
+        }
         stats.streaming.store(false, Ordering::Relaxed);
         result
     };

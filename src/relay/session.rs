@@ -47,6 +47,34 @@ struct Completed {
     result: SinkResult,
 }
 
+/// Outcomes a session collected and could not write back, carried to the next session of
+/// the same process (see [`Session::write_unwritten`]).
+#[derive(Debug, Default)]
+pub(super) struct Unwritten {
+    delivered: Vec<Delivered>,
+    failed: Vec<DeliveryFailure>,
+    parked: Vec<ParkedEvent>,
+    rejected: Vec<ParkedEvent>,
+}
+
+impl Unwritten {
+    /// Adds `later`'s outcomes (a session that failed before writing what it carried
+    /// in leaves both).
+    pub(super) fn merge(&mut self, later: Unwritten) {
+        self.delivered.extend(later.delivered);
+        self.failed.extend(later.failed);
+        self.parked.extend(later.parked);
+        self.rejected.extend(later.rejected);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.delivered.is_empty()
+            && self.failed.is_empty()
+            && self.parked.is_empty()
+            && self.rejected.is_empty()
+    }
+}
+
 /// Records handed to the sink whose outcome is not yet known.
 type Deliveries = FuturesUnordered<BoxFuture<'static, Completed>>;
 
@@ -116,6 +144,10 @@ pub(super) struct Session<'a, O, S> {
     /// Rows of transactions read again that the table already showed SUCCESS.
     skipped_delivered: u64,
     fatal: Option<String>,
+    /// A write-back that failed (the database went away): the session stops reading,
+    /// collects the outcomes of what is still in flight, and ends with this error; the
+    /// next session writes those outcomes first ([`Unwritten`]).
+    write_error: Option<PipelineError>,
     wake_worker: Arc<Notify>,
 }
 
@@ -152,6 +184,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             delivered_through: None,
             skipped_delivered: 0,
             fatal: None,
+            write_error: None,
             wake_worker,
         }
     }
@@ -268,6 +301,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             let reading = stopping_at.is_none()
                 && stream_error.is_none()
                 && self.fatal.is_none()
+                && self.write_error.is_none()
                 && self.in_flight < self.settings.delivery.max_in_flight
                 && self.in_flight_bytes < self.settings.delivery.max_in_flight_bytes;
             let flush_at = self.batch_started.map_or(far_future, |t| {
@@ -287,11 +321,13 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                     last_progress = Instant::now();
                     self.complete(done);
                     if self.batch_seqs.len() >= self.settings.delivery.writeback_batch {
-                        self.flush(stream).await?;
+                        self.flush_or_drain(stream, &mut stopping_at).await;
                     }
                 }
-                _ = sleep_until(flush_at.into()), if self.batch_started.is_some() => {
-                    self.flush(stream).await?;
+                _ = sleep_until(flush_at.into()),
+                    if self.batch_started.is_some() && self.write_error.is_none() =>
+                {
+                    self.flush_or_drain(stream, &mut stopping_at).await;
                 }
                 _ = sleep_until((last_progress + self.settings.stall_warning).into()),
                     if !deliveries.is_empty() =>
@@ -310,7 +346,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                     if self.blocked.contains(&key) {
                         self.maybe_released.insert(key);
                         if self.batch_started.is_none() {
-                            self.flush(stream).await?;
+                            self.flush_or_drain(stream, &mut stopping_at).await;
                         }
                     }
                 }
@@ -323,7 +359,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                         );
                         self.push_slot(tx.commit_position, 0);
                         if self.batch_started.is_none() {
-                            self.flush(stream).await?;
+                            self.flush_or_drain(stream, &mut stopping_at).await;
                         }
                     }
                     Ok(ChangeItem::Transaction(tx)) => {
@@ -342,7 +378,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                         if events.is_empty() {
                             // Every row delivered already: only the position moves on.
                             if self.batch_started.is_none() {
-                                self.flush(stream).await?;
+                                self.flush_or_drain(stream, &mut stopping_at).await;
                             }
                         } else {
                             self.before_sending(commit_time, deliveries.is_empty(), &mut last_progress).await?;
@@ -382,7 +418,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                         backoff.reset();
                         self.push_slot(position, 0);
                         if self.batch_started.is_none() {
-                            self.flush(stream).await?;
+                            self.flush_or_drain(stream, &mut stopping_at).await;
                         }
                     }
                     Err(e) => {
@@ -406,12 +442,16 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                 }
             }
 
-            let draining = stopping_at.is_some() || self.fatal.is_some();
+            let draining =
+                stopping_at.is_some() || self.fatal.is_some() || self.write_error.is_some();
             if draining && deliveries.is_empty() {
                 break;
             }
         }
 
+        if let Some(error) = self.write_error.take() {
+            return Err(error);
+        }
         self.flush(stream).await?;
         if let Some(error) = self.fatal.take() {
             return Err(PipelineError::SinkFailed(error));
@@ -420,6 +460,74 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             Some(e) => Err(e.into()),
             None => Ok(()),
         }
+    }
+
+    /// Flushes; when the write-back fails, the session stops reading and drains instead:
+    /// the records in flight are acknowledged all the same, and their outcomes, kept in
+    /// memory, are what the next session writes first. Without that they would be read
+    /// again from the log and sent a second time.
+    async fn flush_or_drain<T: ChangeStream>(
+        &mut self,
+        stream: &mut T,
+        stopping_at: &mut Option<Instant>,
+    ) {
+        if self.write_error.is_some() {
+            return;
+        }
+        if let Err(e) = self.flush(stream).await {
+            tracing::warn!(
+                error = %e,
+                in_flight = self.in_flight,
+                "status write-back failed; draining in-flight deliveries, whose outcomes \
+                 are written back once the database answers again"
+            );
+            stopping_at.get_or_insert_with(|| {
+                Instant::now() + self.settings.delivery.shutdown_deadline
+            });
+            self.write_error = Some(e);
+        }
+    }
+
+    /// The outcomes this session collected and did not write back (it ended on an
+    /// error): for the next session of this process.
+    pub(super) fn take_unwritten(&mut self) -> Unwritten {
+        Unwritten {
+            delivered: std::mem::take(&mut self.delivered),
+            failed: std::mem::take(&mut self.failed),
+            parked: std::mem::take(&mut self.parked),
+            rejected: std::mem::take(&mut self.rejected),
+        }
+    }
+
+    /// Writes the outcomes an earlier session of this process collected and could not
+    /// write back, before anything is read: rows Kafka acknowledged become SUCCESS now
+    /// instead of being sent again when their transaction is read again. No checkpoint
+    /// moves: their transactions are read again and skip those rows
+    /// ([`Self::load_delivered_through`] runs after this).
+    pub(super) async fn write_unwritten(
+        &mut self,
+        unwritten: &mut Unwritten,
+    ) -> Result<(), ConnectorError> {
+        if unwritten.is_empty() {
+            return Ok(());
+        }
+        let batch = WriteBack {
+            delivered: &unwritten.delivered,
+            failed: &unwritten.failed,
+            parked: &unwritten.parked,
+            rejected: &unwritten.rejected,
+            checkpoint: None,
+        };
+        write_back_with_retries(self.store, batch).await?;
+        tracing::info!(
+            delivered = unwritten.delivered.len(),
+            failed = unwritten.failed.len() + unwritten.rejected.len(),
+            parked = unwritten.parked.len(),
+            "outcomes the previous session could not write back are written; those rows \
+             are not sent again"
+        );
+        *unwritten = Unwritten::default();
+        Ok(())
     }
 
     fn push_slot(&mut self, position: Position, events: usize) -> u64 {

@@ -12,7 +12,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use tokio::sync::{mpsc, watch, Notify};
 
-use super::session::Session;
+use super::session::{Session, Unwritten};
 use super::{PipelineError, PipelineSettings, PipelineStats, RetryLink};
 use crate::config::{DeliveryConfig, Ordering as KeyOrdering, RetryConfig};
 use crate::reconnect::{ReconnectBackoff, SessionError};
@@ -69,6 +69,38 @@ impl Harness {
         session.set_written_through(self.store.load_checkpoint().await?);
         let mut backoff = ReconnectBackoff::new();
         session.run(stream, link, &mut shutdown, &mut backoff).await
+    }
+
+    /// One session as `relay::run` opens it after an earlier one: the outcomes that
+    /// session could not write back are written first, and what this one leaves
+    /// unwritten replaces them.
+    async fn session_carrying(
+        &self,
+        stream: &mut MemoryStream,
+        link: &mut RetryLink,
+        mut shutdown: watch::Receiver<bool>,
+        carried: &mut Unwritten,
+    ) -> Result<(), PipelineError> {
+        let mut session = Session::new(
+            &*self.store,
+            &self.sink,
+            &self.settings,
+            &self.stats,
+            Arc::clone(&self.wake),
+        );
+        let result = async {
+            session.write_unwritten(carried).await?;
+            session.load_blocked_keys().await?;
+            session.load_delivered_through().await?;
+            session.set_written_through(self.store.load_checkpoint().await?);
+            let mut backoff = ReconnectBackoff::new();
+            session.run(stream, link, &mut shutdown, &mut backoff).await
+        }
+        .await;
+        if result.is_err() {
+            carried.merge(session.take_unwritten());
+        }
+        result
     }
 }
 
@@ -494,6 +526,72 @@ async fn a_transaction_in_parts_is_sent_as_it_comes_and_confirmed_whole() {
     let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
     result.unwrap();
     for id in 1..=5 {
+        assert_eq!(h.store.status(id), "SUCCESS", "row {id}");
+    }
+    assert_no_violations(&confirmed);
+}
+
+/// The database restarts while Kafka acknowledges: the write-back fails, the session
+/// drains what is in flight and ends, and the next session writes those outcomes before it
+/// reads. The transaction read again sends only what was never acknowledged.
+#[tokio::test]
+async fn outcomes_a_failed_write_back_held_are_written_by_the_next_session_not_resent() {
+    let h = Harness::new(Duration::from_secs(5));
+    let (mut link, _keys) = link();
+    let (_stop, shutdown) = watch::channel(false);
+    h.store.insert(&[(1, "A"), (2, "B"), (3, "C"), (4, "D")]);
+    h.sink.hold();
+    let mut carried = Unwritten::default();
+
+    // Session 1: rows 1 and 2 are acknowledged while the database is down.
+    let (mut stream, log, _) = MemoryStream::new(Arc::clone(&h.store));
+    let driver = async {
+        log.commit(10, vec![event(1, "A"), event(2, "B"), event(3, "C")]);
+        wait_until("three in flight", || h.sink.held() == [1, 2, 3]).await;
+        h.store.set_unavailable(true);
+        assert!(h.sink.complete(1));
+        assert!(h.sink.complete(2));
+        // Row 3 is still in flight when the write-back fails; the session drains it.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(h.sink.complete(3));
+    };
+    let (result, ()) = tokio::join!(
+        h.session_carrying(&mut stream, &mut link, shutdown.clone(), &mut carried),
+        driver
+    );
+    let error = result.expect_err("the write-back failed");
+    assert!(error.is_transient(), "{error}");
+    assert_eq!(
+        [1, 2, 3].map(|id| h.store.status(id)),
+        ["INIT", "INIT", "INIT"]
+    );
+
+    // Session 2: the database is back; the transaction is read again from the log.
+    h.store.set_unavailable(false);
+    let (stop, shutdown) = watch::channel(false);
+    let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
+    let driver = async {
+        log.commit(10, vec![event(1, "A"), event(2, "B"), event(3, "C")]);
+        log.commit(20, vec![event(4, "D")]);
+        wait_until("row 4 in flight", || h.sink.held() == [4]).await;
+        assert!(h.sink.complete(4));
+        wait_until("20 confirmed", || {
+            last_confirmed(&confirmed) == Some(lsn(20))
+        })
+        .await;
+        stop.send_replace(true);
+    };
+    let (result, ()) = tokio::join!(
+        h.session_carrying(&mut stream, &mut link, shutdown, &mut carried),
+        driver
+    );
+    result.unwrap();
+    assert_eq!(
+        h.sink.sent_ids(),
+        [1, 2, 3, 4],
+        "rows acknowledged while the database was down are not sent again"
+    );
+    for id in 1..=4 {
         assert_eq!(h.store.status(id), "SUCCESS", "row {id}");
     }
     assert_no_violations(&confirmed);
