@@ -12,7 +12,9 @@
 //! to stop relaying. No dependency beyond what outboxd already has (hyper's client).
 //!
 //! Spans without a trace context are not exported: an outbox relays far more events than
-//! anyone traces, and a root span per event would flood the collector.
+//! anyone traces, and a root span per event would flood the collector. Nor are those of a
+//! trace the caller did not sample (`trace_sampled = false`, from the `traceparent`'s
+//! flags), whose other spans the collector never sees.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -105,6 +107,7 @@ struct FinishedSpan {
 /// What the layer keeps of an open span (in its extensions).
 struct OpenSpan {
     trace_id: Option<String>,
+    sampled: bool,
     parent_span_id: Option<String>,
     span_id: String,
     start: SystemTime,
@@ -119,7 +122,11 @@ impl Visit for OpenSpan {
         self.set(field, json!({ "intValue": value.to_string() }));
     }
     fn record_bool(&mut self, field: &Field, value: bool) {
-        self.set(field, json!({ "boolValue": value }));
+        if field.name() == "trace_sampled" {
+            self.sampled = value;
+        } else {
+            self.set(field, json!({ "boolValue": value }));
+        }
     }
     fn record_str(&mut self, field: &Field, value: &str) {
         self.text(field, value.to_owned());
@@ -162,6 +169,7 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for Ot
         let Some(span) = ctx.span(id) else { return };
         let mut open = OpenSpan {
             trace_id: None,
+            sampled: true,
             parent_span_id: None,
             span_id: format!("{:016x}", rand::random::<u64>() | 1),
             start: SystemTime::now(),
@@ -173,6 +181,7 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for Ot
             if let Some(parent) = span.parent() {
                 if let Some(p) = parent.extensions().get::<OpenSpan>() {
                     open.trace_id.clone_from(&p.trace_id);
+                    open.sampled = p.sampled;
                     open.parent_span_id = Some(p.span_id.clone());
                 }
             }
@@ -193,7 +202,7 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for Ot
         let Some(open) = span.extensions_mut().remove::<OpenSpan>() else {
             return;
         };
-        let Some(trace_id) = open.trace_id else {
+        let Some(trace_id) = open.trace_id.filter(|_| open.sampled) else {
             return;
         };
         let finished = FinishedSpan {
@@ -440,6 +449,13 @@ mod tests {
             );
             traced.in_scope(|| drop(tracing::info_span!("write_back", rows = 1_u64)));
             drop(traced);
+            let unsampled = tracing::info_span!(
+                "event",
+                trace_id = "4bf92f3577b34da6a3ce929d0e0e4736",
+                trace_sampled = false
+            );
+            unsampled.in_scope(|| drop(tracing::info_span!("write_back")));
+            drop(unsampled);
         });
         let mut got = Vec::new();
         while let Ok(Message::Span(span)) = spans.try_recv() {

@@ -18,6 +18,8 @@ pub(crate) struct TraceParent<'a> {
     /// The span of the application that wrote the row: 16 lower-case hex digits, not all
     /// zero.
     pub(crate) parent_id: &'a str,
+    /// The `sampled` trace flag: the caller may have recorded its span.
+    pub(crate) sampled: bool,
 }
 
 impl<'a> TraceParent<'a> {
@@ -55,9 +57,11 @@ impl<'a> TraceParent<'a> {
         if !valid(flags, 2) {
             return None;
         }
+        let flags = u8::from_str_radix(flags, 16).ok()?;
         Some(Self {
             trace_id,
             parent_id,
+            sampled: flags & 1 == 1,
         })
     }
 
@@ -79,7 +83,9 @@ fn lower_hex(s: &str) -> bool {
 
 /// outboxd's span for publishing `event`: its `id` and `message_id`, and when the row's
 /// headers hold a valid `traceparent`, its `trace_id` and `parent_span_id` (the span of
-/// the application that wrote the row). Log lines inside carry them.
+/// the application that wrote the row), and `trace_sampled = false` when the caller did
+/// not sample the trace (the OTLP export then leaves the span out). Log lines inside
+/// carry them.
 pub(crate) fn event_span(event: &OutboxEvent) -> tracing::Span {
     let span = tracing::info_span!(
         "event",
@@ -87,10 +93,14 @@ pub(crate) fn event_span(event: &OutboxEvent) -> tracing::Span {
         message_id = %event.message_id,
         trace_id = tracing::field::Empty,
         parent_span_id = tracing::field::Empty,
+        trace_sampled = tracing::field::Empty,
     );
     if let Some(parent) = TraceParent::of(event) {
         span.record("trace_id", tracing::field::display(parent.trace_id));
         span.record("parent_span_id", tracing::field::display(parent.parent_id));
+        if !parent.sampled {
+            span.record("trace_sampled", false);
+        }
     }
     span
 }
@@ -128,9 +138,11 @@ mod tests {
             Some(TraceParent {
                 trace_id: "4bf92f3577b34da6a3ce929d0e0e4736",
                 parent_id: "00f067aa0ba902b7",
+                sampled: true,
             })
         );
-        assert!(parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00").is_some());
+        let unsampled = parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00");
+        assert!(!unsampled.expect("valid").sampled);
         assert!(parse(&format!(" {VALID}\t")).is_some(), "blanks around");
         // A later version: longer, the known fields first.
         let v1 = "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-09-what-comes-next";
