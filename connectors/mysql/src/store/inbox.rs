@@ -388,6 +388,22 @@ async fn payload_kind(
         if query_first(conn, &sql, context).await?.is_some() {
             return Ok(Payload::Json);
         }
+        // MariaDB (10.11) shows CHECK_CONSTRAINTS nothing of a table the user holds only
+        // table-level grants on (the runtime user of README's "Privileges"); SHOW CREATE
+        // TABLE, which those grants allow, has the same check.
+        let sql = format!(
+            "SHOW CREATE TABLE {}.{}",
+            quote_ident(&db),
+            quote_ident(&name)
+        );
+        if let Some(row) = query_first(conn, &sql, context).await? {
+            if text_or_empty(&row, 1)?
+                .replace(' ', "")
+                .contains("json_valid(`payload`)")
+            {
+                return Ok(Payload::Json);
+            }
+        }
     }
     Ok(Payload::Text)
 }

@@ -15,7 +15,7 @@ use outboxd_connector_kit::store::add_status_row;
 use crate::client::{int, text, text_or_empty};
 use crate::log::position::BinlogPosition;
 use crate::log::server;
-use crate::schema::{qualified, sql_string};
+use crate::schema::{qualified, sql_string, table_ident};
 use crate::store::claims::{event_columns, event_from_row, id_list};
 use crate::store::{delay_ms, MysqlOutboxStore};
 use crate::time::system_time;
@@ -136,11 +136,27 @@ impl OutboxAdmin for MysqlOutboxStore {
             }
             JanitorAction::Archive(table) => {
                 let archive = qualified(table);
-                self.update(
-                    &format!("CREATE TABLE IF NOT EXISTS {archive} LIKE {outbox}"),
-                    &format!("creating the archive table {table}"),
-                )
-                .await?;
+                // Created only when missing: CREATE TABLE IF NOT EXISTS needs CREATE even
+                // when the table exists, which the runtime user has no need of once the
+                // administrator made the archive table (README, "Privileges").
+                let (db, name) = table_ident(table, &self.connector.config().database);
+                let exists = format!(
+                    "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = {} \
+                     AND TABLE_NAME = {}",
+                    sql_string(&db),
+                    sql_string(&name)
+                );
+                if self
+                    .rows(&exists, "looking up the archive table")
+                    .await?
+                    .is_empty()
+                {
+                    self.update(
+                        &format!("CREATE TABLE IF NOT EXISTS {archive} LIKE {outbox}"),
+                        &format!("creating the archive table {table}"),
+                    )
+                    .await?;
+                }
                 let what = format!(
                     "moving old SUCCESS rows to {table} (its columns must match the outbox's)"
                 );
