@@ -291,7 +291,7 @@ pub async fn janitor_deletes_or_archives_old_success_rows<H: Harness>() {
     let week = Duration::from_secs(7 * 86_400);
 
     // Archive: 3 + 3 + 2 (the resolved row ages from its update), then 0.
-    let action = JanitorAction::Archive(h.archive_table());
+    let action = JanitorAction::Archive(h.archive_table().await);
     let mut batches = Vec::new();
     loop {
         let n = store

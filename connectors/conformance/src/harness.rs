@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use outboxd_connector::{Connector, Position};
+use outboxd_connector::{Connector, ConnectorError, Position, ReadMode};
 
 /// One outbox row to insert. Every row gets a unique `message_id`, `payload`
 /// `{"k": 1}` and `headers` `{"trace": "abc", "n": 7}`.
@@ -168,12 +168,18 @@ pub trait Harness: Sized {
     type Lock;
 
     /// A fresh, isolated outbox (its own tables, checkpoint row, slot or lock name),
-    /// not initialised: the scenario calls [`Connector::init`]. `prefix` names it for
+    /// not initialised: the scenario calls [`Harness::init`]. `prefix` names it for
     /// whoever reads the server (engines may shorten it).
     async fn create(prefix: &str) -> Self;
 
-    /// The connector of this outbox.
+    /// The connector of this outbox, logged in as the runtime role of README's
+    /// "Privileges" (what `run`, `check`, `recover` and the operator commands use), so
+    /// that a grant missing from `schemas/<engine>/grants.sql` fails a scenario.
     fn connector(&self) -> &Self::Connector;
+
+    /// [`Connector::init`] as an administrator runs it: logged in as the admin role, then
+    /// the runtime role's grants of `schemas/<engine>/grants.sql` on this outbox's tables.
+    async fn init(&self, mode: ReadMode) -> Result<Vec<String>, ConnectorError>;
 
     /// Inserts `rows` in one committed transaction; returns their ids in order.
     async fn insert(&self, rows: &[NewRow]) -> Vec<i64>;
@@ -225,7 +231,8 @@ pub trait Harness: Sized {
     async fn set_processed_ago(&self, ids: &[i64], seconds: i64);
 
     /// A table `(v text)` of this scenario for the SQL handler to write into, created
-    /// when missing; its name as SQL.
+    /// when missing (with the grants the application gives the runtime role for its
+    /// statement); its name as SQL.
     async fn effects_table(&self) -> String;
 
     /// The values in [`Harness::effects_table`], in insertion order.
@@ -235,8 +242,10 @@ pub trait Harness: Sized {
     /// fail meanwhile.
     async fn hide_table(&self, table: Table, away: bool);
 
-    /// The name of a table the janitor may archive into (created by the janitor).
-    fn archive_table(&self) -> String;
+    /// The name of a table the janitor may archive into, with the outbox's columns:
+    /// created, as README's "Privileges" says, by the administrator, who lets the runtime
+    /// role insert into it (the runtime role may create no table).
+    async fn archive_table(&self) -> String;
 
     /// Ids in the archive table, in order.
     async fn archived_ids(&self) -> Vec<i64>;

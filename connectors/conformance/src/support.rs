@@ -13,7 +13,7 @@ use crate::Harness;
 /// A harness whose outbox is initialised for `mode`.
 pub(crate) async fn initialised<H: Harness>(prefix: &str, mode: ReadMode) -> H {
     let h = H::create(prefix).await;
-    h.connector().init(mode).await.expect("init");
+    h.init(mode).await.expect("init");
     h
 }
 

@@ -1,19 +1,26 @@
 //! The connector contract's scenarios (`outboxd_conformance`) against a real MariaDB:
 //! each scenario gets its own outbox and checkpoint tables (`support::Fixture`), and
-//! this harness reads and sets rows with plain SQL through mysql_async.
+//! this harness reads and sets rows with plain SQL through mysql_async (as the test's own
+//! user). The connector runs as README's "Privileges" says: `init` as the admin user,
+//! everything else as the runtime user with the grants of `schemas/mysql/grants.sql`.
 
 mod support;
 
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 use outboxd_conformance::{Harness, NewRow, RowState, Setup, Table};
-use outboxd_connector::{OutboxLayout, Position};
+use outboxd_connector::{Connector, ConnectorError, OutboxLayout, Position, ReadMode};
 use outboxd_mysql::BinlogPosition;
 use outboxd_mysql::MysqlConnector;
 use support::Fixture;
 
 struct Maria {
+    /// Its connector logs in as the test's own user: `f.sql()` is the test's SQL.
     f: Fixture,
+    /// The connector the scenarios exercise, as the runtime user.
+    run: MysqlConnector,
+    /// The connector that runs `init`, as the admin user.
+    admin: MysqlConnector,
     /// This scenario's own checkpoint table (the fixture's default is shared).
     checkpoint: String,
     /// The server's binlog base name, e.g. `mariadb-bin`.
@@ -71,6 +78,21 @@ impl Maria {
     fn archive(&self) -> String {
         format!("{}_archive", self.f.table)
     }
+
+    fn effects_name(&self) -> String {
+        format!("effects_{}", self.f.name)
+    }
+
+    fn run_user(&self) -> &str {
+        &self.run.config().user
+    }
+
+    /// Gives the runtime user `privileges` on `table`, as the application or the
+    /// administrator would.
+    async fn grant(&self, privileges: &str, table: &str) {
+        let sql = format!("GRANT {privileges} ON `{table}` TO '{}'@'%'", self.run_user());
+        self.f.sql().await.query_drop(&sql).await.expect(&sql);
+    }
 }
 
 impl Harness for Maria {
@@ -88,7 +110,11 @@ impl Harness for Maria {
             inbox_table: format!("inbox_{}", f.name),
             ..OutboxLayout::default()
         };
-        f.connector = MysqlConnector::new(support::config(), &f.name, layout).expect("connector");
+        let config = support::config();
+        let connector = |config| MysqlConnector::new(config, &f.name, layout.clone());
+        let run = connector(support::as_role(&config, "RUN")).expect("connector");
+        let admin = connector(support::as_role(&config, "ADMIN")).expect("connector");
+        f.connector = connector(config).expect("connector");
         let mut conn = f.sql().await;
         let status: mysql_async::Row = conn
             .query_first("SHOW MASTER STATUS")
@@ -101,13 +127,30 @@ impl Harness for Maria {
             .map_or(file.clone(), |(base, _)| base.to_owned());
         Maria {
             f,
+            run,
+            admin,
             checkpoint,
             binlog_base,
         }
     }
 
     fn connector(&self) -> &MysqlConnector {
-        &self.f.connector
+        &self.run
+    }
+
+    async fn init(&self, mode: ReadMode) -> Result<Vec<String>, ConnectorError> {
+        let report = Connector::init(&self.admin, mode).await?;
+        let grants = support::runtime_grants(
+            self.run_user(),
+            &self.f.table,
+            &self.inbox(),
+            &self.checkpoint,
+        );
+        let mut conn = self.f.sql().await;
+        for sql in grants {
+            conn.query_drop(&sql).await.expect(&sql);
+        }
+        Ok(report)
     }
 
     async fn insert(&self, rows: &[NewRow]) -> Vec<i64> {
@@ -333,6 +376,9 @@ impl Harness for Maria {
         ))
         .await
         .expect("create the effects table");
+        // The SQL handler's statement runs as the runtime user (AUTO_INCREMENT needs no
+        // grant of its own).
+        self.grant("INSERT", &self.effects_name()).await;
         table
     }
 
@@ -363,7 +409,14 @@ impl Harness for Maria {
             .expect("rename table");
     }
 
-    fn archive_table(&self) -> String {
+    async fn archive_table(&self) -> String {
+        let create = format!(
+            "CREATE TABLE IF NOT EXISTS `{}` LIKE `{}`",
+            self.archive(),
+            self.f.table
+        );
+        self.f.sql().await.query_drop(&create).await.expect(&create);
+        self.grant("INSERT", &self.archive()).await;
         self.archive()
     }
 
@@ -376,6 +429,21 @@ impl Harness for Maria {
 
     async fn cleanup(self) {
         let mut conn = self.f.sql().await;
+        // MySQL keeps a table's grants after the table is dropped.
+        let tables = [
+            self.f.table.clone(),
+            self.archive(),
+            self.checkpoint.clone(),
+            self.inbox(),
+            self.effects_name(),
+        ];
+        for table in tables {
+            let revoke = format!(
+                "REVOKE ALL PRIVILEGES ON `{table}` FROM '{}'@'%'",
+                self.run_user()
+            );
+            let _ = conn.query_drop(revoke).await;
+        }
         let _ = conn
             .query_drop(format!(
                 "DROP TABLE IF EXISTS `{}`, `{}`, `{}`, `effects_{}`",

@@ -1,11 +1,13 @@
 //! The connector contract's scenarios (`outboxd_conformance`) against a real PostgreSQL:
 //! each scenario gets its own schema, publication and slot (`support_store::Fixture`),
-//! and this harness reads and sets rows with plain SQL through tokio-postgres.
+//! and this harness reads and sets rows with plain SQL through tokio-postgres. The
+//! connector runs as README's "Privileges" says (`Fixture::least_privilege`): `init` as
+//! the admin role, everything else as the runtime role with `schemas/postgres/grants.sql`.
 
 mod support_store;
 
 use outboxd_conformance::{Harness, NewRow, RowState, Setup, Table};
-use outboxd_connector::Position;
+use outboxd_connector::{ConnectorError, Position, ReadMode};
 use outboxd_postgres::PostgresConnector;
 use outboxd_postgres::{parse_position, Lsn};
 use support_store::Fixture;
@@ -52,7 +54,11 @@ impl Harness for Pg {
     type Lock = tokio_postgres::Client;
 
     async fn create(prefix: &str) -> Self {
-        Pg(Fixture::new(prefix).await)
+        Pg(Fixture::least_privilege(prefix).await)
+    }
+
+    async fn init(&self, mode: ReadMode) -> Result<Vec<String>, ConnectorError> {
+        self.0.init(mode).await
     }
 
     fn connector(&self) -> &PostgresConnector {
@@ -228,7 +234,15 @@ impl Harness for Pg {
 
     async fn effects_table(&self) -> String {
         let table = format!("\"{}\".effects", self.0.schema);
-        let create = format!("CREATE TABLE IF NOT EXISTS {table} (n bigserial, v text)");
+        let run = self.0.run_role.as_deref().expect("a runtime role");
+        // The application's table: the SQL handler's statement runs as the runtime role,
+        // which needs INSERT and, for the bigserial column, USAGE on its sequence.
+        let create = format!(
+            "CREATE TABLE IF NOT EXISTS {table} (n bigserial, v text); \
+             GRANT INSERT ON {table} TO \"{run}\"; \
+             GRANT USAGE ON SEQUENCE \"{}\".effects_n_seq TO \"{run}\"",
+            self.0.schema
+        );
         (self.0.client.batch_execute(&create).await).expect("create the effects table");
         table
     }
@@ -259,7 +273,14 @@ impl Harness for Pg {
             .expect("rename table");
     }
 
-    fn archive_table(&self) -> String {
+    async fn archive_table(&self) -> String {
+        let run = self.0.run_role.as_deref().expect("a runtime role");
+        let create = format!(
+            "CREATE TABLE IF NOT EXISTS \"{schema}\".outbox_archive (LIKE \"{schema}\".outbox); \
+             GRANT INSERT ON \"{schema}\".outbox_archive TO \"{run}\"",
+            schema = self.0.schema
+        );
+        (self.0.client.batch_execute(&create).await).expect("create the archive table");
         format!("{}.outbox_archive", self.0.schema)
     }
 

@@ -3,19 +3,21 @@
 //! the wait for rows of a commit the log handed over before it became visible.
 //!
 //! The contract's store scenarios (state machine, replay, checkpoint, claims, tokens,
-//! reaper, parked rows, schedule, blocked keys) run from `tests/conformance.rs`.
+//! reaper, parked rows, schedule, blocked keys) run from `tests/conformance.rs`. The
+//! store runs as the runtime role, after `init` as the admin role (README, "Privileges").
 
 mod support_store;
 
 use std::time::{Duration, Instant};
 
-use outboxd_connector::{Delivered, OutboxStore, WriteBack};
+use outboxd_connector::{Delivered, OutboxStore, ReadMode, WriteBack};
 use outboxd_postgres::Lsn;
 use support_store::Fixture;
 
+/// A fixture whose store runs as the runtime role, after `init` as the admin role.
 async fn initialised(prefix: &str) -> Fixture {
-    let fx = Fixture::new(prefix).await;
-    fx.connector.init().await.expect("init");
+    let fx = Fixture::least_privilege(prefix).await;
+    fx.init(ReadMode::Log).await.expect("init");
     fx
 }
 
@@ -96,8 +98,8 @@ async fn success_write_back_is_a_hot_update() {
 /// all the time use the partial indexes, never a sequential scan of the outbox.
 #[tokio::test]
 async fn hot_statements_use_the_partial_indexes_on_a_large_table() {
-    let fx = Fixture::new("st_explain").await;
-    fx.connector.init_with(true).await.expect("init");
+    let fx = Fixture::least_privilege("st_explain").await;
+    fx.init(ReadMode::Poll).await.expect("init");
     fx.client
         .batch_execute(&format!(
             "INSERT INTO {0} (message_id, message_type, biz_key, payload, status, sent_at) \

@@ -34,6 +34,39 @@ pub fn config() -> MysqlConfig {
     }
 }
 
+/// `config` logging in as the user of `OUTBOXD_TEST_MYSQL_<ROLE>_USER` and `…_PASSWORD`
+/// (`ADMIN`, `RUN`; defaults `outboxd_<role>` for both): README's "Privileges".
+pub fn as_role(config: &MysqlConfig, role: &str) -> MysqlConfig {
+    let default = format!("outboxd_{}", role.to_lowercase());
+    let var = |name: &str| env_or(&format!("OUTBOXD_TEST_MYSQL_{role}_{name}"), &default);
+    MysqlConfig {
+        user: var("USER"),
+        password: Some(var("PASSWORD").into()),
+        ..config.clone()
+    }
+}
+
+/// `schemas/mysql/grants.sql`, what the administrator runs after `init`.
+const GRANTS_SQL: &str = include_str!("../../../../schemas/mysql/grants.sql");
+
+/// The statements of `GRANTS_SQL` for these tables and user.
+pub fn runtime_grants(run_user: &str, outbox: &str, inbox: &str, checkpoint: &str) -> Vec<String> {
+    let body: String = GRANTS_SQL
+        .lines()
+        .filter(|l| !l.starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    body.replace("`outbox`", &format!("`{outbox}`"))
+        .replace("`inbox`", &format!("`{inbox}`"))
+        .replace("`outboxd_checkpoint`", &format!("`{checkpoint}`"))
+        .replace("'outboxd_run'", &format!("'{run_user}'"))
+        .split(';')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
 pub fn rand_u32() -> u32 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();

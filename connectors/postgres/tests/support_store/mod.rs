@@ -1,12 +1,16 @@
 //! Shared by tests/store.rs, tests/admin.rs and tests/conformance.rs: a uniquely named
 //! set of tables, publication and slot on the test PostgreSQL (`OUTBOXD_TEST_PG_*`, see
 //! `scripts/services env`), removed again when the fixture is dropped, also after a panic.
+//! [`Fixture::least_privilege`] runs the connector as README's "Privileges" says: `init`
+//! as the admin role (`OUTBOXD_TEST_PG_ADMIN_*`), then `schemas/postgres/grants.sql`, and
+//! everything else as the runtime role (`OUTBOXD_TEST_PG_RUN_*`); the test's own SQL
+//! (`client`) stays with the test's role.
 #![allow(dead_code, unreachable_pub)]
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use outboxd_connector::OutboxLayout;
+use outboxd_connector::{Connector, ConnectorError, OutboxLayout, ReadMode};
 use outboxd_postgres::{PostgresConfig, PostgresConnector, SslMode};
 use tokio_postgres::{Client, NoTls};
 
@@ -36,6 +40,21 @@ impl PgEnv {
         }
     }
 
+    /// The same server, logged in as the role of `OUTBOXD_TEST_PG_<ROLE>_USER` and
+    /// `…_PASSWORD` (`ADMIN`, `RUN`; defaults: `outboxd_<role>` for both).
+    pub fn role(&self, role: &str) -> Self {
+        let default = format!("outboxd_{}", role.to_lowercase());
+        let var = |name: &str| {
+            std::env::var(format!("OUTBOXD_TEST_PG_{role}_{name}"))
+                .unwrap_or_else(|_| default.clone())
+        };
+        Self {
+            user: var("USER"),
+            password: var("PASSWORD"),
+            ..self.clone()
+        }
+    }
+
     pub fn config(&self) -> PostgresConfig {
         PostgresConfig {
             host: self.host.clone(),
@@ -51,6 +70,7 @@ impl PgEnv {
             allow_insecure_password: false,
             slot: None,
             publication: None,
+            slot_failover: false,
             status_interval: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(10),
         }
@@ -86,18 +106,84 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}_{}_{nanos:x}_{n}", std::process::id())
 }
 
+/// `schemas/postgres/grants.sql`, what the administrator runs after `init`.
+const GRANTS_SQL: &str = include_str!("../../../../schemas/postgres/grants.sql");
+
+/// `GRANTS_SQL` for the tables in `schema` (with their default names) and `run_role`, as
+/// psql would run it.
+pub fn runtime_grants(run_role: &str, schema: &str) -> String {
+    let quote = |name: &str| format!("\"{}\"", name.replace('"', "\"\""));
+    GRANTS_SQL
+        .lines()
+        .filter(|l| !l.starts_with('\\'))
+        .collect::<Vec<_>>()
+        .join("\n")
+        .replace(":\"run_role\"", &quote(run_role))
+        .replace(":\"schema\"", &quote(schema))
+        .replace(":\"outbox_table\"", "outbox")
+        .replace(":\"inbox_table\"", "inbox")
+        .replace(":\"checkpoint_table\"", "outboxd_checkpoint")
+}
+
 /// One test's schema (holding outbox, inbox and checkpoint tables), publication and slot.
 pub struct Fixture {
     pub env: PgEnv,
     pub schema: String,
     pub slot: String,
+    /// What the test exercises: under [`Fixture::least_privilege`] the runtime role's.
     pub connector: PostgresConnector,
+    /// What runs `init`: under [`Fixture::least_privilege`] the admin role's, else
+    /// `connector` again.
+    pub admin: PostgresConnector,
+    /// The runtime role, under [`Fixture::least_privilege`].
+    pub run_role: Option<String>,
     pub client: Client,
 }
 
 impl Fixture {
     pub async fn new(prefix: &str) -> Self {
         Self::with_env(PgEnv::from_env(), prefix).await
+    }
+
+    /// As [`Fixture::new`], the connector logged in as the runtime role and `init`
+    /// ([`Fixture::init`]) run as the admin role.
+    pub async fn least_privilege(prefix: &str) -> Self {
+        let env = PgEnv::from_env();
+        let (admin, run) = (env.role("ADMIN"), env.role("RUN"));
+        let mut fx = Self::with_env(env, prefix).await;
+        fx.connector = fx.connector_for(&run);
+        fx.admin = fx.connector_for(&admin);
+        fx.run_role = Some(run.user);
+        fx
+    }
+
+    /// A connector to this fixture's tables, slot and publication logging in from `env`.
+    fn connector_for(&self, env: &PgEnv) -> PostgresConnector {
+        let mut config = env.config();
+        config.slot = Some(self.slot.clone());
+        config.publication = Some(self.slot.clone());
+        PostgresConnector::new(config, &self.slot, self.layout()).expect("valid names")
+    }
+
+    fn layout(&self) -> OutboxLayout {
+        let schema = &self.schema;
+        OutboxLayout {
+            outbox_table: format!("{schema}.outbox"),
+            inbox_table: format!("{schema}.inbox"),
+            checkpoint_table: format!("{schema}.outboxd_checkpoint"),
+            key_column: "biz_key".into(),
+        }
+    }
+
+    /// `init` for `mode` as `admin`, then (under [`Fixture::least_privilege`]) the runtime
+    /// role's grants of `schemas/postgres/grants.sql`, run by the test's role.
+    pub async fn init(&self, mode: ReadMode) -> Result<Vec<String>, ConnectorError> {
+        let report = Connector::init(&self.admin, mode).await?;
+        if let Some(run_role) = &self.run_role {
+            let grants = runtime_grants(run_role, &self.schema);
+            self.client.batch_execute(&grants).await.expect(&grants);
+        }
+        Ok(report)
     }
 
     pub async fn with_env(env: PgEnv, prefix: &str) -> Self {
@@ -113,12 +199,15 @@ impl Fixture {
         config.slot = Some(name.clone());
         config.publication = Some(name.clone());
         let connector = PostgresConnector::new(config, &name, layout).expect("valid names");
+        let admin = connector.clone();
         let client = env.client().await;
         Self {
             env,
             schema,
             slot: name,
             connector,
+            admin,
+            run_role: None,
             client,
         }
     }
