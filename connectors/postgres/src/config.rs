@@ -54,6 +54,11 @@ pub struct PostgresConfig {
     /// Publication on the outbox table; default `outboxd_<pipeline name>`.
     #[serde(default)]
     pub publication: Option<String>,
+    /// Create the slot with `failover = true` (PostgreSQL 17 and later), so that a standby
+    /// that synchronizes slots keeps it and outboxd goes on from there after a failover.
+    /// `init`, `recover` and `check` refuse it on an older server.
+    #[serde(default)]
+    pub slot_failover: bool,
     /// How often a standby status update is sent even when the server does not ask.
     #[serde(default = "default_status_interval", with = "humantime_serde")]
     pub status_interval: Duration,

@@ -504,6 +504,7 @@ mod tests {
             allow_insecure_password: allow,
             slot: None,
             publication: None,
+            slot_failover: false,
             status_interval: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(1),
         };

@@ -38,6 +38,7 @@ fn config(user: &str, password: Option<&str>, sslmode: SslMode) -> PostgresConfi
         allow_insecure_password: false,
         slot: None,
         publication: None,
+        slot_failover: false,
         status_interval: Duration::from_secs(10),
         connect_timeout: Duration::from_secs(10),
     }

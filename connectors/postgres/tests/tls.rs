@@ -60,6 +60,7 @@ fn config(mode: SslMode, rootcert: Option<PathBuf>) -> PostgresConfig {
         allow_insecure_password: false,
         slot: None,
         publication: None,
+        slot_failover: false,
         status_interval: Duration::from_secs(10),
         connect_timeout: Duration::from_secs(10),
     }

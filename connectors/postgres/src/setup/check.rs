@@ -71,6 +71,15 @@ pub(crate) async fn check(c: &PostgresConnector) -> CheckReport {
         "publication",
         check_publication(&client, &publication, layout).await,
     );
+    if c.config().slot_failover {
+        let slot = slot.as_ref().ok().and_then(Option::as_ref);
+        let failover = slot.map(|s| s.failover);
+        push(
+            &mut report,
+            "slot failover",
+            check_failover(&client, c, version, failover).await,
+        );
+    }
     match slot {
         Ok(slot) => match check_slot(&client, &slot_name, slot).await {
             Ok(lines) => report.extend(lines),
@@ -536,6 +545,59 @@ async fn check_slot(
         None => lines.push(CheckLine::ok("slot reader", "not in use")),
     }
     Ok(lines)
+}
+
+/// `source.slot_failover`: the server can keep the slot on a standby, the slot was created
+/// so, and the primary waits for the standbys before sending changes. `failover` is the
+/// slot's `pg_replication_slots.failover`, `None` when there is no slot.
+async fn check_failover(
+    client: &Client,
+    c: &PostgresConnector,
+    version: i32,
+    failover: Option<Option<bool>>,
+) -> Result<CheckLine, ConnectorError> {
+    const ITEM: &str = "slot failover";
+    if let Some(problem) = failover_unsupported(c, version) {
+        return Ok(CheckLine::fail(ITEM, problem, FAILOVER_UNSUPPORTED_FIX));
+    }
+    let slot_name = c.slot();
+    match failover {
+        None => {
+            return Ok(CheckLine::ok(
+                ITEM,
+                "`init` creates the slot with failover = true",
+            ))
+        }
+        Some(Some(true)) => {}
+        Some(_) => {
+            return Ok(CheckLine::fail(
+                ITEM,
+                format!(
+                    "{slot_name} was created without failover (pg_replication_slots.failover \
+                     = false): no standby keeps it, and after a failover outboxd finds no slot"
+                ),
+                failover_fix(c, &slot_name),
+            ))
+        }
+    }
+    let standbys = setting(client, "synchronized_standby_slots").await?;
+    Ok(if standbys.trim().is_empty() {
+        CheckLine::warn(
+            ITEM,
+            format!(
+                "{slot_name} has failover = true, but synchronized_standby_slots is empty: \
+                 outboxd may receive a change no standby has yet, which a failover loses \
+                 after it reached Kafka, and the standby's copy of the slot may not be ready"
+            ),
+            "set synchronized_standby_slots on the primary to the standbys' physical slots \
+             (README: \"Failover slots\")",
+        )
+    } else {
+        CheckLine::ok(
+            ITEM,
+            format!("{slot_name} has failover = true; synchronized_standby_slots = {standbys}"),
+        )
+    })
 }
 
 async fn check_checkpoint_table(

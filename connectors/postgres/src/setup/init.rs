@@ -21,7 +21,9 @@ pub(crate) async fn init(
     let slot = if poll_mode {
         None
     } else {
-        slot_info(&client, &slot_name, 0).await?
+        let version = server_version_num(&client).await?;
+        refuse_failover_unsupported(c, version)?;
+        slot_info(&client, &slot_name, version).await?
     };
     if slot.is_none() && !poll_mode {
         let wal_level = setting(&client, "wal_level").await?;
@@ -103,9 +105,11 @@ pub(crate) async fn init(
     // Replication slot.
     match slot {
         None => {
-            let lsn = create_slot(&client, &slot_name).await?;
+            let failover = c.config().slot_failover;
+            let lsn = create_slot(&client, &slot_name, failover).await?;
+            let with = if failover { ", failover" } else { "" };
             report.push(format!(
-                "created replication slot {slot_name} (pgoutput) at {lsn}"
+                "created replication slot {slot_name} (pgoutput{with}) at {lsn}"
             ));
             // Rows inserted before the slot existed are not in its log.
             if outbox_existed {
@@ -123,12 +127,22 @@ pub(crate) async fn init(
             let problems = info.problems(&current_database(&client).await?);
             if let Some(problem) = problems.into_iter().next() {
                 return Err(ConnectorError::definite(format!(
-                    "replication slot `{slot_name}` {problem}"
+                    "replication slot `{slot_name}` {problem}: {}",
+                    slot_fix(&slot_name)
                 )));
             }
-            report.push(format!(
-                "replication slot {slot_name}: exists, nothing to do"
-            ));
+            if c.config().slot_failover && info.failover == Some(false) {
+                // Left alone like every existing object; `check` fails on it too.
+                report.push(format!(
+                    "replication slot {slot_name}: exists, but without failover \
+                     (source.slot_failover); fix: {}",
+                    failover_fix(c, &slot_name)
+                ));
+            } else {
+                report.push(format!(
+                    "replication slot {slot_name}: exists, nothing to do"
+                ));
+            }
         }
     }
     Ok(report)

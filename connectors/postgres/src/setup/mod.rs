@@ -164,6 +164,8 @@ struct SlotInfo {
     wal_status: Option<String>,
     confirmed_flush: Option<String>,
     lag_bytes: Option<i64>,
+    /// `pg_replication_slots.failover`, read from 17 on (`None` below).
+    failover: Option<bool>,
 }
 
 impl SlotInfo {
@@ -201,7 +203,8 @@ fn slot_fix(slot: &str) -> String {
     )
 }
 
-/// `version` is `server_version_num`, 0 when unknown (wal_status is then not read).
+/// `version` is `server_version_num`, 0 when unknown (wal_status and failover are then
+/// not read).
 async fn slot_info(
     client: &Client,
     slot: &str,
@@ -212,12 +215,17 @@ async fn slot_info(
     } else {
         "NULL::text"
     };
+    let failover = if version >= FAILOVER_SERVER_VERSION {
+        "failover"
+    } else {
+        "NULL::bool"
+    };
     let sql = format!(
         "SELECT plugin::text, slot_type::text, database::text, active_pid, {wal_status}, \
          confirmed_flush_lsn::text, \
          CASE WHEN pg_is_in_recovery() OR confirmed_flush_lsn IS NULL THEN NULL \
-         ELSE pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint END \
-         FROM pg_replication_slots WHERE slot_name = $1"
+         ELSE pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint END, \
+         {failover} FROM pg_replication_slots WHERE slot_name = $1"
     );
     let Some(row) = query_opt(client, &sql, &[&slot], "looking up the replication slot").await?
     else {
@@ -231,6 +239,7 @@ async fn slot_info(
         wal_status: get(&row, 4)?,
         confirmed_flush: get(&row, 5)?,
         lag_bytes: get(&row, 6)?,
+        failover: get(&row, 7)?,
     }))
 }
 
@@ -371,11 +380,77 @@ async fn query_one(
         .map_err(|e| classify_pg_error(&e, context))
 }
 
-/// Creates the pipeline's logical slot (pgoutput) and returns the LSN it starts at.
-async fn create_slot(client: &Client, slot: &str) -> Result<String, ConnectorError> {
+/// Oldest server whose slots can be synchronized to a standby (`failover`).
+const FAILOVER_SERVER_VERSION: i32 = 170_000;
+
+async fn server_version_num(client: &Client) -> Result<i32, ConnectorError> {
     let row = query_one(
         client,
-        "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+        "SELECT current_setting('server_version_num')::int",
+        &[],
+        "reading the server version",
+    )
+    .await?;
+    get(&row, 0)
+}
+
+const FAILOVER_UNSUPPORTED_FIX: &str =
+    "upgrade the server to PostgreSQL 17 or later, or set source.slot_failover = false";
+
+/// `source.slot_failover` on a server before 17: refused (a slot created without failover
+/// would silently not survive a failover). The problem; the fix is
+/// [`FAILOVER_UNSUPPORTED_FIX`].
+fn failover_unsupported(c: &PostgresConnector, version: i32) -> Option<String> {
+    (c.config().slot_failover && version < FAILOVER_SERVER_VERSION).then(|| {
+        format!(
+            "source.slot_failover is on, but {} runs PostgreSQL {}.{}: slots that standbys \
+             synchronize (failover) need 17 or later",
+            c.endpoint(),
+            version / 10_000,
+            version % 10_000
+        )
+    })
+}
+
+/// [`failover_unsupported`] as the definite error of `init` and `recover`.
+fn refuse_failover_unsupported(c: &PostgresConnector, version: i32) -> Result<(), ConnectorError> {
+    match failover_unsupported(c, version) {
+        Some(problem) => Err(ConnectorError::definite(format!(
+            "{problem}; {FAILOVER_UNSUPPORTED_FIX}"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The fix for an existing slot of a pipeline with `source.slot_failover` whose
+/// `pg_replication_slots.failover` is false.
+fn failover_fix(c: &PostgresConnector, slot: &str) -> String {
+    format!(
+        "with outboxd stopped (the slot must be inactive), over a replication connection: \
+         psql \"host={} port={} dbname={} replication=database\" -c \
+         'ALTER_REPLICATION_SLOT {slot} (FAILOVER true)'; or `outboxd recover --config <file>` \
+         creates it again with failover (and rescans INIT rows)",
+        c.config().host,
+        c.config().port,
+        c.config().database
+    )
+}
+
+/// Creates the pipeline's logical slot (pgoutput), with `failover` when asked (the caller
+/// has checked the server is 17 or later), and returns the LSN it starts at.
+async fn create_slot(
+    client: &Client,
+    slot: &str,
+    failover: bool,
+) -> Result<String, ConnectorError> {
+    let sql = if failover {
+        "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', failover => true)"
+    } else {
+        "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')"
+    };
+    let row = query_one(
+        client,
+        sql,
         &[&slot],
         &format!("creating replication slot {slot}"),
     )

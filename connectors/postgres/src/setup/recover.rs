@@ -33,6 +33,8 @@ pub(crate) async fn reset_log_position(c: &PostgresConnector) -> Result<String, 
     )
     .await?;
     let version: i32 = get(&row, 0)?;
+    // Before the slot is dropped: it could not be created again as configured.
+    refuse_failover_unsupported(c, version)?;
     let mut said = Vec::new();
     match slot_info(&client, &slot_name, version).await? {
         Some(slot) => {
@@ -61,9 +63,11 @@ pub(crate) async fn reset_log_position(c: &PostgresConnector) -> Result<String, 
     // The publication before the slot: a slot created first cannot decode the changes
     // made before its publication existed.
     said.push(ensure_publication(&client, layout, &publication).await?);
-    let lsn = create_slot(&client, &slot_name).await?;
+    let failover = c.config().slot_failover;
+    let lsn = create_slot(&client, &slot_name, failover).await?;
+    let with = if failover { ", failover" } else { "" };
     said.push(format!(
-        "created replication slot {slot_name} (pgoutput) at {lsn}"
+        "created replication slot {slot_name} (pgoutput{with}) at {lsn}"
     ));
     said.push(reset_checkpoint(c, &client, &lsn).await?);
     Ok(said.join("; "))

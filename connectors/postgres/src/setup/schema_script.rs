@@ -35,10 +35,15 @@ pub(crate) fn schema_script(c: &PostgresConnector, mode: ReadMode) -> String {
                 "{};",
                 create_publication_sql(&c.publication(), layout)
             ));
+            let failover = if c.config().slot_failover {
+                ", failover => true"
+            } else {
+                ""
+            };
             parts.push(format!(
                 "-- Not DDL: the replication slot. `outboxd init` creates it when it is\n\
                  -- missing (and checks wal_level first); or, once, by hand:\n\
-                 -- SELECT pg_create_logical_replication_slot('{}', 'pgoutput');",
+                 -- SELECT pg_create_logical_replication_slot('{}', 'pgoutput'{failover});",
                 c.slot()
             ));
         }
