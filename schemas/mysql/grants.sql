@@ -7,6 +7,8 @@
 -- `check`, `recover` and the operator commands. It also needs REPLICATION SLAVE and
 -- REPLICATION CLIENT (MariaDB 10.5+: BINLOG MONITOR) ON *.*; see README, "Privileges".
 -- Table-level grants are also what lets the user see these tables in information_schema.
+-- The inbox's SQL handler runs its statement as this user too: grant it what the
+-- statement touches on your own tables (README, "Privileges"); nothing here does that.
 
 -- Events read by id, statuses written back; DELETE only for `outboxd janitor`.
 GRANT SELECT, UPDATE, DELETE ON `outbox` TO 'outboxd_run'@'%';
