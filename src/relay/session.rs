@@ -481,9 +481,8 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                 "status write-back failed; draining in-flight deliveries, whose outcomes \
                  are written back once the database answers again"
             );
-            stopping_at.get_or_insert_with(|| {
-                Instant::now() + self.settings.delivery.shutdown_deadline
-            });
+            stopping_at
+                .get_or_insert_with(|| Instant::now() + self.settings.delivery.shutdown_deadline);
             self.write_error = Some(e);
         }
     }
