@@ -633,6 +633,14 @@ impl Config {
             ));
         }
         self.check_durations()?;
+        if let SourceConfig::Postgres(pg) = &self.source.engine {
+            if pg.slot_failover && self.source.mode == SourceMode::Poll {
+                return Err(ConfigError::Invalid(
+                    "source.slot_failover = true needs mode = \"log\": poll mode has no slot"
+                        .into(),
+                ));
+            }
+        }
         if self.retry.base.is_zero() || self.retry.cap < self.retry.base {
             return Err(ConfigError::Invalid(
                 "retry.base must be above zero and retry.cap at least retry.base".into(),
@@ -709,6 +717,30 @@ mod tests {
         assert_eq!(config.source.mode, SourceMode::Log);
         assert_eq!(config.pipeline.ordering, Ordering::Strict);
         assert_eq!(pg.slot_name("orders"), "outboxd_orders");
+    }
+
+    #[test]
+    fn slot_failover_is_for_log_mode() {
+        let text = MINIMAL.replace(
+            "kind = \"postgres\"",
+            "kind = \"postgres\"\nslot_failover = true",
+        );
+        let config = Config::parse(&text).unwrap();
+        config.validate().unwrap();
+        let SourceConfig::Postgres(pg) = &config.source.engine else {
+            panic!("{:?}", config.source.engine)
+        };
+        assert!(pg.slot_failover);
+        let poll = text.replace(
+            "kind = \"postgres\"",
+            "kind = \"postgres\"\nmode = \"poll\"",
+        );
+        let err = Config::parse(&poll)
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("source.slot_failover"), "{err}");
     }
 
     #[test]
