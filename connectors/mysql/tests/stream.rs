@@ -1,7 +1,8 @@
 //! What only the MySQL/MariaDB binlog stream does, against a real MariaDB
 //! (`scripts/services`): GTIDs riding along, the pipeline lock, DDL mid-stream, progress
 //! written to the checkpoint row. The contract's store and stream scenarios run from
-//! `tests/conformance.rs`.
+//! `tests/conformance.rs`. The connector runs as the runtime user, after `init` as the
+//! admin user (README, "Privileges"); the test's own SQL as the test user.
 
 mod support;
 
@@ -14,8 +15,8 @@ use support::{next_transaction, Fixture};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn committed_inserts_arrive_once_and_rollbacks_never() {
-    let f = Fixture::new("st_commit");
-    let report = f.connector.init().await.expect("init");
+    let f = Fixture::least_privilege("st_commit");
+    let report = f.init().await.expect("init");
     println!("{}", report.join("\n"));
     let store = f.connector.open_store().await.expect("store");
     let mut stream = f.connector.open_stream().await.expect("stream");
@@ -131,8 +132,8 @@ async fn committed_inserts_arrive_once_and_rollbacks_never() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_stream_waits_for_the_lock() {
-    let f = Fixture::new("st_lock");
-    f.connector.init().await.expect("init");
+    let f = Fixture::least_privilege("st_lock");
+    f.init().await.expect("init");
     let first = f.connector.open_stream().await.expect("first stream");
     let err = f.connector.open_stream().await.expect_err("second stream");
     let recover = outboxd_connector::Connector::reset_log_position(&f.connector)
@@ -167,8 +168,8 @@ async fn a_second_stream_waits_for_the_lock() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn columns_added_mid_stream_keep_working() {
-    let f = Fixture::new("st_ddl");
-    f.connector.init().await.expect("init");
+    let f = Fixture::least_privilege("st_ddl");
+    f.init().await.expect("init");
     let mut stream = f.connector.open_stream().await.expect("stream");
     let mut sql = f.sql().await;
     sql.query_drop(f.insert_sql("k", 1, "a"))
@@ -198,8 +199,8 @@ async fn columns_added_mid_stream_keep_working() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn confirmed_progress_reaches_the_checkpoint_row() {
-    let f = Fixture::new("st_progress");
-    f.connector.init().await.expect("init");
+    let f = Fixture::least_privilege("st_progress");
+    f.init().await.expect("init");
     let store = f.connector.open_store().await.expect("store");
     let start = store
         .load_checkpoint()
@@ -257,8 +258,8 @@ async fn confirmed_progress_reaches_the_checkpoint_row() {
 async fn a_checkpoint_whose_gtids_are_not_this_servers_is_refused() {
     use outboxd_connector::{CheckStatus, Connector, ErrorReason, ReadMode};
 
-    let f = Fixture::new("st_gtid");
-    f.connector.init().await.expect("init");
+    let f = Fixture::least_privilege("st_gtid");
+    f.init().await.expect("init");
     let mut sql = f.sql().await;
     sql.query_drop(f.insert_sql("before", 1, "a"))
         .await
@@ -358,8 +359,8 @@ async fn a_checkpoint_whose_gtids_are_not_this_servers_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_lock_holder_is_taken_over_and_its_writes_are_refused() {
-    let f = Fixture::new("st_fence");
-    f.connector.init().await.expect("init");
+    let f = Fixture::least_privilege("st_fence");
+    f.init().await.expect("init");
     let first_store = f.connector.open_store().await.expect("first store");
     let mut first = f.connector.open_stream().await.expect("first stream");
     let mut sql = f.sql().await;
@@ -457,8 +458,8 @@ async fn a_killed_lock_holder_is_taken_over_and_its_writes_are_refused() {
 /// (8 hours), and another outboxd takes over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lock_of_a_vanished_holder_is_freed_within_a_bound() {
-    let f = Fixture::new("st_vanish");
-    f.connector.init().await.expect("init");
+    let f = Fixture::least_privilege("st_vanish");
+    f.init().await.expect("init");
     let direct = support::config();
     let proxy = support::Proxy::start((direct.host.clone(), direct.port)).await;
     let proxied = outboxd_mysql::MysqlConnector::new(
@@ -514,8 +515,8 @@ async fn the_lock_of_a_vanished_holder_is_freed_within_a_bound() {
 /// and such a group is held whole by the decoder (`Group::may_split`), never split.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_rolled_back_transaction_with_a_non_transactional_table_yields_nothing() {
-    let f = Fixture::new("st_myisam");
-    f.connector.init().await.expect("init");
+    let f = Fixture::least_privilege("st_myisam");
+    f.init().await.expect("init");
     let mut stream = f.connector.open_stream().await.expect("stream");
     let mut sql = f.sql().await;
     let side = format!("{}_side", f.table);

@@ -1,6 +1,7 @@
 //! The status write-back against a real MariaDB (`scripts/services`) where its size
 //! matters: a write-back larger than the server's `max_allowed_packet` must still commit,
-//! as one transaction, instead of failing (and being retried) forever.
+//! as one transaction, instead of failing (and being retried) forever. The connector runs
+//! as the runtime user, after `init` as the admin user (README, "Privileges").
 
 mod support;
 
@@ -14,8 +15,8 @@ const ROWS: usize = 100_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parked_transaction_larger_than_max_allowed_packet_is_written_back() {
-    let f = Fixture::new("wb_large");
-    f.connector.init().await.expect("init");
+    let f = Fixture::least_privilege("wb_large");
+    f.init().await.expect("init");
     let store = f.connector.open_store().await.expect("store");
     let mut stream = f.connector.open_stream().await.expect("stream");
     let mut sql = f.sql().await;

@@ -84,6 +84,9 @@ pub struct Fixture {
     pub connector: MysqlConnector,
     pub name: String,
     pub table: String,
+    /// Under [`Fixture::least_privilege`]: the admin user's connector (runs `init`) and
+    /// the runtime user's name (`connector` logs in as it).
+    roles: Option<(MysqlConnector, String)>,
 }
 
 impl Fixture {
@@ -99,16 +102,56 @@ impl Fixture {
             connector,
             name,
             table,
+            roles: None,
         }
     }
 
+    /// As [`Fixture::new`], run as README's "Privileges" says: [`Fixture::init`] as the
+    /// admin user, then `schemas/mysql/grants.sql`; `connector` as the runtime user.
+    pub fn least_privilege(prefix: &str) -> Self {
+        let mut f = Self::new(prefix);
+        let layout = f.connector.layout().clone();
+        let connector = |role| {
+            let config = as_role(f.connector.config(), role);
+            MysqlConnector::new(config, &f.name, layout.clone()).expect("connector")
+        };
+        let (run, admin) = (connector("RUN"), connector("ADMIN"));
+        let run_user = run.config().user.clone();
+        f.connector = run;
+        f.roles = Some((admin, run_user));
+        f
+    }
+
+    /// `init` (log mode) as the admin user, then the runtime user's grants on this
+    /// fixture's tables; under [`Fixture::new`], `init` of `connector`.
+    pub async fn init(&self) -> Result<Vec<String>, outboxd_connector::ConnectorError> {
+        let Some((admin, run_user)) = &self.roles else {
+            return self.connector.init().await;
+        };
+        let report = admin.init().await?;
+        let layout = self.connector.layout();
+        let mut conn = self.sql().await;
+        for sql in runtime_grants(
+            run_user,
+            &self.table,
+            &layout.inbox_table,
+            &layout.checkpoint_table,
+        ) {
+            conn.query_drop(&sql).await.expect(&sql);
+        }
+        Ok(report)
+    }
+
+    /// The test's own connection (the test user of `OUTBOXD_TEST_MYSQL_USER`, whoever the
+    /// connector logs in as).
     pub async fn sql(&self) -> Conn {
         let c = self.connector.config();
+        let own = config();
         let opts = OptsBuilder::default()
             .ip_or_hostname(c.host.clone())
             .tcp_port(c.port)
-            .user(Some(c.user.clone()))
-            .pass(c.password.as_ref().map(|p| p.expose().to_owned()))
+            .user(Some(own.user))
+            .pass(own.password.as_ref().map(|p| p.expose().to_owned()))
             .db_name(Some(c.database.clone()))
             .prefer_socket(false);
         Conn::new(opts)
@@ -128,6 +171,14 @@ impl Fixture {
 
     pub async fn cleanup(&self) {
         let mut conn = self.sql().await;
+        if let Some((_, run_user)) = &self.roles {
+            // MySQL keeps a table's grants after the table is dropped.
+            let revoke = format!(
+                "REVOKE ALL PRIVILEGES ON `{}` FROM '{run_user}'@'%'",
+                self.table
+            );
+            let _ = conn.query_drop(revoke).await;
+        }
         let _ = conn
             .query_drop(format!("DROP TABLE IF EXISTS `{}`", self.table))
             .await;
