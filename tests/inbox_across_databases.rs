@@ -87,13 +87,8 @@ impl Receiver {
         match self {
             Receiver::Postgres => {
                 let s = PgServices::from_env();
-                let grants = postgres::runtime_grants(
-                    &s.run_user,
-                    "public",
-                    outbox,
-                    inbox,
-                    checkpoint,
-                );
+                let grants =
+                    postgres::runtime_grants(&s.run_user, "public", outbox, inbox, checkpoint);
                 self.execute(&grants).await;
                 let grant = format!("GRANT INSERT ON {effects} TO \"{}\"", s.run_user);
                 self.execute(&grant).await;
@@ -114,7 +109,10 @@ impl Receiver {
     async fn drop_table(self, table: &str) {
         if self == Receiver::Mariadb {
             let s = MysqlServices::from_env();
-            let revoke = format!("REVOKE ALL PRIVILEGES ON `{table}` FROM '{}'@'%'", s.run_user);
+            let revoke = format!(
+                "REVOKE ALL PRIVILEGES ON `{table}` FROM '{}'@'%'",
+                s.run_user
+            );
             let mut conn = s.sql().await;
             let _ = conn.query_drop(revoke).await;
         }

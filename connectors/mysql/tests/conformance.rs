@@ -90,7 +90,10 @@ impl Maria {
     /// Gives the runtime user `privileges` on `table`, as the application or the
     /// administrator would.
     async fn grant(&self, privileges: &str, table: &str) {
-        let sql = format!("GRANT {privileges} ON `{table}` TO '{}'@'%'", self.run_user());
+        let sql = format!(
+            "GRANT {privileges} ON `{table}` TO '{}'@'%'",
+            self.run_user()
+        );
         self.f.sql().await.query_drop(&sql).await.expect(&sql);
     }
 }
