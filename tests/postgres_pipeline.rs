@@ -162,6 +162,54 @@ fn bad_config_is_reported_with_the_key_at_fault() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Durations and sizes out of range are config errors naming the key (exit 2), never a
+/// panic or an overflow later (issue 12, README "Bounds").
+#[test]
+fn durations_and_sizes_out_of_range_are_config_errors() {
+    let dir = std::env::temp_dir().join(format!("outboxd-bounds-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let base = "[pipeline]\nname = \"x\"\n[source]\nkind = \"postgres\"\nuser = \"u\"\n\
+                database = \"d\"\n[kafka]\nbootstrap_servers = \"h:1\"\n";
+    let huge = "\"18446744073709551615s\"";
+    let cases = [
+        (format!("[delivery]\nshutdown_deadline = {huge}\n"), "delivery.shutdown_deadline"),
+        (format!("[delivery]\nmax_in_flight_bytes = {}\n", u64::MAX / 2), "delivery.max_in_flight_bytes"),
+        ("[delivery]\nmax_in_flight_bytes = 0\n".to_owned(), "delivery.max_in_flight_bytes"),
+        ("[delivery]\nwriteback_batch = 100000000\n".to_owned(), "delivery.writeback_batch"),
+        ("[inbox]\nworkers = 100000\n[inbox.http]\n[inbox.handlers.default]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:1/\"\n".to_owned(), "inbox.workers"),
+        ("[metrics]\nlisten = \"127.0.0.1:1\"\n[inbox]\n[inbox.http]\nmax_body_bytes = 1000000000000\n[inbox.handlers.default]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:1/\"\n".to_owned(), "inbox.http.max_body_bytes"),
+    ];
+    for (i, (extra, key)) in cases.iter().enumerate() {
+        let text = format!("{base}{extra}");
+        let path = dir.join(format!("bounds-{i}.toml"));
+        std::fs::write(&path, &text).expect("write");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_outboxd"))
+            .args(["check", "--config"])
+            .arg(&path)
+            .output()
+            .expect("run outboxd");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{key}: {stderr}");
+        assert!(stderr.contains(key), "{key}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{key}: {stderr}");
+    }
+    let status_interval = base.replace(
+        "database = \"d\"\n",
+        &format!("database = \"d\"\nstatus_interval = {huge}\n"),
+    );
+    let path = dir.join("bounds-status-interval.toml");
+    std::fs::write(&path, status_interval).expect("write");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outboxd"))
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run outboxd");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("status_interval"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_that_cannot_be_published_needs_an_operator_and_the_relay_goes_on() {
     scenarios::a_row_that_cannot_be_published_needs_an_operator_and_the_relay_goes_on::<PgServices>()
