@@ -1,7 +1,8 @@
 //! Issue 12: the producer over TLS to the broker's SSL listener (certificate from the local
 //! test CA of `scripts/services`). With the CA, `check` connects and says the brokers'
 //! certificates are verified, and rows are delivered; with an unrelated CA the connection
-//! is refused; with verification switched off `check` warns with the fix.
+//! is refused; with verification switched off, or SASL PLAIN without TLS, `check` warns
+//! with the fix.
 
 mod common;
 
@@ -92,6 +93,20 @@ async fn the_producer_verifies_the_brokers_certificate() {
     let said = text(&out);
     assert!(
         said.contains("certificates are not verified") && said.contains("ssl.ca.location"),
+        "check warns with the fix: {said}"
+    );
+    p.cleanup().await;
+
+    // SASL PLAIN without TLS: check warns that the password would travel in the clear.
+    let p = TestPipeline::new("ksaslplain", 1, "").await;
+    let config = std::fs::read_to_string(&p.config_path).expect("read config")
+        + "\n[kafka.options]\n\"security.protocol\" = \"SASL_PLAINTEXT\"\n\
+           \"sasl.mechanism\" = \"PLAIN\"\n\"sasl.username\" = \"u\"\n\"sasl.password\" = \"p\"\n";
+    std::fs::write(&p.config_path, config).expect("write config");
+    let out = p.outboxd(&["check"]);
+    let said = text(&out);
+    assert!(
+        said.contains("SASL PLAIN sends the password in the clear") && said.contains("SASL_SSL"),
         "check warns with the fix: {said}"
     );
     p.cleanup().await;
