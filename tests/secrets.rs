@@ -1,8 +1,9 @@
 //! Secrets never reach the output: `init`, `check` and `run` (with a working source, a
 //! refused port and a wrong password) and configs with mistakes next to a password, each
 //! with distinctive secret values; none of them appears in stdout, stderr, the log, or
-//! what `/metrics` and `/readyz` answer. Passwords given as files work end to end, and a
-//! config file holding secrets readable by others gets a `check` warning.
+//! what `/metrics` and `/readyz` answer. Passwords given as files or in the environment
+//! work end to end, and a config file holding secrets readable by others gets a `check`
+//! warning.
 
 mod common;
 
@@ -192,6 +193,22 @@ async fn no_secret_reaches_any_output() {
     let text = printed.output("check (secrets from files)", &out);
     assert!(out.status.success(), "{text}");
     assert!(!text.contains("chmod 600"), "{text}");
+
+    // The password from the environment instead: the file names none, check passes.
+    let pw_line = format!("password_file = \"{}\"\n", pw_file.display());
+    assert!(from_files.contains(&pw_line));
+    let env_config = p.dir.join("from-env.toml");
+    std::fs::write(&env_config, from_files.replacen(&pw_line, "", 1)).expect("config");
+    chmod(&env_config, 0o600);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outboxd"))
+        .args(["check", "--config"])
+        .arg(&env_config)
+        .env("OUTBOXD_LOG", "trace")
+        .env("OUTBOXD_SOURCE_PASSWORD", &password)
+        .output()
+        .expect("run outboxd");
+    let text = printed.output("check (password from the environment)", &out);
+    assert!(out.status.success(), "{text}");
 
     // A refused port and a wrong password: check reports, run fails or retries.
     let closed = free_port();
