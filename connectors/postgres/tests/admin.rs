@@ -12,7 +12,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use outboxd_connector::{
-    ChangeStream, CheckLine, CheckReport, CheckStatus, OutboxAdmin, RetrySelector,
+    ChangeStream, CheckLine, CheckReport, CheckStatus, OutboxAdmin, ReadMode, RetrySelector,
 };
 use outboxd_postgres::retry_channel;
 use support_store::{unique, Fixture, PgEnv};
@@ -53,8 +53,9 @@ fn assert_no_fail(report: &CheckReport) {
 
 #[tokio::test]
 async fn init_creates_everything_and_is_idempotent() {
-    let fx = Fixture::new("ad_init").await;
-    let created = fx.connector.init().await.expect("init");
+    // init as the admin role, check as the runtime role (README, "Privileges").
+    let fx = Fixture::least_privilege("ad_init").await;
+    let created = fx.init(ReadMode::Log).await.expect("init");
     let text = created.join("\n");
     let layout = fx.connector.layout();
     for expected in [
@@ -71,7 +72,7 @@ async fn init_creates_everything_and_is_idempotent() {
         );
     }
 
-    let again = fx.connector.init().await.expect("second init");
+    let again = fx.admin.init().await.expect("second init");
     assert_eq!(again.len(), 5, "{again:?}");
     assert!(
         again.iter().all(|l| l.contains("nothing to do")),
@@ -354,9 +355,10 @@ async fn wal_level_replica_is_reported_and_init_refuses() {
     drop(cluster);
 }
 
+/// A fixture whose connector runs as the runtime role, after `init` as the admin role.
 async fn initialised(prefix: &str) -> Fixture {
-    let fx = Fixture::new(prefix).await;
-    fx.connector.init().await.expect("init");
+    let fx = Fixture::least_privilege(prefix).await;
+    fx.init(ReadMode::Log).await.expect("init");
     fx
 }
 
@@ -511,11 +513,18 @@ async fn reset_log_position_recreates_the_slot_unless_it_is_in_use() {
     let lsn = |s: &str| s.parse::<outboxd_postgres::Lsn>().expect("lsn");
     assert!(lsn(&after) > lsn(&before), "{before} -> {after}");
 
-    // A missing slot (and publication) is simply created.
+    // A missing slot is simply created.
     fx.client
         .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
         .await
         .expect("drop slot");
+    let said = fx.connector.reset_log_position().await.expect("reset");
+    assert!(said.contains("did not exist"), "{said}");
+    assert!(restart_lsn(&fx.client, &slot).await.is_some());
+
+    // A missing publication needs a role that may create it (CREATE on the database,
+    // owner of the outbox): the runtime role's recover is refused, the admin's creates it
+    // (README, "Privileges").
     fx.client
         .batch_execute(&format!(
             "DROP PUBLICATION \"{}\"",
@@ -523,8 +532,17 @@ async fn reset_log_position_recreates_the_slot_unless_it_is_in_use() {
         ))
         .await
         .expect("drop publication");
-    let said = fx.connector.reset_log_position().await.expect("reset");
-    assert!(said.contains("did not exist"), "{said}");
+    let err = fx
+        .connector
+        .reset_log_position()
+        .await
+        .expect_err("the runtime role creates no publication");
+    assert!(
+        err.message().contains("creating publication")
+            && err.message().contains("permission denied"),
+        "{err}"
+    );
+    let said = fx.admin.reset_log_position().await.expect("reset as admin");
     assert!(said.contains("created publication"), "{said}");
     assert!(restart_lsn(&fx.client, &slot).await.is_some());
     fx.connector
