@@ -9,7 +9,6 @@ use outboxd::commands::{execute, Command};
 use outboxd::config::Config;
 use outboxd::observability::otlp::{self, OtlpConfig, OtlpExport};
 use outboxd_connector::RetrySelector;
-use tracing::Level;
 
 #[derive(Parser)]
 #[command(
@@ -253,13 +252,13 @@ fn main() -> ExitCode {
     }
 }
 
-/// Logs to stderr, filtered by `OUTBOXD_LOG`; with `[otlp]`, outboxd's spans also go to
-/// the collector (unfiltered by `OUTBOXD_LOG`).
+/// Logs to stderr, filtered by `OUTBOXD_LOG`; with `[otlp]`, outboxd's event spans also
+/// go to the collector, whatever `OUTBOXD_LOG` says of their level.
 fn init_logging(format: LogFormat, otlp: Option<&OtlpConfig>) -> Option<OtlpExport> {
     use tracing_subscriber::layer::{Layer, SubscriberExt};
     use tracing_subscriber::util::SubscriberInitExt;
 
-    let filter = tracing_subscriber::EnvFilter::try_from_env("OUTBOXD_LOG")
+    let mut filter = tracing_subscriber::EnvFilter::try_from_env("OUTBOXD_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let fmt = match format {
@@ -267,16 +266,20 @@ fn init_logging(format: LogFormat, otlp: Option<&OtlpConfig>) -> Option<OtlpExpo
         LogFormat::Json => fmt.json().boxed(),
     };
     let (layer, export, failed) = match otlp.map(otlp::start) {
-        Some(Ok((layer, export))) => {
-            let spans =
-                tracing_subscriber::filter::Targets::new().with_target("outboxd", Level::INFO);
-            (Some(layer.with_filter(spans)), Some(export), None)
-        }
+        Some(Ok((layer, export))) => (Some(layer), Some(export), None),
         Some(Err(e)) => (None, None, Some(e)),
         None => (None, None, None),
     };
+    if layer.is_some() {
+        // One filter for every layer: EnvFilter as a per-layer filter dropped some of the
+        // events its directives enable (`info,outboxd=debug` lost an info line).
+        if let Ok(spans) = "outboxd::observability::trace_context=info".parse() {
+            filter = filter.add_directive(spans);
+        }
+    }
     tracing_subscriber::registry()
-        .with(fmt.with_filter(filter))
+        .with(filter)
+        .with(fmt)
         .with(layer)
         .init();
     if let Some(e) = failed {
