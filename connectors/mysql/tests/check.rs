@@ -11,10 +11,9 @@ use support::Fixture;
 /// retry claim: `check` must name the missing column.
 #[tokio::test]
 async fn an_outbox_without_claim_token_fails_check() {
-    let f = Fixture::new("check_claim");
-    Connector::init(&f.connector, ReadMode::Poll)
-        .await
-        .expect("init");
+    // init as the admin user, check as the runtime user (README, "Privileges").
+    let f = Fixture::least_privilege("check_claim");
+    f.init_for(ReadMode::Poll).await.expect("init");
     let line = |report: &[outboxd_connector::CheckLine]| {
         report
             .iter()

@@ -6,6 +6,9 @@
 //!
 //! Each scenario is a plain async fn over a store and [`Tables`] (what a test reads and
 //! sets behind the store's back). Each test has its own tables, so tests run in parallel.
+//! The store runs as the runtime user with the grants of `schemas/mysql/grants.sql` (and
+//! INSERT on the effects table), after `init` as the admin user (README, "Privileges");
+//! only the archive test, about the table the janitor creates, runs as the test user.
 
 mod support;
 
@@ -240,18 +243,44 @@ async fn payloads_round_trip<S: InboxStore>(s: &S, body: &[u8]) {
 
 /// Tables of one test: its own outbox, inbox, effects and archive.
 struct Maria {
+    /// The test user's (its own SQL, `init` in the tests of `init`).
     connector: MysqlConnector,
+    /// The runtime user's: the store under test.
+    run: MysqlConnector,
     name: String,
 }
 
 impl Maria {
-    /// The shipped tables, made by `outboxd init` (poll mode: no checkpoint needed).
+    /// The shipped tables, made by `outboxd init` as the admin user (poll mode: no
+    /// checkpoint needed), with the runtime user's grants.
     async fn new(prefix: &str) -> Self {
         let m = Self::named(prefix);
-        Connector::init(&m.connector, ReadMode::Poll)
-            .await
-            .expect("init");
+        let admin = MysqlConnector::new(
+            support::as_role(m.connector.config(), "ADMIN"),
+            &m.name,
+            m.connector.layout().clone(),
+        )
+        .expect("connector");
+        Connector::init(&admin, ReadMode::Poll).await.expect("init");
+        m.grant_runtime(false).await;
         m
+    }
+
+    /// The grants of `schemas/mysql/grants.sql` on this test's tables (only the inbox's
+    /// when `inbox_only`).
+    async fn grant_runtime(&self, inbox_only: bool) {
+        let layout = self.run.layout();
+        let mut conn = self.sql().await;
+        for sql in support::runtime_grants(
+            &self.run.config().user,
+            &layout.outbox_table,
+            &layout.inbox_table,
+            &layout.checkpoint_table,
+        ) {
+            if !inbox_only || sql.contains(&self.inbox()) {
+                conn.query_drop(&sql).await.expect(&sql);
+            }
+        }
     }
 
     /// Only the inbox, from the shipped DDL with the payload column of `payload_type`.
@@ -266,6 +295,7 @@ impl Maria {
             .query_drop(ddl)
             .await
             .expect("create the inbox");
+        m.grant_runtime(true).await;
         m
     }
 
@@ -276,12 +306,20 @@ impl Maria {
             inbox_table: format!("inbox_{name}"),
             ..OutboxLayout::default()
         };
-        let connector = MysqlConnector::new(support::config(), &name, layout).expect("connector");
-        Self { connector, name }
+        let config = support::config();
+        let run = support::as_role(&config, "RUN");
+        let run = MysqlConnector::new(run, &name, layout.clone()).expect("connector");
+        let connector = MysqlConnector::new(config, &name, layout).expect("connector");
+        Self {
+            connector,
+            run,
+            name,
+        }
     }
 
+    /// The inbox store, as the runtime user.
     async fn store(&self) -> <MysqlConnector as Connector>::Inbox {
-        self.connector.open_inbox().await.expect("open the inbox")
+        self.run.open_inbox().await.expect("open the inbox")
     }
 
     fn inbox(&self) -> String {
@@ -319,9 +357,17 @@ impl Maria {
     }
 
     async fn cleanup(self) {
-        let _ = self
-            .sql()
-            .await
+        let mut conn = self.sql().await;
+        // MySQL keeps a table's grants after the table is dropped.
+        for table in ["outbox", "inbox", "effects"] {
+            let revoke = format!(
+                "REVOKE ALL PRIVILEGES ON `{table}_{}` FROM '{}'@'%'",
+                self.name,
+                self.run.config().user
+            );
+            let _ = conn.query_drop(revoke).await;
+        }
+        let _ = conn
             .query_drop(format!(
                 "DROP TABLE IF EXISTS `outbox_{n}`, `inbox_{n}`, `effects_{n}`, `archive_{n}`",
                 n = self.name
@@ -390,6 +436,12 @@ impl Tables for Maria {
             ))
             .await
             .expect("create the effects table");
+        // The SQL handler's statement runs as the runtime user.
+        let grant = format!(
+            "GRANT INSERT ON {table} TO '{}'@'%'",
+            self.run.config().user
+        );
+        self.sql().await.query_drop(&grant).await.expect(&grant);
         table
     }
 
@@ -435,7 +487,10 @@ async fn failing_statement_is_statement_failed_and_writes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn janitor_archive_takes_a_message_twice() {
     let m = Maria::new("ib_archive").await;
-    the_archive_takes_a_message_twice(&m.store().await, &m, &m.archive()).await;
+    // The test user's store: the janitor creates the archive table, which takes CREATE
+    // (the runtime user archives into one the administrator made: README, "Privileges").
+    let store = m.connector.open_inbox().await.expect("open the inbox");
+    the_archive_takes_a_message_twice(&store, &m, &m.archive()).await;
     m.cleanup().await;
 }
 
@@ -470,7 +525,7 @@ async fn payload_column_kinds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_table_is_a_definite_error_naming_init() {
     let m = Maria::named("ib_missing");
-    let e = m.connector.open_inbox().await.expect_err("no inbox table");
+    let e = m.run.open_inbox().await.expect_err("no inbox table");
     assert!(!e.is_transient(), "{e}");
     assert!(e.message().contains(&format!("inbox_{}", m.name)), "{e}");
     assert!(e.message().contains("outboxd init"), "{e}");

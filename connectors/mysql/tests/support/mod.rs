@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, OptsBuilder};
-use outboxd_connector::{ChangeItem, ChangeStream, OutboxLayout};
+use outboxd_connector::{ChangeItem, ChangeStream, Connector, OutboxLayout, ReadMode};
 use outboxd_mysql::{MysqlConfig, MysqlConnector, SslMode};
 
 fn env_or(name: &str, default: &str) -> String {
@@ -125,10 +125,18 @@ impl Fixture {
     /// `init` (log mode) as the admin user, then the runtime user's grants on this
     /// fixture's tables; under [`Fixture::new`], `init` of `connector`.
     pub async fn init(&self) -> Result<Vec<String>, outboxd_connector::ConnectorError> {
+        self.init_for(ReadMode::Log).await
+    }
+
+    /// [`Fixture::init`] for `mode`.
+    pub async fn init_for(
+        &self,
+        mode: ReadMode,
+    ) -> Result<Vec<String>, outboxd_connector::ConnectorError> {
         let Some((admin, run_user)) = &self.roles else {
-            return self.connector.init().await;
+            return Connector::init(&self.connector, mode).await;
         };
-        let report = admin.init().await?;
+        let report = Connector::init(admin, mode).await?;
         let layout = self.connector.layout();
         let mut conn = self.sql().await;
         for sql in runtime_grants(
