@@ -110,13 +110,11 @@ pub(crate) fn event_span(event: &OutboxEvent) -> tracing::Span {
 /// worker opens one around its sends; the log relay does not). Untraced events get none:
 /// the relay's path pays a look at the headers, no span.
 pub(crate) fn send_span(event: &OutboxEvent) -> Option<tracing::Span> {
+    TraceParent::of(event)?;
     let inside_one = tracing::Span::current()
         .metadata()
         .is_some_and(|m| m.name() == "event" && m.target() == module_path!());
-    if inside_one || TraceParent::of(event).is_none() {
-        return None;
-    }
-    Some(event_span(event))
+    (!inside_one).then(|| event_span(event))
 }
 
 #[cfg(test)]
