@@ -387,3 +387,42 @@ async fn a_second_signal_exits_at_once_and_the_rows_wait_for_the_next_run() {
     assert!(daemon.terminate().success(), "{}", daemon.log_text());
     p.cleanup().await;
 }
+
+/// Per-topic series are bounded (issue 12): with `metrics.max_topic_series = 1`, records
+/// of a second topic count under `topic="other"`, and no series names that topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_topic_series_stop_at_the_configured_maximum() {
+    use common::engine::Writer as _;
+
+    let port = free_port();
+    let extra = format!("{}max_topic_series = 1\n", metrics_section(port));
+    let p = TestPipeline::new("opsseries", 1, &extra).await;
+    let second = format!("{}.second", p.topic);
+    p.create_topic(&second, 1).await;
+    p.init();
+    let mut daemon = p.spawn_run("run.log");
+    let mut writer = p.writer().await;
+    // The template's topic first, so that it is the one topic with series of its own.
+    writer.commit(&[("k1".to_owned(), 1)], "series").await;
+    wait_for("the first row sent", Duration::from_secs(60), || async {
+        (p.success_count().await == 1).then_some(())
+    })
+    .await;
+    writer.insert_padded("series-2", "k2", 2, &second, 16).await;
+    let own = format!("{{topic=\"{}\"}}", p.topic);
+    let metrics = wait_for("both records counted", Duration::from_secs(60), || async {
+        let metrics = http_get(port, "/metrics").await?.1;
+        let published =
+            |labels: &str| metric_value(&metrics, "outboxd_events_published_total", labels);
+        (published(&own) == Some(1.0) && published("{topic=\"other\"}") == Some(1.0))
+            .then_some(metrics)
+    })
+    .await;
+    assert!(
+        !metrics.contains(&format!("topic=\"{second}\"")),
+        "no series of its own: {metrics}"
+    );
+    assert_eq!(p.success_count().await, 2);
+    assert!(daemon.terminate().success(), "{}", daemon.log_text());
+    p.cleanup().await;
+}
