@@ -426,3 +426,48 @@ async fn per_topic_series_stop_at_the_configured_maximum() {
     assert!(daemon.terminate().success(), "{}", daemon.log_text());
     p.cleanup().await;
 }
+
+/// The status query behind `/metrics` is bounded (issue 12): with the outbox locked (as a
+/// long migration would hold it), a scrape still answers within its 5 s bound, with
+/// `outboxd_status_query_up 0`, and `/healthz` answers at once meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_outbox_does_not_hold_the_scrape() {
+    let port = free_port();
+    let p = TestPipeline::new("opslocked", 1, &metrics_section(port)).await;
+    p.init();
+    let mut daemon = p.spawn_run("run.log");
+    wait_for("/readyz 200", Duration::from_secs(30), || async {
+        http_get(port, "/readyz")
+            .await
+            .filter(|(status, _)| *status == 200)
+    })
+    .await;
+
+    let lock = p.sql().await;
+    lock.batch_execute(&format!(
+        "BEGIN; LOCK TABLE \"{}\" IN ACCESS EXCLUSIVE MODE",
+        p.table
+    ))
+    .await
+    .expect("lock the outbox");
+    let started = std::time::Instant::now();
+    let scrape = tokio::spawn(async move { http_get(port, "/metrics").await });
+    let (status, _) = http_get(port, "/healthz").await.expect("/healthz");
+    assert_eq!(status, 200);
+    assert!(
+        !scrape.is_finished(),
+        "the scrape waits on the locked outbox while /healthz answers"
+    );
+    let (status, metrics) = scrape.await.expect("scrape task").expect("/metrics");
+    let took = started.elapsed();
+    assert_eq!(status, 200, "{metrics}");
+    assert!(took < Duration::from_secs(10), "the scrape took {took:?}");
+    assert_eq!(
+        metric_value(&metrics, "outboxd_status_query_up", ""),
+        Some(0.0),
+        "{metrics}"
+    );
+    lock.batch_execute("ROLLBACK").await.expect("unlock");
+    assert!(daemon.terminate().success(), "{}", daemon.log_text());
+    p.cleanup().await;
+}
