@@ -3,7 +3,9 @@
 //! Server: `scripts/services start postgres && eval "$(scripts/services env)"`, or any
 //! cluster with `wal_level=logical` named by OUTBOXD_TEST_PG_HOST/PORT/USER/PASSWORD/
 //! DATABASE (defaults 127.0.0.1, 25432, outboxd, outboxd, outboxd). Each test makes its
-//! own table, publication and slot, and drops the slot at the end.
+//! own table, publication and slot, and drops the slot at the end. The stream runs as the
+//! runtime role (OUTBOXD_TEST_PG_RUN_USER/PASSWORD, default outboxd_run) with the grants of
+//! `schemas/postgres/grants.sql` (README, "Privileges").
 //!
 //! `cargo test -p outboxd-postgres --test replication -- --ignored capture` regenerates
 //! the pgoutput fixtures in `src/log/testdata/`.
@@ -58,6 +60,31 @@ fn main_config() -> PostgresConfig {
     )
 }
 
+/// The runtime role of README's "Privileges" (`OUTBOXD_TEST_PG_RUN_*`): what `run` logs
+/// in as.
+fn run_config() -> PostgresConfig {
+    config(
+        &env("RUN_USER", "outboxd_run"),
+        Some(&env("RUN_PASSWORD", "outboxd_run")),
+        SslMode::Prefer,
+    )
+}
+
+/// The outbox's and checkpoint's lines of `schemas/postgres/grants.sql` for these tables
+/// (in `public`) and `run_role`.
+fn runtime_grants(run_role: &str, outbox: &str, checkpoint: &str) -> String {
+    let quote = |name: &str| format!("\"{}\"", name.replace('"', "\"\""));
+    include_str!("../../../schemas/postgres/grants.sql")
+        .lines()
+        .filter(|l| !l.starts_with('\\') && !l.contains(":\"inbox_table\""))
+        .collect::<Vec<_>>()
+        .join("\n")
+        .replace(":\"run_role\"", &quote(run_role))
+        .replace(":\"schema\"", "public")
+        .replace(":\"outbox_table\"", &quote(outbox))
+        .replace(":\"checkpoint_table\"", &quote(checkpoint))
+}
+
 /// A name no other test (or earlier run) uses.
 fn unique(prefix: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
@@ -89,7 +116,9 @@ fn outbox_ddl(table: &str) -> String {
 }
 
 /// A test's own outbox, publication (of the outbox alone, as `init` makes it) and slot,
-/// and another table written in the same transactions.
+/// and another table written in the same transactions. The test's role makes them and
+/// writes the rows; the stream runs as the runtime role with the grants of
+/// `schemas/postgres/grants.sql` (README, "Privileges").
 struct Fixture {
     connector: PostgresConnector,
     sql: tokio_postgres::Client,
@@ -107,7 +136,7 @@ impl Fixture {
         let base = unique(name);
         let outbox = format!("{base}_outbox");
         let other = format!("{base}_other");
-        let mut cfg = main_config();
+        let mut cfg = run_config();
         cfg.slot = Some(base.clone());
         cfg.publication = Some(base.clone());
         cfg.status_interval = Duration::from_secs(1);
@@ -119,8 +148,10 @@ impl Fixture {
             checkpoint_table: format!("public.{checkpoint}"),
             ..OutboxLayout::default()
         };
+        let run_role = cfg.user.clone();
         let connector = PostgresConnector::new(cfg, "test", layout).unwrap();
-        let sql = connector.sql_client().await.unwrap();
+        let own = PostgresConnector::new(main_config(), "test", OutboxLayout::default());
+        let sql = own.unwrap().sql_client().await.unwrap();
         let ddl = outbox_ddl(&outbox)
             .replace("payload          jsonb", &format!("payload {payload_type}"));
         sql.batch_execute(&ddl).await.unwrap();
@@ -132,6 +163,9 @@ impl Fixture {
         ))
         .await
         .unwrap();
+        sql.batch_execute(&runtime_grants(&run_role, &outbox, &checkpoint))
+            .await
+            .unwrap();
         sql.query(
             "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
             &[&base],
