@@ -210,6 +210,28 @@ pub struct KafkaConfig {
     /// (the Kafka protocol binding's binary content mode); off when the section is absent.
     #[serde(default)]
     pub cloudevents: Option<CloudEventsConfig>,
+    /// Exactly-once (`delivery.exactly_once`): the producer's `transactional.id`, one per
+    /// pipeline; a second instance with the same id fences the first. Default:
+    /// `outboxd-<pipeline.name>`.
+    #[serde(default)]
+    pub transactional_id: Option<String>,
+    /// Exactly-once: the compacted topic where each Kafka transaction records the log
+    /// position it reaches (keyed by `transactional_id`); created when missing.
+    #[serde(default = "default_positions_topic")]
+    pub positions_topic: String,
+}
+
+impl KafkaConfig {
+    /// The producer's `transactional.id` under exactly-once.
+    pub fn transactional_id(&self, pipeline: &str) -> String {
+        self.transactional_id
+            .clone()
+            .unwrap_or_else(|| format!("outboxd-{pipeline}"))
+    }
+}
+
+fn default_positions_topic() -> String {
+    "outboxd.positions".into()
 }
 
 /// `[kafka.cloudevents]`: `ce_id` is the message id, `ce_type` the message type,
@@ -286,6 +308,8 @@ impl std::fmt::Debug for KafkaConfig {
             .field("sasl_password_file", &self.sasl_password_file)
             .field("ssl_key_password_file", &self.ssl_key_password_file)
             .field("cloudevents", &self.cloudevents)
+            .field("transactional_id", &self.transactional_id)
+            .field("positions_topic", &self.positions_topic)
             .finish_non_exhaustive()
     }
 }
@@ -318,6 +342,14 @@ pub struct DeliveryConfig {
     /// On SIGTERM/SIGINT, how long in-flight deliveries may take to finish.
     #[serde(with = "humantime_serde")]
     pub shutdown_deadline: Duration,
+    /// Exactly-once into Kafka (log mode): records go out in Kafka transactions that
+    /// also carry the log position they reach (`kafka.positions_topic`), so a
+    /// `read_committed` consumer sees each row once across crashes. See README.
+    pub exactly_once: bool,
+    /// Exactly-once: how long a Kafka transaction stays open before it is committed (at
+    /// the next database transaction boundary). Longer: fewer commits, more latency.
+    #[serde(with = "humantime_serde")]
+    pub transaction_interval: Duration,
 }
 
 impl Default for DeliveryConfig {
@@ -328,6 +360,8 @@ impl Default for DeliveryConfig {
             writeback_batch: 1_000,
             writeback_interval: Duration::from_millis(5),
             shutdown_deadline: Duration::from_secs(30),
+            exactly_once: false,
+            transaction_interval: Duration::from_millis(100),
         }
     }
 }
@@ -549,6 +583,12 @@ impl Config {
                 ms(0),
                 secs(HOUR),
             ),
+            (
+                "delivery.transaction_interval",
+                self.delivery.transaction_interval,
+                ms(1),
+                secs(60),
+            ),
             ("retry.base", retry.base, ms(1), secs(HOUR)),
             // Delays longer than a year are clamped when written (MAX_RETRY_DELAY).
             (
@@ -633,6 +673,24 @@ impl Config {
             ));
         }
         self.check_durations()?;
+        if d.exactly_once && self.source.mode == SourceMode::Poll {
+            return Err(ConfigError::Invalid(
+                "delivery.exactly_once = true needs source.mode = \"log\": poll mode has no \
+                 log position to commit with the records"
+                    .into(),
+            ));
+        }
+        if self.kafka.positions_topic.trim().is_empty()
+            || self
+                .kafka
+                .transactional_id
+                .as_ref()
+                .is_some_and(|id| id.trim().is_empty())
+        {
+            return Err(ConfigError::Invalid(
+                "kafka.positions_topic and kafka.transactional_id must not be empty".into(),
+            ));
+        }
         if let SourceConfig::Postgres(pg) = &self.source.engine {
             if pg.slot_failover && self.source.mode == SourceMode::Poll {
                 return Err(ConfigError::Invalid(

@@ -118,10 +118,21 @@ async fn execute_with<C: Connector + Clone + 'static>(
             for warning in &config.warnings {
                 tracing::warn!(fix = %warning.fix, "{}", warning.message);
             }
+            // Exactly-once: the log relay gets a transactional producer of its own; the
+            // claim worker, the endpoint and the inbox keep the ordinary one.
+            let relay_sink = match config.delivery.exactly_once {
+                true => Some(
+                    open_sink(config)?
+                        .transactional(&config.kafka)
+                        .map_err(anyhow::Error::msg)?,
+                ),
+                false => None,
+            };
             Box::pin(run(
                 config,
                 connector,
                 Arc::new(open_sink(config)?),
+                relay_sink,
                 handlers,
             ))
             .await
@@ -206,6 +217,7 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
     config: &Config,
     connector: &C,
     shared_sink: Arc<S>,
+    relay_sink: Option<S>,
     custom_handlers: Handlers,
 ) -> anyhow::Result<i32> {
     let sink: &S = &shared_sink;
@@ -275,7 +287,15 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
                 let log = async {
                     let shutdown = log_shutdown;
                     stop_on_error(
-                        relay::run(connector, sink, &settings, &stats, &mut link, shutdown).await,
+                        relay::run(
+                            connector,
+                            relay_sink.as_ref().unwrap_or(sink),
+                            &settings,
+                            &stats,
+                            &mut link,
+                            shutdown,
+                        )
+                        .await,
                     )
                 };
                 let notified = Arc::clone(&wake);

@@ -164,6 +164,7 @@ pub async fn run<C: Connector, S: Sink>(
             session.load_blocked_keys().await?;
             session.load_delivered_through().await?;
             session.set_written_through(store.load_checkpoint().await?);
+            session.load_committed_position().await?;
             session.run(&mut stream, link, &mut shutdown, backoff).await
         }
         .await;

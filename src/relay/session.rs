@@ -148,6 +148,16 @@ pub(super) struct Session<'a, O, S> {
     /// collects the outcomes of what is still in flight, and ends with this error; the
     /// next session writes those outcomes first ([`Unwritten`]).
     write_error: Option<PipelineError>,
+    /// Exactly-once ([`Sink::transactional`]): records go out in a Kafka transaction
+    /// that [`Self::flush`] commits with the position it reaches, only at a source
+    /// transaction boundary with every record acknowledged.
+    exactly_once: bool,
+    /// Exactly-once: when the first slot of the open Kafka transaction was read; it is
+    /// committed `delivery.transaction_interval` later.
+    window_opened: Option<Instant>,
+    /// Exactly-once: the position the last committed Kafka transaction reached. The
+    /// checkpoint row is written with it, never past it.
+    kafka_committed: Option<Position>,
     wake_worker: Arc<Notify>,
 }
 
@@ -185,6 +195,9 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             skipped_delivered: 0,
             fatal: None,
             write_error: None,
+            exactly_once: sink.transactional(),
+            window_opened: None,
+            kafka_committed: None,
             wake_worker,
         }
     }
@@ -196,7 +209,36 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
 
     /// Reads the highest SUCCESS id (see `delivered_through`).
     pub(super) async fn load_delivered_through(&mut self) -> Result<(), ConnectorError> {
-        self.delivered_through = self.store.highest_delivered_id().await?;
+        // Exactly-once sends again everything past the committed position, rows shown
+        // SUCCESS included: their write-back may precede a commit that never happened.
+        if !self.exactly_once {
+            self.delivered_through = self.store.highest_delivered_id().await?;
+        }
+        Ok(())
+    }
+
+    /// Exactly-once: takes over the pipeline's Kafka transactions (after the session
+    /// holds the log) and starts from the position the last committed one reached:
+    /// transactions up to it are in Kafka and are not sent again. Runs after
+    /// [`Self::set_written_through`].
+    pub(super) async fn load_committed_position(&mut self) -> Result<(), PipelineError> {
+        if !self.exactly_once {
+            return Ok(());
+        }
+        let committed = self
+            .sink
+            .committed_position()
+            .await
+            .map_err(|f| PipelineError::SinkFailed(f.error))?;
+        tracing::info!(
+            committed = %display_position(committed.as_ref()),
+            checkpoint = %display_position(self.written_through.as_ref()),
+            "exactly-once: sending from the position the last Kafka transaction committed"
+        );
+        if committed > self.written_through {
+            self.written_through.clone_from(&committed);
+        }
+        self.kafka_committed = committed;
         Ok(())
     }
 
@@ -302,6 +344,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                 && stream_error.is_none()
                 && self.fatal.is_none()
                 && self.write_error.is_none()
+                && !(self.exactly_once && self.window_due() && self.open_transaction.is_none())
                 && self.in_flight < self.settings.delivery.max_in_flight
                 && self.in_flight_bytes < self.settings.delivery.max_in_flight_bytes;
             let flush_at = self.batch_started.map_or(far_future, |t| {
@@ -320,12 +363,21 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                 Some(done) = deliveries.next(), if !deliveries.is_empty() => {
                     last_progress = Instant::now();
                     self.complete(done);
-                    if self.batch_seqs.len() >= self.settings.delivery.writeback_batch {
+                    let batch_full =
+                        self.batch_seqs.len() >= self.settings.delivery.writeback_batch;
+                    if batch_full && !self.exactly_once {
                         self.flush_or_drain(stream, &mut stopping_at).await;
                     }
                 }
                 _ = sleep_until(flush_at.into()),
-                    if self.batch_started.is_some() && self.write_error.is_none() =>
+                    if self.batch_started.is_some()
+                        && self.write_error.is_none()
+                        && !self.exactly_once =>
+                {
+                    self.flush_or_drain(stream, &mut stopping_at).await;
+                }
+                _ = sleep_until(self.window_closes_at(far_future).into()),
+                    if self.exactly_once && deliveries.is_empty() && self.may_commit() =>
                 {
                     self.flush_or_drain(stream, &mut stopping_at).await;
                 }
@@ -345,7 +397,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                 Some(key) = link.delivered_keys.recv() => {
                     if self.blocked.contains(&key) {
                         self.maybe_released.insert(key);
-                        if self.batch_started.is_none() {
+                        if self.batch_started.is_none() && !self.exactly_once {
                             self.flush_or_drain(stream, &mut stopping_at).await;
                         }
                     }
@@ -358,7 +410,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                             "already written back before a restart; not sent again"
                         );
                         self.push_slot(tx.commit_position, 0);
-                        if self.batch_started.is_none() {
+                        if self.batch_started.is_none() && !self.exactly_once {
                             self.flush_or_drain(stream, &mut stopping_at).await;
                         }
                     }
@@ -377,7 +429,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                         };
                         if events.is_empty() {
                             // Every row delivered already: only the position moves on.
-                            if self.batch_started.is_none() {
+                            if self.batch_started.is_none() && !self.exactly_once {
                                 self.flush_or_drain(stream, &mut stopping_at).await;
                             }
                         } else {
@@ -403,6 +455,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                                 seq
                             }
                             None => {
+                                self.window_opened.get_or_insert_with(Instant::now);
                                 let seq = self.frontier.open(events.len());
                                 self.add_in_flight(events.len());
                                 self.open_transaction = Some(seq);
@@ -417,7 +470,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                     Ok(ChangeItem::Progress(position)) => {
                         backoff.reset();
                         self.push_slot(position, 0);
-                        if self.batch_started.is_none() {
+                        if self.batch_started.is_none() && !self.exactly_once {
                             self.flush_or_drain(stream, &mut stopping_at).await;
                         }
                     }
@@ -442,6 +495,21 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                 }
             }
 
+            if self.exactly_once && deliveries.is_empty() {
+                if self.may_commit() && (self.window_due() || stopping_at.is_some()) {
+                    self.flush_or_drain(stream, &mut stopping_at).await;
+                } else if self.open_transaction.is_some() && self.window_full() {
+                    return Err(ConnectorError::definite(format!(
+                        "exactly-once: a database transaction holds more than \
+                         delivery.max_in_flight ({}) events or delivery.max_in_flight_bytes \
+                         ({} bytes), and a Kafka transaction must hold a whole one; raise \
+                         them (memory grows with them) or set delivery.exactly_once = false",
+                        self.settings.delivery.max_in_flight,
+                        self.settings.delivery.max_in_flight_bytes
+                    ))
+                    .into());
+                }
+            }
             let draining =
                 stopping_at.is_some() || self.fatal.is_some() || self.write_error.is_some();
             if draining && deliveries.is_empty() {
@@ -452,7 +520,13 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         if let Some(error) = self.write_error.take() {
             return Err(error);
         }
-        self.flush(stream).await?;
+        if !self.exactly_once {
+            self.flush(stream).await?;
+        } else if deliveries.is_empty() && self.may_commit() {
+            // Only a whole, acknowledged window is committed; otherwise the open Kafka
+            // transaction is left to be aborted and its rows are sent again.
+            self.flush(stream).await?;
+        }
         if let Some(error) = self.fatal.take() {
             return Err(PipelineError::SinkFailed(error));
         }
@@ -490,6 +564,11 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
     /// The outcomes this session collected and did not write back (it ended on an
     /// error): for the next session of this process.
     pub(super) fn take_unwritten(&mut self) -> Unwritten {
+        if self.exactly_once {
+            // Outcomes of records whose Kafka transaction was never committed: they are
+            // sent again from the committed position, not written back.
+            return Unwritten::default();
+        }
         Unwritten {
             delivered: std::mem::take(&mut self.delivered),
             failed: std::mem::take(&mut self.failed),
@@ -529,7 +608,35 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         Ok(())
     }
 
+    /// Exactly-once: the open Kafka transaction may be committed (nothing failed, no
+    /// source transaction half read, something to commit).
+    fn may_commit(&self) -> bool {
+        self.window_opened.is_some()
+            && self.open_transaction.is_none()
+            && self.fatal.is_none()
+            && self.write_error.is_none()
+    }
+
+    /// Exactly-once: the open Kafka transaction has lasted its interval, or no more can
+    /// be read into it.
+    fn window_due(&self) -> bool {
+        self.window_opened
+            .is_some_and(|t| t.elapsed() >= self.settings.delivery.transaction_interval)
+            || self.window_full()
+    }
+
+    fn window_full(&self) -> bool {
+        self.in_flight >= self.settings.delivery.max_in_flight
+            || self.in_flight_bytes >= self.settings.delivery.max_in_flight_bytes
+    }
+
+    fn window_closes_at(&self, never: Instant) -> Instant {
+        self.window_opened
+            .map_or(never, |t| t + self.settings.delivery.transaction_interval)
+    }
+
     fn push_slot(&mut self, position: Position, events: usize) -> u64 {
+        self.window_opened.get_or_insert_with(Instant::now);
         let seq = self.frontier.push(position, events);
         self.add_in_flight(events);
         seq
@@ -672,6 +779,13 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         // If anything below fails the session ends, and what it did not confirm is read
         // again from the log: the frontier may move before the write-back is durable.
         let checkpoint = self.frontier.advance();
+        // Exactly-once: the checkpoint row never passes what Kafka has committed (a crash
+        // before the commit below must find these transactions still to send).
+        let written_checkpoint = if self.exactly_once {
+            self.kafka_committed.clone()
+        } else {
+            checkpoint.clone()
+        };
 
         if !self.delivered.is_empty()
             || !self.failed.is_empty()
@@ -683,7 +797,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                 failed: &self.failed,
                 parked: &self.parked,
                 rejected: &self.rejected,
-                checkpoint: checkpoint.as_ref(),
+                checkpoint: written_checkpoint.as_ref(),
             };
             self.stats.metrics.writing_back(true);
             let written = write_back_with_retries(self.store, batch).await;
@@ -713,6 +827,16 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             self.rejected.clear();
         }
         self.batch_started = None;
+        if self.exactly_once {
+            if let Some(position) = &checkpoint {
+                self.sink
+                    .commit(position)
+                    .await
+                    .map_err(|f| PipelineError::SinkFailed(f.error))?;
+                self.kafka_committed = Some(position.clone());
+            }
+            self.window_opened = None;
+        }
         self.release_keys().await?;
 
         if let Some(position) = checkpoint {

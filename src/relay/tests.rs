@@ -40,6 +40,8 @@ impl Harness {
                     writeback_batch: 100,
                     writeback_interval: Duration::from_millis(5),
                     shutdown_deadline,
+                    exactly_once: false,
+                    transaction_interval: Duration::from_millis(100),
                 },
                 retry: RetryConfig::default(),
                 ordering: KeyOrdering::Strict,
@@ -67,6 +69,7 @@ impl Harness {
         session.load_blocked_keys().await?;
         session.load_delivered_through().await?;
         session.set_written_through(self.store.load_checkpoint().await?);
+        session.load_committed_position().await?;
         let mut backoff = ReconnectBackoff::new();
         session.run(stream, link, &mut shutdown, &mut backoff).await
     }
@@ -93,6 +96,7 @@ impl Harness {
             session.load_blocked_keys().await?;
             session.load_delivered_through().await?;
             session.set_written_through(self.store.load_checkpoint().await?);
+            session.load_committed_position().await?;
             let mut backoff = ReconnectBackoff::new();
             session.run(stream, link, &mut shutdown, &mut backoff).await
         }

@@ -12,7 +12,7 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
-use outboxd_connector::{CheckLine, OutboxEvent};
+use outboxd_connector::{CheckLine, OutboxEvent, Position};
 
 pub mod kafka;
 #[cfg(test)]
@@ -129,6 +129,32 @@ pub trait Sink: Send + Sync {
 
     /// Records handed over and not yet decided (the `outboxd_producer_queue` gauge).
     fn queue_depth(&self) -> i64;
+
+    /// Exactly-once (`delivery.exactly_once`): the sink keeps what is sent in an open
+    /// transaction that only [`Sink::commit`] makes visible. Its receipts then mean
+    /// "written, not yet committed", and the relay commits only at a source transaction
+    /// boundary with every receipt in (see `sink/kafka/transaction.rs`).
+    fn transactional(&self) -> bool {
+        false
+    }
+
+    /// Exactly-once, at the start of a session that holds the log: takes over the
+    /// transactions of this pipeline (fencing an older instance, aborting what it left
+    /// open) and returns the position the last committed transaction reached; everything
+    /// past it is to be sent again. `None` when nothing was ever committed, or when the
+    /// sink is not [`transactional`](Sink::transactional).
+    fn committed_position(
+        &self,
+    ) -> impl Future<Output = Result<Option<Position>, SinkFailure>> + Send {
+        async { Ok(None) }
+    }
+
+    /// Exactly-once: commits every record sent since the last commit together with
+    /// `position`, atomically. A failure leaves nothing of it visible.
+    fn commit(&self, position: &Position) -> impl Future<Output = Result<(), SinkFailure>> + Send {
+        let _ = position;
+        async { Ok(()) }
+    }
 
     /// After a [`FailureKind::Fatal`] failure, makes the sink usable again (for Kafka: a
     /// fresh producer replaces the one librdkafka declared fatal). `Ok(true)` when it

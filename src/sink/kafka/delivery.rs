@@ -20,7 +20,15 @@ use crate::sink::{FailureKind, Receipt, SinkFailure, SinkResult};
 /// answers: the span then covers the send and its acknowledgement, and ends with a debug
 /// line of the outcome.
 #[must_use = "a delivery resolves to the record's outcome"]
-pub struct KafkaDelivery(State, Option<tracing::Span>);
+pub struct KafkaDelivery(State, Option<tracing::Span>, Transactional);
+
+/// Whether the record went out inside a Kafka transaction (exactly-once): a failure
+/// there makes the whole transaction fail, so it is the sink's, not the row's.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Transactional {
+    No,
+    Yes,
+}
 
 enum State {
     /// Waiting for the broker's acknowledgement.
@@ -31,11 +39,27 @@ enum State {
 
 impl KafkaDelivery {
     pub(super) fn in_flight(future: DeliveryFuture) -> Self {
-        Self(State::InFlight(future), None)
+        Self(State::InFlight(future), None, Transactional::No)
+    }
+
+    /// A record inside the open Kafka transaction: any failure is [`FailureKind::Fatal`],
+    /// because the transaction can then only be aborted; its rows stay INIT and the next
+    /// session sends them again (see `transaction.rs`).
+    pub(super) fn in_transaction(future: DeliveryFuture) -> Self {
+        Self(State::InFlight(future), None, Transactional::Yes)
     }
 
     pub(super) fn failed(e: &KafkaError) -> Self {
-        Self(State::Done(Some(classify(e))), None)
+        Self(State::Done(Some(classify(e))), None, Transactional::No)
+    }
+
+    /// Decided before it was queued, with the sink to blame.
+    pub(super) fn fatal(error: String) -> Self {
+        let failure = SinkFailure {
+            kind: FailureKind::Fatal,
+            error,
+        };
+        Self(State::Done(Some(failure)), None, Transactional::No)
     }
 
     /// Holds `event`'s span until the outcome, when it has a trace context and its caller
@@ -83,6 +107,14 @@ impl KafkaDelivery {
                 Ok(Ok(delivery)) => Ok(Receipt {
                     partition: delivery.partition,
                     offset: delivery.offset,
+                }),
+                Ok(Err((e, _message))) if self.2 == Transactional::Yes => Err(SinkFailure {
+                    kind: FailureKind::Fatal,
+                    error: format!(
+                        "{}; the Kafka transaction holding it is aborted and its records \
+                         are sent again",
+                        classify(&e).error
+                    ),
                 }),
                 Ok(Err((e, _message))) => Err(classify(&e)),
                 Err(_canceled) => Err(SinkFailure {

@@ -182,6 +182,8 @@ mod tests {
             allowed_topics: Vec::new(),
             sasl_password_file: None,
             ssl_key_password_file: None,
+            transactional_id: None,
+            positions_topic: "outboxd.positions".into(),
             cloudevents,
         }
     }

@@ -17,19 +17,20 @@
 use std::sync::{PoisonError, RwLock};
 use std::time::Duration;
 
-use outboxd_connector::{CheckLine, OutboxEvent};
+use outboxd_connector::{CheckLine, OutboxEvent, Position};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 
 use crate::config::KafkaConfig;
-use crate::sink::Sink;
+use crate::sink::{FailureKind, Sink, SinkFailure};
 
 mod allowed;
 mod delivery;
 mod headers;
 mod options;
 mod topic;
+mod transaction;
 
 pub use allowed::AllowedTopics;
 pub use delivery::KafkaDelivery;
@@ -38,6 +39,7 @@ pub use topic::TopicTemplate;
 
 use headers::RecordHeaders;
 use options::SAFE_DEFAULTS;
+use transaction::Transactions;
 
 /// The librdkafka producer with outboxd's routing.
 pub struct KafkaSink {
@@ -50,6 +52,8 @@ pub struct KafkaSink {
     allowed: AllowedTopics,
     headers: RecordHeaders,
     pipeline: String,
+    /// Exactly-once: the relay's records go out in Kafka transactions (`transaction.rs`).
+    transactions: Option<Transactions>,
 }
 
 impl KafkaSink {
@@ -101,7 +105,36 @@ impl KafkaSink {
             allowed,
             headers: RecordHeaders::new(config, pipeline),
             pipeline: pipeline.to_owned(),
+            transactions: None,
         })
+    }
+
+    /// Makes this the relay's exactly-once sink: a transactional producer whose records
+    /// the relay commits with the log position they reach (see `transaction.rs`).
+    pub fn transactional(mut self, config: &KafkaConfig) -> Result<Self, String> {
+        let transactions = Transactions::new(config, &self.pipeline);
+        transactions.configure(&mut self.client, config.message_timeout);
+        *self
+            .producer
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner) = create_producer(&self.client)?;
+        self.transactions = Some(transactions);
+        Ok(self)
+    }
+
+    /// Puts a fresh producer in place of the current one, which is dropped off the
+    /// runtime (dropping may wait for librdkafka's threads).
+    async fn replace_producer(&self) -> Result<FutureProducer, String> {
+        let fresh = create_producer(&self.client)?;
+        let old = std::mem::replace(
+            &mut *self
+                .producer
+                .write()
+                .unwrap_or_else(PoisonError::into_inner),
+            fresh.clone(),
+        );
+        let _ = tokio::task::spawn_blocking(move || drop(old)).await;
+        Ok(fresh)
     }
 
     /// The current producer.
@@ -138,8 +171,16 @@ impl Sink for KafkaSink {
             .payload(event.payload.as_ref())
             .headers(self.headers.build(event));
         let producer = self.producer();
+        if let Some(transactions) = &self.transactions {
+            if let Err(e) = transactions.begin(&producer) {
+                return KafkaDelivery::fatal(e);
+            }
+        }
         loop {
             match producer.send_result(record) {
+                Ok(future) if self.transactions.is_some() => {
+                    return KafkaDelivery::in_transaction(future).traced(event)
+                }
                 Ok(future) => return KafkaDelivery::in_flight(future).traced(event),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
                     // librdkafka's queue is full: let it drain a little, then try again.
@@ -197,6 +238,37 @@ impl Sink for KafkaSink {
         i64::from(self.producer().in_flight_count())
     }
 
+    fn transactional(&self) -> bool {
+        self.transactions.is_some()
+    }
+
+    /// A fresh transactional producer for each session that holds the log: its
+    /// `init_transactions` fences an older instance and aborts what that one left open.
+    async fn committed_position(&self) -> Result<Option<Position>, SinkFailure> {
+        let Some(transactions) = &self.transactions else {
+            return Ok(None);
+        };
+        let failure = |error: String| SinkFailure {
+            kind: FailureKind::Fatal,
+            error,
+        };
+        let producer = self.replace_producer().await.map_err(failure)?;
+        transactions.start(producer).await.map_err(failure)
+    }
+
+    async fn commit(&self, position: &Position) -> Result<(), SinkFailure> {
+        let Some(transactions) = &self.transactions else {
+            return Ok(());
+        };
+        transactions
+            .commit(&self.producer(), position)
+            .await
+            .map_err(|error| SinkFailure {
+                kind: FailureKind::Fatal,
+                error,
+            })
+    }
+
     /// Replaces the producer when librdkafka has declared it fatal (an idempotent
     /// producer that lost its guarantee: `fatal_error()` is set and every send fails).
     async fn recover(&self) -> Result<bool, String> {
@@ -234,6 +306,8 @@ mod tests {
             allowed_topics: Vec::new(),
             sasl_password_file: None,
             ssl_key_password_file: None,
+            transactional_id: None,
+            positions_topic: "outboxd.positions".into(),
             cloudevents: None,
         };
         let sink = KafkaSink::new(&config, "p", false, 64 << 20).expect("producer");
@@ -264,6 +338,8 @@ mod tests {
                 allowed_topics: Vec::new(),
                 sasl_password_file: None,
                 ssl_key_password_file: None,
+                transactional_id: None,
+                positions_topic: "outboxd.positions".into(),
                 cloudevents: None,
             };
             if let Err(e) = KafkaSink::new(&config, "p", false, 64 << 20) {

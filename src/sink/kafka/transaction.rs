@@ -1,0 +1,300 @@
+//! Exactly-once into Kafka (`delivery.exactly_once`): Kafka transactions that end on the
+//! source's transaction boundaries and carry the log position they reach.
+//!
+//! How the guarantee holds (the relay's side is in `relay/session.rs`):
+//! - Records go out inside one open Kafka transaction. At a database transaction boundary,
+//!   once every record sent is acknowledged, the relay writes the rows' statuses back and
+//!   then commits the Kafka transaction together with one record of the position it
+//!   reaches, in the compacted `kafka.positions_topic`, keyed by the `transactional.id`.
+//! - A `read_committed` consumer sees a transaction's records only once it is committed.
+//!   After a crash the next session reads the last committed position from that topic and
+//!   sends everything past it again, rows the table shows SUCCESS included: their
+//!   write-back may precede a commit that never happened. Nothing at or below it is sent
+//!   again, so each row is committed to Kafka once.
+//! - Statuses are written before the commit because the other order would need the
+//!   outcome of every row of the transaction stored in Kafka as well: a committed record
+//!   whose row is still INIT could not be told from one that was never sent.
+//! - The `transactional.id` is the pipeline's. A session that holds the log starts a fresh
+//!   producer whose `init_transactions` fences any older one with the same id (an
+//!   instance that lost the log but still runs: its commit fails) and aborts what that one
+//!   left open.
+//!
+//! Retries of FAILED rows (the claim worker) and `recover` use an ordinary producer: their
+//! records are at least once.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use outboxd_connector::Position;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::{ClientContext, DefaultClientContext};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::Message;
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::config::KafkaConfig;
+
+/// How long one transactional call (init, commit) or the position read may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The Kafka-transaction state of an exactly-once sink.
+pub(super) struct Transactions {
+    /// `transactional.id`; also the key of this pipeline's position records.
+    id: String,
+    /// `kafka.positions_topic`.
+    topic: String,
+    /// Connection and security settings for the admin client and the position reader.
+    reader: ClientConfig,
+    /// A Kafka transaction is open on the current producer.
+    open: AtomicBool,
+}
+
+impl Transactions {
+    pub(super) fn new(config: &KafkaConfig, pipeline: &str) -> Self {
+        let mut reader = ClientConfig::new();
+        for (key, value) in &config.options {
+            // Connection and security settings only: the rest are producer options.
+            if key.starts_with("security.")
+                || key.starts_with("sasl.")
+                || key.starts_with("ssl.")
+                || key.starts_with("client.")
+                || key.starts_with("socket.")
+            {
+                reader.set(key, value);
+            }
+        }
+        reader.set("bootstrap.servers", &config.bootstrap_servers);
+        Self {
+            id: config.transactional_id(pipeline),
+            topic: config.positions_topic.clone(),
+            reader,
+            open: AtomicBool::new(false),
+        }
+    }
+
+    /// The producer settings exactly-once needs. A record may wait for the broker at most
+    /// `message_timeout`: past it the transaction is aborted and sent again whole, so the
+    /// order of a key holds without the no-expiry rule of strict ordering.
+    pub(super) fn configure(&self, client: &mut ClientConfig, message_timeout: Duration) {
+        let message_ms = message_timeout.as_millis().clamp(1_000, 900_000);
+        // The broker aborts a transaction open longer than this (its own maximum,
+        // transaction.max.timeout.ms, defaults to 15 minutes).
+        let transaction_ms = (message_ms * 2).clamp(60_000, 900_000);
+        client.set("transactional.id", &self.id);
+        client.set("message.timeout.ms", message_ms.to_string());
+        client.set("transaction.timeout.ms", transaction_ms.to_string());
+    }
+
+    /// Starts `producer` as this pipeline's transactional producer (fencing any older
+    /// one), makes sure the positions topic exists, and reads the last committed position.
+    pub(super) async fn start(&self, producer: FutureProducer) -> Result<Option<Position>, String> {
+        self.open.store(false, Ordering::SeqCst);
+        let id = self.id.clone();
+        tokio::task::spawn_blocking(move || producer.init_transactions(CALL_TIMEOUT))
+            .await
+            .map_err(|e| format!("init_transactions task failed: {e}"))?
+            .map_err(|e| {
+                format!(
+                    "cannot start Kafka transactions for transactional.id `{id}`: {e}; \
+                     exactly-once needs brokers with transactions (Kafka 0.11+, \
+                     transaction.state.log.* settings that the cluster can meet) and, \
+                     with ACLs, WRITE and DESCRIBE on the transactional id"
+                )
+            })?;
+        self.ensure_topic().await?;
+        let reader = self.reader.clone();
+        let (topic, key) = (self.topic.clone(), self.id.clone());
+        tokio::task::spawn_blocking(move || read_position(&reader, &topic, &key))
+            .await
+            .map_err(|e| format!("position read task failed: {e}"))?
+    }
+
+    /// Opens a Kafka transaction unless one is open.
+    pub(super) fn begin(&self, producer: &FutureProducer) -> Result<(), String> {
+        if self.open.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        producer
+            .begin_transaction()
+            .map_err(|e| format!("cannot begin a Kafka transaction: {e}"))?;
+        self.open.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Commits every record sent since the last commit, together with `position`.
+    pub(super) async fn commit(
+        &self,
+        producer: &FutureProducer,
+        position: &Position,
+    ) -> Result<(), String> {
+        self.begin(producer)?;
+        let value = encode(position);
+        let record = FutureRecord::to(&self.topic).key(&self.id).payload(&value);
+        // Its acknowledgement is awaited by commit_transaction with every other record.
+        let delivery = producer
+            .send_result(record)
+            .map_err(|(e, _)| format!("cannot record the position in {}: {e}", self.topic))?;
+        drop(delivery);
+        self.open.store(false, Ordering::SeqCst);
+        let committing = producer.clone();
+        let result =
+            tokio::task::spawn_blocking(move || committing.commit_transaction(CALL_TIMEOUT))
+                .await
+                .map_err(|e| format!("commit task failed: {e}"))?;
+        result.map_err(|e| {
+            let fenced = matches!(
+                e.rdkafka_error_code(),
+                Some(RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch)
+            );
+            if fenced {
+                format!(
+                    "the Kafka transaction was not committed: another outboxd with \
+                     transactional.id `{}` has taken over (this one is fenced): {e}",
+                    self.id
+                )
+            } else {
+                format!("the Kafka transaction was not committed: {e}")
+            }
+        })
+    }
+
+    /// Creates the compacted positions topic when it is missing.
+    async fn ensure_topic(&self) -> Result<(), String> {
+        let admin: AdminClient<DefaultClientContext> = self
+            .reader
+            .create()
+            .map_err(|e| format!("cannot create a Kafka admin client: {e}"))?;
+        // -1: the broker's default replication factor.
+        let topic = NewTopic::new(&self.topic, 1, TopicReplication::Fixed(-1))
+            .set("cleanup.policy", "compact");
+        let options = AdminOptions::new().operation_timeout(Some(CALL_TIMEOUT));
+        let results = admin
+            .create_topics([&topic], &options)
+            .await
+            .map_err(|e| format!("cannot create topic {}: {e}", self.topic))?;
+        for result in results {
+            match result {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((name, code)) => {
+                    return Err(format!(
+                        "cannot create the positions topic {name}: {code}; create it \
+                         (cleanup.policy=compact) or name another in kafka.positions_topic"
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The position reader's client context: reaching a partition's end is how the reader
+/// knows it is done, not an error worth a log line.
+struct PositionReader;
+
+impl ClientContext for PositionReader {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if !matches!(error, KafkaError::PartitionEOF(_)) {
+            tracing::warn!(%error, reason, "reading the Kafka positions topic");
+        }
+    }
+}
+
+impl ConsumerContext for PositionReader {}
+
+/// `<ordinal>\t<text>`: what [`Position`] needs to be rebuilt.
+fn encode(position: &Position) -> String {
+    format!("{}\t{}", position.ordinal(), position.as_str())
+}
+
+fn decode(value: &[u8]) -> Option<Position> {
+    let text = std::str::from_utf8(value).ok()?;
+    let (ordinal, text) = text.split_once('\t')?;
+    Some(Position::new(ordinal.parse().ok()?, text))
+}
+
+/// The last position committed under `key`: every partition of `topic` read to its end
+/// with `read_committed` (records of aborted transactions are never seen).
+fn read_position(
+    reader: &ClientConfig,
+    topic: &str,
+    key: &str,
+) -> Result<Option<Position>, String> {
+    let consumer: BaseConsumer<PositionReader> = reader
+        .clone()
+        .set("group.id", format!("{key}.position-reader"))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .create_with_context(PositionReader)
+        .map_err(|e| format!("cannot create a Kafka consumer: {e}"))?;
+    let metadata = consumer
+        .fetch_metadata(Some(topic), CALL_TIMEOUT)
+        .map_err(|e| format!("cannot read the metadata of {topic}: {e}"))?;
+    let partitions = metadata
+        .topics()
+        .first()
+        .map_or(0, |t| t.partitions().len());
+    if partitions == 0 {
+        return Err(format!("the positions topic {topic} has no partitions"));
+    }
+    let mut assignment = TopicPartitionList::new();
+    for p in 0..partitions {
+        let p = i32::try_from(p).map_err(|_| format!("{topic}: too many partitions"))?;
+        assignment
+            .add_partition_offset(topic, p, Offset::Beginning)
+            .map_err(|e| e.to_string())?;
+    }
+    consumer.assign(&assignment).map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + CALL_TIMEOUT;
+    let mut at_end = 0;
+    let mut last: Option<(i64, Position)> = None;
+    while at_end < partitions {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!(
+                "reading the positions topic {topic} did not reach its end within {CALL_TIMEOUT:?}"
+            ));
+        }
+        match consumer.poll(left.min(Duration::from_millis(500))) {
+            Some(Ok(message)) if message.key() == Some(key.as_bytes()) => {
+                let position = message.payload().and_then(decode).ok_or_else(|| {
+                    format!(
+                        "the position record at {topic}/{}/{} cannot be read; it was not \
+                         written by outboxd",
+                        message.partition(),
+                        message.offset()
+                    )
+                })?;
+                // One partition holds a key's records; keep its latest.
+                if last
+                    .as_ref()
+                    .is_none_or(|(offset, _)| message.offset() > *offset)
+                {
+                    last = Some((message.offset(), position));
+                }
+            }
+            Some(Ok(_)) => {}
+            Some(Err(KafkaError::PartitionEOF(_))) => at_end += 1,
+            Some(Err(e)) => return Err(format!("reading the positions topic {topic}: {e}")),
+            None => {}
+        }
+    }
+    Ok(last.map(|(_, position)| position))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_position_survives_its_record() {
+        let position = Position::new(u128::from(u64::MAX) + 7, "binlog:b.000001:4\tgtid");
+        assert_eq!(decode(encode(&position).as_bytes()), Some(position));
+        assert_eq!(decode(b"not a position"), None);
+        assert_eq!(decode(b"x\tlsn:0/1"), None);
+        assert_eq!(decode(&[0xff, 0xfe]), None);
+    }
+}
