@@ -243,7 +243,8 @@ impl Fixture {
         }
         self.sql
             .batch_execute(&format!(
-                "DROP PUBLICATION {slot}; DROP TABLE {outbox}; DROP TABLE {other};",
+                "DROP PUBLICATION {slot}; DROP TABLE {outbox}; DROP TABLE {other}; \
+                 DROP TABLE {slot}_checkpoint;",
                 slot = self.slot,
                 outbox = self.outbox,
                 other = self.other
