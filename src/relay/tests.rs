@@ -29,6 +29,15 @@ struct Harness {
 }
 
 impl Harness {
+    /// A harness whose sink is transactional (exactly-once), committing every 20 ms.
+    fn exactly_once() -> Self {
+        let mut h = Self::new(Duration::from_secs(2));
+        h.sink = MemorySink::transactional();
+        h.settings.delivery.exactly_once = true;
+        h.settings.delivery.transaction_interval = Duration::from_millis(20);
+        h
+    }
+
     fn new(shutdown_deadline: Duration) -> Self {
         Self {
             store: Arc::new(MemoryStore::default()),
@@ -599,4 +608,90 @@ async fn outcomes_a_failed_write_back_held_are_written_by_the_next_session_not_r
         assert_eq!(h.store.status(id), "SUCCESS", "row {id}");
     }
     assert_no_violations(&confirmed);
+}
+
+/// Exactly-once: Kafka transactions end on source transaction boundaries, the checkpoint
+/// row never passes what Kafka committed, and after a crash everything past the committed
+/// position is sent again, a row the table shows SUCCESS included (its write-back may
+/// precede a commit that never happened). A consumer of committed records sees each row
+/// once.
+#[tokio::test]
+async fn exactly_once_commits_whole_transactions_and_resends_past_the_committed_position() {
+    let h = Harness::exactly_once();
+    let (mut link, _keys) = link();
+    h.store
+        .insert(&[(1, "A"), (2, "B"), (3, "C"), (4, "D"), (5, "E"), (6, "F")]);
+
+    let (stop, shutdown) = watch::channel(false);
+    let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
+    let driver = async {
+        log.commit(10, vec![event(1, "A"), event(2, "B")]);
+        log.commit(20, vec![event(3, "C")]);
+        wait_until("1-3 committed", || h.sink.committed_ids() == [1, 2, 3]).await;
+        assert_eq!(h.sink.last_committed_position(), Some(lsn(20)));
+        // A large transaction arrives in parts: nothing of it is committed while it is
+        // open.
+        log.part(25, vec![event(4, "D"), event(5, "E")]);
+        wait_until("4 and 5 sent", || h.sink.sent_ids().len() == 5).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(h.sink.committed_ids(), [1, 2, 3]);
+        stop.send_replace(true);
+    };
+    let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
+    result.unwrap();
+    assert!(h.store.checkpoint() <= h.sink.last_committed_position());
+    assert_no_violations(&confirmed);
+
+    // As if a write-back of row 4 had committed and its Kafka transaction had not.
+    h.store.set_status(4, "SUCCESS");
+    let (stop, shutdown) = watch::channel(false);
+    let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
+    let driver = async {
+        // The log is read again from the checkpoint.
+        log.commit(10, vec![event(1, "A"), event(2, "B")]);
+        log.commit(20, vec![event(3, "C")]);
+        log.part(25, vec![event(4, "D"), event(5, "E")]);
+        log.commit(30, vec![event(6, "F")]);
+        wait_until("30 committed", || {
+            h.sink.last_committed_position() == Some(lsn(30))
+        })
+        .await;
+        stop.send_replace(true);
+    };
+    let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
+    result.unwrap();
+    assert_eq!(
+        h.sink.committed_ids(),
+        [1, 2, 3, 4, 5, 6],
+        "each row committed once"
+    );
+    for id in 1..=6 {
+        assert_eq!(h.store.status(id), "SUCCESS", "row {id}");
+    }
+    assert!(h.store.checkpoint() <= Some(lsn(30)));
+    assert_no_violations(&confirmed);
+}
+
+/// Exactly-once: a Kafka transaction holds whole source transactions, so one larger than
+/// the in-flight bounds cannot be committed; the relay stops with a definite error that
+/// names the way out instead of waiting forever.
+#[tokio::test]
+async fn exactly_once_stops_on_a_transaction_larger_than_the_in_flight_bounds() {
+    let mut h = Harness::exactly_once();
+    h.settings.delivery.max_in_flight = 3;
+    let (mut link, _keys) = link();
+    let (_stop, shutdown) = watch::channel(false);
+    h.store.insert(&[(1, "A"), (2, "B"), (3, "C"), (4, "D")]);
+    let (mut stream, log, _) = MemoryStream::new(Arc::clone(&h.store));
+    log.part(10, vec![event(1, "A"), event(2, "B")]);
+    log.part(10, vec![event(3, "C"), event(4, "D")]);
+    let result = tokio::time::timeout(
+        Duration::from_secs(5),
+        h.session(&mut stream, &mut link, shutdown),
+    )
+    .await
+    .expect("the session ends instead of waiting forever");
+    let error = result.expect_err("a definite error").to_string();
+    assert!(error.contains("delivery.max_in_flight"), "{error}");
+    assert!(h.sink.committed_ids().is_empty());
 }

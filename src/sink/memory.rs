@@ -9,7 +9,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use outboxd_connector::{CheckLine, OutboxEvent};
+use outboxd_connector::{CheckLine, OutboxEvent, Position};
 use tokio::sync::oneshot;
 
 use crate::sink::{FailureKind, Receipt, Sink, SinkFailure, SinkResult};
@@ -32,6 +32,12 @@ struct State {
     /// Held deliveries by row id, with the outcome they will get.
     held: BTreeMap<i64, (oneshot::Sender<SinkResult>, SinkResult)>,
     next_offset: i64,
+    /// Exactly-once: records go into an open transaction that only a commit makes
+    /// visible; a new [`Sink::committed_position`] aborts it.
+    transactional: bool,
+    uncommitted: Vec<i64>,
+    committed: Vec<i64>,
+    committed_position: Option<Position>,
 }
 
 impl MemorySink {
@@ -39,6 +45,24 @@ impl MemorySink {
         self.state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A transactional sink (exactly-once): see [`MemorySink::committed_ids`].
+    pub(crate) fn transactional() -> Self {
+        let sink = Self::default();
+        sink.state().transactional = true;
+        sink
+    }
+
+    /// Ids of the records of committed transactions, in send order: what a
+    /// `read_committed` consumer would see.
+    pub(crate) fn committed_ids(&self) -> Vec<i64> {
+        self.state().committed.clone()
+    }
+
+    /// The position the last commit recorded.
+    pub(crate) fn last_committed_position(&self) -> Option<Position> {
+        self.state().committed_position.clone()
     }
 
     /// The record of row `id` fails with `kind`.
@@ -133,6 +157,9 @@ impl Sink for MemorySink {
             }
         };
         state.sent.push(event.clone());
+        if state.transactional && result.is_ok() {
+            state.uncommitted.push(event.id);
+        }
         let (tx, rx) = oneshot::channel();
         if state.hold {
             state.held.insert(event.id, (tx, result));
@@ -144,6 +171,24 @@ impl Sink for MemorySink {
 
     fn destination(&self, event: &OutboxEvent) -> String {
         format!("memory.{}", event.message_type)
+    }
+
+    fn transactional(&self) -> bool {
+        self.state().transactional
+    }
+
+    async fn committed_position(&self) -> Result<Option<Position>, SinkFailure> {
+        let mut state = self.state();
+        state.uncommitted.clear();
+        Ok(state.committed_position.clone())
+    }
+
+    async fn commit(&self, position: &Position) -> Result<(), SinkFailure> {
+        let mut state = self.state();
+        let records = std::mem::take(&mut state.uncommitted);
+        state.committed.extend(records);
+        state.committed_position = Some(position.clone());
+        Ok(())
     }
 
     async fn flush(&self, _deadline: Duration) {}
