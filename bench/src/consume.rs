@@ -105,6 +105,8 @@ fn consume(
         .set("group.id", format!("bench-{topic}-{prefix}"))
         .set("enable.auto.commit", "false")
         .set("fetch.wait.max.ms", "10")
+        // librdkafka's default, stated: with exactly-once, aborted records are not counted.
+        .set("isolation.level", "read_committed")
         .create()?;
     let mut assignment = TopicPartitionList::new();
     for p in 0..partitions {
