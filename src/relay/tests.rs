@@ -66,21 +66,10 @@ impl Harness {
         &self,
         stream: &mut MemoryStream,
         link: &mut RetryLink,
-        mut shutdown: watch::Receiver<bool>,
+        shutdown: watch::Receiver<bool>,
     ) -> Result<(), PipelineError> {
-        let mut session = Session::new(
-            &*self.store,
-            &self.sink,
-            &self.settings,
-            &self.stats,
-            Arc::clone(&self.wake),
-        );
-        session.load_blocked_keys().await?;
-        session.load_delivered_through().await?;
-        session.set_written_through(self.store.load_checkpoint().await?);
-        session.load_committed_position().await?;
-        let mut backoff = ReconnectBackoff::new();
-        session.run(stream, link, &mut shutdown, &mut backoff).await
+        self.session_carrying(stream, link, shutdown, &mut Unwritten::default())
+            .await
     }
 
     /// One session as `relay::run` opens it after an earlier one: the outcomes that
