@@ -115,3 +115,94 @@ fn the_dashboard_is_a_grafana_dashboard_with_a_query_in_every_panel() {
     ids.dedup();
     assert_eq!(ids.len(), panels.len(), "panel ids are unique");
 }
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(root().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// A shipped config: valid for outboxd (parsed and validated as `run` does, without
+/// reading its secret files), and as a plain table for the paths it names.
+fn shipped_config(path: &str) -> (outboxd::config::Config, toml::Table) {
+    let text = read(path);
+    let config = outboxd::config::Config::parse(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
+    config.validate().unwrap_or_else(|e| panic!("{path}: {e}"));
+    (config, text.parse().expect("TOML"))
+}
+
+fn string_at<'t>(table: &'t toml::Table, section: &str, key: &str) -> &'t str {
+    table[section][key]
+        .as_str()
+        .unwrap_or_else(|| panic!("{section}.{key}"))
+}
+
+/// The line of `text` that starts with `prefix`, without it.
+fn line_after<'t>(text: &'t str, prefix: &str) -> &'t str {
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix(prefix))
+        .unwrap_or_else(|| panic!("no line starting with {prefix}"))
+        .trim()
+}
+
+#[test]
+fn the_systemd_unit_runs_outboxd_with_the_config_and_credential_it_ships() {
+    let unit = read("deploy/systemd/outboxd.service");
+    let (config, table) = shipped_config("deploy/systemd/outboxd.toml");
+    assert_eq!(
+        line_after(&unit, "ExecStart="),
+        "/usr/local/bin/outboxd run --config /etc/outboxd/outboxd.toml"
+    );
+    // The password file is the credential the unit loads.
+    let password_file = string_at(&table, "source", "password_file");
+    let credential = password_file
+        .strip_prefix("/run/credentials/outboxd.service/")
+        .expect("a systemd credential");
+    assert!(
+        line_after(&unit, "LoadCredential=").starts_with(&format!("{credential}:")),
+        "LoadCredential names {credential}"
+    );
+    // systemd waits longer than outboxd drains before it kills.
+    let stop: u64 = line_after(&unit, "TimeoutStopSec=")
+        .trim_end_matches('s')
+        .parse()
+        .expect("seconds");
+    assert!(stop > config.delivery.shutdown_deadline.as_secs());
+    // A config error (exit 2, see src/main.rs) must not restart in a loop.
+    assert_eq!(line_after(&unit, "RestartPreventExitStatus="), "2");
+}
+
+#[test]
+fn the_kubernetes_manifests_probe_mount_and_run_what_the_config_says() {
+    let deployment = read("deploy/kubernetes/deployment.yaml");
+    let (config, table) = shipped_config("deploy/kubernetes/outboxd.toml");
+    assert!(read("deploy/kubernetes/kustomization.yaml").contains("- outboxd.toml"));
+    assert!(deployment.contains(r#"args: ["run", "--config", "/etc/outboxd/outboxd.toml"]"#));
+    assert!(deployment.contains("mountPath: /etc/outboxd/outboxd.toml"));
+    // Secrets are files under the Secret's mount.
+    let secrets = line_after(&deployment, "mountPath: /etc/outboxd/secrets");
+    assert!(secrets.is_empty(), "the secrets mount");
+    for (section, key) in [
+        ("source", "password_file"),
+        ("metrics", "bearer_token_file"),
+    ] {
+        assert!(
+            string_at(&table, section, key).starts_with("/etc/outboxd/secrets/"),
+            "{section}.{key} is read from the mounted Secret"
+        );
+    }
+    // The probes reach the endpoint: it listens beyond loopback, on the container port.
+    let metrics = config.metrics.as_ref().expect("[metrics]");
+    assert!(
+        metrics.listen.ip().is_unspecified(),
+        "reachable by the kubelet"
+    );
+    assert_eq!(
+        line_after(&deployment, "containerPort:"),
+        metrics.listen.port().to_string()
+    );
+    assert_eq!(deployment.matches("path: /healthz").count(), 2);
+    let grace: u64 = line_after(&deployment, "terminationGracePeriodSeconds:")
+        .parse()
+        .expect("seconds");
+    assert!(grace > config.delivery.shutdown_deadline.as_secs());
+    assert!(deployment.contains("replicas: 2"));
+}
