@@ -216,9 +216,11 @@ pub struct KafkaConfig {
     #[serde(default)]
     pub transactional_id: Option<String>,
     /// Exactly-once: the compacted topic where each Kafka transaction records the log
-    /// position it reaches (keyed by `transactional_id`); created when missing.
-    #[serde(default = "default_positions_topic")]
-    pub positions_topic: String,
+    /// position it reaches (keyed by `transactional_id`); created when missing. Default:
+    /// `outboxd-positions-<pipeline.name>`, one per pipeline, so that no other pipeline's
+    /// open transaction can hold back what a starting session reads.
+    #[serde(default)]
+    pub positions_topic: Option<String>,
 }
 
 impl KafkaConfig {
@@ -228,10 +230,13 @@ impl KafkaConfig {
             .clone()
             .unwrap_or_else(|| format!("outboxd-{pipeline}"))
     }
-}
 
-fn default_positions_topic() -> String {
-    "outboxd.positions".into()
+    /// The topic of committed positions under exactly-once.
+    pub fn positions_topic(&self, pipeline: &str) -> String {
+        self.positions_topic
+            .clone()
+            .unwrap_or_else(|| format!("outboxd-positions-{pipeline}"))
+    }
 }
 
 /// `[kafka.cloudevents]`: `ce_id` is the message id, `ce_type` the message type,
@@ -680,7 +685,11 @@ impl Config {
                     .into(),
             ));
         }
-        if self.kafka.positions_topic.trim().is_empty()
+        if self
+            .kafka
+            .positions_topic
+            .as_ref()
+            .is_some_and(|t| t.trim().is_empty())
             || self
                 .kafka
                 .transactional_id

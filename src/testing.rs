@@ -111,6 +111,11 @@ impl MemoryStore {
         lock(&self.state).unavailable = down;
     }
 
+    /// Replaces the checkpoint row, as `outboxd recover` (or a restore) does.
+    pub(crate) fn reset_checkpoint(&self, position: Option<Position>) {
+        lock(&self.state).checkpoint = position;
+    }
+
     pub(crate) fn checkpoint(&self) -> Option<Position> {
         lock(&self.state).checkpoint.clone()
     }

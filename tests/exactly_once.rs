@@ -20,14 +20,14 @@ use common::scenarios::assert_every_event_in_key_order;
 use common::{consume_all, create_topic_with, wait_for};
 use outboxd::config::KafkaConfig;
 use outboxd::sink::kafka::KafkaSink;
-use outboxd::sink::{FailureKind, Sink};
+use outboxd::sink::{CommittedPosition, FailureKind, Sink};
 use outboxd_connector::{OutboxEvent, Position};
 
 const EXACTLY_ONCE: &str = "\n[delivery]\nexactly_once = true\ntransaction_interval = \"50ms\"\n";
 
 async fn exactly_once_across_kill_9<E: Engine>() {
     const KEYS: u32 = 8;
-    const PER_KEY: u32 = 60;
+    const PER_KEY: u32 = 150;
     let p = Pipeline::<E>::new("eos", 3, EXACTLY_ONCE).await;
     p.init();
     let mut daemon = p.spawn_run("run-0.log");
@@ -39,14 +39,30 @@ async fn exactly_once_across_kill_9<E: Engine>() {
                     writer.commit(&[(format!("acct-{k}"), seq)], "eos").await;
                 }
                 // Pacing, so that the kills land while rows flow.
-                tokio::time::sleep(Duration::from_millis(40)).await;
+                tokio::time::sleep(Duration::from_millis(60)).await;
             }
         })
     };
     let total = i64::from(KEYS * PER_KEY);
-    // Killed at uneven moments while the writer writes: before a session starts, between
-    // a status write-back and its Kafka commit, with records in flight.
-    for (kill, after_ms) in [700, 450, 900, 300, 650].into_iter().enumerate() {
+    // Each instance is killed a little after it has written rows back (a few Kafka
+    // transactions have committed by then), at uneven moments: between a write-back and
+    // its commit, with records in flight, in the middle of a window.
+    let mut kills = 0;
+    for (kill, after_ms) in [250, 420, 160, 330].into_iter().enumerate() {
+        let before = p.success_count().await;
+        let progressed = wait_for(
+            "rows written back by this instance",
+            Duration::from_secs(60),
+            || async {
+                let now = p.success_count().await;
+                (now > before || now == total).then_some(now > before)
+            },
+        )
+        .await;
+        if !progressed {
+            break;
+        }
+        kills += 1;
         tokio::time::sleep(Duration::from_millis(after_ms)).await;
         daemon.kill9();
         daemon = p.spawn_run(&format!("run-{}.log", kill + 1));
@@ -61,14 +77,15 @@ async fn exactly_once_across_kill_9<E: Engine>() {
     let records = p.consume(total as usize, Duration::from_secs(90));
     let log = daemon.log_text();
     assert!(
-        log.contains("exactly-once: sending from the position"),
-        "the restarted relay starts from Kafka's committed position; log:\n{log}"
+        log.contains("exactly-once: sending from the position the last Kafka transaction"),
+        "the last instance starts from what the killed ones committed; log:\n{log}"
     );
+    assert!(kills >= 3, "only {kills} kills landed while rows flowed");
     let duplicates = assert_every_event_in_key_order(&records, KEYS as usize, PER_KEY);
     assert_eq!(
         duplicates,
         0,
-        "{} exactly-once across 5 kill -9s: {} records for {total} rows",
+        "{} exactly-once across {kills} kill -9s: {} records for {total} rows",
         E::NAME,
         records.len()
     );
@@ -123,14 +140,17 @@ async fn a_zombie_is_fenced_and_its_open_transaction_is_never_seen() {
         ssl_key_password_file: None,
         cloudevents: None,
         transactional_id: Some(format!("it-zombie-{suffix}")),
-        positions_topic: format!("it.positions_{suffix}"),
+        positions_topic: Some(format!("it.positions_{suffix}")),
     };
     let sink = || {
         KafkaSink::new(&config, "zombie", true, 64 << 20)
             .and_then(|s| s.transactional(&config))
             .expect("transactional sink")
     };
-    let position = |n: u128| Position::new(n, format!("lsn:0/{n:X}"));
+    let position = |n: u128| CommittedPosition {
+        position: Position::new(n, format!("lsn:0/{n:X}")),
+        checkpoint: Some(Position::new(n / 2, format!("lsn:0/{:X}", n / 2))),
+    };
 
     // The first instance commits one transaction, then sends into a second one.
     let old = sink();

@@ -74,7 +74,7 @@ async fn a_database_restart_mid_transaction_resends_only_what_kafka_did_not_ackn
     .await;
     let log = daemon.log_text();
     assert!(
-        log.contains("status write-back failed; draining"),
+        log.contains("the database failed under the session; draining"),
         "the restart hit a write-back (else the test proves nothing); log:\n{log}"
     );
     let records = p.consume(EVENTS, Duration::from_secs(120));

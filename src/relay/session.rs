@@ -27,7 +27,7 @@ use super::outcome::Outcome;
 use super::{PipelineError, PipelineSettings, PipelineStats, RetryLink};
 use crate::config::Ordering as KeyOrdering;
 use crate::reconnect::ReconnectBackoff;
-use crate::sink::{FailureKind, Sink, SinkResult};
+use crate::sink::{CommittedPosition, FailureKind, Sink, SinkResult};
 
 /// The shortest period between two looks at the keys the table holds back (see
 /// [`Session::refresh_blocked_keys`]): how soon an operator's `park` reaches a busy relay.
@@ -48,11 +48,11 @@ struct Completed {
 }
 
 /// Outcomes a session collected and could not write back, carried to the next session of
-/// the same process (see [`Session::write_unwritten`]).
+/// the same process (see [`Session::write_unwritten`]). Not delivery failures: see
+/// [`Session::take_unwritten`].
 #[derive(Debug, Default)]
 pub(super) struct Unwritten {
     delivered: Vec<Delivered>,
-    failed: Vec<DeliveryFailure>,
     parked: Vec<ParkedEvent>,
     rejected: Vec<ParkedEvent>,
 }
@@ -62,16 +62,12 @@ impl Unwritten {
     /// in leaves both).
     pub(super) fn merge(&mut self, later: Unwritten) {
         self.delivered.extend(later.delivered);
-        self.failed.extend(later.failed);
         self.parked.extend(later.parked);
         self.rejected.extend(later.rejected);
     }
 
     fn is_empty(&self) -> bool {
-        self.delivered.is_empty()
-            && self.failed.is_empty()
-            && self.parked.is_empty()
-            && self.rejected.is_empty()
+        self.delivered.is_empty() && self.parked.is_empty() && self.rejected.is_empty()
     }
 }
 
@@ -158,6 +154,14 @@ pub(super) struct Session<'a, O, S> {
     /// Exactly-once: the position the last committed Kafka transaction reached. The
     /// checkpoint row is written with it, never past it.
     kafka_committed: Option<Position>,
+    /// Exactly-once: what the checkpoint row holds (as this session last wrote or read
+    /// it); each commit records it, see [`CommittedPosition::checkpoint`].
+    checkpoint_written: Option<Position>,
+    /// Exactly-once: events and bytes of the source transaction whose parts are arriving.
+    /// A Kafka transaction must hold all of it, so reading goes on past the window's
+    /// bounds until it ends, as long as it alone stays within them.
+    open_events: usize,
+    open_bytes: usize,
     wake_worker: Arc<Notify>,
 }
 
@@ -198,6 +202,9 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             exactly_once: sink.transactional(),
             window_opened: None,
             kafka_committed: None,
+            checkpoint_written: None,
+            open_events: 0,
+            open_bytes: 0,
             wake_worker,
         }
     }
@@ -225,20 +232,49 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         if !self.exactly_once {
             return Ok(());
         }
-        let committed = self
+        let record = self
             .sink
             .committed_position()
             .await
             .map_err(|f| PipelineError::SinkFailed(f.error))?;
-        tracing::info!(
-            committed = %display_position(committed.as_ref()),
-            checkpoint = %display_position(self.written_through.as_ref()),
-            "exactly-once: sending from the position the last Kafka transaction committed"
-        );
-        if committed > self.written_through {
-            self.written_through.clone_from(&committed);
+        let checkpoint = self.written_through.clone();
+        self.checkpoint_written.clone_from(&checkpoint);
+        // The record belongs to this checkpoint row when the row shows what the record
+        // says it showed, or the record's own position (written by the next window).
+        let follows = record.as_ref().is_some_and(|r| {
+            r.checkpoint == checkpoint || Some(&r.position) == checkpoint.as_ref()
+        });
+        match record {
+            Some(r) if follows => {
+                tracing::info!(
+                    committed = %r.position,
+                    checkpoint = %display_position(checkpoint.as_ref()),
+                    "exactly-once: sending from the position the last Kafka transaction committed"
+                );
+                if checkpoint.as_ref() < Some(&r.position) {
+                    self.written_through = Some(r.position.clone());
+                }
+                self.kafka_committed = self.written_through.clone();
+            }
+            Some(r) => {
+                tracing::warn!(
+                    committed = %r.position,
+                    recorded_checkpoint = %display_position(r.checkpoint.as_ref()),
+                    checkpoint = %display_position(checkpoint.as_ref()),
+                    "exactly-once: the last Kafka transaction does not follow the checkpoint \
+                     row (another server, a restore, `outboxd recover`, or at-least-once runs \
+                     since); sending from the checkpoint, so rows past it may be seen twice"
+                );
+                self.kafka_committed = checkpoint;
+            }
+            None => {
+                tracing::info!(
+                    checkpoint = %display_position(checkpoint.as_ref()),
+                    "exactly-once: no Kafka transaction committed yet; sending from the checkpoint"
+                );
+                self.kafka_committed = checkpoint;
+            }
         }
-        self.kafka_committed = committed;
         Ok(())
     }
 
@@ -345,8 +381,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                 && self.fatal.is_none()
                 && self.write_error.is_none()
                 && !(self.exactly_once && self.window_due() && self.open_transaction.is_none())
-                && self.in_flight < self.settings.delivery.max_in_flight
-                && self.in_flight_bytes < self.settings.delivery.max_in_flight_bytes;
+                && self.within_bounds();
             let flush_at = self.batch_started.map_or(far_future, |t| {
                 t + self.settings.delivery.writeback_interval
             });
@@ -414,11 +449,14 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                             self.flush_or_drain(stream, &mut stopping_at).await;
                         }
                     }
-                    Ok(ChangeItem::Transaction(tx)) => {
+                    Ok(ChangeItem::Transaction(tx)) => 'item: {
                         backoff.reset();
                         self.stats.transactions.fetch_add(1, Ordering::Relaxed);
                         let CommittedTransaction { commit_position, commit_time, mut events } = tx;
-                        self.drop_delivered(&mut events).await?;
+                        if let Err(e) = self.drop_delivered(&mut events).await {
+                            self.stop_on_store_error(e.into(), &mut stopping_at);
+                            break 'item;
+                        }
                         let seq = match self.open_transaction.take() {
                             Some(seq) => {
                                 self.frontier.extend(seq, events.len(), Some(commit_position));
@@ -433,7 +471,11 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                                 self.flush_or_drain(stream, &mut stopping_at).await;
                             }
                         } else {
-                            self.before_sending(commit_time, deliveries.is_empty(), &mut last_progress).await?;
+                            let ready = self.before_sending(commit_time, deliveries.is_empty(), &mut last_progress).await;
+                            if let Err(e) = ready {
+                                self.stop_on_store_error(e.into(), &mut stopping_at);
+                                break 'item;
+                            }
                             self.send_events(seq, events, &mut deliveries).await;
                         }
                     }
@@ -444,10 +486,19 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                             "part of a transaction written back before a restart; not sent again"
                         );
                     }
-                    Ok(ChangeItem::Part(part)) => {
+                    Ok(ChangeItem::Part(part)) => 'item: {
                         backoff.reset();
                         let TransactionPart { commit_time, mut events, .. } = part;
-                        self.drop_delivered(&mut events).await?;
+                        if let Err(e) = self.drop_delivered(&mut events).await {
+                            self.stop_on_store_error(e.into(), &mut stopping_at);
+                            break 'item;
+                        }
+                        if self.open_transaction.is_none() {
+                            self.open_events = 0;
+                            self.open_bytes = 0;
+                        }
+                        self.open_events += events.len();
+                        self.open_bytes += events.iter().map(OutboxEvent::size).sum::<usize>();
                         let seq = match self.open_transaction {
                             Some(seq) => {
                                 self.frontier.extend(seq, events.len(), None);
@@ -463,7 +514,11 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                             }
                         };
                         if !events.is_empty() {
-                            self.before_sending(commit_time, deliveries.is_empty(), &mut last_progress).await?;
+                            let ready = self.before_sending(commit_time, deliveries.is_empty(), &mut last_progress).await;
+                            if let Err(e) = ready {
+                                self.stop_on_store_error(e.into(), &mut stopping_at);
+                                break 'item;
+                            }
                             self.send_events(seq, events, &mut deliveries).await;
                         }
                     }
@@ -498,7 +553,8 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             if self.exactly_once && deliveries.is_empty() {
                 if self.may_commit() && (self.window_due() || stopping_at.is_some()) {
                     self.flush_or_drain(stream, &mut stopping_at).await;
-                } else if self.open_transaction.is_some() && self.window_full() {
+                } else if self.open_transaction.is_some() && !self.within_bounds() {
+                    self.abort_uncommitted().await;
                     return Err(ConnectorError::definite(format!(
                         "exactly-once: a database transaction holds more than \
                          delivery.max_in_flight ({}) events or delivery.max_in_flight_bytes \
@@ -518,14 +574,20 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         }
 
         if let Some(error) = self.write_error.take() {
+            self.abort_uncommitted().await;
             return Err(error);
         }
         if !self.exactly_once {
             self.flush(stream).await?;
         } else if deliveries.is_empty() && self.may_commit() {
-            // Only a whole, acknowledged window is committed; otherwise the open Kafka
-            // transaction is left to be aborted and its rows are sent again.
-            self.flush(stream).await?;
+            if let Err(e) = self.flush(stream).await {
+                self.abort_uncommitted().await;
+                return Err(e);
+            }
+        } else {
+            // Only a whole, acknowledged window is committed; this one is aborted and its
+            // rows are sent again by the next session.
+            self.abort_uncommitted().await;
         }
         if let Some(error) = self.fatal.take() {
             return Err(PipelineError::SinkFailed(error));
@@ -549,16 +611,23 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             return;
         }
         if let Err(e) = self.flush(stream).await {
-            tracing::warn!(
-                error = %e,
-                in_flight = self.in_flight,
-                "status write-back failed; draining in-flight deliveries, whose outcomes \
-                 are written back once the database answers again"
-            );
-            stopping_at
-                .get_or_insert_with(|| Instant::now() + self.settings.delivery.shutdown_deadline);
-            self.write_error = Some(e);
+            self.stop_on_store_error(e, stopping_at);
         }
+    }
+
+    /// The database failed under the session (a write-back, or a lookup while reading):
+    /// it reads no more, drains what is in flight, and ends with `error`; the outcomes
+    /// collected meanwhile go to the next session ([`Self::take_unwritten`]).
+    fn stop_on_store_error(&mut self, error: PipelineError, stopping_at: &mut Option<Instant>) {
+        tracing::warn!(
+            %error,
+            in_flight = self.in_flight,
+            "the database failed under the session; draining in-flight deliveries, whose \
+             outcomes are written back once it answers again"
+        );
+        stopping_at
+            .get_or_insert_with(|| Instant::now() + self.settings.delivery.shutdown_deadline);
+        self.write_error.get_or_insert(error);
     }
 
     /// The outcomes this session collected and did not write back (it ended on an
@@ -569,9 +638,11 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             // sent again from the committed position, not written back.
             return Unwritten::default();
         }
+        // Failures are not carried: such a row's retry may already be due, and the claim
+        // worker could send it while the transaction read again sends it too. Left INIT,
+        // it is sent again once, by the relay.
         Unwritten {
             delivered: std::mem::take(&mut self.delivered),
-            failed: std::mem::take(&mut self.failed),
             parked: std::mem::take(&mut self.parked),
             rejected: std::mem::take(&mut self.rejected),
         }
@@ -591,7 +662,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         }
         let batch = WriteBack {
             delivered: &unwritten.delivered,
-            failed: &unwritten.failed,
+            failed: &[],
             parked: &unwritten.parked,
             rejected: &unwritten.rejected,
             checkpoint: None,
@@ -599,13 +670,20 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         write_back_with_retries(self.store, batch).await?;
         tracing::info!(
             delivered = unwritten.delivered.len(),
-            failed = unwritten.failed.len() + unwritten.rejected.len(),
+            rejected = unwritten.rejected.len(),
             parked = unwritten.parked.len(),
             "outcomes the previous session could not write back are written; those rows \
              are not sent again"
         );
         *unwritten = Unwritten::default();
         Ok(())
+    }
+
+    /// Exactly-once: the session ends without committing its window.
+    async fn abort_uncommitted(&self) {
+        if self.exactly_once {
+            self.sink.abort().await;
+        }
     }
 
     /// Exactly-once: the open Kafka transaction may be committed (nothing failed, no
@@ -623,6 +701,18 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         self.window_opened
             .is_some_and(|t| t.elapsed() >= self.settings.delivery.transaction_interval)
             || self.window_full()
+    }
+
+    /// Whether reading may go on. Exactly-once, inside a source transaction: as long as
+    /// that transaction alone is within the bounds (the window may hold up to twice them
+    /// then), since its Kafka transaction cannot be committed before its end.
+    fn within_bounds(&self) -> bool {
+        let d = &self.settings.delivery;
+        if self.exactly_once && self.open_transaction.is_some() {
+            self.open_events < d.max_in_flight && self.open_bytes < d.max_in_flight_bytes
+        } else {
+            self.in_flight < d.max_in_flight && self.in_flight_bytes < d.max_in_flight_bytes
+        }
     }
 
     fn window_full(&self) -> bool {
@@ -787,10 +877,16 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             checkpoint.clone()
         };
 
+        // Exactly-once writes the checkpoint row at every commit, rows or not: a commit
+        // records what the row shows (see `load_committed_position`).
+        let checkpoint_moves = self.exactly_once
+            && written_checkpoint.is_some()
+            && written_checkpoint != self.checkpoint_written;
         if !self.delivered.is_empty()
             || !self.failed.is_empty()
             || !self.parked.is_empty()
             || !self.rejected.is_empty()
+            || checkpoint_moves
         {
             let batch = WriteBack {
                 delivered: &self.delivered,
@@ -828,12 +924,24 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         }
         self.batch_started = None;
         if self.exactly_once {
-            if let Some(position) = &checkpoint {
+            if written_checkpoint.is_some() {
+                self.checkpoint_written.clone_from(&written_checkpoint);
+            }
+            // A window of transactions read again below the committed position sent
+            // nothing: its position must not replace a later one.
+            let advanced = checkpoint
+                .as_ref()
+                .filter(|p| Some(*p) > self.kafka_committed.as_ref());
+            if let Some(position) = advanced {
+                let committed = CommittedPosition {
+                    position: position.clone(),
+                    checkpoint: self.checkpoint_written.clone(),
+                };
                 self.sink
-                    .commit(position)
+                    .commit(&committed)
                     .await
                     .map_err(|f| PipelineError::SinkFailed(f.error))?;
-                self.kafka_committed = Some(position.clone());
+                self.kafka_committed = Some(committed.position);
             }
             self.window_opened = None;
         }

@@ -684,3 +684,105 @@ async fn exactly_once_stops_on_a_transaction_larger_than_the_in_flight_bounds() 
     assert!(error.contains("delivery.max_in_flight"), "{error}");
     assert!(h.sink.committed_ids().is_empty());
 }
+
+/// Exactly-once: transactions read again below the committed position (a crash between a
+/// commit and the next checkpoint write) send nothing and never move the committed
+/// position back; a checkpoint row reset since the last commit (`recover`, another
+/// server with lower positions) wins over the committed position, so nothing is skipped.
+#[tokio::test]
+async fn exactly_once_never_moves_the_committed_position_back_nor_skips_after_a_reset() {
+    let h = Harness::exactly_once();
+    let (mut link, _keys) = link();
+    h.store
+        .insert(&[(1, "A"), (2, "B"), (3, "C"), (4, "D"), (7, "E")]);
+
+    let (stop, shutdown) = watch::channel(false);
+    let (mut stream, log, _) = MemoryStream::new(Arc::clone(&h.store));
+    let driver = async {
+        log.commit(10, vec![event(1, "A")]);
+        log.commit(20, vec![event(2, "B")]);
+        log.commit(30, vec![event(3, "C")]);
+        wait_until("30 committed", || {
+            h.sink.last_committed_position() == Some(lsn(30))
+        })
+        .await;
+        stop.send_replace(true);
+    };
+    let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
+    result.unwrap();
+    // The checkpoint row lags the committed position by one transaction at most.
+    assert!(h.store.checkpoint() < Some(lsn(30)));
+    assert_eq!(
+        h.store.checkpoint(),
+        h.sink.last_committed_checkpoint(),
+        "each commit records what the checkpoint row shows"
+    );
+
+    // Read again from the checkpoint: 20 and 30 are below the committed position.
+    let (stop, shutdown) = watch::channel(false);
+    let (mut stream, log, _) = MemoryStream::new(Arc::clone(&h.store));
+    let driver = async {
+        log.commit(20, vec![event(2, "B")]);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(h.sink.last_committed_position(), Some(lsn(30)));
+        log.commit(30, vec![event(3, "C")]);
+        log.commit(40, vec![event(4, "D")]);
+        wait_until("40 committed", || {
+            h.sink.last_committed_position() == Some(lsn(40))
+        })
+        .await;
+        stop.send_replace(true);
+    };
+    let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
+    result.unwrap();
+    assert_eq!(h.sink.committed_ids(), [1, 2, 3, 4], "nothing sent twice");
+
+    // `recover` on a new server: its positions start low again.
+    h.store.reset_checkpoint(Some(lsn(5)));
+    let (stop, shutdown) = watch::channel(false);
+    let (mut stream, log, _) = MemoryStream::new(Arc::clone(&h.store));
+    let driver = async {
+        log.commit(7, vec![event(7, "E")]);
+        wait_until("7 committed", || h.sink.committed_ids().contains(&7)).await;
+        stop.send_replace(true);
+    };
+    let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
+    result.unwrap();
+    assert_eq!(h.store.status(7), "SUCCESS");
+}
+
+/// Exactly-once: a source transaction in parts that arrives when the window is almost
+/// full is read to its end (it alone fits the bounds) and committed whole; no error.
+#[tokio::test]
+async fn exactly_once_reads_a_transaction_to_its_end_past_a_full_window() {
+    let mut h = Harness::exactly_once();
+    h.settings.delivery.max_in_flight = 4;
+    h.settings.delivery.transaction_interval = Duration::from_secs(1);
+    let (mut link, _keys) = link();
+    let (stop, shutdown) = watch::channel(false);
+    h.store.insert(&[
+        (1, "A"),
+        (2, "B"),
+        (3, "C"),
+        (4, "D"),
+        (5, "E"),
+        (6, "F"),
+        (7, "G"),
+    ]);
+    let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
+    log.commit(10, vec![event(1, "A"), event(2, "B"), event(3, "C")]);
+    log.part(15, vec![event(4, "D"), event(5, "E")]);
+    log.part(15, vec![event(6, "F")]);
+    log.commit(20, vec![event(7, "G")]);
+    let driver = async {
+        wait_until("20 committed", || {
+            h.sink.last_committed_position() == Some(lsn(20))
+        })
+        .await;
+        stop.send_replace(true);
+    };
+    let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
+    result.unwrap();
+    assert_eq!(h.sink.committed_ids(), [1, 2, 3, 4, 5, 6, 7]);
+    assert_no_violations(&confirmed);
+}

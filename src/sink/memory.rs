@@ -12,7 +12,7 @@ use std::time::Duration;
 use outboxd_connector::{CheckLine, OutboxEvent, Position};
 use tokio::sync::oneshot;
 
-use crate::sink::{FailureKind, Receipt, Sink, SinkFailure, SinkResult};
+use crate::sink::{CommittedPosition, FailureKind, Receipt, Sink, SinkFailure, SinkResult};
 
 /// See the module doc.
 #[derive(Default)]
@@ -37,7 +37,7 @@ struct State {
     transactional: bool,
     uncommitted: Vec<i64>,
     committed: Vec<i64>,
-    committed_position: Option<Position>,
+    committed_position: Option<CommittedPosition>,
 }
 
 impl MemorySink {
@@ -62,7 +62,15 @@ impl MemorySink {
 
     /// The position the last commit recorded.
     pub(crate) fn last_committed_position(&self) -> Option<Position> {
-        self.state().committed_position.clone()
+        self.state().committed_position.clone().map(|c| c.position)
+    }
+
+    /// The checkpoint the last commit recorded.
+    pub(crate) fn last_committed_checkpoint(&self) -> Option<Position> {
+        self.state()
+            .committed_position
+            .clone()
+            .and_then(|c| c.checkpoint)
     }
 
     /// The record of row `id` fails with `kind`.
@@ -177,17 +185,17 @@ impl Sink for MemorySink {
         self.state().transactional
     }
 
-    async fn committed_position(&self) -> Result<Option<Position>, SinkFailure> {
+    async fn committed_position(&self) -> Result<Option<CommittedPosition>, SinkFailure> {
         let mut state = self.state();
         state.uncommitted.clear();
         Ok(state.committed_position.clone())
     }
 
-    async fn commit(&self, position: &Position) -> Result<(), SinkFailure> {
+    async fn commit(&self, committed: &CommittedPosition) -> Result<(), SinkFailure> {
         let mut state = self.state();
         let records = std::mem::take(&mut state.uncommitted);
         state.committed.extend(records);
-        state.committed_position = Some(position.clone());
+        state.committed_position = Some(committed.clone());
         Ok(())
     }
 

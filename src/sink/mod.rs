@@ -59,6 +59,17 @@ impl fmt::Display for SinkFailure {
     }
 }
 
+/// Exactly-once: what a committed transaction records besides its records.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommittedPosition {
+    /// The log position the transaction reached.
+    pub position: Position,
+    /// The checkpoint row's position when it was committed. A session accepts the
+    /// record only when the checkpoint row still shows this one or `position`: anything
+    /// else means the row was reset since (another server, a restore, `recover`).
+    pub checkpoint: Option<Position>,
+}
+
 /// The outcome of one delivery.
 pub type SinkResult = Result<Receipt, SinkFailure>;
 
@@ -145,15 +156,25 @@ pub trait Sink: Send + Sync {
     /// sink is not [`transactional`](Sink::transactional).
     fn committed_position(
         &self,
-    ) -> impl Future<Output = Result<Option<Position>, SinkFailure>> + Send {
+    ) -> impl Future<Output = Result<Option<CommittedPosition>, SinkFailure>> + Send {
         async { Ok(None) }
     }
 
     /// Exactly-once: commits every record sent since the last commit together with
-    /// `position`, atomically. A failure leaves nothing of it visible.
-    fn commit(&self, position: &Position) -> impl Future<Output = Result<(), SinkFailure>> + Send {
-        let _ = position;
+    /// `committed`, atomically. A failure leaves nothing of it visible.
+    fn commit(
+        &self,
+        committed: &CommittedPosition,
+    ) -> impl Future<Output = Result<(), SinkFailure>> + Send {
+        let _ = committed;
         async { Ok(()) }
+    }
+
+    /// Exactly-once: aborts the open transaction, if any (a session ends without
+    /// committing), so `read_committed` readers of its partitions do not wait for the
+    /// broker's transaction timeout.
+    fn abort(&self) -> impl Future<Output = ()> + Send {
+        async {}
     }
 
     /// After a [`FailureKind::Fatal`] failure, makes the sink usable again (for Kafka: a

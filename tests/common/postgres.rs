@@ -39,7 +39,7 @@ pub fn runtime_grants(
     checkpoint: &str,
 ) -> String {
     let quote = |name: &str| format!("\"{}\"", name.replace('"', "\"\""));
-    GRANTS_SQL
+    let grants = GRANTS_SQL
         .lines()
         .filter(|l| !l.starts_with('\\'))
         .collect::<Vec<_>>()
@@ -48,7 +48,8 @@ pub fn runtime_grants(
         .replace(":\"schema\"", &quote(schema))
         .replace(":\"outbox_table\"", &quote(outbox))
         .replace(":\"inbox_table\"", &quote(inbox))
-        .replace(":\"checkpoint_table\"", &quote(checkpoint))
+        .replace(":\"checkpoint_table\"", &quote(checkpoint));
+    serialized(&grants)
 }
 
 impl PgServices {
@@ -390,4 +391,10 @@ impl Writer for PgWriter {
             .await
             .expect("insert outbox row");
     }
+}
+
+/// Run as one transaction behind an advisory lock: PostgreSQL fails concurrent GRANTs on
+/// one object ("tuple concurrently updated"), and parallel tests all grant on the schema.
+fn serialized(sql: &str) -> String {
+    format!("BEGIN;\nSELECT pg_advisory_xact_lock(7424242);\n{sql}\nCOMMIT;")
 }

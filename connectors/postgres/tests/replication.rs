@@ -74,7 +74,7 @@ fn run_config() -> PostgresConfig {
 /// (in `public`) and `run_role`.
 fn runtime_grants(run_role: &str, outbox: &str, checkpoint: &str) -> String {
     let quote = |name: &str| format!("\"{}\"", name.replace('"', "\"\""));
-    include_str!("../../../schemas/postgres/grants.sql")
+    let grants = include_str!("../../../schemas/postgres/grants.sql")
         .lines()
         .filter(|l| !l.starts_with('\\') && !l.contains(":\"inbox_table\""))
         .collect::<Vec<_>>()
@@ -82,7 +82,8 @@ fn runtime_grants(run_role: &str, outbox: &str, checkpoint: &str) -> String {
         .replace(":\"run_role\"", &quote(run_role))
         .replace(":\"schema\"", "public")
         .replace(":\"outbox_table\"", &quote(outbox))
-        .replace(":\"checkpoint_table\"", &quote(checkpoint))
+        .replace(":\"checkpoint_table\"", &quote(checkpoint));
+    serialized(&grants)
 }
 
 /// A name no other test (or earlier run) uses.
@@ -709,4 +710,10 @@ async fn capture_pgoutput_fixtures() {
     sql.batch_execute("DROP PUBLICATION fixture_pub; DROP TABLE fixture_outbox;")
         .await
         .unwrap();
+}
+
+/// Run as one transaction behind an advisory lock: PostgreSQL fails concurrent GRANTs on
+/// one object ("tuple concurrently updated"), and parallel tests all grant on the schema.
+fn serialized(sql: &str) -> String {
+    format!("BEGIN;\nSELECT pg_advisory_xact_lock(7424242);\n{sql}\nCOMMIT;")
 }

@@ -53,6 +53,17 @@ impl KafkaDelivery {
         Self(State::Done(Some(classify(e))), None, Transactional::No)
     }
 
+    /// Refused before it was queued, inside a Kafka transaction: a refusal of this record
+    /// alone ([`FailureKind::Rejected`]) leaves the transaction usable; anything else (the
+    /// producer in a state that needs an abort, a full stop) is the sink's.
+    pub(super) fn failed_in_transaction(e: &KafkaError) -> Self {
+        let mut failure = classify(e);
+        if failure.kind != FailureKind::Rejected {
+            failure.kind = FailureKind::Fatal;
+        }
+        Self(State::Done(Some(failure)), None, Transactional::No)
+    }
+
     /// Decided before it was queued, with the sink to blame.
     pub(super) fn fatal(error: String) -> Self {
         let failure = SinkFailure {

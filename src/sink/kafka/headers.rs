@@ -183,7 +183,7 @@ mod tests {
             sasl_password_file: None,
             ssl_key_password_file: None,
             transactional_id: None,
-            positions_topic: "outboxd.positions".into(),
+            positions_topic: None,
             cloudevents,
         }
     }

@@ -17,13 +17,13 @@
 use std::sync::{PoisonError, RwLock};
 use std::time::Duration;
 
-use outboxd_connector::{CheckLine, OutboxEvent, Position};
+use outboxd_connector::{CheckLine, OutboxEvent};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 
 use crate::config::KafkaConfig;
-use crate::sink::{FailureKind, Sink, SinkFailure};
+use crate::sink::{CommittedPosition, FailureKind, Sink, SinkFailure};
 
 mod allowed;
 mod delivery;
@@ -187,6 +187,9 @@ impl Sink for KafkaSink {
                     record = returned;
                     tokio::time::sleep(Duration::from_millis(2)).await;
                 }
+                Err((e, _)) if self.transactions.is_some() => {
+                    return KafkaDelivery::failed_in_transaction(&e)
+                }
                 Err((e, _)) => return KafkaDelivery::failed(&e),
             }
         }
@@ -244,7 +247,7 @@ impl Sink for KafkaSink {
 
     /// A fresh transactional producer for each session that holds the log: its
     /// `init_transactions` fences an older instance and aborts what that one left open.
-    async fn committed_position(&self) -> Result<Option<Position>, SinkFailure> {
+    async fn committed_position(&self) -> Result<Option<CommittedPosition>, SinkFailure> {
         let Some(transactions) = &self.transactions else {
             return Ok(None);
         };
@@ -256,17 +259,23 @@ impl Sink for KafkaSink {
         transactions.start(producer).await.map_err(failure)
     }
 
-    async fn commit(&self, position: &Position) -> Result<(), SinkFailure> {
+    async fn commit(&self, committed: &CommittedPosition) -> Result<(), SinkFailure> {
         let Some(transactions) = &self.transactions else {
             return Ok(());
         };
         transactions
-            .commit(&self.producer(), position)
+            .commit(&self.producer(), committed)
             .await
             .map_err(|error| SinkFailure {
                 kind: FailureKind::Fatal,
                 error,
             })
+    }
+
+    async fn abort(&self) {
+        if let Some(transactions) = &self.transactions {
+            transactions.abort(&self.producer()).await;
+        }
     }
 
     /// Replaces the producer when librdkafka has declared it fatal (an idempotent
@@ -307,7 +316,7 @@ mod tests {
             sasl_password_file: None,
             ssl_key_password_file: None,
             transactional_id: None,
-            positions_topic: "outboxd.positions".into(),
+            positions_topic: None,
             cloudevents: None,
         };
         let sink = KafkaSink::new(&config, "p", false, 64 << 20).expect("producer");
@@ -339,7 +348,7 @@ mod tests {
                 sasl_password_file: None,
                 ssl_key_password_file: None,
                 transactional_id: None,
-                positions_topic: "outboxd.positions".into(),
+                positions_topic: None,
                 cloudevents: None,
             };
             if let Err(e) = KafkaSink::new(&config, "p", false, 64 << 20) {

@@ -36,6 +36,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::KafkaConfig;
+use crate::sink::CommittedPosition;
 
 /// How long one transactional call (init, commit) or the position read may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -69,7 +70,7 @@ impl Transactions {
         reader.set("bootstrap.servers", &config.bootstrap_servers);
         Self {
             id: config.transactional_id(pipeline),
-            topic: config.positions_topic.clone(),
+            topic: config.positions_topic(pipeline),
             reader,
             open: AtomicBool::new(false),
         }
@@ -90,7 +91,10 @@ impl Transactions {
 
     /// Starts `producer` as this pipeline's transactional producer (fencing any older
     /// one), makes sure the positions topic exists, and reads the last committed position.
-    pub(super) async fn start(&self, producer: FutureProducer) -> Result<Option<Position>, String> {
+    pub(super) async fn start(
+        &self,
+        producer: FutureProducer,
+    ) -> Result<Option<CommittedPosition>, String> {
         self.open.store(false, Ordering::SeqCst);
         let id = self.id.clone();
         tokio::task::spawn_blocking(move || producer.init_transactions(CALL_TIMEOUT))
@@ -124,14 +128,14 @@ impl Transactions {
         Ok(())
     }
 
-    /// Commits every record sent since the last commit, together with `position`.
+    /// Commits every record sent since the last commit, together with `committed`.
     pub(super) async fn commit(
         &self,
         producer: &FutureProducer,
-        position: &Position,
+        committed: &CommittedPosition,
     ) -> Result<(), String> {
         self.begin(producer)?;
-        let value = encode(position);
+        let value = encode(committed);
         let record = FutureRecord::to(&self.topic).key(&self.id).payload(&value);
         // Its acknowledgement is awaited by commit_transaction with every other record.
         let delivery = producer
@@ -161,6 +165,22 @@ impl Transactions {
         })
     }
 
+    /// Aborts the open transaction, if any, within a bound; errors are only logged (a
+    /// fresh producer's `init_transactions` aborts it too).
+    pub(super) async fn abort(&self, producer: &FutureProducer) {
+        if !self.open.swap(false, Ordering::SeqCst) {
+            return;
+        }
+        let aborting = producer.clone();
+        let result = tokio::task::spawn_blocking(move || {
+            aborting.abort_transaction(Duration::from_secs(10))
+        })
+        .await;
+        if let Ok(Err(e)) = result {
+            tracing::warn!(error = %e, "could not abort the open Kafka transaction; the broker aborts it after transaction.timeout.ms");
+        }
+    }
+
     /// Creates the compacted positions topic when it is missing.
     async fn ensure_topic(&self) -> Result<(), String> {
         let admin: AdminClient<DefaultClientContext> = self
@@ -168,8 +188,12 @@ impl Transactions {
             .create()
             .map_err(|e| format!("cannot create a Kafka admin client: {e}"))?;
         // -1: the broker's default replication factor.
+        // Compaction never touches the active segment, which every session start reads:
+        // roll it hourly so it stays small (about ten records a second per pipeline).
         let topic = NewTopic::new(&self.topic, 1, TopicReplication::Fixed(-1))
-            .set("cleanup.policy", "compact");
+            .set("cleanup.policy", "compact")
+            .set("segment.ms", "3600000")
+            .set("min.cleanable.dirty.ratio", "0.1");
         let options = AdminOptions::new().operation_timeout(Some(CALL_TIMEOUT));
         let results = admin
             .create_topics([&topic], &options)
@@ -196,7 +220,9 @@ struct PositionReader;
 
 impl ClientContext for PositionReader {
     fn error(&self, error: KafkaError, reason: &str) {
-        if !matches!(error, KafkaError::PartitionEOF(_)) {
+        let end = matches!(error, KafkaError::PartitionEOF(_))
+            || error.rdkafka_error_code() == Some(RDKafkaErrorCode::PartitionEOF);
+        if !end {
             tracing::warn!(%error, reason, "reading the Kafka positions topic");
         }
     }
@@ -204,15 +230,31 @@ impl ClientContext for PositionReader {
 
 impl ConsumerContext for PositionReader {}
 
-/// `<ordinal>\t<text>`: what [`Position`] needs to be rebuilt.
-fn encode(position: &Position) -> String {
-    format!("{}\t{}", position.ordinal(), position.as_str())
+/// JSON: `{"position": {"ordinal": "…", "text": "…"}, "checkpoint": … or null}` (the
+/// ordinal as a string: JSON numbers stop at 2^53; a position's text may hold anything).
+fn encode(committed: &CommittedPosition) -> String {
+    let position = |p: &Position| serde_json::json!({ "ordinal": p.ordinal().to_string(), "text": p.as_str() });
+    serde_json::json!({
+        "position": position(&committed.position),
+        "checkpoint": committed.checkpoint.as_ref().map(position),
+    })
+    .to_string()
 }
 
-fn decode(value: &[u8]) -> Option<Position> {
-    let text = std::str::from_utf8(value).ok()?;
-    let (ordinal, text) = text.split_once('\t')?;
-    Some(Position::new(ordinal.parse().ok()?, text))
+fn decode(value: &[u8]) -> Option<CommittedPosition> {
+    let json: serde_json::Value = serde_json::from_slice(value).ok()?;
+    let position = |v: &serde_json::Value| -> Option<Position> {
+        let ordinal = v.get("ordinal")?.as_str()?.parse().ok()?;
+        Some(Position::new(ordinal, v.get("text")?.as_str()?))
+    };
+    let checkpoint = match json.get("checkpoint")? {
+        serde_json::Value::Null => None,
+        v => Some(position(v)?),
+    };
+    Some(CommittedPosition {
+        position: position(json.get("position")?)?,
+        checkpoint,
+    })
 }
 
 /// The last position committed under `key`: every partition of `topic` read to its end
@@ -221,13 +263,21 @@ fn read_position(
     reader: &ClientConfig,
     topic: &str,
     key: &str,
-) -> Result<Option<Position>, String> {
+) -> Result<Option<CommittedPosition>, String> {
     let consumer: BaseConsumer<PositionReader> = reader
         .clone()
         .set("group.id", format!("{key}.position-reader"))
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "true")
+        .create_with_context(PositionReader)
+        .map_err(|e| format!("cannot create a Kafka consumer: {e}"))?;
+    // The high watermark as a read_uncommitted client sees it: a read_committed one is
+    // told the last stable offset instead, which an open transaction holds back.
+    let probe: BaseConsumer<PositionReader> = reader
+        .clone()
+        .set("group.id", format!("{key}.position-reader"))
+        .set("isolation.level", "read_uncommitted")
         .create_with_context(PositionReader)
         .map_err(|e| format!("cannot create a Kafka consumer: {e}"))?;
     let metadata = consumer
@@ -249,9 +299,9 @@ fn read_position(
     }
     consumer.assign(&assignment).map_err(|e| e.to_string())?;
     let deadline = Instant::now() + CALL_TIMEOUT;
-    let mut at_end = 0;
-    let mut last: Option<(i64, Position)> = None;
-    while at_end < partitions {
+    let mut at_end = std::collections::HashSet::new();
+    let mut last: Option<(i64, CommittedPosition)> = None;
+    while at_end.len() < partitions {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(format!(
@@ -277,12 +327,34 @@ fn read_position(
                 }
             }
             Some(Ok(_)) => {}
-            Some(Err(KafkaError::PartitionEOF(_))) => at_end += 1,
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                // read_committed stops at the last stable offset: a transaction still
+                // open on this partition (another pipeline's, when the topic is shared)
+                // hides what follows it. The end counts once the stable offset is the
+                // high watermark; until then, keep reading.
+                let (low, high) = probe
+                    .fetch_watermarks(topic, p, Duration::from_secs(5))
+                    .map_err(|e| format!("reading the watermarks of {topic}/{p}: {e}"))?;
+                // Nothing fetched yet (an empty partition): the position is not an offset.
+                let stable = match consumer
+                    .position()
+                    .ok()
+                    .and_then(|list| list.find_partition(topic, p).map(|tp| tp.offset()))
+                {
+                    Some(Offset::Offset(n)) => n,
+                    _ => low,
+                };
+                if stable >= high {
+                    at_end.insert(p);
+                } else {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
             Some(Err(e)) => return Err(format!("reading the positions topic {topic}: {e}")),
             None => {}
         }
     }
-    Ok(last.map(|(_, position)| position))
+    Ok(last.map(|(_, committed)| committed))
 }
 
 #[cfg(test)]
@@ -291,10 +363,23 @@ mod tests {
 
     #[test]
     fn a_position_survives_its_record() {
-        let position = Position::new(u128::from(u64::MAX) + 7, "binlog:b.000001:4\tgtid");
-        assert_eq!(decode(encode(&position).as_bytes()), Some(position));
+        let position = Position::new(u128::from(u64::MAX) + 7, "binlog:b.000001:4\ngtid\t\"x\"");
+        for checkpoint in [None, Some(Position::new(3, "lsn:0/3"))] {
+            let committed = CommittedPosition {
+                position: position.clone(),
+                checkpoint,
+            };
+            assert_eq!(decode(encode(&committed).as_bytes()), Some(committed));
+        }
         assert_eq!(decode(b"not a position"), None);
-        assert_eq!(decode(b"x\tlsn:0/1"), None);
+        assert_eq!(
+            decode(br#"{"position":{"ordinal":"x","text":"lsn:0/1"},"checkpoint":null}"#),
+            None
+        );
+        assert_eq!(
+            decode(br#"{"position":{"ordinal":"1","text":"lsn:0/1"}}"#),
+            None
+        );
         assert_eq!(decode(&[0xff, 0xfe]), None);
     }
 }

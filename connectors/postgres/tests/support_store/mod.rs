@@ -113,7 +113,7 @@ const GRANTS_SQL: &str = include_str!("../../../../schemas/postgres/grants.sql")
 /// psql would run it.
 pub fn runtime_grants(run_role: &str, schema: &str) -> String {
     let quote = |name: &str| format!("\"{}\"", name.replace('"', "\"\""));
-    GRANTS_SQL
+    let grants = GRANTS_SQL
         .lines()
         .filter(|l| !l.starts_with('\\'))
         .collect::<Vec<_>>()
@@ -122,7 +122,8 @@ pub fn runtime_grants(run_role: &str, schema: &str) -> String {
         .replace(":\"schema\"", &quote(schema))
         .replace(":\"outbox_table\"", "outbox")
         .replace(":\"inbox_table\"", "inbox")
-        .replace(":\"checkpoint_table\"", "outboxd_checkpoint")
+        .replace(":\"checkpoint_table\"", "outboxd_checkpoint");
+    serialized(&grants)
 }
 
 /// One test's schema (holding outbox, inbox and checkpoint tables), publication and slot.
@@ -341,4 +342,10 @@ pub async fn drop_slot(client: &tokio_postgres::Client, slot: &str) {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Run as one transaction behind an advisory lock: PostgreSQL fails concurrent GRANTs on
+/// one object ("tuple concurrently updated"), and parallel tests all grant on the schema.
+fn serialized(sql: &str) -> String {
+    format!("BEGIN;\nSELECT pg_advisory_xact_lock(7424242);\n{sql}\nCOMMIT;")
 }
