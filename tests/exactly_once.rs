@@ -202,3 +202,39 @@ fn rand_suffix() -> u32 {
         .map_or(0, |d| d.subsec_nanos())
         % 1_000_000
 }
+
+/// `outboxd check` under exactly-once names the transactional id and the positions topic,
+/// and warns with the fix when that topic is not compacted (it is read whole at every
+/// session start).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_names_the_positions_topic_and_warns_when_it_is_not_compacted() {
+    let topic = format!("it.positions_plain_{}", rand_suffix());
+    let extra = format!("positions_topic = \"{topic}\"{EXACTLY_ONCE}");
+    let p = Pipeline::<PgServices>::new("eoscheck", 1, &extra).await;
+    p.init();
+    let check = |p: &Pipeline<PgServices>| {
+        let out = p.outboxd(&["check"]);
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    let before = check(&p);
+    let line = before
+        .lines()
+        .find(|l| l.contains("exactly-once"))
+        .unwrap_or_else(|| panic!("an exactly-once line in:\n{before}"));
+    assert!(line.contains(&format!("outboxd-{}", p.name)), "{line}");
+    assert!(line.contains("created at the first run"), "{line}");
+
+    create_topic_with(&kafka(), &topic, 1, &[("cleanup.policy", "delete")]).await;
+    let after = check(&p);
+    let line = after
+        .lines()
+        .find(|l| l.contains("exactly-once"))
+        .unwrap_or_else(|| panic!("an exactly-once line in:\n{after}"));
+    assert!(line.contains("cleanup.policy=delete"), "{line}");
+    assert!(after.contains("set cleanup.policy=compact"), "{after}");
+    p.cleanup().await;
+}

@@ -190,6 +190,12 @@ async fn check<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i
         Ok(sink) => {
             report.push(sink.check(Duration::from_secs(5)).await);
             report.push(crate::sink::kafka::security_line(&config.kafka.options));
+            if config.delivery.exactly_once {
+                report.push(
+                    crate::sink::kafka::exactly_once_line(&config.kafka, &config.pipeline.name)
+                        .await,
+                );
+            }
         }
         Err(e) => report.push(CheckLine::fail(
             "kafka",
@@ -248,11 +254,13 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
         }
         None => None,
     };
+    let relay_sink = relay_sink.map(Arc::new);
     let health = observability::Health::new(
         Arc::clone(&stats),
         Arc::clone(&shared_sink),
         connector.clone(),
-    );
+    )
+    .with_relay_sink(relay_sink.clone());
     let inbox_shutdown = shutdown.clone();
     let outbox = async {
         if !config.outbox.relay {
@@ -289,7 +297,7 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
                     stop_on_error(
                         relay::run(
                             connector,
-                            relay_sink.as_ref().unwrap_or(sink),
+                            relay_sink.as_deref().unwrap_or(sink),
                             &settings,
                             &stats,
                             &mut link,

@@ -35,6 +35,9 @@ type StatusResult = Arc<Result<StatusSummary, String>>;
 pub(crate) struct Health<C: Connector, S: Sink> {
     stats: Arc<PipelineStats>,
     sink: Arc<S>,
+    /// Exactly-once: the log relay's own (transactional) producer, counted in the
+    /// producer queue beside the shared one.
+    relay_sink: Option<Arc<S>>,
     connector: C,
     /// The SQL connection for status queries, opened on the first scrape, dropped after
     /// an error.
@@ -52,6 +55,7 @@ impl<C: Connector, S: Sink> Health<C, S> {
         Self {
             stats,
             sink,
+            relay_sink: None,
             connector,
             store: Mutex::new(None),
             status: TtlCache::new(STATUS_CACHE),
@@ -59,6 +63,12 @@ impl<C: Connector, S: Sink> Health<C, S> {
             inbox_status: TtlCache::new(STATUS_CACHE),
             kafka: TtlCache::new(KAFKA_CHECK),
         }
+    }
+
+    /// Counts the log relay's own producer too (exactly-once).
+    pub(crate) fn with_relay_sink(mut self, relay_sink: Option<Arc<S>>) -> Self {
+        self.relay_sink = relay_sink;
+        self
     }
 
     /// `/readyz`: the reason text, `Ok` when the source streams and Kafka is reachable.
@@ -76,7 +86,8 @@ impl<C: Connector, S: Sink> Health<C, S> {
             None => None,
         };
         let inputs = ScrapeInputs {
-            producer_queue: self.sink.queue_depth(),
+            producer_queue: self.sink.queue_depth()
+                + self.relay_sink.as_ref().map_or(0, |s| s.queue_depth()),
             status: status.as_ref().as_ref().ok(),
             status_ok: Some(status.is_ok()),
             inbox_status: inbox_status.as_ref().and_then(|s| s.as_ref().as_ref().ok()),

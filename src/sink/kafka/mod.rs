@@ -36,6 +36,7 @@ pub use allowed::AllowedTopics;
 pub use delivery::KafkaDelivery;
 pub(crate) use options::{security_line, validate_options};
 pub use topic::TopicTemplate;
+pub(crate) use transaction::check_line as exactly_once_line;
 
 use headers::RecordHeaders;
 use options::SAFE_DEFAULTS;

@@ -25,8 +25,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use outboxd_connector::CheckLine;
 use outboxd_connector::Position;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
@@ -211,6 +212,76 @@ impl Transactions {
             }
         }
         Ok(())
+    }
+}
+
+/// `outboxd check` under exactly-once: the transactional id and the positions topic, which
+/// must be compacted (it is read from its start at every session start). Looks only: a
+/// check must not fence the running instance, so no `init_transactions`.
+pub(crate) async fn check_line(config: &KafkaConfig, pipeline: &str) -> CheckLine {
+    let transactions = Transactions::new(config, pipeline);
+    let topic = transactions.topic.as_str();
+    let id = transactions.id.as_str();
+    let admin: AdminClient<DefaultClientContext> = match transactions.reader.create() {
+        Ok(admin) => admin,
+        Err(e) => {
+            return CheckLine::fail(
+                "exactly-once",
+                format!("no admin client: {e}"),
+                "fix [kafka]",
+            )
+        }
+    };
+    let options = AdminOptions::new().request_timeout(Some(Duration::from_secs(5)));
+    let described = admin
+        .describe_configs([&ResourceSpecifier::Topic(topic)], &options)
+        .await;
+    let missing = CheckLine::ok(
+        "exactly-once",
+        format!(
+            "Kafka transactions as `{id}`; the positions topic {topic} is created at the first \
+             run (or create it with cleanup.policy=compact); consumers must read with \
+             isolation.level=read_committed"
+        ),
+    );
+    let policy = match described.as_deref() {
+        // A topic that does not exist has no configuration (brokers answer either way).
+        Ok([Ok(resource)]) if resource.entries.is_empty() => return missing,
+        Ok([Err(RDKafkaErrorCode::UnknownTopicOrPartition)]) => return missing,
+        Ok([Ok(resource)]) => resource.get("cleanup.policy").and_then(|e| e.value.clone()),
+        Ok(other) => {
+            return CheckLine::fail(
+                "exactly-once",
+                format!("cannot describe the positions topic {topic}: {other:?}"),
+                "check that the brokers are reachable and that outboxd may DESCRIBE_CONFIGS it",
+            )
+        }
+        Err(e) => {
+            return CheckLine::fail(
+                "exactly-once",
+                format!("cannot describe the positions topic {topic}: {e}"),
+                "check that the brokers are reachable and that outboxd may DESCRIBE_CONFIGS it",
+            )
+        }
+    };
+    if policy.as_deref().is_some_and(|p| p.contains("compact")) {
+        CheckLine::ok(
+            "exactly-once",
+            format!(
+                "Kafka transactions as `{id}`, positions in {topic} (compacted); consumers \
+                 must read with isolation.level=read_committed"
+            ),
+        )
+    } else {
+        CheckLine::warn(
+            "exactly-once",
+            format!(
+                "the positions topic {topic} has cleanup.policy={}: it grows without end and \
+                 every session start reads it whole",
+                policy.as_deref().unwrap_or("unknown")
+            ),
+            "set cleanup.policy=compact on it, or name a compacted topic in kafka.positions_topic",
+        )
     }
 }
 
