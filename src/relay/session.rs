@@ -74,24 +74,39 @@ impl Unwritten {
 /// Records handed to the sink whose outcome is not yet known.
 type Deliveries = FuturesUnordered<BoxFuture<'static, Completed>>;
 
-async fn track<D: Future<Output = SinkResult>>(
+/// Waits for one record's outcome. Keeps only what the outcome needs from the event: the
+/// payload, key and headers are dropped here, before the wait, since the sink has them
+/// (librdkafka copies a record when it is produced), so a record in flight is not held
+/// twice. A plain function around an `async` block: an `async fn` would keep the whole
+/// event in its state until it returns.
+fn track<D: Future<Output = SinkResult>>(
     seq: u64,
     size: usize,
     event: OutboxEvent,
     topic: String,
     delivery: D,
-) -> Completed {
-    let result = delivery.await;
-    Completed {
-        topic,
-        commit_time: event.commit_time,
-        seq,
-        size,
-        id: event.id,
-        retry_count: event.retry_count,
-        message_id: event.message_id,
-        biz_key: event.biz_key,
-        result,
+) -> impl Future<Output = Completed> {
+    let OutboxEvent {
+        id,
+        retry_count,
+        message_id,
+        biz_key,
+        commit_time,
+        ..
+    } = event;
+    async move {
+        let result = delivery.await;
+        Completed {
+            topic,
+            commit_time,
+            seq,
+            size,
+            id,
+            retry_count,
+            message_id,
+            biz_key,
+            result,
+        }
     }
 }
 
