@@ -63,6 +63,8 @@ struct StoreState {
     claims: u64,
     /// Every write-back fails as on a database that is restarting.
     unavailable: bool,
+    /// Write-backs refused while unavailable.
+    refused: usize,
 }
 
 /// An outbox table and checkpoint row in memory, with the write-back rules of the
@@ -111,6 +113,11 @@ impl MemoryStore {
         lock(&self.state).unavailable = down;
     }
 
+    /// How many write-backs were refused while unavailable.
+    pub(crate) fn refused_write_backs(&self) -> usize {
+        lock(&self.state).refused
+    }
+
     /// Replaces the checkpoint row, as `outboxd recover` (or a restore) does.
     pub(crate) fn reset_checkpoint(&self, position: Option<Position>) {
         lock(&self.state).checkpoint = position;
@@ -125,6 +132,7 @@ impl OutboxStore for MemoryStore {
     async fn write_back(&self, batch: WriteBack<'_>) -> Result<(), ConnectorError> {
         let mut state = lock(&self.state);
         if state.unavailable {
+            state.refused += 1;
             return Err(ConnectorError::transient(
                 "the database system is shutting down",
             ));

@@ -554,7 +554,7 @@ async fn outcomes_a_failed_write_back_held_are_written_by_the_next_session_not_r
         assert!(h.sink.complete(1));
         assert!(h.sink.complete(2));
         // Row 3 is still in flight when the write-back fails; the session drains it.
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        wait_until("a write-back refused", || h.store.refused_write_backs() > 0).await;
         assert!(h.sink.complete(3));
     };
     let (result, ()) = tokio::join!(
@@ -622,6 +622,8 @@ async fn exactly_once_commits_whole_transactions_and_resends_past_the_committed_
         // open.
         log.part(25, vec![event(4, "D"), event(5, "E")]);
         wait_until("4 and 5 sent", || h.sink.sent_ids().len() == 5).await;
+        // A negative: nothing is committed for five transaction intervals. No state to
+        // wait on says "would have committed by now"; time passing is the condition.
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(h.sink.committed_ids(), [1, 2, 3]);
         stop.send_replace(true);
@@ -723,8 +725,6 @@ async fn exactly_once_never_moves_the_committed_position_back_nor_skips_after_a_
     let (mut stream, log, _) = MemoryStream::new(Arc::clone(&h.store));
     let driver = async {
         log.commit(20, vec![event(2, "B")]);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert_eq!(h.sink.last_committed_position(), Some(lsn(30)));
         log.commit(30, vec![event(3, "C")]);
         log.commit(40, vec![event(4, "D")]);
         wait_until("40 committed", || {
@@ -735,6 +735,11 @@ async fn exactly_once_never_moves_the_committed_position_back_nor_skips_after_a_
     };
     let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
     result.unwrap();
+    let positions = h.sink.commit_positions();
+    assert!(
+        positions.windows(2).all(|w| w[0] < w[1]),
+        "the committed position never moves back: {positions:?}"
+    );
     assert_eq!(h.sink.committed_ids(), [1, 2, 3, 4], "nothing sent twice");
 
     // `recover` on a new server: its positions start low again.

@@ -38,6 +38,8 @@ struct State {
     uncommitted: Vec<i64>,
     committed: Vec<i64>,
     committed_position: Option<CommittedPosition>,
+    /// Every commit's position, in order.
+    commits: Vec<Position>,
 }
 
 impl MemorySink {
@@ -63,6 +65,11 @@ impl MemorySink {
     /// The position the last commit recorded.
     pub(crate) fn last_committed_position(&self) -> Option<Position> {
         self.state().committed_position.clone().map(|c| c.position)
+    }
+
+    /// The position of every commit, in order.
+    pub(crate) fn commit_positions(&self) -> Vec<Position> {
+        self.state().commits.clone()
     }
 
     /// The checkpoint the last commit recorded.
@@ -195,6 +202,7 @@ impl Sink for MemorySink {
         let mut state = self.state();
         let records = std::mem::take(&mut state.uncommitted);
         state.committed.extend(records);
+        state.commits.push(committed.position.clone());
         state.committed_position = Some(committed.clone());
         Ok(())
     }

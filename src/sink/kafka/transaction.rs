@@ -52,6 +52,9 @@ pub(super) struct Transactions {
     reader: ClientConfig,
     /// A Kafka transaction is open on the current producer.
     open: AtomicBool,
+    /// The positions topic is known to exist: created or found once, not at every
+    /// session start.
+    topic_ready: AtomicBool,
 }
 
 impl Transactions {
@@ -74,6 +77,7 @@ impl Transactions {
             topic: config.positions_topic(pipeline),
             reader,
             open: AtomicBool::new(false),
+            topic_ready: AtomicBool::new(false),
         }
     }
 
@@ -109,7 +113,10 @@ impl Transactions {
                      with ACLs, WRITE and DESCRIBE on the transactional id"
                 )
             })?;
-        self.ensure_topic().await?;
+        if !self.topic_ready.load(Ordering::SeqCst) {
+            self.ensure_topic().await?;
+            self.topic_ready.store(true, Ordering::SeqCst);
+        }
         let reader = self.reader.clone();
         let (topic, key) = (self.topic.clone(), self.id.clone());
         tokio::task::spawn_blocking(move || read_position(&reader, &topic, &key))
