@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use outboxd_connector::{OutboxLayout, Secret, SecretError};
+use outboxd_connector::{ColumnNames, OutboxLayout, RowLifecycle, Secret, SecretError};
 use outboxd_connector_kit::config::check_duration;
 use serde::Deserialize;
 
@@ -146,11 +146,20 @@ pub struct OutboxConfig {
     pub inbox_table: String,
     /// Checkpoint table, optionally schema-qualified.
     pub checkpoint_table: String,
-    /// Column whose value is the Kafka record key.
-    pub key_column: String,
+    /// Column whose value is the Kafka record key; the layout's business key column
+    /// (`biz_key`, Debezium's `aggregateid`) unless set.
+    pub key_column: Option<String>,
     /// Whether `outboxd run` relays the outbox. `false` for a process that only runs the
     /// inbox (`[inbox]`) on this database.
     pub relay: bool,
+    /// Whose column names the outbox has: outboxd's own (`schemas/*/outbox.sql`) or
+    /// Debezium's outbox table.
+    pub layout: TableLayout,
+    /// Whether rows stay and carry their status (`kept`), or the application deletes
+    /// them (`deleted`); by default `kept` for outboxd's layout, `deleted` for Debezium's.
+    pub rows: Option<RowsConfig>,
+    /// `[outbox.columns]`: column names that differ from the layout's.
+    pub columns: ColumnsConfig,
 }
 
 impl Default for OutboxConfig {
@@ -160,21 +169,192 @@ impl Default for OutboxConfig {
             table: layout.outbox_table,
             inbox_table: layout.inbox_table,
             checkpoint_table: layout.checkpoint_table,
-            key_column: layout.key_column,
+            key_column: None,
             relay: true,
+            layout: TableLayout::Outboxd,
+            rows: None,
+            columns: ColumnsConfig::default(),
         }
     }
 }
 
+/// `outbox.layout`
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum TableLayout {
+    /// `schemas/*/outbox.sql`.
+    #[default]
+    Outboxd,
+    /// Debezium's outbox table: `id` (uuid), `aggregatetype`, `aggregateid`, `type`,
+    /// `payload`, `tracingspancontext`.
+    Debezium,
+}
+
+/// `outbox.rows`
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum RowsConfig {
+    /// Rows stay, outboxd writes their status.
+    Kept,
+    /// The application deletes rows; outboxd reads them from the log only.
+    Deleted,
+}
+
+/// `[outbox.columns]`: each key overrides one column name of the layout (`rows =
+/// "deleted"` only: with kept rows the table is outboxd's own).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ColumnsConfig {
+    /// An integer primary key; `""` for none.
+    pub id: Option<String>,
+    pub message_id: Option<String>,
+    pub message_type: Option<String>,
+    pub biz_key: Option<String>,
+    /// A per-row topic; `""` for none.
+    pub topic: Option<String>,
+    pub payload: Option<String>,
+    /// A JSON object of headers; `""` for none.
+    pub headers: Option<String>,
+    /// `""` for none.
+    pub created_at: Option<String>,
+    /// The `{routing}` of `kafka.topic_template`.
+    pub routing: Option<String>,
+    /// W3C trace context (a `traceparent`, or `traceparent=…` lines).
+    pub trace: Option<String>,
+    /// Further columns sent as headers named after them.
+    pub header_columns: Option<Vec<String>>,
+}
+
+impl ColumnsConfig {
+    fn is_empty(&self) -> bool {
+        let ColumnsConfig {
+            id,
+            message_id,
+            message_type,
+            biz_key,
+            topic,
+            payload,
+            headers,
+            created_at,
+            routing,
+            trace,
+            header_columns,
+        } = self;
+        [
+            id,
+            message_id,
+            message_type,
+            biz_key,
+            topic,
+            payload,
+            headers,
+            created_at,
+            routing,
+            trace,
+        ]
+        .iter()
+        .all(|c| c.is_none())
+            && header_columns.is_none()
+    }
+
+    /// `base` with these overrides; `""` means "the table has none".
+    fn apply(&self, mut base: ColumnNames) -> ColumnNames {
+        let optional = |value: &Option<String>, base: &mut Option<String>| {
+            if let Some(value) = value {
+                *base = (!value.is_empty()).then(|| value.clone());
+            }
+        };
+        let required = |value: &Option<String>, base: &mut String| {
+            if let Some(value) = value {
+                *base = value.clone();
+            }
+        };
+        optional(&self.id, &mut base.id);
+        required(&self.message_id, &mut base.message_id);
+        required(&self.message_type, &mut base.message_type);
+        required(&self.biz_key, &mut base.biz_key);
+        optional(&self.topic, &mut base.topic);
+        required(&self.payload, &mut base.payload);
+        optional(&self.headers, &mut base.headers);
+        optional(&self.created_at, &mut base.created_at);
+        optional(&self.routing, &mut base.routing);
+        optional(&self.trace, &mut base.trace);
+        if let Some(columns) = &self.header_columns {
+            base.header_columns = columns.clone();
+        }
+        base
+    }
+}
+
 impl OutboxConfig {
+    /// `kept` or `deleted`, the layout's default when not set.
+    pub fn rows(&self) -> RowLifecycle {
+        match (self.rows, self.layout) {
+            (Some(RowsConfig::Kept), _) | (None, TableLayout::Outboxd) => RowLifecycle::Kept,
+            (Some(RowsConfig::Deleted), _) | (None, TableLayout::Debezium) => RowLifecycle::Deleted,
+        }
+    }
+
     /// The layout handed to connectors.
     pub fn layout(&self) -> OutboxLayout {
+        let base = match self.layout {
+            TableLayout::Outboxd => ColumnNames::default(),
+            TableLayout::Debezium => ColumnNames::debezium(),
+        };
+        let columns = self.columns.apply(base);
         OutboxLayout {
             outbox_table: self.table.clone(),
             inbox_table: self.inbox_table.clone(),
             checkpoint_table: self.checkpoint_table.clone(),
-            key_column: self.key_column.clone(),
+            key_column: self
+                .key_column
+                .clone()
+                .unwrap_or_else(|| columns.biz_key.clone()),
+            rows: self.rows(),
+            columns,
         }
+    }
+
+    /// The combinations that cannot work, with what to change.
+    fn validate(&self, mode: SourceMode) -> Result<(), String> {
+        let deleted = self.rows() == RowLifecycle::Deleted;
+        if !deleted && !self.columns.is_empty() {
+            return Err(
+                "[outbox.columns] renames columns only with outbox.rows = \"deleted\": \
+                        rows that outboxd keeps and writes back have the columns of \
+                        schemas/*/outbox.sql (outbox.key_column may still name the key)"
+                    .into(),
+            );
+        }
+        if !deleted && self.layout == TableLayout::Debezium {
+            return Err(
+                "outbox.layout = \"debezium\" needs outbox.rows = \"deleted\": \
+                        Debezium's table has no status columns for outboxd to write back"
+                    .into(),
+            );
+        }
+        if deleted && mode == SourceMode::Poll {
+            return Err(
+                "outbox.rows = \"deleted\" needs source.mode = \"log\": deleted rows \
+                        are only in the log, there is nothing to poll"
+                    .into(),
+            );
+        }
+        let names = self.layout().columns;
+        for (key, name) in [
+            ("message_id", &names.message_id),
+            ("message_type", &names.message_type),
+            ("biz_key", &names.biz_key),
+            ("payload", &names.payload),
+        ] {
+            if name.trim().is_empty() {
+                return Err(format!("outbox.columns.{key} must name a column"));
+            }
+        }
+        if names.header_columns.iter().any(|c| c.trim().is_empty()) {
+            return Err("outbox.columns.header_columns must not hold an empty name".into());
+        }
+        Ok(())
     }
 }
 
@@ -318,6 +498,9 @@ impl std::fmt::Debug for KafkaConfig {
             .finish_non_exhaustive()
     }
 }
+
+/// The topic template of `outbox.layout = "debezium"`: Debezium's Event Router default.
+pub const DEBEZIUM_TOPIC_TEMPLATE: &str = "outbox.event.{routing}";
 
 fn default_topic_template() -> String {
     "outbox.{message_type}".into()
@@ -501,10 +684,23 @@ impl Config {
     /// Parses TOML text without environment overrides or validation. An error on a line
     /// that may hold a secret names the line and key without quoting it.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Parse {
+        let mut config: Self = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: "<text>".into(),
             message: crate::secrets::parse_error_message(&e, text),
-        })
+        })?;
+        // Debezium's Event Router routes to `outbox.event.<aggregatetype>`: so does the
+        // Debezium layout unless the file names a template.
+        if config.outbox.layout == TableLayout::Debezium {
+            let named = text.parse::<toml::Table>().ok().is_some_and(|t| {
+                t.get("kafka")
+                    .and_then(|k| k.get("topic_template"))
+                    .is_some()
+            });
+            if !named {
+                config.kafka.topic_template = DEBEZIUM_TOPIC_TEMPLATE.into();
+            }
+        }
+        Ok(config)
     }
 
     /// Fills the secrets from the environment (which wins) or their `*_file` keys, and
@@ -678,6 +874,9 @@ impl Config {
             ));
         }
         self.check_durations()?;
+        self.outbox
+            .validate(self.source.mode)
+            .map_err(ConfigError::Invalid)?;
         if d.exactly_once && self.source.mode == SourceMode::Poll {
             return Err(ConfigError::Invalid(
                 "delivery.exactly_once = true needs source.mode = \"log\": poll mode has no \
@@ -739,11 +938,12 @@ impl Config {
                 "outbox.relay = false and no [inbox] section: there is nothing to run".into(),
             ));
         }
+        let layout = self.outbox.layout();
         for (key, value) in [
             ("outbox.table", &self.outbox.table),
             ("outbox.inbox_table", &self.outbox.inbox_table),
             ("outbox.checkpoint_table", &self.outbox.checkpoint_table),
-            ("outbox.key_column", &self.outbox.key_column),
+            ("outbox.key_column", &layout.key_column),
         ] {
             if value.trim().is_empty() || value.contains('"') {
                 return Err(ConfigError::Invalid(format!(
@@ -1062,6 +1262,62 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("{nope}"), "{err}");
+    }
+
+    #[test]
+    fn the_debezium_layout_reads_debeziums_columns_and_routes_as_its_event_router() {
+        let text = format!("{MINIMAL}\n[outbox]\nlayout = \"debezium\"\n");
+        let config = Config::parse(&text).unwrap();
+        config.validate().unwrap();
+        assert_eq!(config.kafka.topic_template, "outbox.event.{routing}");
+        let layout = config.outbox.layout();
+        assert_eq!(layout.rows, RowLifecycle::Deleted);
+        assert_eq!(layout.key_column, "aggregateid");
+        assert_eq!(layout.columns, ColumnNames::debezium());
+
+        // A named template and column overrides win; "" means "the table has none".
+        let text = format!(
+            "{}\n[outbox]\nlayout = \"debezium\"\n[outbox.columns]\ntrace = \"\"\n\
+             header_columns = [\"id\", \"tenant\"]\n",
+            MINIMAL.replace("[kafka]", "[kafka]\ntopic_template = \"events\"")
+        );
+        let config = Config::parse(&text).unwrap();
+        config.validate().unwrap();
+        assert_eq!(config.kafka.topic_template, "events");
+        let columns = config.outbox.layout().columns;
+        assert_eq!(columns.trace, None);
+        assert_eq!(columns.header_columns, ["id", "tenant"]);
+    }
+
+    #[test]
+    fn renamed_columns_need_deleted_rows_and_deleted_rows_need_the_log() {
+        let invalid = |extra: &str| {
+            let text = format!("{MINIMAL}\n{extra}");
+            Config::parse(&text)
+                .unwrap()
+                .validate()
+                .unwrap_err()
+                .to_string()
+        };
+        let err = invalid("[outbox.columns]\npayload = \"body\"\n");
+        assert!(err.contains("outbox.rows = \"deleted\""), "{err}");
+        let err = invalid("[outbox]\nlayout = \"debezium\"\nrows = \"kept\"\n");
+        assert!(err.contains("no status columns"), "{err}");
+        let deleted = format!("{MINIMAL}\n[outbox]\nrows = \"deleted\"\n");
+        Config::parse(&deleted).unwrap().validate().unwrap();
+        let poll = MINIMAL.replace(
+            "kind = \"postgres\"",
+            "kind = \"postgres\"\nmode = \"poll\"",
+        );
+        let text = format!("{poll}\n[outbox]\nrows = \"deleted\"\n");
+        let err = Config::parse(&text)
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("nothing to poll"), "{err}");
+        let err = invalid("[outbox]\nrows = \"deleted\"\n[outbox.columns]\nmessage_id = \"\"\n");
+        assert!(err.contains("outbox.columns.message_id"), "{err}");
     }
 }
 

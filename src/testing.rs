@@ -33,6 +33,7 @@ pub(crate) fn event(id: i64, key: &str) -> OutboxEvent {
         biz_key: key.into(),
         key: Bytes::from(key.to_owned()),
         topic: None,
+        routing: None,
         payload: Bytes::from_static(b"{}"),
         headers: Vec::new(),
         created_at: "2026-01-01T00:00:00Z".into(),

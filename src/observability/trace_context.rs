@@ -250,6 +250,7 @@ mod tests {
             biz_key: "k".into(),
             key: Bytes::new(),
             topic: None,
+            routing: None,
             payload: Bytes::new(),
             headers,
             created_at: String::new(),

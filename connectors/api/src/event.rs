@@ -17,6 +17,10 @@ pub struct OutboxEvent {
     pub key: Bytes,
     /// Destination topic set on the row; `None` means "use the topic template".
     pub topic: Option<String>,
+    /// The value of the routing column (`outbox.columns.routing`, Debezium's
+    /// `aggregatetype`) for the topic template's `{routing}` placeholder, if the table has
+    /// one.
+    pub routing: Option<String>,
     /// The payload bytes as stored (JSON text for `jsonb`, raw bytes for `bytea`).
     pub payload: Bytes,
     /// Extra record headers from the row's `headers` JSON object, in the object's order.
@@ -49,6 +53,7 @@ impl OutboxEvent {
             + self.biz_key.len()
             + self.key.len()
             + self.topic.as_ref().map_or(0, String::len)
+            + self.routing.as_ref().map_or(0, String::len)
             + self.payload.len()
             + self
                 .headers
@@ -56,41 +61,5 @@ impl OutboxEvent {
                 .map(|(k, v)| k.len() + v.len() + 32)
                 .sum::<usize>()
             + self.created_at.len()
-    }
-}
-
-/// Where the outbox lives and which column is the Kafka key.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OutboxLayout {
-    /// Outbox table name, optionally schema-qualified (`public.outbox`).
-    pub outbox_table: String,
-    /// Inbox table name, optionally schema-qualified.
-    pub inbox_table: String,
-    /// Checkpoint table name, optionally schema-qualified.
-    pub checkpoint_table: String,
-    /// Column whose value becomes the Kafka record key.
-    pub key_column: String,
-}
-
-impl OutboxLayout {
-    /// A layout with these table names and the default key column (`biz_key`).
-    pub fn with_tables(outbox: &str, inbox: &str, checkpoint: &str) -> Self {
-        Self {
-            outbox_table: outbox.into(),
-            inbox_table: inbox.into(),
-            checkpoint_table: checkpoint.into(),
-            ..Self::default()
-        }
-    }
-}
-
-impl Default for OutboxLayout {
-    fn default() -> Self {
-        Self {
-            outbox_table: "outbox".into(),
-            inbox_table: "inbox".into(),
-            checkpoint_table: "outboxd_checkpoint".into(),
-            key_column: "biz_key".into(),
-        }
     }
 }

@@ -23,6 +23,7 @@ mod event;
 mod headers;
 mod inbox;
 mod last_error;
+mod layout;
 mod position;
 pub mod secret;
 mod store;
@@ -36,7 +37,7 @@ pub use claim::{
 };
 pub use connector::{Connector, Engine, ReadMode, ENV_SOURCE_PASSWORD};
 pub use error::{ConnectorError, ErrorKind, ErrorReason};
-pub use event::{OutboxEvent, OutboxLayout};
+pub use event::OutboxEvent;
 pub use headers::headers_from_json;
 pub use inbox::{
     ClaimedMessage, Completed, InboxAdmin, InboxMessage, InboxOutcome, InboxStore, Ingested,
@@ -45,6 +46,7 @@ pub use last_error::{
     last_error_text, parked_behind_key, parked_by_operator, resolved_by_operator,
     resolved_without_handling, short_duration, LAST_ERROR_MAX_CHARS,
 };
+pub use layout::{ColumnNames, OutboxLayout, RowLifecycle};
 pub use position::{ParsePositionError, Position};
 pub use secret::{Secret, SecretError};
 pub use store::{Delivered, DeliveryFailure, OutboxStore, WriteBack};

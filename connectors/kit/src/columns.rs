@@ -5,7 +5,7 @@
 //! conversion reads ([`Field`], [`ColumnMap`]). An engine adds only its dialect: casts,
 //! quoting, how its log names a column.
 
-use outboxd_connector::{ConnectorError, ErrorReason};
+use outboxd_connector::{ConnectorError, ErrorReason, OutboxLayout};
 
 /// A column the row → event conversion reads (see [`crate::row`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -34,6 +34,13 @@ pub enum Field {
     MaxRetryCount,
     /// `status`: the log path publishes only rows inserted as INIT.
     Status,
+    /// `outbox.columns.routing`: the `{routing}` of the topic template (log path only).
+    Routing,
+    /// `outbox.columns.trace`: W3C trace context (log path only).
+    Trace,
+    /// `outbox.columns.header_columns[i]`: sent as a header named after its column (log
+    /// path only).
+    HeaderColumn(usize),
 }
 
 impl Field {
@@ -59,6 +66,9 @@ impl Field {
             Field::RetryCount => "retry_count",
             Field::MaxRetryCount => "max_retry_count",
             Field::Status => "status",
+            Field::Routing => "routing column",
+            Field::Trace => "trace column",
+            Field::HeaderColumn(_) => "header column",
         }
     }
 
@@ -172,40 +182,100 @@ pub fn select_list(render: impl Fn(Field) -> String) -> String {
         .join(", ")
 }
 
+/// The column `field` is read from in the log under `layout`, `None` when the table has
+/// none. With kept rows ([`OutboxLayout::tracks_status`]) these are the columns of
+/// `schemas/*/outbox.sql` (and the key column); with deleted rows, `outbox.columns`, and
+/// the status columns are not read.
+pub fn log_column(field: Field, layout: &OutboxLayout) -> Option<&str> {
+    let names = &layout.columns;
+    match field {
+        Field::Id => names.id.as_deref(),
+        Field::MessageId => Some(&names.message_id),
+        Field::MessageType => Some(&names.message_type),
+        Field::BizKey => Some(&names.biz_key),
+        Field::Key => Some(&layout.key_column),
+        Field::Topic => names.topic.as_deref(),
+        Field::Payload => Some(&names.payload),
+        Field::Headers => names.headers.as_deref(),
+        Field::CreatedAt => names.created_at.as_deref(),
+        Field::RetryCount | Field::MaxRetryCount | Field::Status => {
+            layout.tracks_status().then(|| field.fixed_name())
+        }
+        Field::Routing => names.routing.as_deref(),
+        Field::Trace => names.trace.as_deref(),
+        Field::HeaderColumn(i) => names.header_columns.get(i).map(String::as_str),
+    }
+}
+
+/// Every field the log path reads under `layout`, with its column name.
+pub fn log_fields(layout: &OutboxLayout) -> Vec<(Field, &str)> {
+    let headers = (0..layout.columns.header_columns.len()).map(Field::HeaderColumn);
+    LOG_FIELDS
+        .into_iter()
+        .chain([Field::Routing, Field::Trace])
+        .chain(headers)
+        .filter_map(|field| log_column(field, layout).map(|name| (field, name)))
+        .collect()
+}
+
 /// Where each field is in a row: the log's column index, found by name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ColumnMap {
-    at: [Option<usize>; LOG_FIELDS.len()],
+    at: Vec<(Field, usize)>,
+    /// The header columns' names, in `outbox.columns.header_columns` order.
+    header_names: Vec<String>,
+    tracks_status: bool,
 }
 
 impl ColumnMap {
-    /// Finds every field of [`LOG_FIELDS`] with `find` (the engine's name lookup). A
-    /// missing column is a definite error naming it and the table, except the ones
-    /// [`Field::optional_in_log`].
+    /// Finds every field the log reads under `layout` ([`log_fields`]) with `find` (the
+    /// engine's name lookup). A missing column is a definite error naming it and the
+    /// table, except the ones [`Field::optional_in_log`].
     pub fn resolve(
         find: impl Fn(&str) -> Option<usize>,
-        key_column: &str,
+        layout: &OutboxLayout,
         table: &str,
         schema_file: &str,
     ) -> Result<Self, ConnectorError> {
-        let mut at = [None; LOG_FIELDS.len()];
-        for (slot, field) in at.iter_mut().zip(LOG_FIELDS) {
-            let name = field.column(key_column);
-            *slot = find(name);
-            if slot.is_none() && !field.optional_in_log() {
-                return Err(ConnectorError::definite(format!(
-                    "outbox table `{table}` has no column `{name}` (see {schema_file})"
-                ))
-                .with_reason(ErrorReason::SchemaMismatch));
+        let mut at = Vec::new();
+        for (field, name) in log_fields(layout) {
+            match find(name) {
+                Some(i) => at.push((field, i)),
+                None if field.optional_in_log() => {}
+                None => {
+                    let see = if layout.tracks_status() {
+                        format!("see {schema_file}")
+                    } else {
+                        "see outbox.columns".to_owned()
+                    };
+                    return Err(ConnectorError::definite(format!(
+                        "outbox table `{table}` has no column `{name}` ({see})"
+                    ))
+                    .with_reason(ErrorReason::SchemaMismatch));
+                }
             }
         }
-        Ok(Self { at })
+        Ok(Self {
+            at,
+            header_names: layout.columns.header_columns.clone(),
+            tracks_status: layout.tracks_status(),
+        })
     }
 
-    /// The column index of `field`; `None` only for a missing optional column.
+    /// The column index of `field`; `None` when the table has no such column (or it is
+    /// not read under this layout).
     pub fn get(&self, field: Field) -> Option<usize> {
-        let i = LOG_FIELDS.iter().position(|f| *f == field)?;
-        self.at[i]
+        self.at.iter().find(|(f, _)| *f == field).map(|(_, i)| *i)
+    }
+
+    /// The names of the header columns, [`Field::HeaderColumn`]`(i)` is `[i]`.
+    pub fn header_names(&self) -> &[String] {
+        &self.header_names
+    }
+
+    /// Whether rows carry their status (`rows = "kept"`): only INIT inserts are events.
+    pub fn tracks_status(&self) -> bool {
+        self.tracks_status
     }
 }
 
@@ -252,11 +322,12 @@ mod tests {
             "max_retry_count",
         ];
         let first_six = |n: &str| all[..6].iter().position(|c| *c == n);
-        let err = ColumnMap::resolve(first_six, "biz_key", "outbox", "x.sql").unwrap_err();
+        let layout = OutboxLayout::default();
+        let err = ColumnMap::resolve(first_six, &layout, "outbox", "x.sql").unwrap_err();
         assert!(err.message().contains("`created_at`"), "{err}");
         assert_eq!(err.reason(), ErrorReason::SchemaMismatch);
         let find = |n: &str| all.iter().position(|c| *c == n);
-        let map = ColumnMap::resolve(find, "biz_key", "outbox", "x.sql").unwrap();
+        let map = ColumnMap::resolve(find, &layout, "outbox", "x.sql").unwrap();
         assert_eq!(map.get(Field::Key), Some(3));
         assert_eq!(map.get(Field::Topic), None);
         assert_eq!(
@@ -264,6 +335,40 @@ mod tests {
                 .split(", ")
                 .count(),
             11
+        );
+    }
+
+    #[test]
+    fn deleted_rows_read_the_configured_columns_and_no_status() {
+        let layout = OutboxLayout {
+            rows: outboxd_connector::RowLifecycle::Deleted,
+            key_column: "aggregateid".into(),
+            columns: outboxd_connector::ColumnNames::debezium(),
+            ..OutboxLayout::default()
+        };
+        let table = [
+            "id",
+            "aggregatetype",
+            "aggregateid",
+            "type",
+            "payload",
+            "tracingspancontext",
+        ];
+        let find = |n: &str| table.iter().position(|c| *c == n);
+        let map = ColumnMap::resolve(find, &layout, "outbox", "x.sql").unwrap();
+        assert_eq!(map.get(Field::MessageId), Some(0));
+        assert_eq!(map.get(Field::Routing), Some(1));
+        assert_eq!(map.get(Field::Key), Some(2));
+        assert_eq!(map.get(Field::HeaderColumn(0)), Some(0));
+        assert_eq!(map.get(Field::Id), None);
+        assert_eq!(map.get(Field::Status), None);
+        assert!(!map.tracks_status());
+        assert_eq!(map.header_names(), ["id"]);
+        let without_trace = |n: &str| table[..5].iter().position(|c| *c == n);
+        let err = ColumnMap::resolve(without_trace, &layout, "outbox", "x.sql").unwrap_err();
+        assert_eq!(
+            err.message(),
+            "outbox table `outbox` has no column `tracingspancontext` (see outbox.columns)"
         );
     }
 }

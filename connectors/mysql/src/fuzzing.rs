@@ -71,8 +71,14 @@ pub fn binlog_decoder(data: &[u8]) {
         offset: 32215,
         gtid_set: gtid.as_ref().map(ToString::to_string),
     };
-    let mut decoder = Decoder::new("outboxd", "fixture_outbox", "biz_key", &start, gtid)
-        .with_checkpoint_table("outboxd", "outboxd_checkpoint");
+    let mut decoder = Decoder::new(
+        "outboxd",
+        "fixture_outbox",
+        &outboxd_connector::OutboxLayout::default(),
+        &start,
+        gtid,
+    )
+    .with_checkpoint_table("outboxd", "outboxd_checkpoint");
     let mut fde = FormatDescriptionEvent::new(BinlogVersion::Version4);
     let mut lookups = 0;
     for bytes in split(data) {

@@ -37,7 +37,11 @@ pub fn pgoutput_decoder(data: &[u8]) {
         schema: "public".into(),
         name: "fixture_outbox".into(),
     };
-    let mut decoder = Decoder::new(outbox, "fixture_pub", "biz_key");
+    let mut decoder = Decoder::new(
+        outbox,
+        "fixture_pub",
+        &outboxd_connector::OutboxLayout::default(),
+    );
     for msg in split(data) {
         let msg = Bytes::copy_from_slice(msg);
         let _ = pgoutput::decode(&msg);

@@ -196,6 +196,7 @@ mod tests {
             biz_key: "order-42".into(),
             key: Bytes::from("order-42"),
             topic: None,
+            routing: None,
             payload: Bytes::from(r#"{"total":12}"#),
             headers: headers
                 .iter()

@@ -150,7 +150,11 @@ impl KafkaSink {
     pub fn topic_for(&self, event: &OutboxEvent) -> String {
         match &event.topic {
             Some(topic) if !topic.is_empty() => topic.clone(),
-            _ => self.template.render(&event.message_type, &self.pipeline),
+            _ => self.template.render(
+                &event.message_type,
+                event.routing.as_deref(),
+                &self.pipeline,
+            ),
         }
     }
 }
@@ -201,6 +205,16 @@ impl Sink for KafkaSink {
     }
 
     fn refusal(&self, event: &OutboxEvent) -> Option<String> {
+        let unrouted = event.topic.as_ref().is_none_or(String::is_empty)
+            && self.template.uses_routing()
+            && event.routing.as_ref().is_none_or(String::is_empty);
+        if unrouted {
+            return Some(
+                "kafka.topic_template uses {routing} and the row's routing column \
+                 (outbox.columns.routing) is NULL or empty: set it on the row"
+                    .into(),
+            );
+        }
         self.allowed
             .refusal(&self.topic_for(event))
             .or_else(|| self.headers.refusal(event))

@@ -1,6 +1,7 @@
 //! Topic routing: the `kafka.topic_template` with its placeholders.
 
-/// A topic name template: literal text with `{message_type}` and `{pipeline}`.
+/// A topic name template: literal text with `{message_type}`, `{pipeline}` and
+/// `{routing}` (the row's routing column, `outbox.columns.routing`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TopicTemplate {
     parts: Vec<TemplatePart>,
@@ -11,6 +12,7 @@ enum TemplatePart {
     Literal(String),
     MessageType,
     Pipeline,
+    Routing,
 }
 
 impl TopicTemplate {
@@ -29,10 +31,11 @@ impl TopicTemplate {
             parts.push(match name {
                 "message_type" => TemplatePart::MessageType,
                 "pipeline" => TemplatePart::Pipeline,
+                "routing" => TemplatePart::Routing,
                 other => {
                     return Err(format!(
                         "kafka.topic_template `{template}` uses unknown placeholder `{{{other}}}`; \
-                         known: {{message_type}}, {{pipeline}}"
+                         known: {{message_type}}, {{pipeline}}, {{routing}}"
                     ))
                 }
             });
@@ -47,14 +50,22 @@ impl TopicTemplate {
         Ok(Self { parts })
     }
 
-    /// The topic for an event of `message_type` in `pipeline`.
-    pub fn render(&self, message_type: &str, pipeline: &str) -> String {
+    /// Whether the template uses `{routing}`.
+    pub fn uses_routing(&self) -> bool {
+        self.parts.contains(&TemplatePart::Routing)
+    }
+
+    /// The topic for an event of `message_type` with `routing` in `pipeline` (an absent
+    /// routing value renders empty; [`TopicTemplate::uses_routing`] lets the sink refuse
+    /// such an event first).
+    pub fn render(&self, message_type: &str, routing: Option<&str>, pipeline: &str) -> String {
         let mut topic = String::with_capacity(48);
         for part in &self.parts {
             match part {
                 TemplatePart::Literal(s) => topic.push_str(s),
                 TemplatePart::MessageType => topic.push_str(message_type),
                 TemplatePart::Pipeline => topic.push_str(pipeline),
+                TemplatePart::Routing => topic.push_str(routing.unwrap_or_default()),
             }
         }
         topic
@@ -68,11 +79,13 @@ mod tests {
     #[test]
     fn topic_template_renders_placeholders() {
         let t = TopicTemplate::parse("outbox.{message_type}").unwrap();
-        assert_eq!(t.render("order.created", "p"), "outbox.order.created");
+        assert_eq!(t.render("order.created", None, "p"), "outbox.order.created");
         let t = TopicTemplate::parse("{pipeline}-events").unwrap();
-        assert_eq!(t.render("x", "orders"), "orders-events");
+        assert_eq!(t.render("x", None, "orders"), "orders-events");
         assert_eq!(
-            TopicTemplate::parse("fixed").unwrap().render("x", "p"),
+            TopicTemplate::parse("fixed")
+                .unwrap()
+                .render("x", None, "p"),
             "fixed"
         );
         assert!(TopicTemplate::parse("a.{message_type").is_err());
@@ -80,5 +93,8 @@ mod tests {
             .unwrap_err()
             .contains("{biz}"));
         assert!(TopicTemplate::parse("").is_err());
+        let t = TopicTemplate::parse("outbox.event.{routing}").unwrap();
+        assert!(t.uses_routing());
+        assert_eq!(t.render("x", Some("order"), "p"), "outbox.event.order");
     }
 }

@@ -33,8 +33,8 @@ use mysql_async::binlog::{BinlogChecksumAlg, EventType, IncidentType};
 use mysql_async::consts::ColumnType;
 use mysql_async::Value;
 use outboxd_connector::{
-    CommittedTransaction, ConnectorError, ErrorReason, OutboxEvent, TransactionPart, PART_BYTES,
-    PART_EVENTS,
+    CommittedTransaction, ConnectorError, ErrorReason, OutboxEvent, OutboxLayout, TransactionPart,
+    PART_BYTES, PART_EVENTS,
 };
 use outboxd_connector_kit::row::{self, RowSource, Value as Cell};
 use outboxd_connector_kit::{ColumnMap, Field};
@@ -127,7 +127,8 @@ struct Group {
 pub(crate) struct Decoder {
     outbox_db: String,
     outbox_table: String,
-    key_column: String,
+    /// The column names and whether rows carry their status.
+    layout: OutboxLayout,
     /// `(database, table)` of the checkpoint table, when known.
     checkpoint_table: Option<(String, String)>,
     tables: HashMap<u64, TableEntry>,
@@ -156,14 +157,14 @@ impl Decoder {
     pub(crate) fn new(
         outbox_db: &str,
         outbox_table: &str,
-        key_column: &str,
+        layout: &OutboxLayout,
         start: &BinlogPosition,
         gtid: Option<GtidState>,
     ) -> Self {
         Self {
             outbox_db: outbox_db.to_owned(),
             outbox_table: outbox_table.to_owned(),
-            key_column: key_column.to_owned(),
+            layout: layout.clone(),
             checkpoint_table: None,
             tables: HashMap::new(),
             names: None,
@@ -529,7 +530,7 @@ impl Decoder {
                 _ => return Ok(Decoded::NeedColumns),
             },
         };
-        let columns = OutboxColumns::new(&names, &shape, &self.table_name(), &self.key_column)?;
+        let columns = OutboxColumns::new(&names, &shape, &self.table_name(), &self.layout)?;
         tracing::debug!(outbox = %self.table_name(), table_id = id, columns = count, "outbox table map");
         self.tables.insert(
             id,
@@ -896,11 +897,11 @@ impl OutboxColumns {
         names: &[String],
         shape: &[u8],
         table: &str,
-        key_column: &str,
+        layout: &OutboxLayout,
     ) -> Result<Self, ConnectorError> {
         let map = ColumnMap::resolve(
             |name| names.iter().position(|c| c.eq_ignore_ascii_case(name)),
-            key_column,
+            layout,
             table,
             "schemas/mysql/outbox.sql",
         )?;
@@ -941,7 +942,11 @@ impl OutboxColumns {
             (Field::MaxRetryCount, ints, "an integer"),
         ];
         for (field, kinds, what) in expected {
-            let fits = map.get(field).is_some_and(|i| {
+            let Some(column) = map.get(field) else {
+                // Not read under this layout (ColumnMap::resolve requires what is).
+                continue;
+            };
+            let fits = Some(column).is_some_and(|i| {
                 shape
                     .get(i)
                     .is_some_and(|t| kinds.iter().any(|k| *k as u8 == *t))
@@ -1047,7 +1052,7 @@ impl RowSource for RowView<'_> {
 
 /// One inserted outbox row as an event; `None` when its status is not INIT.
 fn to_event(row: &RowView<'_>) -> Result<Option<OutboxEvent>, ConnectorError> {
-    row::event_from_insert(row, row.table)
+    row::event_from_insert(row, &row.columns.map, row.table)
 }
 
 #[cfg(test)]
@@ -1185,7 +1190,13 @@ mod tests {
     #[test]
     fn assembles_the_captured_transactions() {
         let gtid = GtidState::parse("0-1-100", true);
-        let mut decoder = Decoder::new("outboxd", "fixture_outbox", "biz_key", &start(), gtid);
+        let mut decoder = Decoder::new(
+            "outboxd",
+            "fixture_outbox",
+            &OutboxLayout::default(),
+            &start(),
+            gtid,
+        );
         let out = run(&mut decoder, |n| names(n > 0)).unwrap();
         assert!(!decoder.in_transaction());
         let txns = transactions(&out);
@@ -1252,11 +1263,23 @@ mod tests {
                 .filter(|d| matches!(d, Decoded::Boundary))
                 .count()
         };
-        let mut plain = Decoder::new("outboxd", "fixture_outbox", "biz_key", &start(), None);
+        let mut plain = Decoder::new(
+            "outboxd",
+            "fixture_outbox",
+            &OutboxLayout::default(),
+            &start(),
+            None,
+        );
         // Pretend `fixture_other` is the checkpoint table: its transaction moves the
         // position silently.
-        let mut own = Decoder::new("outboxd", "fixture_outbox", "biz_key", &start(), None)
-            .with_checkpoint_table("outboxd", "fixture_other");
+        let mut own = Decoder::new(
+            "outboxd",
+            "fixture_outbox",
+            &OutboxLayout::default(),
+            &start(),
+            None,
+        )
+        .with_checkpoint_table("outboxd", "fixture_other");
         assert_eq!(boundaries(&mut own), boundaries(&mut plain) - 1);
         assert_eq!(own.position(), plain.position());
     }
@@ -1339,7 +1362,13 @@ mod tests {
         };
         let (mut panics, mut errors, mut transactions) = (0, 0, 0);
         for round in 0..300 {
-            let mut decoder = Decoder::new("outboxd", "fixture_outbox", "biz_key", &start(), None);
+            let mut decoder = Decoder::new(
+                "outboxd",
+                "fixture_outbox",
+                &OutboxLayout::default(),
+                &start(),
+                None,
+            );
             decoder.provide_columns(names(false));
             for (n, bytes) in raw.iter().enumerate() {
                 let mut bytes = bytes.clone();
@@ -1416,7 +1445,13 @@ mod tests {
 
     #[test]
     fn an_incident_stops_the_stream_instead_of_skipping_the_gap() {
-        let mut decoder = Decoder::new("outboxd", "fixture_outbox", "biz_key", &start(), None);
+        let mut decoder = Decoder::new(
+            "outboxd",
+            "fixture_outbox",
+            &OutboxLayout::default(),
+            &start(),
+            None,
+        );
         run(&mut decoder, |n| names(n > 0)).unwrap();
         let fde = fixture()
             .iter()
@@ -1448,14 +1483,26 @@ mod tests {
         assert_eq!(decoder.position(), before);
 
         // Inside a transaction too.
-        let mut decoder = Decoder::new("outboxd", "fixture_outbox", "biz_key", &start(), None);
+        let mut decoder = Decoder::new(
+            "outboxd",
+            "fixture_outbox",
+            &OutboxLayout::default(),
+            &start(),
+            None,
+        );
         decoder.group = Some(Group::default());
         assert!(decoder.handle(&incident).is_err());
     }
 
     #[test]
     fn another_table_name_yields_only_progress() {
-        let mut decoder = Decoder::new("outboxd", "outbox", "biz_key", &start(), None);
+        let mut decoder = Decoder::new(
+            "outboxd",
+            "outbox",
+            &OutboxLayout::default(),
+            &start(),
+            None,
+        );
         let out = run(&mut decoder, |_| {
             panic!("no column look-up for other tables")
         })
@@ -1468,7 +1515,13 @@ mod tests {
     #[test]
     fn a_column_appended_later_keeps_the_names_of_the_rows_before_it() {
         // information_schema already has a column the first rows did not.
-        let mut decoder = Decoder::new("outboxd", "fixture_outbox", "biz_key", &start(), None);
+        let mut decoder = Decoder::new(
+            "outboxd",
+            "fixture_outbox",
+            &OutboxLayout::default(),
+            &start(),
+            None,
+        );
         let mut appended = names(false);
         appended.push(("tenant".to_owned(), "varchar".to_owned()));
         for event in fixture() {
@@ -1492,7 +1545,13 @@ mod tests {
     fn stale_column_names_are_caught_by_the_types() {
         // Names from before the ALTER for the table map after it: `created_at` would land
         // on a TEXT column.
-        let mut decoder = Decoder::new("outboxd", "fixture_outbox", "biz_key", &start(), None);
+        let mut decoder = Decoder::new(
+            "outboxd",
+            "fixture_outbox",
+            &OutboxLayout::default(),
+            &start(),
+            None,
+        );
         let err = run(&mut decoder, |_| names(false)).unwrap_err();
         assert!(!err.is_transient());
         assert!(
@@ -1506,7 +1565,10 @@ mod tests {
         let mut decoder = Decoder::new(
             "outboxd",
             "fixture_outbox",
-            "no_such_column",
+            &OutboxLayout {
+                key_column: "no_such_column".into(),
+                ..OutboxLayout::default()
+            },
             &start(),
             None,
         );

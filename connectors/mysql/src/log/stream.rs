@@ -100,7 +100,7 @@ impl MysqlChangeStream {
             &connector.layout().checkpoint_table,
             &connector.config().database,
         );
-        let decoder = Decoder::new(&db, &table, &connector.layout().key_column, &start, gtid)
+        let decoder = Decoder::new(&db, &table, connector.layout(), &start, gtid)
             .with_checkpoint_table(&checkpoint_db, &checkpoint_table);
         let binlog = start_binlog(connector, &server, &start).await?;
         tracing::info!(

@@ -13,7 +13,8 @@ use bytes::Bytes;
 use std::time::SystemTime;
 
 use outboxd_connector::{
-    CommittedTransaction, ConnectorError, OutboxEvent, TransactionPart, PART_BYTES, PART_EVENTS,
+    CommittedTransaction, ConnectorError, OutboxEvent, OutboxLayout, TransactionPart, PART_BYTES,
+    PART_EVENTS,
 };
 
 use super::position::Lsn;
@@ -45,10 +46,10 @@ struct OutboxColumns {
 }
 
 impl OutboxColumns {
-    fn new(rel: &Relation, table: &str, key_column: &str) -> Result<Self, ConnectorError> {
+    fn new(rel: &Relation, table: &str, layout: &OutboxLayout) -> Result<Self, ConnectorError> {
         let map = ColumnMap::resolve(
             |name| rel.columns.iter().position(|c| c.name == name),
-            key_column,
+            layout,
             table,
             "schemas/postgres/outbox.sql",
         )?;
@@ -67,7 +68,8 @@ pub(crate) struct Decoder {
     outbox: OutboxTable,
     /// Named in the error about a table that is not the outbox.
     publication: String,
-    key_column: String,
+    /// The column names and whether rows carry their status.
+    layout: OutboxLayout,
     /// The outbox's columns, once its Relation message arrived.
     columns: Option<OutboxColumns>,
     txn: Option<OpenTransaction>,
@@ -85,11 +87,11 @@ struct OpenTransaction {
 }
 
 impl Decoder {
-    pub(crate) fn new(outbox: OutboxTable, publication: &str, key_column: &str) -> Self {
+    pub(crate) fn new(outbox: OutboxTable, publication: &str, layout: &OutboxLayout) -> Self {
         Self {
             outbox,
             publication: publication.to_owned(),
-            key_column: key_column.to_owned(),
+            layout: layout.clone(),
             columns: None,
             txn: None,
         }
@@ -125,11 +127,7 @@ impl Decoder {
                 if rel.oid != self.outbox.oid {
                     return Err(self.not_the_outbox(&rel));
                 }
-                self.columns = Some(OutboxColumns::new(
-                    &rel,
-                    &self.table_name(),
-                    &self.key_column,
-                )?);
+                self.columns = Some(OutboxColumns::new(&rel, &self.table_name(), &self.layout)?);
             }
             PgOutputMessage::Insert(insert) => {
                 let columns = match &self.columns {
@@ -227,7 +225,7 @@ fn to_event(
     c: &OutboxColumns,
     table: &str,
 ) -> Result<Option<OutboxEvent>, ConnectorError> {
-    row::event_from_insert(&Tuple { tuple, c, table }, table)
+    row::event_from_insert(&Tuple { tuple, c, table }, &c.map, table)
 }
 
 /// One pgoutput tuple as the kit's row conversion reads it.
@@ -340,7 +338,7 @@ mod tests {
 
     #[test]
     fn assembles_a_captured_transaction() {
-        let mut decoder = Decoder::new(fixture_outbox(), "fixture_pub", "biz_key");
+        let mut decoder = Decoder::new(fixture_outbox(), "fixture_pub", &OutboxLayout::default());
         let (out, err) = decode_all(&mut decoder);
         assert!(err.is_none(), "{err:?}");
         assert!(!decoder.in_transaction());
@@ -377,7 +375,7 @@ mod tests {
             schema: "app".into(),
             name: "outbox".into(),
         };
-        let mut decoder = Decoder::new(outbox, "fixture_pub", "biz_key");
+        let mut decoder = Decoder::new(outbox, "fixture_pub", &OutboxLayout::default());
         let (out, err) = decode_all(&mut decoder);
         assert!(out.is_empty(), "nothing before the error: {out:?}");
         let err = err.expect("an error");
@@ -401,7 +399,7 @@ mod tests {
             oid: fixture_outbox().oid + 1,
             ..fixture_outbox()
         };
-        let mut decoder = Decoder::new(outbox, "fixture_pub", "biz_key");
+        let mut decoder = Decoder::new(outbox, "fixture_pub", &OutboxLayout::default());
         let (out, err) = decode_all(&mut decoder);
         assert!(out.is_empty(), "{out:?}");
         let err = err.expect("an error");
@@ -411,7 +409,11 @@ mod tests {
 
     #[test]
     fn missing_column_names_column_and_table() {
-        let mut decoder = Decoder::new(fixture_outbox(), "fixture_pub", "no_such_column");
+        let layout = OutboxLayout {
+            key_column: "no_such_column".into(),
+            ..OutboxLayout::default()
+        };
+        let mut decoder = Decoder::new(fixture_outbox(), "fixture_pub", &layout);
         let err = decode_all(&mut decoder).1.unwrap();
         assert!(!err.is_transient());
         assert!(err.message().contains("`no_such_column`"), "{err}");

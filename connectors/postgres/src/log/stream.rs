@@ -66,7 +66,7 @@ impl PgChangeStream {
         let (checkpoint, system) = verify_checkpoint(connector, &client).await?;
         tracing::debug!(%slot, checkpoint = ?checkpoint.map(|c| c.to_string()), %system, "checkpoint checked");
         drop(client);
-        let decoder = Decoder::new(outbox, &publication, &connector.layout().key_column);
+        let decoder = Decoder::new(outbox, &publication, connector.layout());
 
         let conn = ReplicationConnection::connect(connector.config()).await?;
         // 0/0: the server starts at the slot's confirmed_flush_lsn.

@@ -173,6 +173,7 @@ impl Fixture {
             inbox_table: format!("{schema}.inbox"),
             checkpoint_table: format!("{schema}.outboxd_checkpoint"),
             key_column: "biz_key".into(),
+            ..OutboxLayout::default()
         }
     }
 
@@ -195,6 +196,7 @@ impl Fixture {
             inbox_table: format!("{schema}.inbox"),
             checkpoint_table: format!("{schema}.outboxd_checkpoint"),
             key_column: "biz_key".into(),
+            ..OutboxLayout::default()
         };
         let mut config = env.config();
         config.slot = Some(name.clone());

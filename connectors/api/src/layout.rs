@@ -1,0 +1,138 @@
+//! Where the outbox lives, what its columns are called, and whether its rows carry their
+//! delivery status: everything a connector needs to know about the application's tables.
+
+/// Where the outbox lives, which column is the Kafka key, and how its rows are read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutboxLayout {
+    /// Outbox table name, optionally schema-qualified (`public.outbox`).
+    pub outbox_table: String,
+    /// Inbox table name, optionally schema-qualified.
+    pub inbox_table: String,
+    /// Checkpoint table name, optionally schema-qualified.
+    pub checkpoint_table: String,
+    /// Column whose value becomes the Kafka record key.
+    pub key_column: String,
+    /// Whether rows stay in the table and carry their status, or are deleted by the
+    /// application (only the log sees them).
+    pub rows: RowLifecycle,
+    /// The names of the columns the log path reads.
+    pub columns: ColumnNames,
+}
+
+impl OutboxLayout {
+    /// A layout with these table names and the default key column (`biz_key`).
+    pub fn with_tables(outbox: &str, inbox: &str, checkpoint: &str) -> Self {
+        Self {
+            outbox_table: outbox.into(),
+            inbox_table: inbox.into(),
+            checkpoint_table: checkpoint.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Whether outboxd writes statuses back to the outbox rows (`rows = "kept"`).
+    pub fn tracks_status(&self) -> bool {
+        self.rows == RowLifecycle::Kept
+    }
+}
+
+impl Default for OutboxLayout {
+    fn default() -> Self {
+        Self {
+            outbox_table: "outbox".into(),
+            inbox_table: "inbox".into(),
+            checkpoint_table: "outboxd_checkpoint".into(),
+            key_column: "biz_key".into(),
+            rows: RowLifecycle::Kept,
+            columns: ColumnNames::default(),
+        }
+    }
+}
+
+/// `outbox.rows`: what becomes of an outbox row once it is committed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RowLifecycle {
+    /// The row stays, and outboxd keeps its status true (`status`, `retry_count`,
+    /// `next_retry_time`, `last_error`): SUCCESS, FAILED with retries, MANUAL_REQUIRED.
+    #[default]
+    Kept,
+    /// The application deletes the row, usually in the transaction that inserts it (the
+    /// pattern Debezium recommends): only the log sees it. outboxd publishes from the log
+    /// and writes nothing back; a record Kafka refuses holds the log position and is
+    /// sent again, since there is no row to mark FAILED.
+    Deleted,
+}
+
+/// The names of the columns the log path reads into an event. outboxd's own table
+/// (`schemas/*/outbox.sql`) is the default; [`ColumnNames::debezium`] is Debezium's
+/// outbox table. Names are compared as the engine compares them (exact on PostgreSQL,
+/// without case on MySQL).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ColumnNames {
+    /// The integer primary key every write-back addresses; `None` for a table without
+    /// one, which only `rows = "deleted"` can read (the event's id is then 0).
+    pub id: Option<String>,
+    /// The message id (the `message_id` header, CloudEvents `ce_id`).
+    pub message_id: String,
+    /// The message type (the `{message_type}` placeholder, `ce_type`).
+    pub message_type: String,
+    /// The business key: events of one key keep their order.
+    pub biz_key: String,
+    /// A per-row destination topic, if the table has one.
+    pub topic: Option<String>,
+    /// The record value.
+    pub payload: String,
+    /// A JSON object of extra record headers, if the table has one.
+    pub headers: Option<String>,
+    /// When the row was created (the `created_at` header, `ce_time`), if the table says.
+    pub created_at: Option<String>,
+    /// A value for the topic template's `{routing}` placeholder (Debezium's
+    /// `aggregatetype`).
+    pub routing: Option<String>,
+    /// W3C trace context of the event: a `traceparent` value, or lines of `name=value`
+    /// holding `traceparent` and `tracestate` (how Debezium's `tracingspancontext` column
+    /// stores it). Sent as the `traceparent`/`tracestate` headers.
+    pub trace: Option<String>,
+    /// Further columns sent as record headers, each under its column's name.
+    pub header_columns: Vec<String>,
+}
+
+impl Default for ColumnNames {
+    fn default() -> Self {
+        Self {
+            id: Some("id".into()),
+            message_id: "message_id".into(),
+            message_type: "message_type".into(),
+            biz_key: "biz_key".into(),
+            topic: Some("topic".into()),
+            payload: "payload".into(),
+            headers: Some("headers".into()),
+            created_at: Some("created_at".into()),
+            routing: None,
+            trace: None,
+            header_columns: Vec::new(),
+        }
+    }
+}
+
+impl ColumnNames {
+    /// Debezium's outbox table (`id` uuid, `aggregatetype`, `aggregateid`, `type`,
+    /// `payload`, `tracingspancontext`), read the way Debezium's Event Router reads it:
+    /// the uuid is the message id and travels as the header `id`, `aggregateid` is the key,
+    /// `aggregatetype` routes.
+    pub fn debezium() -> Self {
+        Self {
+            id: None,
+            message_id: "id".into(),
+            message_type: "type".into(),
+            biz_key: "aggregateid".into(),
+            topic: None,
+            payload: "payload".into(),
+            headers: None,
+            created_at: None,
+            routing: Some("aggregatetype".into()),
+            trace: Some("tracingspancontext".into()),
+            header_columns: vec!["id".into()],
+        }
+    }
+}
