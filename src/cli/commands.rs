@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use std::path::Path;
 
-use outboxd_connector::{CheckLine, CheckStatus, ClaimScope, Connector, Engine, ReadMode};
+use outboxd_connector::{
+    CheckLine, CheckStatus, ClaimScope, Connector, Engine, ReadMode, RowLifecycle,
+};
 use tokio::sync::{mpsc, watch, Notify};
 
 use super::admin::{self, AdminCommand, AdminContext, InboxRows, OutboxRows, OutputFormat};
@@ -139,6 +141,13 @@ async fn execute_with<C: Connector + Clone + 'static>(
         }
         Command::Recover => recover(config, connector, &open_sink(config)?).await,
         Command::Admin(admin, format) => {
+            if config.outbox.rows() == RowLifecycle::Deleted {
+                anyhow::bail!(
+                    "outbox.rows = \"deleted\": the outbox rows carry no status, so there is \
+                     nothing for status, retry, park, resolve or janitor to act on; \
+                     `outboxd_*` metrics and the log show what the relay does"
+                );
+            }
             let store = connector.open_store().await?;
             let context = AdminContext {
                 pipeline: config.pipeline.name.clone(),
@@ -273,6 +282,7 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
                     retry: config.retry.clone(),
                     ordering: config.pipeline.ordering,
                     stall_warning: config.kafka.message_timeout,
+                    rows: config.outbox.rows(),
                 };
                 let worker_settings = WorkerSettings {
                     retry: config.retry.clone(),
@@ -306,6 +316,11 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
                         .await,
                     )
                 };
+                if config.outbox.rows() == RowLifecycle::Deleted {
+                    // No row to retry or reap: the log relay is all there is.
+                    drop((wake, keys_tx));
+                    return log.await;
+                }
                 let notified = Arc::clone(&wake);
                 let notifications = watch_retries(connector, &notified, shutdown.clone());
                 let retries = async {

@@ -5,7 +5,7 @@ use std::time::Instant;
 use std::collections::HashSet;
 
 use outboxd_connector::{
-    parked_behind_key, Connector, OutboxAdmin, OutboxStore, ParkedEvent, WriteBack,
+    parked_behind_key, Connector, OutboxAdmin, OutboxStore, ParkedEvent, RowLifecycle, WriteBack,
 };
 
 use crate::config::{Config, Ordering as KeyOrdering};
@@ -24,6 +24,15 @@ pub(super) async fn recover<C: Connector, S: Sink>(
     sink: &S,
 ) -> anyhow::Result<i32> {
     println!("{}", connector.reset_log_position().await?);
+    if config.outbox.rows() == RowLifecycle::Deleted {
+        // The table holds no rows to scan: what the lost log held is gone from here.
+        println!(
+            "outbox.rows = \"deleted\": the outbox keeps no rows to publish again, so events \
+             committed between the lost position and now are not sent; start `outboxd run` to \
+             resume from the new log position"
+        );
+        return Ok(0);
+    }
     let store = connector.open_store().await?;
     const BATCH: usize = 500;
     let started = Instant::now();

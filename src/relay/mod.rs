@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use outboxd_connector::{Connector, ConnectorError, OutboxStore, Position};
+use outboxd_connector::{Connector, ConnectorError, OutboxStore, Position, RowLifecycle};
 use tokio::sync::{mpsc, watch, Notify};
 
 use crate::config::{DeliveryConfig, Ordering as KeyOrdering, RetryConfig};
@@ -76,6 +76,11 @@ pub struct PipelineSettings {
     /// the session says so. Under strict ordering records wait for the sink without
     /// limit, so this warning is what an operator sees of a broker outage.
     pub stall_warning: Duration,
+    /// `outbox.rows`: with `Deleted` there is no row to write a status to, so nothing is
+    /// written back but the checkpoint, and a record that is not delivered holds the log
+    /// position and is read and sent again (or, when it can never be sent, stops the
+    /// relay) instead of becoming FAILED.
+    pub rows: RowLifecycle,
 }
 
 /// How the log relay and the claim worker talk: the relay wakes the worker when it
@@ -104,6 +109,28 @@ pub enum PipelineError {
     /// The sink failed fatally and could not be rebuilt.
     #[error("the Kafka producer failed fatally and cannot be rebuilt: {0}")]
     ProducerFatal(String),
+    /// `outbox.rows = "deleted"`: a record was not delivered and there is no row to mark
+    /// FAILED; the log position holds and the session reads it again, after a backoff.
+    #[error(
+        "a record was not delivered: {0}; with outbox.rows = \"deleted\" there is no row to \
+         mark FAILED, so the log position is held and the record is read and sent again"
+    )]
+    NotDelivered(String),
+    /// `outbox.rows = "deleted"`: an event that can never be sent (an unreadable row, a
+    /// topic the configuration refuses); the relay stops before it rather than skip it.
+    #[error(
+        "the outbox row with message_id `{message_id}` cannot be published: {reason}; with \
+         outbox.rows = \"deleted\" there is no row to mark MANUAL_REQUIRED, so outboxd stops \
+         before it rather than skip it. Fix the configuration (kafka.allowed_topics, the \
+         topic template) and start again; to skip the rows from here on for good, \
+         `outboxd recover --config <file>` starts the log at its current end"
+    )]
+    Unpublishable {
+        /// The row's message id.
+        message_id: String,
+        /// Why it cannot be sent.
+        reason: String,
+    },
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -118,6 +145,8 @@ impl SessionError for PipelineError {
             PipelineError::Source(e) => e.is_transient(),
             PipelineError::SinkFailed(_) => true,
             PipelineError::ProducerFatal(_) => false,
+            PipelineError::NotDelivered(_) => true,
+            PipelineError::Unpublishable { .. } => false,
         }
     }
 }

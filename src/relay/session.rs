@@ -24,7 +24,7 @@ use tokio::time::sleep_until;
 
 use super::frontier::AckFrontier;
 use super::outcome::Outcome;
-use super::{PipelineError, PipelineSettings, PipelineStats, RetryLink};
+use super::{PipelineError, PipelineSettings, PipelineStats, RetryLink, RowLifecycle};
 use crate::config::Ordering as KeyOrdering;
 use crate::reconnect::ReconnectBackoff;
 use crate::sink::{CommittedPosition, FailureKind, Sink, SinkResult};
@@ -154,7 +154,10 @@ pub(super) struct Session<'a, O, S> {
     delivered_through: Option<i64>,
     /// Rows of transactions read again that the table already showed SUCCESS.
     skipped_delivered: u64,
-    fatal: Option<String>,
+    /// Why the session stops reading and ends once what is in flight is collected: a
+    /// sink that failed fatally, or (`outbox.rows = "deleted"`) a record not delivered or
+    /// an event that can never be.
+    halt: Option<PipelineError>,
     /// A write-back that failed (the database went away): the session stops reading,
     /// collects the outcomes of what is still in flight, and ends with this error; the
     /// next session writes those outcomes first ([`Unwritten`]).
@@ -212,7 +215,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             written_through: None,
             delivered_through: None,
             skipped_delivered: 0,
-            fatal: None,
+            halt: None,
             write_error: None,
             exactly_once: sink.transactional(),
             window_opened: None,
@@ -233,7 +236,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
     pub(super) async fn load_delivered_through(&mut self) -> Result<(), ConnectorError> {
         // Exactly-once sends again everything past the committed position, rows shown
         // SUCCESS included: their write-back may precede a commit that never happened.
-        if !self.exactly_once {
+        if !self.exactly_once && self.tracks_status() {
             self.delivered_through = self.store.highest_delivered_id().await?;
         }
         Ok(())
@@ -333,8 +336,16 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         self.written_through.as_ref().is_some_and(|w| position <= w)
     }
 
+    /// Strict ordering's parking, which the table's statuses carry. With deleted rows a
+    /// key cannot be held back in the table: any failure ends the session instead, and
+    /// the next one sends again from the last confirmed transaction, in order.
     fn strict(&self) -> bool {
-        self.settings.ordering == KeyOrdering::Strict
+        self.settings.ordering == KeyOrdering::Strict && self.tracks_status()
+    }
+
+    /// Whether outbox rows carry their status (`outbox.rows = "kept"`).
+    fn tracks_status(&self) -> bool {
+        self.settings.rows == RowLifecycle::Kept
     }
 
     /// Strict ordering starts from the keys the table says are in trouble.
@@ -393,7 +404,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         loop {
             let reading = stopping_at.is_none()
                 && stream_error.is_none()
-                && self.fatal.is_none()
+                && self.halt.is_none()
                 && self.write_error.is_none()
                 && !(self.exactly_once && self.window_due() && self.open_transaction.is_none())
                 && self.within_bounds();
@@ -582,7 +593,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                 }
             }
             let draining =
-                stopping_at.is_some() || self.fatal.is_some() || self.write_error.is_some();
+                stopping_at.is_some() || self.halt.is_some() || self.write_error.is_some();
             if draining && deliveries.is_empty() {
                 break;
             }
@@ -604,8 +615,8 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             // rows are sent again by the next session.
             self.abort_uncommitted().await;
         }
-        if let Some(error) = self.fatal.take() {
-            return Err(PipelineError::SinkFailed(error));
+        if let Some(error) = self.halt.take() {
+            return Err(error);
         }
         match stream_error {
             Some(e) => Err(e.into()),
@@ -648,9 +659,10 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
     /// The outcomes this session collected and did not write back (it ended on an
     /// error): for the next session of this process.
     pub(super) fn take_unwritten(&mut self) -> Unwritten {
-        if self.exactly_once {
+        if self.exactly_once || !self.tracks_status() {
             // Outcomes of records whose Kafka transaction was never committed: they are
-            // sent again from the committed position, not written back.
+            // sent again from the committed position, not written back. Deleted rows
+            // have no status to write.
             return Unwritten::default();
         }
         // Failures are not carried: such a row's retry may already be due, and the claim
@@ -706,7 +718,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
     fn may_commit(&self) -> bool {
         self.window_opened.is_some()
             && self.open_transaction.is_none()
-            && self.fatal.is_none()
+            && self.halt.is_none()
             && self.write_error.is_none()
     }
 
@@ -783,10 +795,24 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         events: Vec<OutboxEvent>,
         deliveries: &mut Deliveries,
     ) {
-        for mut event in events {
+        let mut events = events.into_iter();
+        while let Some(mut event) = events.next() {
             let size = event.size();
             self.in_flight_bytes += size;
             if let Some(reason) = event.rejected.take().or_else(|| self.sink.refusal(&event)) {
+                if !self.tracks_status() {
+                    // No row to mark: stop before it, never skip it (nor send what follows).
+                    self.in_flight_bytes = self.in_flight_bytes.saturating_sub(size);
+                    self.in_flight -= 1 + events.len();
+                    self.stats
+                        .in_flight
+                        .store(self.in_flight as u64, Ordering::Relaxed);
+                    self.halt.get_or_insert(PipelineError::Unpublishable {
+                        message_id: event.message_id,
+                        reason,
+                    });
+                    return;
+                }
                 // Retrying cannot help: MANUAL_REQUIRED with the reason, never sent; its
                 // key waits behind it like behind any event in trouble.
                 if self.strict() && !event.biz_key.is_empty() {
@@ -845,7 +871,29 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                     "the sink failed fatally; the row stays INIT and is sent again once the \
                      sink is rebuilt"
                 );
-                self.fatal.get_or_insert(failure.error);
+                self.halt
+                    .get_or_insert(PipelineError::SinkFailed(failure.error));
+                self.in_flight -= 1;
+                self.in_flight_bytes = self.in_flight_bytes.saturating_sub(done.size);
+                self.stats
+                    .in_flight
+                    .store(self.in_flight as u64, Ordering::Relaxed);
+                return;
+            }
+            Outcome::Failed { failure, .. } if !self.tracks_status() => {
+                // No row to mark FAILED: the transaction holds the log position, and the
+                // session ends once what is in flight is collected; the next one reads it
+                // again (after a backoff) and sends it again.
+                self.stats.metrics.failed(&done.topic);
+                tracing::warn!(
+                    message_id = %done.message_id,
+                    topic = %done.topic,
+                    position = %display_position(self.frontier.position(done.seq)),
+                    error = %failure.error,
+                    "delivery failed; the log position is held and the record is sent again"
+                );
+                self.halt
+                    .get_or_insert(PipelineError::NotDelivered(failure.error));
                 self.in_flight -= 1;
                 self.in_flight_bytes = self.in_flight_bytes.saturating_sub(done.size);
                 self.stats
@@ -903,8 +951,13 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             || !self.rejected.is_empty()
             || checkpoint_moves
         {
+            // Deleted rows: the checkpoint alone (the outcomes still count below).
+            let delivered: &[Delivered] = match self.tracks_status() {
+                true => &self.delivered,
+                false => &[],
+            };
             let batch = WriteBack {
-                delivered: &self.delivered,
+                delivered,
                 failed: &self.failed,
                 parked: &self.parked,
                 rejected: &self.rejected,

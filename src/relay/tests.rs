@@ -55,6 +55,7 @@ impl Harness {
                 retry: RetryConfig::default(),
                 ordering: KeyOrdering::Strict,
                 stall_warning: Duration::from_secs(30),
+                rows: outboxd_connector::RowLifecycle::Kept,
             },
             stats: PipelineStats::default(),
             wake: Arc::new(Notify::new()),

@@ -1,6 +1,6 @@
 //! Helpers for the lines of `outboxd check`, the same in every engine.
 
-use outboxd_connector::{CheckLine, CheckReport, ConnectorError};
+use outboxd_connector::{CheckLine, CheckReport, ConnectorError, OutboxLayout};
 
 use crate::columns;
 
@@ -14,28 +14,36 @@ pub fn failed_query(item: &str, e: &ConnectorError) -> CheckLine {
     CheckLine::fail(item, format!("could not check: {e}"), "see the error above")
 }
 
-/// The `outbox table` line: OK when every column of
-/// [`columns::required_columns`] is there, else FAIL naming the missing ones.
-/// `present` says whether the table has a column of that name (each engine compares
-/// names as its SQL does); `schema_file` is the engine's DDL (`schemas/<engine>/outbox.sql`)
-/// and `quoted_table` the table's name as the engine's SQL writes it.
+/// The `outbox table` line: OK when every required column is there, else FAIL naming
+/// the missing ones. With kept rows those are [`columns::required_columns`] (outboxd's
+/// table); with deleted rows, the columns the log path reads under `outbox.columns`
+/// ([`columns::log_fields`]). `present` says whether the table has a column of that name
+/// (each engine compares names as its SQL does); `schema_file` is the engine's DDL
+/// (`schemas/<engine>/outbox.sql`) and `quoted_table` the table's name as the engine's SQL
+/// writes it.
 pub fn outbox_columns_line(
     table: &str,
     quoted_table: &str,
-    key_column: &str,
+    layout: &OutboxLayout,
     schema_file: &str,
     present: impl Fn(&str) -> bool,
 ) -> CheckLine {
-    let missing: Vec<&str> = columns::required_columns(key_column)
-        .into_iter()
-        .filter(|name| !present(name))
-        .collect();
+    let required: Vec<&str> = match layout.tracks_status() {
+        true => columns::required_columns(&layout.key_column),
+        false => columns::log_fields(layout)
+            .into_iter()
+            .filter(|(field, _)| !field.optional_in_log())
+            .map(|(_, name)| name)
+            .collect(),
+    };
+    let mut missing: Vec<&str> = required.into_iter().filter(|name| !present(name)).collect();
+    missing.dedup();
     if missing.is_empty() {
         CheckLine::ok(
             "outbox table",
             format!("{table}, all required columns present"),
         )
-    } else {
+    } else if layout.tracks_status() {
         CheckLine::fail(
             "outbox table",
             format!("{table} lacks column(s) {}", missing.join(", ")),
@@ -43,6 +51,13 @@ pub fn outbox_columns_line(
                 "add them as in {schema_file} (ALTER TABLE {quoted_table} ADD COLUMN …), or set \
                  the key column in the config"
             ),
+        )
+    } else {
+        CheckLine::fail(
+            "outbox table",
+            format!("{table} lacks column(s) {}", missing.join(", ")),
+            "name the table's own columns in [outbox.columns] (outbox.rows = \"deleted\" reads \
+             only these), or check outbox.layout",
         )
     }
 }
@@ -52,10 +67,13 @@ pub fn outbox_columns_line(
 /// column (the columns line says so).
 pub fn payload_type_line(
     columns: &[(String, String)],
+    payload: &str,
     accepted: &[&str],
     fix: &str,
 ) -> Option<CheckLine> {
-    let (_, ty) = columns.iter().find(|(c, _)| c == "payload")?;
+    let (_, ty) = columns
+        .iter()
+        .find(|(c, _)| c.eq_ignore_ascii_case(payload))?;
     Some(if accepted.contains(&ty.as_str()) {
         CheckLine::ok("outbox payload", ty.clone())
     } else {
@@ -70,7 +88,8 @@ mod tests {
 
     #[test]
     fn missing_columns_are_named() {
-        let line = outbox_columns_line("outbox", "`outbox`", "biz_key", "x.sql", |c| {
+        let layout = OutboxLayout::default();
+        let line = outbox_columns_line("outbox", "`outbox`", &layout, "x.sql", |c| {
             c != "claim_token" && c != "claimed_at"
         });
         assert_eq!(line.status, CheckStatus::Fail);
@@ -78,9 +97,26 @@ mod tests {
             line.detail,
             "outbox lacks column(s) claimed_at, claim_token"
         );
-        let line = outbox_columns_line("outbox", "`outbox`", "tenant", "x.sql", |c| c != "tenant");
+        let tenant = OutboxLayout {
+            key_column: "tenant".into(),
+            ..OutboxLayout::default()
+        };
+        let line = outbox_columns_line("outbox", "`outbox`", &tenant, "x.sql", |c| c != "tenant");
         assert_eq!(line.detail, "outbox lacks column(s) tenant");
-        let ok = outbox_columns_line("outbox", "`outbox`", "biz_key", "x.sql", |_| true);
+        let ok = outbox_columns_line("outbox", "`outbox`", &layout, "x.sql", |_| true);
         assert_eq!(ok.status, CheckStatus::Ok);
+        // Debezium's table: its own columns, no status columns.
+        let debezium = OutboxLayout {
+            rows: outboxd_connector::RowLifecycle::Deleted,
+            key_column: "aggregateid".into(),
+            columns: outboxd_connector::ColumnNames::debezium(),
+            ..OutboxLayout::default()
+        };
+        let columns = ["id", "aggregatetype", "aggregateid", "type", "payload"];
+        let line = outbox_columns_line("outbox", "`outbox`", &debezium, "x.sql", |c| {
+            columns.contains(&c)
+        });
+        assert_eq!(line.detail, "outbox lacks column(s) tracingspancontext");
+        assert!(line.fix.unwrap_or_default().contains("[outbox.columns]"));
     }
 }

@@ -1,6 +1,25 @@
 //! Pieces of `outboxd init` that read the same in every engine.
 
+use outboxd_connector::ConnectorError;
+
 use crate::status;
+
+/// What `init` says of an outbox the application owns (`outbox.rows = "deleted"`, e.g.
+/// Debezium's table): it is left as it is, and must exist, since outboxd cannot know
+/// its columns' types.
+pub fn application_outbox(table: &str, exists: bool) -> Result<String, ConnectorError> {
+    if exists {
+        Ok(format!(
+            "table {table}: the application's outbox (outbox.rows = \"deleted\"), left as it is"
+        ))
+    } else {
+        Err(ConnectorError::definite(format!(
+            "outbox table {table} does not exist: with outbox.rows = \"deleted\" it is the \
+             application's table (e.g. Debezium's outbox), which outboxd does not create; \
+             create it first, then run `outboxd init` again"
+        )))
+    }
+}
 
 /// Counts the outbox's INIT rows; `quoted_table` as the engine's SQL writes the name.
 pub fn count_init_sql(quoted_table: &str) -> String {

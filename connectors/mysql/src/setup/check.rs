@@ -443,12 +443,13 @@ async fn check_outbox(
     let mut lines = vec![outbox_columns_line(
         table,
         &qualified(table),
-        &layout.key_column,
+        layout,
         "schemas/mysql/outbox.sql",
         |r| columns.iter().any(|(c, _)| c.eq_ignore_ascii_case(r)),
     )];
     lines.extend(payload_type_line(
         &columns,
+        &layout.columns.payload,
         PAYLOAD_TYPES,
         "declare payload as JSON or LONGBLOB (or a text type)",
     ));

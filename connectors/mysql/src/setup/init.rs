@@ -46,6 +46,13 @@ pub(crate) async fn init(
 
     let outbox_existed = table_exists(&mut conn, c, &layout.outbox_table).await?;
     for ddl in schema::render_all(layout) {
+        if ddl.table == layout.outbox_table && !layout.tracks_status() {
+            report.push(setup::application_outbox(
+                &layout.outbox_table,
+                outbox_existed,
+            )?);
+            continue;
+        }
         if !table_exists(&mut conn, c, &ddl.table).await? {
             execute(
                 &mut conn,
@@ -111,7 +118,7 @@ pub(crate) async fn init(
             report.push(format!(
                 "recorded checkpoint {position} for pipeline {pipeline}: the first run starts there"
             ));
-            if outbox_existed {
+            if outbox_existed && layout.tracks_status() {
                 let sql = setup::count_init_sql(&qualified(&layout.outbox_table));
                 let row = query_first(&mut conn, &sql, "counting INIT rows").await?;
                 let count = row.map(|r| int(&r, 0)).transpose()?.flatten().unwrap_or(0);

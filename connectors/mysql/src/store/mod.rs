@@ -91,12 +91,19 @@ impl MysqlOutboxStore {
             conn: Mutex::new(None),
             max_packet: std::sync::Mutex::new(None),
         };
-        let probe = format!(
-            "SELECT id, status, retry_count, max_retry_count, next_retry_time, last_error, \
-             sent_at, kafka_partition, kafka_offset, updated_at FROM {} LIMIT 0; \
-             SELECT pipeline, position, updated_at FROM {} LIMIT 0",
-            store.outbox, store.checkpoint
-        );
+        // With deleted rows the outbox has no status columns, and only the log reads it.
+        let probe = match connector.layout.tracks_status() {
+            true => format!(
+                "SELECT id, status, retry_count, max_retry_count, next_retry_time, last_error, \
+                 sent_at, kafka_partition, kafka_offset, updated_at FROM {} LIMIT 0; \
+                 SELECT pipeline, position, updated_at FROM {} LIMIT 0",
+                store.outbox, store.checkpoint
+            ),
+            false => format!(
+                "SELECT pipeline, position, updated_at FROM {} LIMIT 0",
+                store.checkpoint
+            ),
+        };
         execute(&mut conn, &probe, &store.context("checking the tables")).await?;
         *store.conn.lock().await = Some(conn);
         Ok(store)
@@ -202,6 +209,14 @@ impl MysqlOutboxStore {
 }
 
 impl MysqlOutboxStore {
+    /// A definite error unless the outbox rows carry their status (`outbox.rows`).
+    fn rows_carry_status(&self) -> Result<(), ConnectorError> {
+        match self.connector.layout.tracks_status() {
+            true => Ok(()),
+            false => Err(kit_store::rows_carry_no_status()),
+        }
+    }
+
     /// The write-back's fence failed: another connection holds the pipeline's lock.
     fn lock_lost(&self, id: u32) -> ConnectorError {
         ConnectorError::transient(format!(
@@ -230,18 +245,22 @@ impl OutboxStore for MysqlOutboxStore {
     }
 
     async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedEvent>, ConnectorError> {
+        self.rows_carry_status()?;
         self.claim_rows(request).await
     }
 
     async fn complete_claimed(&self, batch: ClaimedWriteBack<'_>) -> Result<u64, ConnectorError> {
+        self.rows_carry_status()?;
         self.complete_claimed_rows(batch).await
     }
 
     async fn reap(&self, policy: ReapPolicy) -> Result<ReapReport, ConnectorError> {
+        self.rows_carry_status()?;
         self.reap_rows(policy).await
     }
 
     async fn retry_schedule(&self) -> Result<RetrySchedule, ConnectorError> {
+        self.rows_carry_status()?;
         self.schedule().await
     }
 
@@ -249,14 +268,23 @@ impl OutboxStore for MysqlOutboxStore {
         &self,
         keys: Option<&[String]>,
     ) -> Result<HashSet<String>, ConnectorError> {
+        if !self.connector.layout.tracks_status() {
+            return Ok(HashSet::new());
+        }
         self.blocked(keys).await
     }
 
     async fn highest_delivered_id(&self) -> Result<Option<i64>, ConnectorError> {
+        if !self.connector.layout.tracks_status() {
+            return Ok(None);
+        }
         self.highest_success_id().await
     }
 
     async fn delivered_among(&self, ids: &[i64]) -> Result<HashSet<i64>, ConnectorError> {
+        if !self.connector.layout.tracks_status() {
+            return Ok(HashSet::new());
+        }
         self.success_among(ids).await
     }
 

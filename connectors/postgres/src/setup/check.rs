@@ -229,8 +229,13 @@ async fn check_role(client: &Client) -> Result<CheckLine, ConnectorError> {
 /// on the tables that exist: without them `check` would pass and `run` fail at its first
 /// write-back.
 async fn check_grants(client: &Client, layout: &OutboxLayout) -> Result<CheckLine, ConnectorError> {
+    // Deleted rows are read from the log only: nothing is written back to the outbox.
+    let outbox_needs: &[&str] = match layout.tracks_status() {
+        true => &["SELECT", "UPDATE"],
+        false => &["SELECT"],
+    };
     let needs = [
-        (&layout.outbox_table, &["SELECT", "UPDATE"][..]),
+        (&layout.outbox_table, outbox_needs),
         (
             &layout.checkpoint_table,
             &["SELECT", "INSERT", "UPDATE"][..],
@@ -384,12 +389,13 @@ async fn check_outbox(
     let mut lines = vec![outbox_columns_line(
         table,
         &name,
-        &layout.key_column,
+        layout,
         "schemas/postgres/outbox.sql",
         |r| columns.iter().any(|(c, _)| c == r),
     )];
     lines.extend(payload_type_line(
         &columns,
+        &layout.columns.payload,
         PAYLOAD_TYPES,
         "declare payload as jsonb, json, bytea or text",
     ));

@@ -58,6 +58,10 @@ pub(crate) async fn init(
     let outbox_existed = relation_exists(&client, &qualified(&layout.outbox_table)).await?;
     for ddl in schema::render_all(layout) {
         let existed = relation_exists(&client, &qualified(&ddl.table)).await?;
+        if ddl.table == layout.outbox_table && !layout.tracks_status() {
+            report.push(setup::application_outbox(&layout.outbox_table, existed)?);
+            continue;
+        }
         let mut missing_indexes = Vec::new();
         for index in &ddl.indexes {
             if !relation_exists(&client, &index_name(&ddl.table, index)).await? {
@@ -112,7 +116,7 @@ pub(crate) async fn init(
                 "created replication slot {slot_name} (pgoutput{with}) at {lsn}"
             ));
             // Rows inserted before the slot existed are not in its log.
-            if outbox_existed {
+            if outbox_existed && layout.tracks_status() {
                 let sql = setup::count_init_sql(&qualified(&layout.outbox_table));
                 let row = query_opt(&client, &sql, &[], "counting INIT rows").await?;
                 let count: i64 = row.and_then(|r| r.try_get(0).ok()).unwrap_or(0);

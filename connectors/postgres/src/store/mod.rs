@@ -67,12 +67,20 @@ pub(crate) struct Conn {
     pub(crate) shape: RowShape,
     /// The statement texts (for the operator's scans and for EXPLAIN).
     sql: Sql,
+    checkpoint: Statement,
+    load_checkpoint: Statement,
+    /// The statements on the outbox's rows; `None` with `outbox.rows = "deleted"`, whose
+    /// table has no status columns (and no rows to address).
+    rows: Option<RowStatements>,
+}
+
+/// The prepared statements that read and write outbox rows.
+#[derive(Debug)]
+struct RowStatements {
     success: Statement,
     failed: Statement,
     parked: Statement,
     exists: Statement,
-    checkpoint: Statement,
-    load_checkpoint: Statement,
     /// Indexed by `[poll as usize][strict as usize]`.
     claim: [[Statement; 2]; 2],
     complete_success: Statement,
@@ -82,6 +90,15 @@ pub(crate) struct Conn {
     schedule: Statement,
     blocked_all: Statement,
     blocked_some: Statement,
+}
+
+impl Conn {
+    /// The row statements, or the definite error of a store whose rows carry no status.
+    fn rows(&self) -> Result<&RowStatements, ConnectorError> {
+        self.rows
+            .as_ref()
+            .ok_or_else(kit_store::rows_carry_no_status)
+    }
 }
 
 /// Whether the key and payload columns are `bytea` (read as raw bytes) or text-like
@@ -168,16 +185,55 @@ impl PgOutboxStore {
         let layout = &self.connector.layout;
         let outbox = qualified(&layout.outbox_table);
         let key = quote_ident(&layout.key_column);
-        let probe = format!("SELECT o.{key}, o.payload FROM {outbox} o WHERE false");
-        let probe = self.prepare(&client, "outbox columns", &probe, &[]).await?;
-        let is_bytea = |i: usize| probe.columns().get(i).map(|c| c.type_()) == Some(&Type::BYTEA);
-        let shape = RowShape {
-            key_bytea: is_bytea(0),
-            payload_bytea: is_bytea(1),
-        };
         let checkpoint = qualified(&layout.checkpoint_table);
+        let shape = if layout.tracks_status() {
+            let probe = format!("SELECT o.{key}, o.payload FROM {outbox} o WHERE false");
+            let probe = self.prepare(&client, "outbox columns", &probe, &[]).await?;
+            let is_bytea =
+                |i: usize| probe.columns().get(i).map(|c| c.type_()) == Some(&Type::BYTEA);
+            RowShape {
+                key_bytea: is_bytea(0),
+                payload_bytea: is_bytea(1),
+            }
+        } else {
+            RowShape::default()
+        };
         let sql = Sql::new(&outbox, &checkpoint, &event_columns(&key, shape), version);
+        let (checkpoint, load_checkpoint) = futures_util::try_join!(
+            self.prepare(
+                &client,
+                "checkpoint",
+                &sql.checkpoint,
+                &[Type::TEXT, Type::TEXT]
+            ),
+            self.prepare(
+                &client,
+                "checkpoint read",
+                &sql.load_checkpoint,
+                &[Type::TEXT]
+            ),
+        )?;
+        let rows = match layout.tracks_status() {
+            true => Some(self.prepare_rows(&client, &sql).await?),
+            false => None,
+        };
+        Ok(Conn {
+            client,
+            system,
+            shape,
+            sql,
+            checkpoint,
+            load_checkpoint,
+            rows,
+        })
+    }
 
+    /// Prepares the statements on the outbox's rows.
+    async fn prepare_rows(
+        &self,
+        client: &Client,
+        sql: &Sql,
+    ) -> Result<RowStatements, ConnectorError> {
         let int8s = Type::INT8_ARRAY;
         let texts = Type::TEXT_ARRAY;
         let statements: Vec<(&str, &str, Vec<Type>)> = vec![
@@ -197,8 +253,6 @@ impl PgOutboxStore {
                 vec![int8s.clone(), texts.clone(), texts.clone()],
             ),
             ("row lookup", &sql.exists, vec![int8s.clone()]),
-            ("checkpoint", &sql.checkpoint, vec![Type::TEXT, Type::TEXT]),
-            ("checkpoint read", &sql.load_checkpoint, vec![Type::TEXT]),
             ("retry claim", &sql.claim[0][0], vec![Type::INT8]),
             ("strict retry claim", &sql.claim[0][1], vec![Type::INT8]),
             ("poll claim", &sql.claim[1][0], vec![Type::INT8]),
@@ -239,23 +293,17 @@ impl PgOutboxStore {
         let prepared: Vec<Statement> = futures_util::future::try_join_all(
             statements
                 .iter()
-                .map(|(what, text, types)| self.prepare(&client, what, text, types)),
+                .map(|(what, text, types)| self.prepare(client, what, text, types)),
         )
         .await?;
-        let [success, failed, parked, exists, checkpoint, load_checkpoint, claim_due, claim_due_strict, claim_poll, claim_poll_strict, complete_success, complete_failed, complete_released, reap, schedule, blocked_all, blocked_some] =
-            <[Statement; 17]>::try_from(prepared)
+        let [success, failed, parked, exists, claim_due, claim_due_strict, claim_poll, claim_poll_strict, complete_success, complete_failed, complete_released, reap, schedule, blocked_all, blocked_some] =
+            <[Statement; 15]>::try_from(prepared)
                 .map_err(|_| ConnectorError::definite("internal: statement count mismatch"))?;
-        Ok(Conn {
-            client,
-            system,
-            shape,
-            sql,
+        Ok(RowStatements {
             success,
             failed,
             parked,
             exists,
-            checkpoint,
-            load_checkpoint,
             claim: [
                 [claim_due, claim_due_strict],
                 [claim_poll, claim_poll_strict],
@@ -289,18 +337,35 @@ impl PgOutboxStore {
         })
     }
 
+    /// One write-back transaction: the rows' statuses (when the batch has any), then the
+    /// checkpoint row.
     async fn write_back_on(
         conn: &mut Conn,
         batch: WriteBack<'_>,
         pipeline: &str,
     ) -> Result<(), tokio_postgres::Error> {
-        let rows = WriteBackRows::new(&batch);
         let position = batch
             .checkpoint
             .map(|p| StoredCheckpoint::text(p, &conn.system));
-        let statements = [&conn.success, &conn.failed, &conn.parked];
         let tx = conn.client.transaction().await?;
-        let updated = rows.apply(&tx, statements).await?;
+        if let Some(statements) = conn.rows.as_ref().filter(|_| has_rows(&batch)) {
+            Self::write_rows(&tx, statements, &batch).await?;
+        }
+        if let Some(position) = &position {
+            tx.execute(&conn.checkpoint, &[&pipeline, position]).await?;
+        }
+        tx.commit().await
+    }
+
+    /// The statuses of a batch, in the write-back transaction `tx`.
+    async fn write_rows(
+        tx: &tokio_postgres::Transaction<'_>,
+        statements: &RowStatements,
+        batch: &WriteBack<'_>,
+    ) -> Result<(), tokio_postgres::Error> {
+        let rows = WriteBackRows::new(batch);
+        let row_statements = [&statements.success, &statements.failed, &statements.parked];
+        let updated = rows.apply(tx, row_statements).await?;
 
         // A row not updated is either past the status this batch writes (a replay after a
         // crash: fine) or not visible yet: PostgreSQL flushes a commit record, which the
@@ -323,21 +388,21 @@ impl PgOutboxStore {
         let mut pause = Duration::from_millis(2);
         let mut told = started;
         while !missing.is_empty() {
-            let found = tx.query(&conn.exists, &[&missing]).await?;
+            let found = tx.query(&statements.exists, &[&missing]).await?;
             let found: HashSet<i64> = found
                 .iter()
                 .map(|row| row.try_get::<_, i64>(0))
                 .collect::<Result<_, _>>()?;
             if !found.is_empty() {
                 // Replayed rows match no status predicate: a no-op for them.
-                rows.only(&found).apply(&tx, statements).await?;
+                rows.only(&found).apply(tx, row_statements).await?;
                 missing.retain(|id| !found.contains(id));
             }
             if missing.is_empty() {
                 break;
             }
             if Instant::now() >= deadline {
-                if !commit_waits_for_a_standby(&tx).await? {
+                if !commit_waits_for_a_standby(tx).await? {
                     break;
                 }
                 deadline = Instant::now() + VISIBILITY_WAIT;
@@ -365,10 +430,7 @@ impl PgOutboxStore {
                  their status is not written"
             );
         }
-        if let Some(position) = &position {
-            tx.execute(&conn.checkpoint, &[&pipeline, position]).await?;
-        }
-        tx.commit().await
+        Ok(())
     }
 
     /// `SELECT <event columns> FROM outbox o` (no WHERE), for the operator's scans.
@@ -413,10 +475,19 @@ impl PgOutboxStore {
         conn: &mut Conn,
         request: ClaimRequest,
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        // The caller checked that the rows carry a status (`Conn::rows`).
+        let Conn {
+            client,
+            rows: Some(statements),
+            ..
+        } = conn
+        else {
+            return Ok(Vec::new());
+        };
         let limit = i64::try_from(request.limit).unwrap_or(i64::MAX);
         let poll = request.scope == ClaimScope::NewAndDueFailed;
-        let statement = &conn.claim[usize::from(poll)][usize::from(request.strict_order)];
-        let tx = conn.client.transaction().await?;
+        let statement = &statements.claim[usize::from(poll)][usize::from(request.strict_order)];
+        let tx = client.transaction().await?;
         let rows = if poll && request.strict_order {
             let window = limit.saturating_mul(POLL_WINDOW_FACTOR);
             tx.query(statement, &[&limit, &window]).await?
@@ -431,6 +502,15 @@ impl PgOutboxStore {
         conn: &mut Conn,
         batch: ClaimedWriteBack<'_>,
     ) -> Result<u64, tokio_postgres::Error> {
+        // The caller checked that the rows carry a status (`Conn::rows`).
+        let Conn {
+            client,
+            rows: Some(statements),
+            ..
+        } = conn
+        else {
+            return Ok(0);
+        };
         let d = batch.delivered;
         let d_ids: Vec<i64> = d.iter().map(|(x, _)| x.id).collect();
         let d_parts: Vec<i32> = d.iter().map(|(x, _)| x.partition).collect();
@@ -453,13 +533,13 @@ impl PgOutboxStore {
         let r_tokens: Vec<&str> = r.iter().map(|(_, t, _)| t.0.as_str()).collect();
         let r_statuses: Vec<&str> = r.iter().map(|(_, _, s)| *s).collect();
 
-        let tx = conn.client.transaction().await?;
+        let tx = client.transaction().await?;
         let success = async {
             if d_ids.is_empty() {
                 return Ok(0);
             }
             tx.execute(
-                &conn.complete_success,
+                &statements.complete_success,
                 &[&d_ids, &d_parts, &d_offsets, &d_tokens],
             )
             .await
@@ -469,7 +549,7 @@ impl PgOutboxStore {
                 return Ok(0);
             }
             tx.execute(
-                &conn.complete_failed,
+                &statements.complete_failed,
                 &[&f_ids, &f_errors, &f_delays, &f_tokens],
             )
             .await
@@ -479,7 +559,7 @@ impl PgOutboxStore {
                 return Ok(0);
             }
             tx.execute(
-                &conn.complete_released,
+                &statements.complete_released,
                 &[&r_ids, &r_reasons, &r_tokens, &r_statuses],
             )
             .await
@@ -490,6 +570,14 @@ impl PgOutboxStore {
     }
 }
 
+/// Whether a write-back batch holds rows (and not only a checkpoint).
+fn has_rows(batch: &WriteBack<'_>) -> bool {
+    !(batch.delivered.is_empty()
+        && batch.failed.is_empty()
+        && batch.parked.is_empty()
+        && batch.rejected.is_empty())
+}
+
 impl OutboxStore for PgOutboxStore {
     async fn write_back(&self, batch: WriteBack<'_>) -> Result<(), ConnectorError> {
         if kit_store::is_empty(&batch) {
@@ -497,6 +585,9 @@ impl OutboxStore for PgOutboxStore {
         }
         let mut locked = self.lock().await?;
         let conn = locked.conn()?;
+        if has_rows(&batch) {
+            conn.rows()?;
+        }
         let result = Self::write_back_on(conn, batch, &self.connector.pipeline).await;
         result.map_err(|e| {
             let what = format!(
@@ -537,6 +628,7 @@ impl OutboxStore for PgOutboxStore {
         }
         let mut locked = self.lock().await?;
         let conn = locked.conn()?;
+        conn.rows()?;
         let rows = Self::claim_on(conn, request)
             .await
             .map_err(|e| self.error(&e, "claiming outbox rows"))?;
@@ -560,6 +652,7 @@ impl OutboxStore for PgOutboxStore {
         }
         let mut locked = self.lock().await?;
         let conn = locked.conn()?;
+        conn.rows()?;
         Self::complete_on(conn, batch)
             .await
             .map_err(|e| self.error(&e, &format!("writing back {}", batch.describe())))
@@ -573,7 +666,7 @@ impl OutboxStore for PgOutboxStore {
         let delay = delay_ms(policy.retry_delay);
         let rows = conn
             .client
-            .query(&conn.reap, &[&timeout, &delay, &reason])
+            .query(&conn.rows()?.reap, &[&timeout, &delay, &reason])
             .await
             .map_err(|e| self.error(&e, "returning expired claims to FAILED"))?;
         let mut report = ReapReport::default();
@@ -593,7 +686,7 @@ impl OutboxStore for PgOutboxStore {
         let conn = locked.conn()?;
         let row = conn
             .client
-            .query_one(&conn.schedule, &[])
+            .query_one(&conn.rows()?.schedule, &[])
             .await
             .map_err(|e| self.error(&e, "reading the retry schedule"))?;
         Ok(RetrySchedule {
@@ -606,14 +699,15 @@ impl OutboxStore for PgOutboxStore {
         &self,
         keys: Option<&[String]>,
     ) -> Result<HashSet<String>, ConnectorError> {
-        if keys.is_some_and(<[String]>::is_empty) {
+        if keys.is_some_and(<[String]>::is_empty) || !self.connector.layout.tracks_status() {
             return Ok(HashSet::new());
         }
         let mut locked = self.lock().await?;
         let conn = locked.conn()?;
+        let statements = conn.rows()?;
         let rows = match keys {
-            Some(keys) => conn.client.query(&conn.blocked_some, &[&keys]).await,
-            None => conn.client.query(&conn.blocked_all, &[]).await,
+            Some(keys) => conn.client.query(&statements.blocked_some, &[&keys]).await,
+            None => conn.client.query(&statements.blocked_all, &[]).await,
         }
         .map_err(|e| self.error(&e, "reading the keys held back by failed rows"))?;
         rows.iter().map(|row| get::<String>(row, 0)).collect()
@@ -622,6 +716,9 @@ impl OutboxStore for PgOutboxStore {
     // The two below run when a session opens and while it reads transactions again, not
     // per event: plain (unprepared) statements are enough.
     async fn highest_delivered_id(&self) -> Result<Option<i64>, ConnectorError> {
+        if !self.connector.layout.tracks_status() {
+            return Ok(None);
+        }
         // The primary key read backward: the newest rows are SUCCESS (or a backlog of INIT
         // ones, scanned once per session).
         let sql = format!(
@@ -639,6 +736,9 @@ impl OutboxStore for PgOutboxStore {
     }
 
     async fn delivered_among(&self, ids: &[i64]) -> Result<HashSet<i64>, ConnectorError> {
+        if !self.connector.layout.tracks_status() {
+            return Ok(HashSet::new());
+        }
         if ids.is_empty() {
             return Ok(HashSet::new());
         }
