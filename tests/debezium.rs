@@ -1,0 +1,389 @@
+//! Issue 13, "Debezium outbox drop-in and migration", on PostgreSQL and Kafka: Debezium's
+//! outbox table read unchanged (`outbox.layout = "debezium"`), rows inserted and deleted
+//! in one transaction (`outbox.rows = "deleted"`: nothing is written back, the position
+//! still moves), records shaped as Debezium's Event Router shapes them, and outboxd taking
+//! over the replication slot Debezium used, going on from its confirmed position: nothing
+//! Debezium had confirmed is sent again, nothing after it is missed.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::postgres::TestPipeline;
+use common::{consume_all, create_topic_with, run_outboxd, wait_for, Record};
+
+const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
+/// A pipeline over Debezium's outbox table `p.table`, reading through the slot `slot`
+/// (created here as Debezium would have created it), with `kafka_extra` added to `[kafka]`.
+async fn debezium_pipeline(prefix: &str, kafka_extra: &str) -> (TestPipeline, String, String) {
+    let p = TestPipeline::new(prefix, 1, "").await;
+    let slot = format!("debezium_{}", p.name);
+    let aggregate = format!("order_{}", p.name);
+    let config = std::fs::read_to_string(&p.config_path).expect("read config");
+    let config = config
+        .replacen(
+            "kind = \"postgres\"",
+            &format!("kind = \"postgres\"\nslot = \"{slot}\""),
+            1,
+        )
+        .replacen(
+            &format!("table = \"{}\"", p.table),
+            &format!("table = \"{}\"\nlayout = \"debezium\"", p.table),
+            1,
+        )
+        // Debezium's routing, `outbox.event.{routing}`, is the layout's default.
+        .replacen(
+            &format!("topic_template = \"{}\"\n", p.topic),
+            kafka_extra,
+            1,
+        );
+    std::fs::write(&p.config_path, config).expect("write config");
+
+    let sql = p.sql().await;
+    sql.batch_execute(&format!(
+        "CREATE TABLE \"{table}\" (
+             id uuid NOT NULL PRIMARY KEY,
+             aggregatetype varchar(255) NOT NULL,
+             aggregateid varchar(255) NOT NULL,
+             type varchar(255) NOT NULL,
+             payload jsonb,
+             tracingspancontext varchar(256)
+         )",
+        table = p.table
+    ))
+    .await
+    .expect("Debezium's table");
+    // A publication is created by the table's owner: here `init`'s role, as an
+    // application's migration would grant it.
+    sql.batch_execute(&format!(
+        "ALTER TABLE \"{}\" OWNER TO \"{}\"",
+        p.table, p.services.admin_user
+    ))
+    .await
+    .expect("owner");
+    // A statement of its own: a slot cannot be created in a transaction that wrote.
+    sql.execute(
+        "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+        &[&slot],
+    )
+    .await
+    .expect("Debezium's slot");
+    create_topic_with(
+        &p.services.kafka,
+        &format!("outbox.event.{aggregate}"),
+        1,
+        &[],
+    )
+    .await;
+    (p, slot, aggregate)
+}
+
+/// Inserts one Debezium outbox row and deletes it in the same transaction, as Debezium
+/// recommends; returns its id.
+async fn emit(
+    sql: &mut tokio_postgres::Client,
+    table: &str,
+    aggregate: &str,
+    key: &str,
+    seq: u32,
+    trace: Option<&str>,
+) -> String {
+    let id: String = sql
+        .query_one("SELECT gen_random_uuid()::text", &[])
+        .await
+        .expect("uuid")
+        .get(0);
+    let tx = sql.transaction().await.expect("begin");
+    tx.execute(
+        &format!(
+            "INSERT INTO \"{table}\" (id, aggregatetype, aggregateid, type, payload, \
+             tracingspancontext) VALUES ($1::text::uuid, $2, $3, $4, $5::text::jsonb, $6)"
+        ),
+        &[
+            &id,
+            &aggregate,
+            &key,
+            &"OrderCreated",
+            &format!(r#"{{"key": "{key}", "seq": {seq}}}"#),
+            &trace.map(|t| format!("#Thu Dec 03 20:00:00 UTC 2026\ntraceparent={t}\n")),
+        ],
+    )
+    .await
+    .expect("insert");
+    tx.execute(
+        &format!("DELETE FROM \"{table}\" WHERE id = $1::text::uuid"),
+        &[&id],
+    )
+    .await
+    .expect("delete");
+    tx.commit().await.expect("commit");
+    id
+}
+
+async fn confirmed_lsn(sql: &tokio_postgres::Client, slot: &str) -> String {
+    sql.query_one(
+        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+        &[&slot],
+    )
+    .await
+    .expect("slot")
+    .get(0)
+}
+
+/// Whether the slot is confirmed at or past `lsn`.
+async fn confirmed_past(sql: &tokio_postgres::Client, slot: &str, lsn: &str) -> bool {
+    sql.query_one(
+        "SELECT confirmed_flush_lsn >= $2::text::pg_lsn FROM pg_replication_slots \
+         WHERE slot_name = $1",
+        &[&slot, &lsn],
+    )
+    .await
+    .expect("slot")
+    .get(0)
+}
+
+async fn current_lsn(sql: &tokio_postgres::Client) -> String {
+    sql.query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .expect("lsn")
+        .get(0)
+}
+
+async fn drop_slot(sql: &tokio_postgres::Client, slot: &str) {
+    for _ in 0..50 {
+        let _ = sql
+            .execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                 WHERE slot_name = $1 AND active_pid IS NOT NULL",
+                &[&slot],
+            )
+            .await;
+        let _ = sql
+            .execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                 WHERE slot_name = $1 AND NOT active",
+                &[&slot],
+            )
+            .await;
+        let left: i64 = sql
+            .query_one(
+                "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await
+            .expect("slots")
+            .get(0);
+        if left == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn by_id(records: &[Record]) -> BTreeMap<String, Vec<&Record>> {
+    let mut map: BTreeMap<String, Vec<&Record>> = BTreeMap::new();
+    for r in records {
+        map.entry(r.headers.get("id").cloned().unwrap_or_default())
+            .or_default()
+            .push(r);
+    }
+    map
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_debezium_outbox_and_slot_are_taken_over_with_nothing_lost_or_sent_twice() {
+    let (p, slot, aggregate) = debezium_pipeline("dbz", "").await;
+    let topic = format!("outbox.event.{aggregate}");
+    let mut sql = p.sql().await;
+    p.init();
+
+    // What Debezium relayed and confirmed before the switch: not to be sent again.
+    let mut before = Vec::new();
+    for seq in 1..=5 {
+        before.push(emit(&mut sql, &p.table, &aggregate, "k-before", seq, None).await);
+    }
+    sql.execute(
+        "SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())",
+        &[&slot],
+    )
+    .await
+    .expect("advance the slot as Debezium's confirmations would");
+    // Committed after Debezium stopped, before outboxd starts: to be sent.
+    let mut after = Vec::new();
+    for seq in 1..=5 {
+        let key = format!("k{}", seq % 2);
+        let trace = (seq == 3).then_some(TRACEPARENT);
+        after.push((
+            key.clone(),
+            emit(&mut sql, &p.table, &aggregate, &key, seq, trace).await,
+        ));
+    }
+
+    let check = run_outboxd(&p.config_path, &["check"]);
+    assert!(
+        check.status.success(),
+        "outboxd check on Debezium's table:\n{}\n{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let daemon = p.spawn_run("run.log");
+    // And while it runs.
+    for seq in 6..=10 {
+        let key = format!("k{}", seq % 2);
+        after.push((
+            key.clone(),
+            emit(&mut sql, &p.table, &aggregate, &key, seq, None).await,
+        ));
+    }
+    let end = current_lsn(&sql).await;
+
+    let records = consume_all(
+        &p.services.kafka,
+        &topic,
+        1,
+        after.len(),
+        Duration::from_secs(60),
+    );
+    let seen = by_id(&records);
+    for id in &before {
+        assert!(
+            !seen.contains_key(id),
+            "a row Debezium had confirmed was sent again: {id}"
+        );
+    }
+    for (key, id) in &after {
+        let copies = seen
+            .get(id)
+            .unwrap_or_else(|| panic!("row {id} was not sent"));
+        assert_eq!(copies.len(), 1, "row {id} sent {} times", copies.len());
+        let r = copies[0];
+        assert_eq!(&r.key, key, "the record key is aggregateid");
+        assert_eq!(r.headers.get("message_id"), Some(id));
+        assert_eq!(
+            r.headers.get("message_type").map(String::as_str),
+            Some("OrderCreated")
+        );
+        assert!(
+            r.payload.contains(&format!(r#""key": "{key}""#)),
+            "{}",
+            r.payload
+        );
+    }
+    assert_eq!(records.len(), after.len(), "nothing else on {topic}");
+    // Per-key order: each key's seqs arrive as committed.
+    for key in ["k0", "k1"] {
+        let seqs: Vec<&str> = records
+            .iter()
+            .filter(|r| r.key == key)
+            .map(|r| r.payload.as_str())
+            .collect();
+        let mut sorted = seqs.clone();
+        sorted.sort_by_key(|p| {
+            let digits: String = p.chars().filter(char::is_ascii_digit).collect();
+            digits.parse::<u64>().unwrap_or(0)
+        });
+        assert_eq!(seqs, sorted, "key {key} in commit order");
+    }
+    let traced = &seen[&after[2].1][0];
+    assert_eq!(
+        traced.headers.get("traceparent").map(String::as_str),
+        Some(TRACEPARENT),
+        "the trace context of tracingspancontext"
+    );
+    assert!(
+        records
+            .iter()
+            .filter(|r| r.headers.contains_key("traceparent"))
+            .count()
+            == 1,
+        "rows without a span context carry none"
+    );
+
+    // Nothing to write back, yet the slot is confirmed past the last transaction.
+    wait_for(
+        "the slot confirmed past the last row",
+        Duration::from_secs(30),
+        || async { confirmed_past(&sql, &slot, &end).await.then_some(()) },
+    )
+    .await;
+    let left: i64 = sql
+        .query_one(&format!("SELECT count(*) FROM \"{}\"", p.table), &[])
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(
+        left, 0,
+        "the application deleted its rows; outboxd wrote none"
+    );
+    let status = run_outboxd(&p.config_path, &["status"]);
+    assert!(!status.status.success());
+    assert!(
+        String::from_utf8_lossy(&status.stderr).contains("outbox.rows = \"deleted\""),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    println!(
+        "slot {slot} confirmed at {}",
+        confirmed_lsn(&sql, &slot).await
+    );
+    drop(daemon);
+    drop_slot(&sql, &slot).await;
+    p.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_row_that_can_never_be_sent_stops_the_relay_before_it() {
+    let (p, slot, aggregate) = debezium_pipeline("dbzstop", "").await;
+    let allowed = format!("outbox.event.{aggregate}");
+    let config = std::fs::read_to_string(&p.config_path).expect("read config");
+    let config = config.replacen(
+        "[kafka]\n",
+        &format!("[kafka]\nallowed_topics = [\"{allowed}\"]\n"),
+        1,
+    );
+    std::fs::write(&p.config_path, config).expect("write config");
+    let mut sql = p.sql().await;
+    p.init();
+    // As Debezium would have: confirmed past the publication's creation (README, the
+    // switch from Debezium).
+    sql.execute(
+        "SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())",
+        &[&slot],
+    )
+    .await
+    .expect("advance the slot");
+
+    let first = emit(&mut sql, &p.table, &aggregate, "k", 1, None).await;
+    let before_bad = current_lsn(&sql).await;
+    let bad = emit(&mut sql, &p.table, "secret", "k", 2, None).await;
+    let mut daemon = p.spawn_run("run.log");
+    let exit = daemon
+        .wait_exit(Duration::from_secs(60))
+        .expect("run stops by itself");
+    assert!(!exit.success());
+    let log = daemon.log_text();
+    assert!(
+        log.contains(&format!("message_id `{bad}` cannot be published")),
+        "the row and the reason are named:\n{log}"
+    );
+    let records = consume_all(&p.services.kafka, &allowed, 1, 1, Duration::from_secs(30));
+    assert_eq!(by_id(&records).keys().collect::<Vec<_>>(), vec![&first]);
+    // The position stops before the row that was not sent: a restart meets it again.
+    let held: bool = sql
+        .query_one(
+            "SELECT confirmed_flush_lsn <= $2::text::pg_lsn FROM pg_replication_slots \
+             WHERE slot_name = $1",
+            &[&slot, &before_bad],
+        )
+        .await
+        .expect("slot")
+        .get(0);
+    assert!(
+        held,
+        "the slot was confirmed past a row that was never sent"
+    );
+    drop_slot(&sql, &slot).await;
+    p.cleanup().await;
+}
