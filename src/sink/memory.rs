@@ -90,6 +90,13 @@ impl MemorySink {
         self.state().fail_keys.insert(key.to_owned(), kind);
     }
 
+    /// Records fail no more (the topic was created, the broker fixed).
+    pub(crate) fn heal(&self) {
+        let mut state = self.state();
+        state.fail_ids.clear();
+        state.fail_keys.clear();
+    }
+
     /// From now on every send fails fatally, as a librdkafka producer does after a fatal
     /// error, until the sink is recovered.
     pub(crate) fn turn_fatal(&self) {
