@@ -1,0 +1,476 @@
+//! End-to-end: Debezium's outbox table on MariaDB (`outbox.layout = "debezium"`, rows the
+//! application deletes in the transaction that inserts them) → binlog → outboxd → Kafka,
+//! routed as Debezium's Event Router routes (`outbox.event.<aggregatetype>`), on the real
+//! servers started by `scripts/services`, through the real `outboxd` binary.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use common::mysql::MysqlPipeline;
+use common::{consume_all, topic_exists, wait_for, Record};
+use mysql_async::prelude::Queryable;
+
+/// The `tracingspancontext` of the traced row, as Debezium's Java properties text.
+const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
+/// One row of Debezium's outbox that a test writes.
+#[derive(Debug)]
+struct DbzRow {
+    id: String,
+    aggregatetype: String,
+    aggregateid: String,
+    kind: String,
+    payload: String,
+    tracing: Option<String>,
+}
+
+impl DbzRow {
+    /// Row number `seq` (its commit order) of key `aggregateid`, routed by `aggregatetype`.
+    fn new(aggregatetype: &str, aggregateid: &str, seq: u32) -> Self {
+        Self {
+            id: uuid(),
+            aggregatetype: aggregatetype.to_owned(),
+            aggregateid: aggregateid.to_owned(),
+            kind: format!("OrderStep{seq}"),
+            payload: format!("{{\"key\": \"{aggregateid}\", \"seq\": {seq}}}"),
+            tracing: None,
+        }
+    }
+
+    fn insert_sql(&self, table: &str) -> String {
+        let tracing = self
+            .tracing
+            .as_ref()
+            .map_or_else(|| "NULL".to_owned(), |t| format!("'{t}'"));
+        format!(
+            "INSERT INTO `{table}` (id, aggregatetype, aggregateid, type, payload, \
+             tracingspancontext) VALUES ('{}', '{}', '{}', '{}', '{}', {tracing})",
+            self.id, self.aggregatetype, self.aggregateid, self.kind, self.payload
+        )
+    }
+
+    fn delete_sql(&self, table: &str) -> String {
+        format!("DELETE FROM `{table}` WHERE id = '{}'", self.id)
+    }
+}
+
+/// A random (version 4) uuid in its 36-character text form.
+fn uuid() -> String {
+    let mut b: [u8; 16] = rand::random();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+/// How a transaction deletes what it inserted.
+#[derive(Clone, Copy)]
+enum Deletes {
+    /// Each row right after its insert.
+    EachAfterItsInsert,
+    /// Every row at the end, in one statement.
+    AllAtTheEnd,
+}
+
+/// Inserts `rows` and deletes them again in one transaction, and commits it: the
+/// application's side of Debezium's outbox pattern.
+async fn commit_and_delete(
+    conn: &mut mysql_async::Conn,
+    table: &str,
+    rows: &[DbzRow],
+    how: Deletes,
+) {
+    let mut sql = String::from("START TRANSACTION;");
+    for row in rows {
+        sql.push_str(&row.insert_sql(table));
+        sql.push(';');
+        if let Deletes::EachAfterItsInsert = how {
+            sql.push_str(&row.delete_sql(table));
+            sql.push(';');
+        }
+    }
+    if let Deletes::AllAtTheEnd = how {
+        let ids: Vec<String> = rows.iter().map(|r| format!("'{}'", r.id)).collect();
+        sql.push_str(&format!(
+            "DELETE FROM `{table}` WHERE id IN ({});",
+            ids.join(", ")
+        ));
+    }
+    sql.push_str("COMMIT");
+    conn.query_drop(sql)
+        .await
+        .expect("insert-and-delete transaction");
+}
+
+/// Rewrites the pipeline's config for Debezium's table: `layout = "debezium"` (rows
+/// `deleted` by default), no `topic_template` (so Debezium's `outbox.event.{routing}`
+/// applies), and `kafka_extra` lines added to `[kafka]`.
+fn debezium_config(p: &MysqlPipeline, kafka_extra: &str) {
+    let config = std::fs::read_to_string(&p.config_path).expect("read config");
+    let template = format!("topic_template = \"{}\"\n", p.topic);
+    assert!(
+        config.contains(&template),
+        "the template line in:\n{config}"
+    );
+    let config = config.replace(&template, "").replace(
+        "checkpoint_table = \"outboxd_checkpoint\"\n",
+        "checkpoint_table = \"outboxd_checkpoint\"\nlayout = \"debezium\"\n",
+    );
+    let config = config.replace(
+        "message_timeout = \"10s\"\n",
+        &format!("message_timeout = \"10s\"\n{kafka_extra}"),
+    );
+    assert!(
+        config.contains("layout = \"debezium\"") && !config.contains("topic_template"),
+        "{config}"
+    );
+    std::fs::write(&p.config_path, config).expect("write config");
+}
+
+/// Creates Debezium's outbox table (the application's, made before `outboxd init`) under
+/// the pipeline's table name, with `id` of type `id_type` and `payload` of `payload_type`.
+async fn create_debezium_table(p: &MysqlPipeline, id_type: &str, payload_type: &str) {
+    let sql = format!(
+        "CREATE TABLE `{}` (\
+           id {id_type} NOT NULL, \
+           aggregatetype VARCHAR(255) NOT NULL, \
+           aggregateid VARCHAR(255) NOT NULL, \
+           type VARCHAR(255) NOT NULL, \
+           payload {payload_type}, \
+           tracingspancontext VARCHAR(256) NULL, \
+           PRIMARY KEY (id))",
+        p.table
+    );
+    p.sql().await.query_drop(&sql).await.expect(&sql);
+}
+
+/// `outboxd init` (as the admin, then the runtime grants), which must leave the
+/// application's table as it is.
+fn init_keeping_the_table(p: &MysqlPipeline) {
+    let out = p.outboxd(&["init"]);
+    let said = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "outboxd init failed:\n{said}");
+    assert!(
+        !said.contains(&format!("created table {}", p.table)),
+        "init creates no outbox table with rows = \"deleted\":\n{said}"
+    );
+}
+
+async fn outbox_row_count(p: &MysqlPipeline) -> i64 {
+    let mut conn = p.sql().await;
+    let count: Option<i64> = conn
+        .query_first(format!("SELECT COUNT(*) FROM `{}`", p.table))
+        .await
+        .expect("count outbox rows");
+    let _ = conn.disconnect().await;
+    count.unwrap_or_default()
+}
+
+/// `(file, offset)` of a checkpoint `binlog:<file>:<offset>[:<gtid>][;…]`.
+fn binlog_position(checkpoint: &str) -> (String, u64) {
+    let position = checkpoint
+        .strip_prefix("binlog:")
+        .unwrap_or_else(|| panic!("a binlog checkpoint: {checkpoint}"));
+    let position = position.split(';').next().unwrap_or_default();
+    let mut parts = position.split(':');
+    let file = parts.next().unwrap_or_default().to_owned();
+    let offset = parts
+        .next()
+        .and_then(|o| o.parse().ok())
+        .unwrap_or_else(|| panic!("an offset in the checkpoint {checkpoint}"));
+    (file, offset)
+}
+
+/// The server's current binlog `(file, offset)`.
+async fn master_position(p: &MysqlPipeline) -> (String, u64) {
+    let mut conn = p.sql().await;
+    let row: mysql_async::Row = conn
+        .query_first("SHOW MASTER STATUS")
+        .await
+        .expect("master status")
+        .expect("the binlog is on");
+    let _ = conn.disconnect().await;
+    (row.get(0).expect("file"), row.get(1).expect("offset"))
+}
+
+/// The records of `topic` (one partition each of `partitions`) keyed by their `id` header.
+fn by_id(records: &[Record]) -> HashMap<String, Vec<&Record>> {
+    let mut by_id: HashMap<String, Vec<&Record>> = HashMap::new();
+    for r in records {
+        let id = r.headers.get("id").cloned().unwrap_or_default();
+        by_id.entry(id).or_default().push(r);
+    }
+    by_id
+}
+
+/// Rows inserted and deleted in one transaction while `outboxd run` runs all reach
+/// `outbox.event.<aggregatetype>`, each once, in per-key commit order, read as Debezium's
+/// Event Router reads them (key = aggregateid, headers `id`, `message_id`, `message_type`,
+/// value = payload, `tracingspancontext` as `traceparent`). The table stays empty, the
+/// checkpoint row still moves past the rows, and `outboxd status` refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_debezium_rows_reach_the_event_router_topic_in_key_order() {
+    let p = MysqlPipeline::new("dbz", 3, "").await;
+    debezium_config(&p, "");
+    let aggregatetype = format!("order_{}", p.name);
+    let topic = format!("outbox.event.{aggregatetype}");
+    p.create_topic(&topic, 3).await;
+    create_debezium_table(&p, "CHAR(36)", "JSON").await;
+    init_keeping_the_table(&p);
+    let initial = p
+        .checkpoint()
+        .await
+        .expect("init records the starting binlog position");
+
+    let mut daemon = p.spawn_run("run.log");
+    let keys = ["order-1", "order-2", "order-3"];
+    let mut committed: Vec<DbzRow> = Vec::new();
+    let mut conn = p.sql().await;
+    let mut seq = 0;
+    let mut last_start = binlog_position(&initial);
+    for txn in 0..6 {
+        let mut rows = Vec::new();
+        // Five transactions of four rows, and the traced row alone in the fourth.
+        let count = if txn == 3 { 1 } else { 4 };
+        for _ in 0..count {
+            seq += 1;
+            let mut row = DbzRow::new(&aggregatetype, keys[seq as usize % keys.len()], seq);
+            if txn == 3 {
+                row.tracing = Some(format!("traceparent={TRACEPARENT}"));
+            }
+            rows.push(row);
+        }
+        let how = if txn % 2 == 0 {
+            Deletes::EachAfterItsInsert
+        } else {
+            Deletes::AllAtTheEnd
+        };
+        last_start = master_position(&p).await;
+        commit_and_delete(&mut conn, &p.table, &rows, how).await;
+        committed.extend(rows);
+    }
+    let _ = conn.disconnect().await;
+    assert_eq!(committed.len(), 21);
+
+    let records = consume_all(
+        p.services.kafka.as_str(),
+        &topic,
+        3,
+        committed.len(),
+        Duration::from_secs(60),
+    );
+    assert!(
+        daemon.is_running(),
+        "run keeps running:\n{}",
+        daemon.log_text()
+    );
+    let ids = by_id(&records);
+    assert_eq!(
+        records.len(),
+        committed.len(),
+        "every row once, nothing else:\n{records:#?}\n{}",
+        daemon.log_text()
+    );
+    for row in &committed {
+        let found = ids.get(&row.id).map(Vec::as_slice).unwrap_or_default();
+        assert_eq!(found.len(), 1, "row {} once: {found:#?}", row.id);
+        let r = found[0];
+        assert_eq!(r.key, row.aggregateid, "key = aggregateid: {r:#?}");
+        assert_eq!(r.payload, row.payload, "value = payload: {r:#?}");
+        assert_eq!(r.headers.get("message_id"), Some(&row.id), "{r:#?}");
+        assert_eq!(r.headers.get("message_type"), Some(&row.kind), "{r:#?}");
+        assert_eq!(r.headers.get("biz_key"), Some(&row.aggregateid), "{r:#?}");
+        match &row.tracing {
+            Some(_) => assert_eq!(
+                r.headers.get("traceparent").map(String::as_str),
+                Some(TRACEPARENT),
+                "the traced row's traceparent: {r:#?}"
+            ),
+            None => assert!(
+                !r.headers.contains_key("traceparent"),
+                "no traceparent on an untraced row: {r:#?}"
+            ),
+        }
+    }
+
+    // Per key, partition-offset order is commit order.
+    let mut sorted: Vec<&Record> = records.iter().collect();
+    sorted.sort_by_key(|r| (r.partition, r.offset));
+    let mut seen: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut partition_of: HashMap<String, i32> = HashMap::new();
+    for r in sorted {
+        seen.entry(r.key.clone())
+            .or_default()
+            .push(r.headers["id"].clone());
+        let partition = *partition_of.entry(r.key.clone()).or_insert(r.partition);
+        assert_eq!(partition, r.partition, "one partition per key: {r:#?}");
+    }
+    let mut expected: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for row in &committed {
+        expected
+            .entry(row.aggregateid.clone())
+            .or_default()
+            .push(row.id.clone());
+    }
+    assert_eq!(seen, expected, "each key's records in commit order");
+
+    // The application deleted every row; outboxd wrote nothing to the outbox, and its
+    // checkpoint row still moved past the last transaction.
+    assert_eq!(outbox_row_count(&p).await, 0, "the outbox is empty");
+    let initial_position = binlog_position(&initial);
+    let moved = wait_for(
+        "the checkpoint past the last transaction",
+        Duration::from_secs(30),
+        || async {
+            let now = p.checkpoint().await?;
+            let position = binlog_position(&now);
+            (position > last_start).then_some(now)
+        },
+    )
+    .await;
+    assert!(
+        binlog_position(&moved) > initial_position,
+        "{moved} is past {initial}"
+    );
+
+    let status = p.outboxd(&["status"]);
+    let said = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&status.stdout),
+        String::from_utf8_lossy(&status.stderr)
+    );
+    assert!(!status.status.success(), "status refuses:\n{said}");
+    assert!(said.contains("outbox.rows = \"deleted\""), "{said}");
+
+    assert!(
+        daemon.terminate().success(),
+        "a graceful stop:\n{}",
+        daemon.log_text()
+    );
+    p.cleanup().await;
+}
+
+/// With `kafka.allowed_topics`, a row whose aggregatetype routes elsewhere cannot be
+/// published and has no row to mark: `outboxd run` stops by itself, non-zero, before it
+/// (the rows committed before it were delivered, none after it, no topic created), and
+/// stops there again when started again: it never skips.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_routed_outside_the_allowed_topics_stops_the_relay_before_it() {
+    let p = MysqlPipeline::new("dbzallow", 1, "").await;
+    let allowed = format!("order_{}", p.name);
+    let forbidden = format!("audit_{}", p.name);
+    let allowed_topic = format!("outbox.event.{allowed}");
+    let forbidden_topic = format!("outbox.event.{forbidden}");
+    debezium_config(&p, &format!("allowed_topics = [\"{allowed_topic}\"]\n"));
+    p.create_topic(&allowed_topic, 1).await;
+    create_debezium_table(&p, "VARCHAR(36)", "LONGTEXT").await;
+    init_keeping_the_table(&p);
+
+    let mut daemon = p.spawn_run("run-1.log");
+    let mut conn = p.sql().await;
+    let before: Vec<DbzRow> = (1..=3)
+        .map(|seq| DbzRow::new(&allowed, "order-1", seq))
+        .collect();
+    commit_and_delete(
+        &mut conn,
+        &p.table,
+        &before[..2],
+        Deletes::EachAfterItsInsert,
+    )
+    .await;
+    commit_and_delete(&mut conn, &p.table, &before[2..], Deletes::AllAtTheEnd).await;
+    let refused = DbzRow::new(&forbidden, "order-1", 4);
+    commit_and_delete(
+        &mut conn,
+        &p.table,
+        std::slice::from_ref(&refused),
+        Deletes::AllAtTheEnd,
+    )
+    .await;
+    let after = DbzRow::new(&allowed, "order-1", 5);
+    commit_and_delete(
+        &mut conn,
+        &p.table,
+        std::slice::from_ref(&after),
+        Deletes::AllAtTheEnd,
+    )
+    .await;
+    let _ = conn.disconnect().await;
+
+    let status = daemon
+        .wait_exit(Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("outboxd run keeps running:\n{}", daemon.log_text()));
+    let log = daemon.log_text();
+    assert!(!status.success(), "run exits non-zero: {status}\n{log}");
+    assert!(log.contains("cannot be published"), "{log}");
+    assert!(
+        log.contains(&refused.id),
+        "the log names the refused row {}:\n{log}",
+        refused.id
+    );
+
+    let records = consume_all(
+        p.services.kafka.as_str(),
+        &allowed_topic,
+        1,
+        before.len(),
+        Duration::from_secs(30),
+    );
+    let ids = by_id(&records);
+    for row in &before {
+        assert_eq!(
+            ids.get(&row.id).map(Vec::len),
+            Some(1),
+            "row {} committed before the refused one was delivered once:\n{records:#?}\n{log}",
+            row.id
+        );
+    }
+    assert!(
+        !ids.contains_key(&after.id),
+        "nothing after the refused row was sent: {records:#?}"
+    );
+    assert!(
+        !topic_exists(p.services.kafka.as_str(), &forbidden_topic),
+        "no topic was created for the refused row"
+    );
+
+    // Started again, it stops at the same row: the position never passed it.
+    let mut again = p.spawn_run("run-2.log");
+    let status = again
+        .wait_exit(Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("outboxd run keeps running:\n{}", again.log_text()));
+    let log = again.log_text();
+    assert!(
+        !status.success(),
+        "run exits non-zero again: {status}\n{log}"
+    );
+    assert!(
+        log.contains("cannot be published") && log.contains(&refused.id),
+        "{log}"
+    );
+    let records = consume_all(
+        p.services.kafka.as_str(),
+        &allowed_topic,
+        1,
+        before.len(),
+        Duration::from_secs(10),
+    );
+    assert!(
+        !by_id(&records).contains_key(&after.id),
+        "still nothing after the refused row: {records:#?}"
+    );
+    p.cleanup().await;
+}
