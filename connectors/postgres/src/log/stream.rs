@@ -210,6 +210,14 @@ async fn resolve_outbox(
 /// publication (they can appear at START_REPLICATION or at the first change decoded).
 fn with_fix(e: ConnectorError, slot: &str) -> ConnectorError {
     let fix = match e.reason() {
+        // A publication the slot's decoding cannot see: dropped, or created after the
+        // position decoding starts from (the catalog is read as it was at each change).
+        ErrorReason::MissingObject if e.message().contains("publication") => {
+            "run `outboxd init --config <file>` to create it; if it exists, it was created \
+             after the slot's confirmed position (a slot taken over from Debezium or another \
+             consumer): let that consumer confirm past the publication's creation before \
+             switching, or run `outboxd recover --config <file>` to start the slot afresh"
+        }
         // The slot or publication was dropped.
         ErrorReason::MissingObject => {
             "run `outboxd init --config <file>` to create it (or `outboxd recover --config \
