@@ -115,6 +115,7 @@ fn event(id: i64, message_id: &str) -> OutboxEvent {
         biz_key: "k".to_owned(),
         key: Bytes::from_static(b"k"),
         topic: None,
+        routing: None,
         payload: Bytes::from_static(b"{}"),
         headers: Vec::new(),
         created_at: "2026-12-03 00:00:00+00".to_owned(),
