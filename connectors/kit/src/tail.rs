@@ -28,8 +28,13 @@ use tokio::time::Instant;
 
 /// Items buffered between the log task and the core.
 pub const CHANNEL_CAPACITY: usize = 1024;
-/// Bytes of events buffered between the log task and the core.
-pub const CHANNEL_BYTES: usize = 16 << 20;
+/// Bytes of events buffered between the log task and the core, as
+/// [`OutboxEvent::size`](outboxd_connector::OutboxEvent::size) counts them: one part of a
+/// large transaction ([`outboxd_connector::PART_BYTES`]). The count is proportional to
+/// the memory, not equal to it (an event's strings and buffers are allocated apart):
+/// 16 MiB of them held about 40 MB, most of a million-row transaction's 102 MB peak
+/// (BENCHMARKS.md); at 4 MiB the peak is 60 MB, and the drain no slower.
+pub const CHANNEL_BYTES: usize = 4 << 20;
 /// Progress items are sent at most this often.
 pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 
