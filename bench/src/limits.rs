@@ -43,6 +43,47 @@ pub(crate) async fn pg_recvlogical(
     Ok(elapsed)
 }
 
+/// MariaDB's (or MySQL's) binlog reader, `mysqlbinlog --read-from-remote-server
+/// --verbose` (which decodes every row event), from `file`:`position` to the end of the
+/// last binlog, to /dev/null: the binlog's side of the limit, read as a replica reads
+/// it. Returns how long it took.
+pub(crate) async fn mysqlbinlog(
+    services: &Services,
+    file: &str,
+    position: u64,
+) -> anyhow::Result<Duration> {
+    let bin = ["mariadb-binlog", "mysqlbinlog"]
+        .into_iter()
+        .find(|b| which(b))
+        .context("neither mariadb-binlog nor mysqlbinlog is installed")?;
+    let started = Instant::now();
+    let out = Command::new(bin)
+        .arg("--read-from-remote-server")
+        .arg(format!("--host={}", services.mysql_host))
+        .arg(format!("--port={}", services.mysql_port))
+        .arg(format!("--user={}", services.mysql_user))
+        .arg(format!("--start-position={position}"))
+        .args(["--to-last-log", "--verbose", file])
+        .env("MYSQL_PWD", &services.mysql_password)
+        .stdout(std::process::Stdio::null())
+        .output()
+        .await
+        .with_context(|| format!("running {bin}"))?;
+    let elapsed = started.elapsed();
+    anyhow::ensure!(
+        out.status.success(),
+        "{bin} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(elapsed)
+}
+
+/// Whether `program` is on the PATH.
+fn which(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
+}
+
 /// Kafka's own `ProducerPerformance` with outboxd's producer settings; records/s.
 pub(crate) async fn producer_performance(
     services_script: &Path,

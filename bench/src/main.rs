@@ -248,7 +248,10 @@ impl Bench {
         }
         if self.args.wants("mariadb") {
             match self.mariadb().await {
-                Ok(rows) => report.rows.extend(rows),
+                Ok((rows, binlog)) => {
+                    report.rows.extend(rows);
+                    report.limits.mysqlbinlog = binlog;
+                }
                 Err(e) => {
                     eprintln!("MariaDB: {e:#}");
                     report.rows.push(Row::unavailable(
@@ -633,8 +636,9 @@ impl Bench {
         Ok(rows)
     }
 
-    /// MariaDB in log mode (binlog): the fixed rate, then a backlog.
-    async fn mariadb(&mut self) -> anyhow::Result<Vec<Row>> {
+    /// MariaDB in log mode (binlog): the fixed rate, then a backlog, with `mysqlbinlog`
+    /// reading the backlog's binlog first (the binlog's limit, events/s).
+    async fn mariadb(&mut self) -> anyhow::Result<(Vec<Row>, Option<f64>)> {
         let url = self.services.mysql_url();
         let p = self.pipeline("maria", Source::Mysql).await?;
         let mut rows = Vec::new();
@@ -672,7 +676,15 @@ impl Bench {
         let events = self.args.mariadb_backlog_events;
         eprintln!("MariaDB: {events} events written with outboxd stopped, then drained");
         let tag = format!("{}e", self.run);
+        let (file, position) = binlog_position(&url).await?;
         workload::run(&self.workload(&p, &tag, events, None)).await?;
+        let binlog = match limits::mysqlbinlog(&self.services, &file, position).await {
+            Ok(took) => Some(events as f64 / took.as_secs_f64().max(1e-3)),
+            Err(e) => {
+                eprintln!("mysqlbinlog limit: {e:#}");
+                None
+            }
+        };
         let consumer = consume::spawn_filtered(
             &self.services.kafka,
             &p.topic,
@@ -687,6 +699,7 @@ impl Bench {
         wait_all_sent_mysql(&url, &p.table, Duration::from_secs(300)).await?;
         let sample = daemon.sample().unwrap_or_default();
         let mut row = Row::named("log (MariaDB) backlog drain");
+        row.is_binlog_drain = true;
         row.events = events;
         row.duplicates = Some(consumed.duplicates);
         let drained_us = (consumed.last_append_ms() * 1000) as u64;
@@ -697,7 +710,7 @@ impl Bench {
         rows.push(row);
         let code = daemon.terminate(Duration::from_secs(60)).await?;
         anyhow::ensure!(code == 0, "outboxd (MariaDB) exited with {code} on SIGTERM");
-        Ok(rows)
+        Ok((rows, binlog))
     }
 
     async fn cleanup(&mut self) {
@@ -835,6 +848,18 @@ async fn wait_all_sent(sql: &Client, table: &str, timeout: Duration) -> anyhow::
 }
 
 /// As [`wait_all_sent`], on MariaDB.
+/// The server's current binlog file and position (`SHOW MASTER STATUS`).
+async fn binlog_position(url: &str) -> anyhow::Result<(String, u64)> {
+    use mysql_async::prelude::Queryable;
+    let mut conn = mysql_async::Conn::new(mysql_async::Opts::from_url(url)?).await?;
+    let row: Option<mysql_async::Row> = conn.query_first("SHOW MASTER STATUS").await?;
+    let _ = conn.disconnect().await;
+    let row = row.context("SHOW MASTER STATUS returned nothing: is the binlog on?")?;
+    let file: String = row.get(0).context("binlog file")?;
+    let position: u64 = row.get(1).context("binlog position")?;
+    Ok((file, position))
+}
+
 async fn wait_all_sent_mysql(url: &str, table: &str, timeout: Duration) -> anyhow::Result<()> {
     use mysql_async::prelude::Queryable;
     let mut conn = mysql_async::Conn::new(mysql_async::Opts::from_url(url)?).await?;

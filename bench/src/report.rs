@@ -53,6 +53,9 @@ pub(crate) struct Row {
     pub(crate) note: String,
     /// The backlog drain: compared with the limits.
     pub(crate) is_throughput_run: bool,
+    /// The MariaDB backlog drain: compared with the binlog's own pair of limits
+    /// ([`Limits::lower_binlog`]).
+    pub(crate) is_binlog_drain: bool,
     pub(crate) unavailable: bool,
 }
 
@@ -117,12 +120,23 @@ pub(crate) struct Limits {
     pub(crate) kafka_producer_performance_summary: String,
     pub(crate) kafka_rdkafka_keyed: Option<f64>,
     pub(crate) kafka_rdkafka_keyed_cpu: Option<CpuSnapshot>,
+    /// `mysqlbinlog --read-from-remote-server --verbose` reading the MariaDB backlog's
+    /// binlog to /dev/null, events/s.
+    pub(crate) mysqlbinlog: Option<f64>,
 }
 
 impl Limits {
     /// The lower of what PostgreSQL hands out and what Kafka takes.
     pub(crate) fn lower(&self) -> Option<f64> {
         match (self.pg_recvlogical, self.kafka_producer_performance) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The lower of what the binlog hands out (`mysqlbinlog`) and what Kafka takes.
+    pub(crate) fn lower_binlog(&self) -> Option<f64> {
+        match (self.mysqlbinlog, self.kafka_producer_performance) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
@@ -213,6 +227,12 @@ impl Report {
             row.note = "acks=all, idempotent, lz4, linger 5 ms; payload + 100 B".into();
             rows.push(row);
         }
+        if let Some(rate) = self.limits.mysqlbinlog {
+            let mut row = Row::named("limit: mysqlbinlog (binlog → /dev/null)");
+            row.events_per_s = Some(rate);
+            row.note = "--read-from-remote-server --verbose, the MariaDB backlog's binlog".into();
+            rows.push(row);
+        }
         if let Some(rate) = self.limits.kafka_rdkafka_keyed {
             let mut row = Row::named("info: rdkafka keyed producer");
             row.events_per_s = Some(rate);
@@ -224,6 +244,9 @@ impl Report {
     }
 
     fn ratio(&self, row: &Row) -> Option<f64> {
+        if row.is_binlog_drain {
+            return Some(row.events_per_s? / self.limits.lower_binlog()?);
+        }
         if !row.is_throughput_run {
             return None;
         }
@@ -295,6 +318,16 @@ impl Report {
                 verdict(ratio >= 0.8),
             )),
             _ => out.push(("throughput ≥ 0.8 × the lower limit".into(), "n/a".into())),
+        }
+        let binlog = self.rows.iter().find(|r| r.is_binlog_drain);
+        if let (Some(ratio), Some(lower)) = (
+            binlog.and_then(|r| self.ratio(r)),
+            self.limits.lower_binlog(),
+        ) {
+            out.push((
+                format!("MariaDB throughput ≥ 0.8 × its lower limit ({lower:.0} ev/s): {ratio:.2}"),
+                verdict(ratio >= 0.8),
+            ));
         }
         let log_rate = self
             .rows
@@ -423,6 +456,8 @@ impl Report {
                 "kafka_producer_performance_events_per_s": self.limits.kafka_producer_performance,
                 "kafka_producer_performance_summary": self.limits.kafka_producer_performance_summary,
                 "kafka_rdkafka_keyed_events_per_s": self.limits.kafka_rdkafka_keyed,
+                "mysqlbinlog_events_per_s": self.limits.mysqlbinlog,
+                "lower_binlog": self.limits.lower_binlog(),
                 "lower": self.limits.lower(),
             },
             "idle": self.idle.as_ref().map(|i| json!({
