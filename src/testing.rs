@@ -73,6 +73,10 @@ struct StoreState {
 #[derive(Default)]
 pub(crate) struct MemoryStore {
     state: Mutex<StoreState>,
+    /// Write-backs wait while this is set, as behind a slow commit.
+    hold_write_backs: std::sync::atomic::AtomicBool,
+    /// Write-backs waiting behind `hold_write_backs`.
+    held_write_backs: std::sync::atomic::AtomicUsize,
 }
 
 impl MemoryStore {
@@ -109,6 +113,18 @@ impl MemoryStore {
         }
     }
 
+    /// Write-backs wait while `held` (a slow commit), and go on once it is cleared.
+    pub(crate) fn hold_write_backs(&self, held: bool) {
+        self.hold_write_backs
+            .store(held, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// How many write-backs are waiting behind [`Self::hold_write_backs`].
+    pub(crate) fn held_write_backs(&self) -> usize {
+        self.held_write_backs
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Write-backs fail (transient) while `down`, as during a database restart.
     pub(crate) fn set_unavailable(&self, down: bool) {
         lock(&self.state).unavailable = down;
@@ -131,6 +147,14 @@ impl MemoryStore {
 
 impl OutboxStore for MemoryStore {
     async fn write_back(&self, batch: WriteBack<'_>) -> Result<(), ConnectorError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.hold_write_backs.load(SeqCst) {
+            self.held_write_backs.fetch_add(1, SeqCst);
+            while self.hold_write_backs.load(SeqCst) {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            self.held_write_backs.fetch_sub(1, SeqCst);
+        }
         let mut state = lock(&self.state);
         if state.unavailable {
             state.refused += 1;

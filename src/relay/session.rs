@@ -74,6 +74,33 @@ impl Unwritten {
 /// Records handed to the sink whose outcome is not yet known.
 type Deliveries = FuturesUnordered<BoxFuture<'static, Completed>>;
 
+/// At least once: the write-back under way while the session reads and sends on (at most
+/// one, so checkpoints are written and positions confirmed in order).
+type Writing<'a> = FuturesUnordered<BoxFuture<'a, Written>>;
+
+/// Outcomes on their way to the table.
+#[derive(Debug, Default)]
+struct Outcomes {
+    delivered: Vec<Delivered>,
+    failed: Vec<DeliveryFailure>,
+    parked: Vec<ParkedEvent>,
+    rejected: Vec<ParkedEvent>,
+}
+
+impl Outcomes {
+    fn len(&self) -> usize {
+        self.delivered.len() + self.failed.len() + self.parked.len() + self.rejected.len()
+    }
+}
+
+/// A write-back that ended: how, what it wrote, and the position it makes durable.
+struct Written {
+    result: Result<(), ConnectorError>,
+    outcomes: Outcomes,
+    bytes: usize,
+    checkpoint: Option<Position>,
+}
+
 /// Waits for one record's outcome. Keeps only what the outcome needs from the event: the
 /// payload, key and headers are dropped here, before the wait, since the sink has them
 /// (librdkafka copies a record when it is produced), so a record in flight is not held
@@ -142,6 +169,8 @@ pub(super) struct Session<'a, O, S> {
     blocked_refresh_every: Duration,
     /// Sequence numbers of the slots the batch's rows belong to, one per row.
     batch_seqs: Vec<u64>,
+    /// A flush was asked for while a write-back was under way: it follows that one.
+    flush_wanted: bool,
     batch_started: Option<Instant>,
     last_confirmed: Option<Position>,
     /// The checkpoint row when the session opened: transactions up to it are already
@@ -210,6 +239,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             blocked_refreshed: Instant::now(),
             blocked_refresh_every: MIN_BLOCKED_REFRESH,
             batch_seqs: Vec::new(),
+            flush_wanted: false,
             batch_started: None,
             last_confirmed: None,
             written_through: None,
@@ -294,6 +324,30 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             }
         }
         Ok(())
+    }
+
+    /// Whether reading `events` queries the store before they are sent: a look-up of rows
+    /// read again ([`Self::drop_delivered`]) or strict ordering's look at the table
+    /// ([`Self::refresh_blocked_keys`]).
+    fn uses_store_before_sending(&self, events: &[OutboxEvent]) -> bool {
+        let read_again = self
+            .delivered_through
+            .is_some_and(|through| events.iter().any(|e| e.id <= through));
+        let refresh_due =
+            self.strict() && self.blocked_refreshed.elapsed() >= self.blocked_refresh_every;
+        read_again || refresh_due
+    }
+
+    /// Ends the write-back under way, if any.
+    async fn settle<T: ChangeStream>(
+        &mut self,
+        writing: &mut Writing<'a>,
+        stream: &mut T,
+        stopping_at: &mut Option<Instant>,
+    ) {
+        while let Some(written) = writing.next().await {
+            self.finish_write(written, stream, stopping_at).await;
+        }
     }
 
     /// Drops the events of a transaction read again whose rows the table already shows
@@ -394,6 +448,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         backoff: &mut ReconnectBackoff,
     ) -> Result<(), PipelineError> {
         let mut deliveries = Deliveries::new();
+        let mut writing = Writing::new();
         let mut stopping_at: Option<Instant> = None;
         let mut stream_error: Option<ConnectorError> = None;
         let far_future = Instant::now() + Duration::from_secs(86_400 * 365);
@@ -435,6 +490,14 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                     );
                     stopping_at = Some(Instant::now() + self.settings.delivery.shutdown_deadline);
                 }
+                Some(written) = writing.next(), if !writing.is_empty() => {
+                    self.finish_write(written, stream, &mut stopping_at).await;
+                    let batch_full =
+                        self.batch_seqs.len() >= self.settings.delivery.writeback_batch;
+                    if self.flush_wanted || batch_full {
+                        self.flush_or_drain(stream, &mut writing, &mut stopping_at).await;
+                    }
+                }
                 Some(done) = deliveries.next(), if !deliveries.is_empty() => {
                     last_progress = Instant::now();
                     self.complete(done);
@@ -452,20 +515,21 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                     let batch_full =
                         self.batch_seqs.len() >= self.settings.delivery.writeback_batch;
                     if batch_full && !self.exactly_once {
-                        self.flush_or_drain(stream, &mut stopping_at).await;
+                        self.flush_or_drain(stream, &mut writing, &mut stopping_at).await;
                     }
                 }
                 _ = &mut flush_timer,
                     if self.batch_started.is_some()
+                        && writing.is_empty()
                         && self.write_error.is_none()
                         && !self.exactly_once =>
                 {
-                    self.flush_or_drain(stream, &mut stopping_at).await;
+                    self.flush_or_drain(stream, &mut writing, &mut stopping_at).await;
                 }
                 _ = sleep_until(self.window_closes_at(far_future).into()),
                     if self.exactly_once && deliveries.is_empty() && self.may_commit() =>
                 {
-                    self.flush_or_drain(stream, &mut stopping_at).await;
+                    self.flush_or_drain(stream, &mut writing, &mut stopping_at).await;
                 }
                 _ = &mut stall_timer, if !deliveries.is_empty() => {
                     // The timer may go off early (see above): then it is only moved on.
@@ -485,7 +549,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                     if self.blocked.contains(&key) {
                         self.maybe_released.insert(key);
                         if self.batch_started.is_none() && !self.exactly_once {
-                            self.flush_or_drain(stream, &mut stopping_at).await;
+                            self.flush_or_drain(stream, &mut writing, &mut stopping_at).await;
                         }
                     }
                 }
@@ -498,13 +562,18 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                         );
                         self.push_slot(tx.commit_position, 0);
                         if self.batch_started.is_none() && !self.exactly_once {
-                            self.flush_or_drain(stream, &mut stopping_at).await;
+                            self.flush_or_drain(stream, &mut writing, &mut stopping_at).await;
                         }
                     }
                     Ok(ChangeItem::Transaction(tx)) => 'item: {
                         backoff.reset();
                         self.stats.transactions.fetch_add(1, Ordering::Relaxed);
                         let CommittedTransaction { commit_position, commit_time, mut events } = tx;
+                        if self.uses_store_before_sending(&events) {
+                            // The store has one connection, which the write-back under
+                            // way holds: end that first (it is polled only here).
+                            self.settle(&mut writing, stream, &mut stopping_at).await;
+                        }
                         if let Err(e) = self.drop_delivered(&mut events).await {
                             self.stop_on_store_error(e.into(), &mut stopping_at);
                             break 'item;
@@ -520,10 +589,11 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                         if events.is_empty() {
                             // Every row delivered already: only the position moves on.
                             if self.batch_started.is_none() && !self.exactly_once {
-                                self.flush_or_drain(stream, &mut stopping_at).await;
+                                self.flush_or_drain(stream, &mut writing, &mut stopping_at).await;
                             }
                         } else {
-                            let ready = self.before_sending(commit_time, deliveries.is_empty(), &mut last_progress).await;
+                            let store_free = writing.is_empty();
+                            let ready = self.before_sending(commit_time, deliveries.is_empty(), &mut last_progress, store_free).await;
                             if let Err(e) = ready {
                                 self.stop_on_store_error(e.into(), &mut stopping_at);
                                 break 'item;
@@ -541,6 +611,11 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                     Ok(ChangeItem::Part(part)) => 'item: {
                         backoff.reset();
                         let TransactionPart { commit_time, mut events, .. } = part;
+                        if self.uses_store_before_sending(&events) {
+                            // The store has one connection, which the write-back under
+                            // way holds: end that first (it is polled only here).
+                            self.settle(&mut writing, stream, &mut stopping_at).await;
+                        }
                         if let Err(e) = self.drop_delivered(&mut events).await {
                             self.stop_on_store_error(e.into(), &mut stopping_at);
                             break 'item;
@@ -566,7 +641,8 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                             }
                         };
                         if !events.is_empty() {
-                            let ready = self.before_sending(commit_time, deliveries.is_empty(), &mut last_progress).await;
+                            let store_free = writing.is_empty();
+                            let ready = self.before_sending(commit_time, deliveries.is_empty(), &mut last_progress, store_free).await;
                             if let Err(e) = ready {
                                 self.stop_on_store_error(e.into(), &mut stopping_at);
                                 break 'item;
@@ -578,7 +654,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                         backoff.reset();
                         self.push_slot(position, 0);
                         if self.batch_started.is_none() && !self.exactly_once {
-                            self.flush_or_drain(stream, &mut stopping_at).await;
+                            self.flush_or_drain(stream, &mut writing, &mut stopping_at).await;
                         }
                     }
                     Err(e) => {
@@ -604,7 +680,8 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
 
             if self.exactly_once && deliveries.is_empty() {
                 if self.may_commit() && (self.window_due() || stopping_at.is_some()) {
-                    self.flush_or_drain(stream, &mut stopping_at).await;
+                    self.flush_or_drain(stream, &mut writing, &mut stopping_at)
+                        .await;
                 } else if self.open_transaction.is_some() && !self.within_bounds() {
                     self.abort_uncommitted().await;
                     return Err(ConnectorError::definite(format!(
@@ -625,14 +702,16 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             }
         }
 
+        // A write-back under way ends first.
+        self.settle(&mut writing, stream, &mut stopping_at).await;
         if let Some(error) = self.write_error.take() {
             self.abort_uncommitted().await;
             return Err(error);
         }
         if !self.exactly_once {
-            self.flush(stream).await?;
+            self.flush_now(stream).await?;
         } else if deliveries.is_empty() && self.may_commit() {
-            if let Err(e) = self.flush(stream).await {
+            if let Err(e) = self.flush_now(stream).await {
                 self.abort_uncommitted().await;
                 return Err(e);
             }
@@ -657,14 +736,149 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
     async fn flush_or_drain<T: ChangeStream>(
         &mut self,
         stream: &mut T,
+        writing: &mut Writing<'a>,
         stopping_at: &mut Option<Instant>,
     ) {
         if self.write_error.is_some() {
             return;
         }
-        if let Err(e) = self.flush(stream).await {
+        if let Err(e) = self.flush(stream, writing).await {
             self.stop_on_store_error(e, stopping_at);
         }
+    }
+
+    /// Flushes. Exactly-once: now, stop-and-wait ([`Self::flush_now`]). At least once:
+    /// the batch's write-back starts and the session reads and sends on meanwhile; its
+    /// position is confirmed when it ends ([`Self::finish_write`]). While one is under
+    /// way the batch keeps growing, and the next one starts when it ends: a write-back
+    /// waits for the database (a commit, an fsync), and the relay no longer waits with
+    /// it.
+    async fn flush<T: ChangeStream>(
+        &mut self,
+        stream: &mut T,
+        writing: &mut Writing<'a>,
+    ) -> Result<(), PipelineError> {
+        if self.exactly_once {
+            return self.flush_now(stream).await;
+        }
+        if !writing.is_empty() {
+            self.flush_wanted = true;
+            return Ok(());
+        }
+        self.flush_wanted = false;
+        for seq in self.batch_seqs.drain(..) {
+            self.frontier.written(seq);
+        }
+        // The frontier may move before the write-back is durable: if it fails the
+        // session ends, and what it did not confirm is read again from the log.
+        let checkpoint = self.frontier.advance();
+        self.batch_started = None;
+        let outcomes = Outcomes {
+            delivered: std::mem::take(&mut self.delivered),
+            failed: std::mem::take(&mut self.failed),
+            parked: std::mem::take(&mut self.parked),
+            rejected: std::mem::take(&mut self.rejected),
+        };
+        if outcomes.len() == 0 {
+            // Only the position moves (transactions without outbox rows, rows already
+            // written): nothing to make durable first.
+            self.release_keys().await?;
+            return self.confirm(stream, checkpoint).await;
+        }
+        let bytes = std::mem::take(&mut self.batch_bytes);
+        let store = self.store;
+        let tracks_status = self.tracks_status();
+        self.stats.metrics.writing_back(true);
+        writing.push(Box::pin(async move {
+            // Deleted rows: the checkpoint alone (the outcomes still count).
+            let delivered: &[Delivered] = match tracks_status {
+                true => &outcomes.delivered,
+                false => &[],
+            };
+            let batch = WriteBack {
+                delivered,
+                failed: &outcomes.failed,
+                parked: &outcomes.parked,
+                rejected: &outcomes.rejected,
+                checkpoint: checkpoint.as_ref(),
+            };
+            let result = write_back_with_retries(store, batch).await;
+            Written {
+                result,
+                outcomes,
+                bytes,
+                checkpoint,
+            }
+        }));
+        Ok(())
+    }
+
+    /// A write-back ended: count its rows out of flight, release the keys the retry
+    /// worker delivered, and confirm its position. When it failed, its outcomes go back
+    /// to the session (the next one writes them, see [`Self::take_unwritten`]) and the
+    /// session drains.
+    async fn finish_write<T: ChangeStream>(
+        &mut self,
+        written: Written,
+        stream: &mut T,
+        stopping_at: &mut Option<Instant>,
+    ) {
+        self.stats.metrics.writing_back(false);
+        let Written {
+            result,
+            outcomes,
+            bytes,
+            checkpoint,
+        } = written;
+        if let Err(e) = result {
+            self.delivered.extend(outcomes.delivered);
+            self.failed.extend(outcomes.failed);
+            self.parked.extend(outcomes.parked);
+            self.rejected.extend(outcomes.rejected);
+            self.batch_bytes += bytes;
+            self.stop_on_store_error(e.into(), stopping_at);
+            return;
+        }
+        self.in_flight -= outcomes.len();
+        self.in_flight_bytes = self.in_flight_bytes.saturating_sub(bytes);
+        self.stats
+            .in_flight
+            .store(self.in_flight as u64, Ordering::Relaxed);
+        self.stats
+            .published
+            .fetch_add(outcomes.delivered.len() as u64, Ordering::Relaxed);
+        self.stats.failed.fetch_add(
+            (outcomes.failed.len() + outcomes.rejected.len()) as u64,
+            Ordering::Relaxed,
+        );
+        if !outcomes.failed.is_empty() || !outcomes.parked.is_empty() {
+            self.wake_worker.notify_one();
+        }
+        let confirmed = match self.release_keys().await {
+            Ok(()) => self.confirm(stream, checkpoint).await,
+            Err(e) => Err(e.into()),
+        };
+        if let Err(e) = confirmed {
+            self.stop_on_store_error(e, stopping_at);
+        }
+    }
+
+    /// Confirms `checkpoint` (durable in the table) to the source.
+    async fn confirm<T: ChangeStream>(
+        &mut self,
+        stream: &mut T,
+        checkpoint: Option<Position>,
+    ) -> Result<(), PipelineError> {
+        if let Some(position) = checkpoint {
+            stream.confirm(&position).await?;
+            tracing::debug!(%position, "confirmed");
+            self.stats.metrics.confirmed();
+            if let Ok(mut confirmed) = self.stats.confirmed.lock() {
+                *confirmed = Some(position.clone());
+            }
+            self.last_confirmed = Some(position);
+        }
+        Ok(())
     }
 
     /// The database failed under the session (a write-back, or a lookup while reading):
@@ -800,11 +1014,14 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
 
     /// What reading events to send does besides sending them: the lag measure when
     /// nothing was in flight, the stall clock, and strict ordering's look at the table.
+    /// `store_free`: no write-back holds the store's connection (its look at the table
+    /// waits for the next transaction otherwise; see [`Self::uses_store_before_sending`]).
     async fn before_sending(
         &mut self,
         commit_time: Option<SystemTime>,
         nothing_waiting: bool,
         last_progress: &mut Instant,
+        store_free: bool,
     ) -> Result<(), ConnectorError> {
         if self.in_flight_bytes == 0 {
             self.stats.metrics.read_while_idle(commit_time);
@@ -812,7 +1029,10 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         if nothing_waiting {
             *last_progress = Instant::now();
         }
-        self.refresh_blocked_keys().await
+        match store_free {
+            true => self.refresh_blocked_keys().await,
+            false => Ok(()),
+        }
     }
 
     async fn send_events(
@@ -949,9 +1169,10 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
     }
 
     /// Writes the batch back with the checkpoint it completes, then confirms that
-    /// position to the source. Transient store errors are retried a few times before
-    /// the session gives up (and the rows are read again from the log).
-    async fn flush<T: ChangeStream>(&mut self, stream: &mut T) -> Result<(), PipelineError> {
+    /// position to the source, before it returns (exactly-once, and the last flush of a
+    /// session). Transient store errors are retried a few times before the session gives
+    /// up (and the rows are read again from the log).
+    async fn flush_now<T: ChangeStream>(&mut self, stream: &mut T) -> Result<(), PipelineError> {
         for seq in self.batch_seqs.drain(..) {
             self.frontier.written(seq);
         }
@@ -1040,17 +1261,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             self.window_opened = None;
         }
         self.release_keys().await?;
-
-        if let Some(position) = checkpoint {
-            stream.confirm(&position).await?;
-            tracing::debug!(%position, "confirmed");
-            self.stats.metrics.confirmed();
-            if let Ok(mut confirmed) = self.stats.confirmed.lock() {
-                *confirmed = Some(position.clone());
-            }
-            self.last_confirmed = Some(position);
-        }
-        Ok(())
+        self.confirm(stream, checkpoint).await
     }
 
     /// Unblocks the keys whose rows the retry worker delivered, once the table shows no

@@ -878,3 +878,42 @@ async fn deleted_rows_stop_before_an_event_that_can_never_be_sent() {
     assert!(last_confirmed(&confirmed) <= Some(lsn(10)));
     assert_no_violations(&confirmed);
 }
+
+/// At least once, the session reads and sends on while a write-back waits for the
+/// database; the write-back's position is confirmed once it is durable, and the rows
+/// acknowledged meanwhile go in the next one.
+#[tokio::test]
+async fn the_session_sends_on_while_a_write_back_waits_for_the_database() {
+    let h = Harness::new(Duration::from_secs(5));
+    let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
+    let (mut link, _keys) = link();
+    let (stop, shutdown) = watch::channel(false);
+    h.store.insert(&[(1, "A"), (2, "B"), (3, "C")]);
+    h.store.hold_write_backs(true);
+
+    let driver = async {
+        log.commit(10, vec![event(1, "A"), event(2, "B")]);
+        wait_until("a write-back waits", || h.store.held_write_backs() == 1).await;
+        log.commit(20, vec![event(3, "C")]);
+        wait_until("row 3 sent meanwhile", || h.sink.sent_ids() == [1, 2, 3]).await;
+        assert_eq!(
+            last_confirmed(&confirmed),
+            None,
+            "nothing confirmed before it is durable"
+        );
+        assert_eq!(h.store.status(1), "INIT");
+        h.store.hold_write_backs(false);
+        wait_until("20 confirmed", || {
+            last_confirmed(&confirmed) == Some(lsn(20))
+        })
+        .await;
+        stop.send_replace(true);
+    };
+    let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
+    result.unwrap();
+    for id in 1..=3 {
+        assert_eq!(h.store.status(id), "SUCCESS", "row {id}");
+    }
+    assert_eq!(h.store.checkpoint(), Some(lsn(20)));
+    assert_no_violations(&confirmed);
+}
