@@ -15,9 +15,43 @@ use common::{consume_all, create_topic_with, run_outboxd, wait_for, Record};
 
 const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
 
+/// Drops Debezium's slot when a test fails before its own cleanup: a slot left behind
+/// holds the server's WAL for good.
+struct SlotGuard {
+    conn: String,
+    slot: String,
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let (conn, slot) = (self.conn.clone(), self.slot.clone());
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async {
+                if let Ok((sql, connection)) =
+                    tokio_postgres::connect(&conn, tokio_postgres::NoTls).await
+                {
+                    tokio::spawn(connection);
+                    drop_slot(&sql, &slot).await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
 /// A pipeline over Debezium's outbox table `p.table`, reading through the slot `slot`
 /// (created here as Debezium would have created it), with `kafka_extra` added to `[kafka]`.
-async fn debezium_pipeline(prefix: &str, kafka_extra: &str) -> (TestPipeline, String, String) {
+async fn debezium_pipeline(
+    prefix: &str,
+    kafka_extra: &str,
+) -> (TestPipeline, String, String, SlotGuard) {
     let p = TestPipeline::new(prefix, 1, "").await;
     let slot = format!("debezium_{}", p.name);
     let aggregate = format!("order_{}", p.name);
@@ -70,6 +104,10 @@ async fn debezium_pipeline(prefix: &str, kafka_extra: &str) -> (TestPipeline, St
     )
     .await
     .expect("Debezium's slot");
+    let guard = SlotGuard {
+        conn: p.services.pg_conn_string(),
+        slot: slot.clone(),
+    };
     create_topic_with(
         &p.services.kafka,
         &format!("outbox.event.{aggregate}"),
@@ -77,7 +115,7 @@ async fn debezium_pipeline(prefix: &str, kafka_extra: &str) -> (TestPipeline, St
         &[],
     )
     .await;
-    (p, slot, aggregate)
+    (p, slot, aggregate, guard)
 }
 
 /// Inserts one Debezium outbox row and deletes it in the same transaction, as Debezium
@@ -194,7 +232,7 @@ fn by_id(records: &[Record]) -> BTreeMap<String, Vec<&Record>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_debezium_outbox_and_slot_are_taken_over_with_nothing_lost_or_sent_twice() {
-    let (p, slot, aggregate) = debezium_pipeline("dbz", "").await;
+    let (p, slot, aggregate, _guard) = debezium_pipeline("dbz", "").await;
     let topic = format!("outbox.event.{aggregate}");
     let mut sql = p.sql().await;
     p.init();
@@ -335,7 +373,7 @@ async fn a_debezium_outbox_and_slot_are_taken_over_with_nothing_lost_or_sent_twi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_row_that_can_never_be_sent_stops_the_relay_before_it() {
-    let (p, slot, aggregate) = debezium_pipeline("dbzstop", "").await;
+    let (p, slot, aggregate, _guard) = debezium_pipeline("dbzstop", "").await;
     let allowed = format!("outbox.event.{aggregate}");
     let config = std::fs::read_to_string(&p.config_path).expect("read config");
     let config = config.replacen(

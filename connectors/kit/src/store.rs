@@ -49,6 +49,16 @@ pub fn table_qualifiers(
     out
 }
 
+/// The error of an operation on outbox rows when `outbox.rows = "deleted"`: such rows
+/// carry no status, and the log is the only source of their events. The core never asks
+/// for one in that mode; an operator command that does gets this.
+pub fn rows_carry_no_status() -> outboxd_connector::ConnectorError {
+    outboxd_connector::ConnectorError::definite(
+        "outbox.rows = \"deleted\": the outbox rows carry no status for outboxd to read or \
+         write (the application deletes them; the log is the only source of their events)",
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,14 +95,4 @@ mod tests {
         let split = |t: &str| t.split_once('.').map(|(q, _)| q.to_owned());
         assert_eq!(table_qualifiers(&layout, split), ["app", "ops"]);
     }
-}
-
-/// The error of an operation on outbox rows when `outbox.rows = "deleted"`: such rows
-/// carry no status, and the log is the only source of their events. The core never asks
-/// for one in that mode; an operator command that does gets this.
-pub fn rows_carry_no_status() -> outboxd_connector::ConnectorError {
-    outboxd_connector::ConnectorError::definite(
-        "outbox.rows = \"deleted\": the outbox rows carry no status for outboxd to read or \
-         write (the application deletes them; the log is the only source of their events)",
-    )
 }
