@@ -202,7 +202,7 @@ pub enum RowsConfig {
 
 /// `[outbox.columns]`: each key overrides one column name of the layout (`rows =
 /// "deleted"` only: with kept rows the table is outboxd's own).
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ColumnsConfig {
     /// An integer primary key; `""` for none.
@@ -227,34 +227,7 @@ pub struct ColumnsConfig {
 
 impl ColumnsConfig {
     fn is_empty(&self) -> bool {
-        let ColumnsConfig {
-            id,
-            message_id,
-            message_type,
-            biz_key,
-            topic,
-            payload,
-            headers,
-            created_at,
-            routing,
-            trace,
-            header_columns,
-        } = self;
-        [
-            id,
-            message_id,
-            message_type,
-            biz_key,
-            topic,
-            payload,
-            headers,
-            created_at,
-            routing,
-            trace,
-        ]
-        .iter()
-        .all(|c| c.is_none())
-            && header_columns.is_none()
+        *self == Self::default()
     }
 
     /// `base` with these overrides; `""` means "the table has none".

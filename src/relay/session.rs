@@ -839,27 +839,45 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             self.stop_on_store_error(e.into(), stopping_at);
             return;
         }
-        self.in_flight -= outcomes.len();
-        self.in_flight_bytes = self.in_flight_bytes.saturating_sub(bytes);
-        self.stats
-            .in_flight
-            .store(self.in_flight as u64, Ordering::Relaxed);
-        self.stats
-            .published
-            .fetch_add(outcomes.delivered.len() as u64, Ordering::Relaxed);
-        self.stats.failed.fetch_add(
-            (outcomes.failed.len() + outcomes.rejected.len()) as u64,
-            Ordering::Relaxed,
+        self.count_written(
+            &outcomes.delivered,
+            &outcomes.failed,
+            &outcomes.parked,
+            &outcomes.rejected,
+            bytes,
         );
-        if !outcomes.failed.is_empty() || !outcomes.parked.is_empty() {
-            self.wake_worker.notify_one();
-        }
         let confirmed = match self.release_keys().await {
             Ok(()) => self.confirm(stream, checkpoint).await,
             Err(e) => Err(e.into()),
         };
         if let Err(e) = confirmed {
             self.stop_on_store_error(e, stopping_at);
+        }
+    }
+
+    /// Rows written back leave the in-flight count (and their bytes the budget); the
+    /// counters take them in, and FAILED or parked rows wake the retry worker.
+    fn count_written(
+        &mut self,
+        delivered: &[Delivered],
+        failed: &[DeliveryFailure],
+        parked: &[ParkedEvent],
+        rejected: &[ParkedEvent],
+        bytes: usize,
+    ) {
+        self.in_flight -= delivered.len() + failed.len() + parked.len() + rejected.len();
+        self.in_flight_bytes = self.in_flight_bytes.saturating_sub(bytes);
+        self.stats
+            .in_flight
+            .store(self.in_flight as u64, Ordering::Relaxed);
+        self.stats
+            .published
+            .fetch_add(delivered.len() as u64, Ordering::Relaxed);
+        self.stats
+            .failed
+            .fetch_add((failed.len() + rejected.len()) as u64, Ordering::Relaxed);
+        if !failed.is_empty() || !parked.is_empty() {
+            self.wake_worker.notify_one();
         }
     }
 
@@ -1214,28 +1232,14 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             let written = write_back_with_retries(self.store, batch).await;
             self.stats.metrics.writing_back(false);
             written?;
-            let written =
-                self.delivered.len() + self.failed.len() + self.parked.len() + self.rejected.len();
-            self.in_flight -= written;
-            self.in_flight_bytes = self.in_flight_bytes.saturating_sub(self.batch_bytes);
-            self.batch_bytes = 0;
-            self.stats
-                .in_flight
-                .store(self.in_flight as u64, Ordering::Relaxed);
-            self.stats
-                .published
-                .fetch_add(self.delivered.len() as u64, Ordering::Relaxed);
-            self.stats.failed.fetch_add(
-                (self.failed.len() + self.rejected.len()) as u64,
-                Ordering::Relaxed,
+            let bytes = std::mem::take(&mut self.batch_bytes);
+            let (delivered, failed, parked, rejected) = (
+                std::mem::take(&mut self.delivered),
+                std::mem::take(&mut self.failed),
+                std::mem::take(&mut self.parked),
+                std::mem::take(&mut self.rejected),
             );
-            if !self.failed.is_empty() || !self.parked.is_empty() {
-                self.wake_worker.notify_one();
-            }
-            self.delivered.clear();
-            self.failed.clear();
-            self.parked.clear();
-            self.rejected.clear();
+            self.count_written(&delivered, &failed, &parked, &rejected, bytes);
         }
         self.batch_started = None;
         if self.exactly_once {
