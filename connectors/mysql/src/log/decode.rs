@@ -24,14 +24,14 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 
 use mysql_async::binlog::events::{
-    Event, EventData, GtidEvent, IncidentEvent, OptionalMetadataField, QueryEvent, RotateEvent,
-    TableMapEvent,
+    Event, EventData, GtidEvent, IncidentEvent, OptionalMetaExtractor, OptionalMetadataField,
+    QueryEvent, RotateEvent, TableMapEvent,
 };
-use mysql_async::binlog::row::BinlogRow;
 use mysql_async::binlog::value::BinlogValue;
 use mysql_async::binlog::{BinlogChecksumAlg, EventType, IncidentType};
 use mysql_async::consts::ColumnType;
 use mysql_async::Value;
+use mysql_common::io::ParseBuf;
 use outboxd_connector::{
     CommittedTransaction, ConnectorError, ErrorReason, OutboxEvent, OutboxLayout, TransactionPart,
     PART_BYTES, PART_EVENTS,
@@ -95,6 +95,9 @@ struct OutboxTable {
     raw: Vec<u8>,
     tme: TableMapEvent<'static>,
     columns: OutboxColumns,
+    /// Each column's type and signedness, read once from the table map (see
+    /// [`read_row_image`]).
+    kinds: Vec<(ColumnType, bool)>,
 }
 
 /// A transaction being read.
@@ -531,6 +534,7 @@ impl Decoder {
             },
         };
         let columns = OutboxColumns::new(&names, &shape, &self.table_name(), &self.layout)?;
+        let kinds = column_kinds(&tme).map_err(|e| self.bad(e))?;
         tracing::debug!(outbox = %self.table_name(), table_id = id, columns = count, "outbox table map");
         self.tables.insert(
             id,
@@ -538,6 +542,7 @@ impl Decoder {
                 raw: data.to_vec(),
                 tme: tme.into_owned(),
                 columns,
+                kinds,
             })),
         );
         Ok(Decoded::Nothing)
@@ -572,31 +577,29 @@ impl Decoder {
         let Some(EventData::RowsEvent(rows_event)) = data else {
             return Err(self.bad("a write rows event that is not one"));
         };
-        let image = rows_event.columns_after_image();
-        // Value index of each table column in the row image (rows carry only the columns
-        // of the image, in table order).
-        let mut value_index = vec![None; table.columns.count];
-        if let Some(image) = image {
-            let mut next = 0;
-            for (column, slot) in value_index.iter_mut().enumerate() {
-                if image.get(column).is_some_and(|bit| *bit) {
-                    *slot = Some(next);
-                    next += 1;
-                }
-            }
-        }
+        // Which table columns the row images carry (all of them with binlog_row_image =
+        // FULL); a column outside the image reads as missing.
+        let present: Vec<bool> = (0..table.columns.count)
+            .map(|i| {
+                rows_event
+                    .columns_after_image()
+                    .is_some_and(|image| image.get(i).is_some_and(|bit| *bit))
+            })
+            .collect();
         let mut events = Vec::new();
-        for row in rows_event.rows(&table.tme) {
-            let (_, after) = row.map_err(|e| {
-                ConnectorError::definite(format!(
-                    "cannot decode a row inserted into outbox `{table_name}`"
-                ))
-                .with_source(e)
-            })?;
-            let Some(after) = after else { continue };
+        let mut rows = ParseBuf(rows_event.rows_data());
+        let mut values = Vec::with_capacity(table.columns.count);
+        while !rows.is_empty() {
+            read_row_image(&mut rows, &table.tme, &table.kinds, &present, &mut values).map_err(
+                |e| {
+                    ConnectorError::definite(format!(
+                        "cannot decode a row inserted into outbox `{table_name}`"
+                    ))
+                    .with_source(e)
+                },
+            )?;
             let row = RowView {
-                row: &after,
-                index: &value_index,
+                values: &values,
                 table: &table_name,
                 columns: &table.columns,
             };
@@ -970,8 +973,8 @@ impl OutboxColumns {
 
 /// One inserted row, addressed by table column, as the kit's row conversion reads it.
 struct RowView<'a> {
-    row: &'a BinlogRow,
-    index: &'a [Option<usize>],
+    /// The row's values by table column; `None` for a column outside the row image.
+    values: &'a [Option<BinlogValue<'a>>],
     table: &'a str,
     columns: &'a OutboxColumns,
 }
@@ -994,11 +997,9 @@ impl RowSource for RowView<'_> {
         };
         let name = field.label();
         let value = self
-            .index
+            .values
             .get(column)
-            .copied()
-            .flatten()
-            .and_then(|i| self.row.as_ref(i))
+            .and_then(Option::as_ref)
             .ok_or_else(|| {
                 ConnectorError::definite(format!(
                     "outbox `{}`: the binlog row lacks column `{name}`: set binlog_row_image = FULL",
@@ -1048,6 +1049,74 @@ impl RowSource for RowView<'_> {
             other => Err(self.unexpected(name, other)),
         }
     }
+}
+
+/// Each column's type and whether it is unsigned (a numeric column, per the table map's
+/// optional metadata; signed when the server does not say), in table order.
+fn column_kinds(tme: &TableMapEvent<'_>) -> std::io::Result<Vec<(ColumnType, bool)>> {
+    let meta = OptionalMetaExtractor::new(tme.iter_optional_meta())?;
+    let mut unsigned = meta.iter_signedness();
+    let count = usize::try_from(tme.columns_count()).unwrap_or(usize::MAX);
+    let mut kinds = Vec::with_capacity(count.min(4096));
+    for i in 0..count {
+        let kind = match tme.get_column_type(i) {
+            Ok(Some(kind)) => kind,
+            Ok(None) => return Err(invalid("a column without a type in the table map")),
+            Err(e) => return Err(invalid(&e.to_string())),
+        };
+        let is_unsigned = kind.is_numeric_type() && unsigned.next().unwrap_or(false);
+        kinds.push((kind, is_unsigned));
+    }
+    Ok(kinds)
+}
+
+fn invalid(what: &str) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_owned())
+}
+
+/// Reads one row image of a write rows event from `rows` into `values`, by table column
+/// (`None` for a column outside the image).
+///
+/// Written here rather than taken from `mysql_common`'s `BinlogRow`, which builds a
+/// `Column` (schema, table and name strings, flags, a shared slice made unique) for every
+/// column of every row: half of the binlog task's CPU in a drain (BENCHMARKS.md). The
+/// values are parsed by `mysql_common`'s own value parser, borrowed from the event, in
+/// the layout `BinlogRow` reads (a null bitmap over the image's columns, then the
+/// values): only the per-row metadata is left out. A write rows event carries no shared
+/// (partial JSON) image.
+fn read_row_image<'d>(
+    rows: &mut ParseBuf<'d>,
+    tme: &'d TableMapEvent<'static>,
+    kinds: &[(ColumnType, bool)],
+    present: &[bool],
+    values: &mut Vec<Option<BinlogValue<'d>>>,
+) -> std::io::Result<()> {
+    values.clear();
+    let in_image = present.iter().filter(|p| **p).count();
+    let bitmap: &[u8] = rows.parse(in_image.div_ceil(8))?;
+    let mut image_column = 0;
+    for (i, &(kind, is_unsigned)) in kinds.iter().enumerate() {
+        if !present.get(i).copied().unwrap_or(false) {
+            values.push(None);
+            continue;
+        }
+        let null = bitmap
+            .get(image_column / 8)
+            .is_none_or(|byte| byte & (1 << (image_column % 8)) != 0);
+        image_column += 1;
+        if null {
+            values.push(Some(BinlogValue::Value(Value::NULL)));
+            continue;
+        }
+        let meta = tme.get_column_metadata(i).unwrap_or(&[]);
+        values.push(Some(rows.parse::<BinlogValue<'d>>((
+            kind,
+            meta,
+            is_unsigned,
+            false,
+        ))?));
+    }
+    Ok(())
 }
 
 /// One inserted outbox row as an event; `None` when its status is not INIT.
