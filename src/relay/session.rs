@@ -573,6 +573,10 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                             // The store has one connection, which the write-back under
                             // way holds: end that first (it is polled only here).
                             self.settle(&mut writing, stream, &mut stopping_at).await;
+                            if self.write_error.is_some() {
+                                // The database failed under that write-back: read no more.
+                                break 'item;
+                            }
                         }
                         if let Err(e) = self.drop_delivered(&mut events).await {
                             self.stop_on_store_error(e.into(), &mut stopping_at);
@@ -615,6 +619,10 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                             // The store has one connection, which the write-back under
                             // way holds: end that first (it is polled only here).
                             self.settle(&mut writing, stream, &mut stopping_at).await;
+                            if self.write_error.is_some() {
+                                // The database failed under that write-back: read no more.
+                                break 'item;
+                            }
                         }
                         if let Err(e) = self.drop_delivered(&mut events).await {
                             self.stop_on_store_error(e.into(), &mut stopping_at);
@@ -846,7 +854,17 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             &outcomes.rejected,
             bytes,
         );
-        let confirmed = match self.release_keys().await {
+        // Keys the retry worker delivered are released only once no FAILED, parked or
+        // rejected outcome of this session waits in memory: the table does not show
+        // those yet, so a key with one there would look free (they are written by a
+        // later write-back, which looks again).
+        let blocking_in_memory =
+            !self.failed.is_empty() || !self.parked.is_empty() || !self.rejected.is_empty();
+        let released = match blocking_in_memory {
+            true => Ok(()),
+            false => self.release_keys().await,
+        };
+        let confirmed = match released {
             Ok(()) => self.confirm(stream, checkpoint).await,
             Err(e) => Err(e.into()),
         };
@@ -1144,10 +1162,12 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                     .store(self.in_flight as u64, Ordering::Relaxed);
                 return;
             }
-            Outcome::Failed { failure, .. } if !self.tracks_status() => {
+            Outcome::Failed { failure, kind } if !self.tracks_status() => {
                 // No row to mark FAILED: the transaction holds the log position, and the
                 // session ends once what is in flight is collected; the next one reads it
-                // again (after a backoff) and sends it again.
+                // again (after a backoff) and sends it again. A record that can never go
+                // as it is (too large, invalid) would fail the same way every time: the
+                // relay stops before it instead.
                 self.stats.metrics.failed(&done.topic);
                 tracing::warn!(
                     message_id = %done.message_id,
@@ -1156,8 +1176,13 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                     error = %failure.error,
                     "delivery failed; the log position is held and the record is sent again"
                 );
-                self.halt
-                    .get_or_insert(PipelineError::NotDelivered(failure.error));
+                self.halt.get_or_insert(match kind {
+                    FailureKind::Rejected => PipelineError::Unpublishable {
+                        message_id: done.message_id,
+                        reason: failure.error,
+                    },
+                    _ => PipelineError::NotDelivered(failure.error),
+                });
                 self.in_flight -= 1;
                 self.in_flight_bytes = self.in_flight_bytes.saturating_sub(done.size);
                 self.stats
@@ -1269,8 +1294,9 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
     }
 
     /// Unblocks the keys whose rows the retry worker delivered, once the table shows no
-    /// FAILED, PROCESSING or MANUAL_REQUIRED row of theirs. Runs after a flush, so every
-    /// row this session parked is already in the table when it looks.
+    /// FAILED, PROCESSING or MANUAL_REQUIRED row of theirs. Runs after a write-back, and
+    /// only when every row this session parked or failed is in the table (see
+    /// [`Self::finish_write`]), so the table's answer is the whole truth.
     async fn release_keys(&mut self) -> Result<(), ConnectorError> {
         if self.maybe_released.is_empty() {
             return Ok(());

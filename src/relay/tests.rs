@@ -802,7 +802,7 @@ async fn deleted_rows_hold_the_position_at_a_failed_record_and_the_next_session_
     let mut h = Harness::new(Duration::from_secs(2));
     h.settings.rows = outboxd_connector::RowLifecycle::Deleted;
     let (mut link, _keys) = link();
-    h.sink.fail_id(2, FailureKind::Rejected);
+    h.sink.fail_id(2, FailureKind::Retryable);
 
     // Session 1: row 2 fails; row 1's transaction is confirmed, row 2's is not.
     let (_stop, shutdown) = watch::channel(false);
@@ -915,5 +915,80 @@ async fn the_session_sends_on_while_a_write_back_waits_for_the_database() {
         assert_eq!(h.store.status(id), "SUCCESS", "row {id}");
     }
     assert_eq!(h.store.checkpoint(), Some(lsn(20)));
+    assert_no_violations(&confirmed);
+}
+
+/// `outbox.rows = "deleted"`: a record the destination refuses for good (too large,
+/// invalid) would fail the same way every session: the relay stops before it.
+#[tokio::test]
+async fn deleted_rows_stop_at_a_record_the_destination_refuses_for_good() {
+    let mut h = Harness::new(Duration::from_secs(2));
+    h.settings.rows = outboxd_connector::RowLifecycle::Deleted;
+    let (mut link, _keys) = link();
+    let (_stop, shutdown) = watch::channel(false);
+    let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
+    h.sink.fail_id(2, FailureKind::Rejected);
+    log.commit(10, vec![event(1, "K")]);
+    log.commit(20, vec![event(2, "K")]);
+    let error = h
+        .session(&mut stream, &mut link, shutdown)
+        .await
+        .expect_err("the relay stops");
+    assert!(
+        matches!(error, PipelineError::Unpublishable { .. }),
+        "{error}"
+    );
+    assert!(!error.is_transient(), "{error}");
+    assert!(last_confirmed(&confirmed) <= Some(lsn(10)));
+    assert_no_violations(&confirmed);
+}
+
+/// A key the retry worker reports delivered is not released while a row of it this
+/// session parked is still on its way to the table (in the batch behind a write-back
+/// under way): the table would not show that row yet, and a later event of the key
+/// would overtake it.
+#[tokio::test]
+async fn a_key_is_not_released_while_its_parked_row_waits_behind_a_write_back() {
+    let h = Harness::new(Duration::from_secs(5));
+    let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
+    let (mut link, delivered_keys) = link();
+    let (stop, shutdown) = watch::channel(false);
+    h.store.insert(&[(1, "K"), (2, "K"), (3, "K"), (9, "Z")]);
+    h.store.set_status(1, "FAILED");
+
+    let driver = async {
+        h.store.hold_write_backs(true);
+        log.commit(10, vec![event(9, "Z")]);
+        wait_until("a write-back waits", || h.store.held_write_backs() == 1).await;
+        // Row 2 of the blocked key is parked into the next batch, in memory.
+        log.commit(20, vec![event(2, "K")]);
+        wait_until("row 2 parked", || {
+            h.stats.parked.load(std::sync::atomic::Ordering::Relaxed) == 1
+        })
+        .await;
+        // The retry worker delivers row 1 and says so.
+        h.store.set_status(1, "SUCCESS");
+        let _ = delivered_keys.send("K".into());
+        tokio::task::yield_now().await;
+        h.store.hold_write_backs(false);
+        wait_until("10 confirmed", || {
+            last_confirmed(&confirmed) >= Some(lsn(10))
+        })
+        .await;
+        log.commit(30, vec![event(3, "K")]);
+        wait_until("30 confirmed", || {
+            last_confirmed(&confirmed) == Some(lsn(30))
+        })
+        .await;
+        stop.send_replace(true);
+    };
+    let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
+    result.unwrap();
+    assert_eq!(
+        h.sink.sent_ids(),
+        [9],
+        "row 3 must not overtake parked row 2"
+    );
+    assert_eq!([2, 3].map(|id| h.store.status(id)), ["FAILED", "FAILED"]);
     assert_no_violations(&confirmed);
 }
