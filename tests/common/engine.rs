@@ -33,7 +33,7 @@ pub struct OutboxRow {
 
 /// A source engine as the end-to-end tests see it: where its server is (read from the
 /// environment `scripts/services env` prints) and what differs on it.
-pub trait Engine: Sized {
+pub trait Engine: Sized + Sync {
     /// A connection that writes outbox rows, owned by one writer task.
     type Writer: Writer;
 
@@ -126,7 +126,7 @@ pub fn random_pad(bytes: usize) -> String {
 
 /// One test's pipeline: its own outbox table, topic, config file and whatever the engine
 /// keeps per pipeline (slot and publication, checkpoint row and lock).
-pub struct Pipeline<E> {
+pub struct Pipeline<E: Engine> {
     pub services: E,
     pub name: String,
     pub table: String,
@@ -290,5 +290,30 @@ message_timeout = "10s"
     pub async fn cleanup(&self) {
         E::cleanup(self).await;
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A test that fails before its `cleanup` still drops its slot and tables: a slot left
+/// behind holds the server's WAL for good (failed runs once filled this machine's disk).
+/// The cleanup runs on a thread and runtime of its own, since the test's runtime may be
+/// the one unwinding. Its files stay, for the post-mortem.
+impl<E: Engine> Drop for Pipeline<E> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let pipeline: &Pipeline<E> = self;
+        std::thread::scope(|scope| {
+            let _ = scope
+                .spawn(|| {
+                    if let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        runtime.block_on(E::cleanup(pipeline));
+                    }
+                })
+                .join();
+        });
     }
 }
