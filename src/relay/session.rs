@@ -91,6 +91,19 @@ impl Outcomes {
     fn len(&self) -> usize {
         self.delivered.len() + self.failed.len() + self.parked.len() + self.rejected.len()
     }
+
+    /// The write-back of these outcomes with `checkpoint`. Deleted rows
+    /// (`tracks_status` false) have no status to write: the checkpoint alone goes, and
+    /// the outcomes still count once it is written.
+    fn batch<'b>(&'b self, tracks_status: bool, checkpoint: Option<&'b Position>) -> WriteBack<'b> {
+        WriteBack {
+            delivered: if tracks_status { &self.delivered } else { &[] },
+            failed: &self.failed,
+            parked: &self.parked,
+            rejected: &self.rejected,
+            checkpoint,
+        }
+    }
 }
 
 /// A write-back that ended: how, what it wrote, and the position it makes durable.
@@ -781,12 +794,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         // session ends, and what it did not confirm is read again from the log.
         let checkpoint = self.frontier.advance();
         self.batch_started = None;
-        let outcomes = Outcomes {
-            delivered: std::mem::take(&mut self.delivered),
-            failed: std::mem::take(&mut self.failed),
-            parked: std::mem::take(&mut self.parked),
-            rejected: std::mem::take(&mut self.rejected),
-        };
+        let outcomes = self.take_outcomes();
         if outcomes.len() == 0 {
             // Only the position moves (transactions without outbox rows, rows already
             // written): nothing to make durable first.
@@ -798,18 +806,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         let tracks_status = self.tracks_status();
         self.stats.metrics.writing_back(true);
         writing.push(Box::pin(async move {
-            // Deleted rows: the checkpoint alone (the outcomes still count).
-            let delivered: &[Delivered] = match tracks_status {
-                true => &outcomes.delivered,
-                false => &[],
-            };
-            let batch = WriteBack {
-                delivered,
-                failed: &outcomes.failed,
-                parked: &outcomes.parked,
-                rejected: &outcomes.rejected,
-                checkpoint: checkpoint.as_ref(),
-            };
+            let batch = outcomes.batch(tracks_status, checkpoint.as_ref());
             let result = write_back_with_retries(store, batch).await;
             Written {
                 result,
@@ -839,21 +836,12 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             checkpoint,
         } = written;
         if let Err(e) = result {
-            self.delivered.extend(outcomes.delivered);
-            self.failed.extend(outcomes.failed);
-            self.parked.extend(outcomes.parked);
-            self.rejected.extend(outcomes.rejected);
+            self.restore_outcomes(outcomes);
             self.batch_bytes += bytes;
             self.stop_on_store_error(e.into(), stopping_at);
             return;
         }
-        self.count_written(
-            &outcomes.delivered,
-            &outcomes.failed,
-            &outcomes.parked,
-            &outcomes.rejected,
-            bytes,
-        );
+        self.count_written(&outcomes, bytes);
         // Keys the retry worker delivered are released only once no FAILED, parked or
         // rejected outcome of this session waits in memory: the table does not show
         // those yet, so a key with one there would look free (they are written by a
@@ -875,15 +863,14 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
 
     /// Rows written back leave the in-flight count (and their bytes the budget); the
     /// counters take them in, and FAILED or parked rows wake the retry worker.
-    fn count_written(
-        &mut self,
-        delivered: &[Delivered],
-        failed: &[DeliveryFailure],
-        parked: &[ParkedEvent],
-        rejected: &[ParkedEvent],
-        bytes: usize,
-    ) {
-        self.in_flight -= delivered.len() + failed.len() + parked.len() + rejected.len();
+    fn count_written(&mut self, outcomes: &Outcomes, bytes: usize) {
+        let Outcomes {
+            delivered,
+            failed,
+            parked,
+            rejected,
+        } = outcomes;
+        self.in_flight -= outcomes.len();
         self.in_flight_bytes = self.in_flight_bytes.saturating_sub(bytes);
         self.stats
             .in_flight
@@ -897,6 +884,24 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         if !failed.is_empty() || !parked.is_empty() {
             self.wake_worker.notify_one();
         }
+    }
+
+    /// The batch's outcomes, leaving the session's lists empty.
+    fn take_outcomes(&mut self) -> Outcomes {
+        Outcomes {
+            delivered: std::mem::take(&mut self.delivered),
+            failed: std::mem::take(&mut self.failed),
+            parked: std::mem::take(&mut self.parked),
+            rejected: std::mem::take(&mut self.rejected),
+        }
+    }
+
+    /// Outcomes whose write-back failed, back with the session's (for the next session).
+    fn restore_outcomes(&mut self, outcomes: Outcomes) {
+        self.delivered.extend(outcomes.delivered);
+        self.failed.extend(outcomes.failed);
+        self.parked.extend(outcomes.parked);
+        self.rejected.extend(outcomes.rejected);
     }
 
     /// Confirms `checkpoint` (durable in the table) to the source.
@@ -1241,30 +1246,18 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             || !self.rejected.is_empty()
             || checkpoint_moves
         {
-            // Deleted rows: the checkpoint alone (the outcomes still count below).
-            let delivered: &[Delivered] = match self.tracks_status() {
-                true => &self.delivered,
-                false => &[],
-            };
-            let batch = WriteBack {
-                delivered,
-                failed: &self.failed,
-                parked: &self.parked,
-                rejected: &self.rejected,
-                checkpoint: written_checkpoint.as_ref(),
-            };
+            let outcomes = self.take_outcomes();
+            let batch = outcomes.batch(self.tracks_status(), written_checkpoint.as_ref());
             self.stats.metrics.writing_back(true);
             let written = write_back_with_retries(self.store, batch).await;
             self.stats.metrics.writing_back(false);
-            written?;
+            if let Err(e) = written {
+                // Kept for the next session (see `take_unwritten`).
+                self.restore_outcomes(outcomes);
+                return Err(e.into());
+            }
             let bytes = std::mem::take(&mut self.batch_bytes);
-            let (delivered, failed, parked, rejected) = (
-                std::mem::take(&mut self.delivered),
-                std::mem::take(&mut self.failed),
-                std::mem::take(&mut self.parked),
-                std::mem::take(&mut self.rejected),
-            );
-            self.count_written(&delivered, &failed, &parked, &rejected, bytes);
+            self.count_written(&outcomes, bytes);
         }
         self.batch_started = None;
         if self.exactly_once {
