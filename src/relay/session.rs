@@ -875,9 +875,12 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         self.stats
             .in_flight
             .store(self.in_flight as u64, Ordering::Relaxed);
-        self.stats
-            .published
-            .fetch_add(delivered.len() as u64, Ordering::Relaxed);
+        if !self.exactly_once {
+            // Exactly-once counts them once their Kafka transaction commits.
+            self.stats
+                .published
+                .fetch_add(delivered.len() as u64, Ordering::Relaxed);
+        }
         self.stats
             .failed
             .fetch_add((failed.len() + rejected.len()) as u64, Ordering::Relaxed);
@@ -1227,6 +1230,8 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         // If anything below fails the session ends, and what it did not confirm is read
         // again from the log: the frontier may move before the write-back is durable.
         let checkpoint = self.frontier.advance();
+        // Exactly-once: records delivered in this window, published once it commits.
+        let mut delivered_in_window = 0;
         // Exactly-once: the checkpoint row never passes what Kafka has committed (a crash
         // before the commit below must find these transactions still to send).
         let written_checkpoint = if self.exactly_once {
@@ -1258,6 +1263,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             }
             let bytes = std::mem::take(&mut self.batch_bytes);
             self.count_written(&outcomes, bytes);
+            delivered_in_window = outcomes.delivered.len();
         }
         self.batch_started = None;
         if self.exactly_once {
@@ -1279,6 +1285,9 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                     .await
                     .map_err(|f| PipelineError::SinkFailed(f.error))?;
                 self.kafka_committed = Some(committed.position);
+                self.stats
+                    .published
+                    .fetch_add(delivered_in_window as u64, Ordering::Relaxed);
             }
             self.window_opened = None;
         }

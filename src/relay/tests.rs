@@ -992,3 +992,42 @@ async fn a_key_is_not_released_while_its_parked_row_waits_behind_a_write_back() 
     assert_eq!([2, 3].map(|id| h.store.status(id)), ["FAILED", "FAILED"]);
     assert_no_violations(&confirmed);
 }
+
+/// Exactly-once: records count as published once their Kafka transaction commits, not
+/// when their statuses are written (a commit that fails publishes nothing).
+#[tokio::test]
+async fn exactly_once_counts_published_records_only_once_committed() {
+    let h = Harness::exactly_once();
+    let (mut stream, log, _confirmed) = MemoryStream::new(Arc::clone(&h.store));
+    let (mut link, _keys) = link();
+    let (_stop, shutdown) = watch::channel(false);
+    h.store.insert(&[(1, "A"), (2, "B")]);
+    h.sink.fail_commits(true);
+    log.commit(10, vec![event(1, "A"), event(2, "B")]);
+    let error = h
+        .session(&mut stream, &mut link, shutdown)
+        .await
+        .expect_err("the commit fails");
+    assert!(matches!(error, PipelineError::SinkFailed(_)), "{error}");
+    assert_eq!(h.sink.committed_ids(), Vec::<i64>::new());
+    assert_eq!(
+        h.stats.published.load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "nothing committed, nothing published"
+    );
+
+    h.sink.fail_commits(false);
+    let (stop, shutdown) = watch::channel(false);
+    let (mut stream, log, _confirmed) = MemoryStream::new(Arc::clone(&h.store));
+    let driver = async {
+        log.commit(10, vec![event(1, "A"), event(2, "B")]);
+        wait_until("1-2 committed", || h.sink.committed_ids() == [1, 2]).await;
+        stop.send_replace(true);
+    };
+    let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
+    result.unwrap();
+    assert_eq!(
+        h.stats.published.load(std::sync::atomic::Ordering::Relaxed),
+        2
+    );
+}

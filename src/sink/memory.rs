@@ -40,6 +40,8 @@ struct State {
     committed_position: Option<CommittedPosition>,
     /// Every commit's position, in order.
     commits: Vec<Position>,
+    /// Commits fail (the transaction coordinator is away) while set.
+    fail_commits: bool,
 }
 
 impl MemorySink {
@@ -88,6 +90,11 @@ impl MemorySink {
     /// Every record of `key` fails with `kind`.
     pub(crate) fn fail_key(&self, key: &str, kind: FailureKind) {
         self.state().fail_keys.insert(key.to_owned(), kind);
+    }
+
+    /// Exactly-once: commits fail while `fail` (records stay uncommitted).
+    pub(crate) fn fail_commits(&self, fail: bool) {
+        self.state().fail_commits = fail;
     }
 
     /// Records fail no more (the topic was created, the broker fixed).
@@ -207,6 +214,12 @@ impl Sink for MemorySink {
 
     async fn commit(&self, committed: &CommittedPosition) -> Result<(), SinkFailure> {
         let mut state = self.state();
+        if state.fail_commits {
+            return Err(SinkFailure {
+                kind: FailureKind::Fatal,
+                error: "memory sink: the commit failed".into(),
+            });
+        }
         let records = std::mem::take(&mut state.uncommitted);
         state.committed.extend(records);
         state.commits.push(committed.position.clone());
