@@ -142,6 +142,11 @@ pub enum SourceMode {
 pub struct OutboxConfig {
     /// Outbox table, optionally schema-qualified.
     pub table: String,
+    /// Several outbox tables read by one stream (a schema per tenant, a table per bounded
+    /// context), instead of `table`: the topic template's `{schema}` and `{table}` tell
+    /// their records apart. Needs `rows = "deleted"` (for now: the write-back, claims and
+    /// operator commands address one table).
+    pub tables: Vec<String>,
     /// Inbox table, optionally schema-qualified.
     pub inbox_table: String,
     /// Checkpoint table, optionally schema-qualified.
@@ -166,7 +171,8 @@ impl Default for OutboxConfig {
     fn default() -> Self {
         let layout = OutboxLayout::default();
         Self {
-            table: layout.outbox_table,
+            table: layout.outbox_table().to_owned(),
+            tables: Vec::new(),
             inbox_table: layout.inbox_table,
             checkpoint_table: layout.checkpoint_table,
             key_column: None,
@@ -276,7 +282,10 @@ impl OutboxConfig {
         };
         let columns = self.columns.apply(base);
         OutboxLayout {
-            outbox_table: self.table.clone(),
+            outbox_tables: match self.tables.is_empty() {
+                true => vec![self.table.clone()],
+                false => self.tables.clone(),
+            },
             inbox_table: self.inbox_table.clone(),
             checkpoint_table: self.checkpoint_table.clone(),
             key_column: self
@@ -305,6 +314,29 @@ impl OutboxConfig {
                         Debezium's table has no status columns for outboxd to write back"
                     .into(),
             );
+        }
+        if !self.tables.is_empty() {
+            if self.table != OutboxLayout::default().outbox_table() {
+                return Err("set outbox.table or outbox.tables, not both".into());
+            }
+            if !deleted {
+                return Err(format!(
+                    "outbox.tables (several outbox tables in one pipeline) needs outbox.rows = \
+                     \"deleted\" for now: with kept rows the write-back, the retry worker and \
+                     the operator commands address one table; run a pipeline per table \
+                     (outbox.table = \"{}\", …), each with its own source.slot",
+                    self.tables[0]
+                ));
+            }
+            let mut seen = std::collections::HashSet::new();
+            for name in &self.tables {
+                if !seen.insert(name.to_lowercase()) {
+                    return Err(format!("outbox.tables names `{name}` twice"));
+                }
+            }
+            if self.tables.len() > usize::from(u16::MAX) {
+                return Err("outbox.tables: at most 65535 tables".into());
+            }
         }
         if deleted && mode == SourceMode::Poll {
             return Err(
@@ -812,6 +844,7 @@ impl Config {
             ));
         }
         crate::sink::kafka::TopicTemplate::parse(&self.kafka.topic_template)
+            .and_then(|t| t.with_tables(&self.outbox.layout().outbox_tables))
             .map_err(ConfigError::Invalid)?;
         crate::sink::kafka::validate_options(&self.kafka.options).map_err(ConfigError::Invalid)?;
         crate::secrets::check_kafka_options("kafka.options", &self.kafka.options)
@@ -912,12 +945,17 @@ impl Config {
             ));
         }
         let layout = self.outbox.layout();
-        for (key, value) in [
+        for (key, value) in self
+            .outbox
+            .tables
+            .iter()
+            .map(|t| ("outbox.tables", t))
+            .chain([
             ("outbox.table", &self.outbox.table),
             ("outbox.inbox_table", &self.outbox.inbox_table),
             ("outbox.checkpoint_table", &self.outbox.checkpoint_table),
             ("outbox.key_column", &layout.key_column),
-        ] {
+        ]) {
             if value.trim().is_empty() || value.contains('"') {
                 return Err(ConfigError::Invalid(format!(
                     "{key} `{value}` must be a non-empty name without double quotes"
@@ -1235,6 +1273,45 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("{nope}"), "{err}");
+    }
+
+    #[test]
+    fn several_outbox_tables_are_one_list_of_valid_names() {
+        let tables = "[outbox]\nlayout = \"debezium\"\ntables = [\"a.outboxevent\", \"b.outboxevent\"]\n";
+        let text = format!(
+            "{}\n{tables}",
+            MINIMAL.replace("[kafka]", "[kafka]\ntopic_template = \"{schema}.{table}.{routing}\"")
+        );
+        let config = Config::parse(&text).unwrap();
+        config.validate().unwrap();
+        assert_eq!(
+            config.outbox.layout().outbox_tables,
+            ["a.outboxevent", "b.outboxevent"]
+        );
+        let invalid = |extra: &str, template: &str| {
+            let text = format!(
+                "{}\n[outbox]\n{extra}\n",
+                MINIMAL.replace("[kafka]", &format!("[kafka]\ntopic_template = \"{template}\""))
+            );
+            Config::parse(&text)
+                .and_then(|c| c.validate())
+                .unwrap_err()
+                .to_string()
+        };
+        // Kept rows address one table.
+        let err = invalid("tables = [\"a.outbox\", \"b.outbox\"]", "t");
+        assert!(err.contains("rows = \\\"deleted\\\"") || err.contains("outbox.rows"), "{err}");
+        // Both keys, a name twice, an empty name.
+        let deleted = "layout = \"debezium\"";
+        let err = invalid(&format!("{deleted}\ntable = \"x\"\ntables = [\"a.t\"]"), "t");
+        assert!(err.contains("not both"), "{err}");
+        let err = invalid(&format!("{deleted}\ntables = [\"a.t\", \"A.T\"]"), "t");
+        assert!(err.contains("twice"), "{err}");
+        let err = invalid(&format!("{deleted}\ntables = [\"a.t\", \" \"]"), "t");
+        assert!(err.contains("outbox.tables"), "{err}");
+        // {schema} needs every name qualified.
+        let err = invalid(&format!("{deleted}\ntables = [\"a.t\", \"u\"]"), "{schema}.x");
+        assert!(err.contains("`u`") && err.contains("schema-qualified"), "{err}");
     }
 
     #[test]

@@ -28,6 +28,7 @@ pub(crate) fn lsn(n: u64) -> Position {
 pub(crate) fn event(id: i64, key: &str) -> OutboxEvent {
     OutboxEvent {
         id,
+        table: 0,
         message_id: format!("m-{id}"),
         message_type: "test.event".into(),
         biz_key: key.into(),

@@ -425,3 +425,171 @@ async fn a_deleted_row_that_can_never_be_sent_stops_the_relay_before_it() {
     drop_slot(&sql, &slot).await;
     p.cleanup().await;
 }
+
+/// Inserts one Debezium outbox row into `table` (quoted, qualified) and deletes it in
+/// the same transaction `tx`; returns its id.
+async fn emit_in(tx: &tokio_postgres::Transaction<'_>, table: &str, key: &str, seq: u32) -> String {
+    let id: String = tx
+        .query_one("SELECT gen_random_uuid()::text", &[])
+        .await
+        .expect("uuid")
+        .get(0);
+    tx.execute(
+        &format!(
+            "INSERT INTO {table} (id, aggregatetype, aggregateid, type, payload) \
+             VALUES ($1::text::uuid, 'order', $2, 'OrderCreated', $3::text::jsonb)"
+        ),
+        &[&id, &key, &format!(r#"{{"seq": {seq}}}"#)],
+    )
+    .await
+    .expect("insert");
+    tx.execute(&format!("DELETE FROM {table} WHERE id = $1::text::uuid"), &[&id])
+        .await
+        .expect("delete");
+    id
+}
+
+/// One transaction inserting (and deleting) a row into each `(table index, seq)` of
+/// `rows`; returns `(table index, id)` of each.
+async fn emit_together(
+    sql: &mut tokio_postgres::Client,
+    tables: &[String],
+    rows: &[(usize, u32)],
+) -> Vec<(usize, String)> {
+    let tx = sql.transaction().await.expect("begin");
+    let mut ids = Vec::new();
+    for (table, seq) in rows {
+        ids.push((*table, emit_in(&tx, &tables[*table], "k", *seq).await));
+    }
+    tx.commit().await.expect("commit");
+    ids
+}
+
+/// Reads `topic` and returns the `id` headers, in order.
+fn ids_on(kafka: &str, topic: &str, expected: usize) -> Vec<String> {
+    consume_all(kafka, topic, 1, expected, Duration::from_secs(60))
+        .iter()
+        .map(|r| r.headers.get("id").cloned().unwrap_or_default())
+        .collect()
+}
+
+/// Several outbox tables in one pipeline (a schema per tenant, a table per bounded
+/// context): one slot and one publication read both, `{schema}` and `{table}` route each
+/// row to its table's topic, a transaction that writes both tables is relayed whole, and
+/// a restart sends nothing twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_outbox_tables_in_one_pipeline_each_row_to_its_tables_topic() {
+    let p = TestPipeline::new("tenants", 1, "").await;
+    let tenant = format!("tb_{}", p.name);
+    let sql = p.sql().await;
+    let create = |table: &str| {
+        format!(
+            "CREATE TABLE {table} (
+                 id uuid NOT NULL PRIMARY KEY,
+                 aggregatetype varchar(255) NOT NULL,
+                 aggregateid varchar(255) NOT NULL,
+                 type varchar(255) NOT NULL,
+                 payload jsonb,
+                 tracingspancontext varchar(256)
+             );
+             ALTER TABLE {table} OWNER TO \"{admin}\";",
+            admin = p.services.admin_user,
+        )
+    };
+    // The harness grants the runtime role its rights on `public.<p.table>`; the second
+    // tenant's schema gets the same by hand.
+    let tables = [
+        format!("\"public\".\"{}\"", p.table),
+        format!("\"{tenant}\".\"outboxevent\""),
+    ];
+    sql.batch_execute(&format!(
+        "{}
+         CREATE SCHEMA \"{tenant}\" AUTHORIZATION \"{admin}\";
+         {}
+         GRANT USAGE ON SCHEMA \"{tenant}\" TO \"{run}\";
+         GRANT SELECT ON {} TO \"{run}\";",
+        create(&tables[0]),
+        create(&tables[1]),
+        tables[1],
+        run = p.services.run_user,
+        admin = p.services.admin_user,
+    ))
+    .await
+    .expect("two outbox tables");
+    let config = std::fs::read_to_string(&p.config_path).expect("read config");
+    let config = config
+        .replacen(
+            &format!("table = \"{}\"", p.table),
+            &format!(
+                "tables = [\"public.{}\", \"{tenant}.outboxevent\"]\nlayout = \"debezium\"",
+                p.table
+            ),
+            1,
+        )
+        .replacen(
+            &format!("topic_template = \"{}\"", p.topic),
+            "topic_template = \"{schema}.{table}.{routing}\"",
+            1,
+        );
+    std::fs::write(&p.config_path, config).expect("write config");
+    let topics = [
+        format!("public.{}.order", p.table),
+        format!("{tenant}.outboxevent.order"),
+    ];
+    for topic in &topics {
+        create_topic_with(&p.services.kafka, topic, 1, &[]).await;
+    }
+
+    let schema = run_outboxd(&p.config_path, &["schema"]);
+    let script = String::from_utf8_lossy(&schema.stdout);
+    assert!(
+        script.contains(&format!("FOR TABLE {}, {}", tables[0], tables[1])),
+        "one publication over both tables:\n{script}"
+    );
+    p.init();
+    let check = run_outboxd(&p.config_path, &["check"]);
+    assert!(
+        check.status.success(),
+        "outboxd check with two outbox tables:\n{}\n{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+
+    // Rows of one table, of the other, and of both in one transaction.
+    let mut sql = p.sql().await;
+    let mut daemon = p.spawn_run("run.log");
+    let mut sent: Vec<(usize, String)> = Vec::new();
+    for seq in 1..=6u32 {
+        let rows = match seq % 3 {
+            0 => vec![(0, seq), (1, seq)],
+            1 => vec![(0, seq)],
+            _ => vec![(1, seq)],
+        };
+        sent.extend(emit_together(&mut sql, &tables, &rows).await);
+    }
+    let of = |table: usize, sent: &[(usize, String)]| -> Vec<String> {
+        (sent.iter().filter(|(t, _)| *t == table))
+            .map(|(_, id)| id.clone())
+            .collect()
+    };
+    for (table, topic) in topics.iter().enumerate() {
+        let want = of(table, &sent);
+        let got = ids_on(&p.services.kafka, topic, want.len());
+        assert_eq!(got, want, "table {table}'s rows on {topic}: each once, in commit order");
+    }
+
+    // A graceful restart: what was sent is not sent again, what comes after is.
+    daemon.terminate();
+    sent.extend(emit_together(&mut sql, &tables, &[(1, 7), (0, 7)]).await);
+    let daemon = p.spawn_run("run2.log");
+    for (table, topic) in topics.iter().enumerate() {
+        let want = of(table, &sent);
+        let got = ids_on(&p.services.kafka, topic, want.len());
+        assert_eq!(got, want, "after the restart, table {table}: the new row once, no other again");
+    }
+    drop(daemon);
+    p.cleanup().await;
+    let _ = sql
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{tenant}\" CASCADE"))
+        .await;
+}

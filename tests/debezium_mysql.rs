@@ -474,3 +474,125 @@ async fn a_row_routed_outside_the_allowed_topics_stops_the_relay_before_it() {
     );
     p.cleanup().await;
 }
+
+/// Several outbox tables in one pipeline (a table per bounded context): one binlog stream
+/// reads both, `{table}` routes each row to its table's topic, a transaction that writes
+/// both is relayed whole, and a restart sends nothing twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_outbox_tables_in_one_pipeline_each_row_to_its_tables_topic() {
+    let p = MysqlPipeline::new("dbztables", 1, "").await;
+    debezium_config(&p, "");
+    let second = format!("{}_b", p.table);
+    let tables = [p.table.clone(), second.clone()];
+    let config = std::fs::read_to_string(&p.config_path).expect("read config");
+    let config = config
+        .replacen(
+            &format!("table = \"{}\"\n", p.table),
+            &format!("tables = [\"{}\", \"{second}\"]\n", p.table),
+            1,
+        )
+        .replacen(
+            "message_timeout = \"10s\"\n",
+            "message_timeout = \"10s\"\ntopic_template = \"{table}.{routing}\"\n",
+            1,
+        );
+    assert!(config.contains("tables = ["), "{config}");
+    std::fs::write(&p.config_path, config).expect("write config");
+    create_debezium_table(&p, "CHAR(36)", "JSON").await;
+    let mut conn = p.sql().await;
+    let like = format!("CREATE TABLE `{second}` LIKE `{}`", p.table);
+    conn.query_drop(&like).await.expect(&like);
+    let grant = format!(
+        "GRANT SELECT ON `{second}` TO '{}'@'%'",
+        p.services.run_user
+    );
+    conn.query_drop(&grant).await.expect(&grant);
+    let aggregatetype = format!("order_{}", p.name);
+    let topics: Vec<String> = tables
+        .iter()
+        .map(|t| format!("{t}.{aggregatetype}"))
+        .collect();
+    for topic in &topics {
+        p.create_topic(topic, 1).await;
+    }
+    init_keeping_the_table(&p);
+    let check = p.outboxd(&["check"]);
+    assert!(
+        check.status.success(),
+        "outboxd check with two outbox tables:\n{}\n{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+
+    // One transaction per step: rows of one table, of the other, or of both.
+    let mut sent: Vec<(usize, String)> = Vec::new();
+    let step = |seq: u32, sent: &mut Vec<(usize, String)>| {
+        let rows: Vec<(usize, DbzRow)> = match seq % 3 {
+            0 => vec![(0, seq), (1, seq)],
+            1 => vec![(0, seq)],
+            _ => vec![(1, seq)],
+        }
+        .into_iter()
+        .map(|(t, s)| (t, DbzRow::new(&aggregatetype, "k", s)))
+        .collect();
+        let mut sql = String::from("START TRANSACTION;");
+        for (t, row) in &rows {
+            sql.push_str(&format!(
+                "{};{};",
+                row.insert_sql(&tables[*t]),
+                row.delete_sql(&tables[*t])
+            ));
+            sent.push((*t, row.id.clone()));
+        }
+        sql + "COMMIT"
+    };
+    let ids_on = |topic: &str, expected: usize| -> Vec<String> {
+        consume_all(p.services.kafka.as_str(), topic, 1, expected, Duration::from_secs(60))
+            .iter()
+            .map(|r| r.headers.get("id").cloned().unwrap_or_default())
+            .collect()
+    };
+    let mut daemon = p.spawn_run("run.log");
+    for seq in 1..=6 {
+        let sql = step(seq, &mut sent);
+        conn.query_drop(&sql).await.expect(&sql);
+    }
+    let of = |table: usize, sent: &[(usize, String)]| -> Vec<String> {
+        (sent.iter().filter(|(t, _)| *t == table))
+            .map(|(_, id)| id.clone())
+            .collect()
+    };
+    for (table, topic) in topics.iter().enumerate() {
+        let want = of(table, &sent);
+        assert_eq!(
+            ids_on(topic, want.len()),
+            want,
+            "table {table}'s rows on {topic}: each once, in commit order\n{}",
+            daemon.log_text()
+        );
+    }
+
+    // A graceful restart: what was sent is not sent again, what comes after is.
+    assert!(daemon.terminate().success(), "{}", daemon.log_text());
+    let sql = step(3, &mut sent);
+    conn.query_drop(&sql).await.expect(&sql);
+    let mut daemon = p.spawn_run("run2.log");
+    for (table, topic) in topics.iter().enumerate() {
+        let want = of(table, &sent);
+        assert_eq!(
+            ids_on(topic, want.len()),
+            want,
+            "after the restart, table {table}: the new row once, no other again"
+        );
+    }
+    assert!(daemon.terminate().success(), "{}", daemon.log_text());
+    let _ = conn
+        .query_drop(format!(
+            "REVOKE ALL PRIVILEGES ON `{second}` FROM '{}'@'%'",
+            p.services.run_user
+        ))
+        .await;
+    let _ = conn.query_drop(format!("DROP TABLE IF EXISTS `{second}`")).await;
+    let _ = conn.disconnect().await;
+    p.cleanup().await;
+}

@@ -110,6 +110,7 @@ fn kafka() -> String {
 fn event(id: i64, message_id: &str) -> OutboxEvent {
     OutboxEvent {
         id,
+        table: 0,
         message_id: message_id.to_owned(),
         message_type: "zombie.test".to_owned(),
         biz_key: "k".to_owned(),

@@ -151,7 +151,7 @@ async fn execute_with<C: Connector + Clone + 'static>(
             let store = connector.open_store().await?;
             let context = AdminContext {
                 pipeline: config.pipeline.name.clone(),
-                table: config.outbox.layout().outbox_table,
+                table: config.outbox.layout().outbox_table().to_owned(),
             };
             admin::run(&OutboxRows(&store), &context, &admin, format).await
         }
@@ -179,6 +179,7 @@ fn open_sink(config: &Config) -> Result<KafkaSink, anyhow::Error> {
         strict,
         config.delivery.max_in_flight_bytes,
     )
+    .and_then(|sink| sink.for_tables(&config.outbox.layout().outbox_tables))
     .map_err(anyhow::Error::msg)
 }
 

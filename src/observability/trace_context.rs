@@ -245,6 +245,7 @@ mod tests {
     fn event_with(headers: Vec<(String, Bytes)>) -> OutboxEvent {
         OutboxEvent {
             id: 1,
+            table: 0,
             message_id: "m".into(),
             message_type: "t".into(),
             biz_key: "k".into(),

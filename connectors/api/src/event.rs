@@ -6,6 +6,10 @@ use std::time::SystemTime;
 pub struct OutboxEvent {
     /// The row's primary key; every write-back addresses the row by it.
     pub id: i64,
+    /// Which outbox table the row is in: its index in
+    /// [`crate::OutboxLayout::outbox_tables`] (0 for a pipeline with one table), for the
+    /// topic template's `{schema}` and `{table}`.
+    pub table: u16,
     /// Globally unique id of the message, set by the application.
     pub message_id: String,
     /// The kind of event, e.g. `order.created`; used by the topic template.

@@ -4,8 +4,10 @@
 /// Where the outbox lives, which column is the Kafka key, and how its rows are read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OutboxLayout {
-    /// Outbox table name, optionally schema-qualified (`public.outbox`).
-    pub outbox_table: String,
+    /// The outbox tables, each name optionally schema-qualified (`public.outbox`): one
+    /// (`outbox.table`), or several read by one stream (`outbox.tables`, rows deleted
+    /// only). Never empty. An event's [`crate::OutboxEvent::table`] is its index here.
+    pub outbox_tables: Vec<String>,
     /// Inbox table name, optionally schema-qualified.
     pub inbox_table: String,
     /// Checkpoint table name, optionally schema-qualified.
@@ -23,11 +25,24 @@ impl OutboxLayout {
     /// A layout with these table names and the default key column (`biz_key`).
     pub fn with_tables(outbox: &str, inbox: &str, checkpoint: &str) -> Self {
         Self {
-            outbox_table: outbox.into(),
+            outbox_tables: vec![outbox.into()],
             inbox_table: inbox.into(),
             checkpoint_table: checkpoint.into(),
             ..Self::default()
         }
+    }
+
+    /// The outbox table: the only one, or the first of several. Every path that reads or
+    /// writes rows by id (write-back, claims, operator commands) has one table, since
+    /// several need `rows = "deleted"`; the log path reads them all
+    /// ([`OutboxLayout::outbox_tables`]).
+    pub fn outbox_table(&self) -> &str {
+        self.outbox_tables.first().map_or("outbox", String::as_str)
+    }
+
+    /// Whether the pipeline reads several outbox tables.
+    pub fn has_several_tables(&self) -> bool {
+        self.outbox_tables.len() > 1
     }
 
     /// Whether outboxd writes statuses back to the outbox rows (`rows = "kept"`).
@@ -39,7 +54,7 @@ impl OutboxLayout {
 impl Default for OutboxLayout {
     fn default() -> Self {
         Self {
-            outbox_table: "outbox".into(),
+            outbox_tables: vec!["outbox".into()],
             inbox_table: "inbox".into(),
             checkpoint_table: "outboxd_checkpoint".into(),
             key_column: "biz_key".into(),

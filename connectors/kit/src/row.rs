@@ -157,6 +157,7 @@ impl<R: RowSource> Reader<'_, R> {
             );
             Ok(OutboxEvent {
                 id,
+                table: 0,
                 message_id: self
                     .text(Field::MessageId)
                     .ok()
@@ -182,6 +183,7 @@ impl<R: RowSource> Reader<'_, R> {
         let headers = self.headers()?;
         Ok(OutboxEvent {
             id: self.id()?,
+            table: 0,
             message_id: self.not_null(Field::MessageId)?,
             message_type: self.not_null(Field::MessageType)?,
             biz_key: self.not_null(Field::BizKey)?,

@@ -35,11 +35,8 @@ pub fn table_qualifiers(
     qualifier: impl Fn(&str) -> Option<String>,
 ) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    for table in [
-        &layout.outbox_table,
-        &layout.inbox_table,
-        &layout.checkpoint_table,
-    ] {
+    let tables = layout.outbox_tables.iter().chain([&layout.inbox_table, &layout.checkpoint_table]);
+    for table in tables {
         if let Some(q) = qualifier(table) {
             if !out.contains(&q) {
                 out.push(q);

@@ -134,11 +134,11 @@ impl MysqlConnector {
                 "pipeline name `{pipeline}` must be 1 to 48 characters"
             )));
         }
-        for (what, name) in [
-            ("outbox.table", &layout.outbox_table),
+        let outbox_tables = layout.outbox_tables.iter().map(|t| ("outbox.table", t));
+        for (what, name) in outbox_tables.chain([
             ("outbox.inbox_table", &layout.inbox_table),
             ("outbox.checkpoint_table", &layout.checkpoint_table),
-        ] {
+        ]) {
             let (db, table) = split_qualified(name);
             let too_long = |s: &str| s.is_empty() || s.chars().count() > 64;
             if too_long(&table) || db.as_deref().is_some_and(too_long) {
@@ -176,9 +176,16 @@ impl MysqlConnector {
         format!("outboxd:{}", self.pipeline)
     }
 
-    /// `(database, table)` of the outbox.
+    /// `(database, table)` of the outbox (the first, when there are several).
     pub(crate) fn outbox_ident(&self) -> (String, String) {
-        table_ident(&self.layout.outbox_table, &self.config.database)
+        table_ident(self.layout.outbox_table(), &self.config.database)
+    }
+
+    /// `(database, table)` of each outbox table, in the layout's order.
+    pub(crate) fn outbox_idents(&self) -> Vec<(String, String)> {
+        (self.layout.outbox_tables.iter())
+            .map(|t| table_ident(t, &self.config.database))
+            .collect()
     }
 
     /// `outboxd init` (log mode): creates the tables and records the starting position.

@@ -67,12 +67,12 @@ pub(crate) fn hex_literal(bytes: &[u8]) -> String {
 
 /// The name of the outbox's retry index (`<table>_retry_due_idx`).
 pub(crate) fn outbox_retry_index(layout: &OutboxLayout) -> String {
-    format!("{}_retry_due_idx", split_qualified(&layout.outbox_table).1)
+    format!("{}_retry_due_idx", split_qualified(layout.outbox_table()).1)
 }
 
 /// The name of poll mode's index of INIT rows (`<table>_poll_idx`).
 pub(crate) fn outbox_poll_index(layout: &OutboxLayout) -> String {
-    format!("{}_poll_idx", split_qualified(&layout.outbox_table).1)
+    format!("{}_poll_idx", split_qualified(layout.outbox_table()).1)
 }
 
 /// The name of the inbox's due index (`<table>_due_idx`): claims, reaper, janitor.
@@ -99,11 +99,11 @@ pub(crate) struct TableDdl {
 
 /// The DDL of the outbox, inbox and checkpoint tables for `layout`, in that order.
 pub(crate) fn render_all(layout: &OutboxLayout) -> Vec<TableDdl> {
-    let outbox = split_qualified(&layout.outbox_table).1;
+    let outbox = split_qualified(layout.outbox_table()).1;
     let inbox = split_qualified(&layout.inbox_table).1;
     let render_with = |script: &str| {
         render(script, &|name: &str| match name {
-            "outbox" => Some(qualified(&layout.outbox_table)),
+            "outbox" => Some(qualified(layout.outbox_table())),
             "inbox" => Some(qualified(&layout.inbox_table)),
             "outboxd_checkpoint" => Some(qualified(&layout.checkpoint_table)),
             _ => {
@@ -118,7 +118,7 @@ pub(crate) fn render_all(layout: &OutboxLayout) -> Vec<TableDdl> {
     };
     vec![
         TableDdl {
-            table: layout.outbox_table.clone(),
+            table: layout.outbox_table().to_owned(),
             indexes: vec![
                 (outbox_retry_index(layout), "next_retry_time, id".into()),
                 (

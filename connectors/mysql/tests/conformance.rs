@@ -108,7 +108,7 @@ impl Harness for Maria {
         let mut f = Fixture::new(prefix);
         let checkpoint = format!("ckpt_{}", f.name);
         let layout = OutboxLayout {
-            outbox_table: f.table.clone(),
+            outbox_tables: vec![f.table.clone()],
             checkpoint_table: checkpoint.clone(),
             inbox_table: format!("inbox_{}", f.name),
             ..OutboxLayout::default()

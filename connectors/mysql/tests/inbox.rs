@@ -273,7 +273,7 @@ impl Maria {
         let mut conn = self.sql().await;
         for sql in support::runtime_grants(
             &self.run.config().user,
-            &layout.outbox_table,
+            layout.outbox_table(),
             &layout.inbox_table,
             &layout.checkpoint_table,
         ) {
@@ -302,7 +302,7 @@ impl Maria {
     fn named(prefix: &str) -> Self {
         let name = format!("{prefix}_{}", support::rand_u32() % 1_000_000);
         let layout = OutboxLayout {
-            outbox_table: format!("outbox_{name}"),
+            outbox_tables: vec![format!("outbox_{name}")],
             inbox_table: format!("inbox_{name}"),
             ..OutboxLayout::default()
         };

@@ -38,7 +38,7 @@ pub fn pgoutput_decoder(data: &[u8]) {
         name: "fixture_outbox".into(),
     };
     let mut decoder = Decoder::new(
-        outbox,
+        vec![outbox],
         "fixture_pub",
         &outboxd_connector::OutboxLayout::default(),
     );

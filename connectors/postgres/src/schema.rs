@@ -90,17 +90,17 @@ pub(crate) fn base_name(name: &str) -> String {
 
 /// The name of the outbox's retry index (`<table>_retry_due_idx`).
 pub(crate) fn outbox_retry_index(layout: &OutboxLayout) -> String {
-    format!("{}_retry_due_idx", base_name(&layout.outbox_table))
+    format!("{}_retry_due_idx", base_name(layout.outbox_table()))
 }
 
 /// The name of the outbox's strict-ordering index (`<table>_key_retry_idx`).
 pub(crate) fn outbox_key_retry_index(layout: &OutboxLayout) -> String {
-    format!("{}_key_retry_idx", base_name(&layout.outbox_table))
+    format!("{}_key_retry_idx", base_name(layout.outbox_table()))
 }
 
 /// The name of poll mode's index of INIT rows (`<table>_poll_idx`).
 pub(crate) fn outbox_poll_index(layout: &OutboxLayout) -> String {
-    format!("{}_poll_idx", base_name(&layout.outbox_table))
+    format!("{}_poll_idx", base_name(layout.outbox_table()))
 }
 
 /// The name of the inbox's claim index (`<table>_claim_idx`).
@@ -133,7 +133,7 @@ pub(crate) fn render_all(layout: &OutboxLayout) -> Vec<TableDdl> {
     let vars = variables(layout);
     vec![
         TableDdl {
-            table: layout.outbox_table.clone(),
+            table: layout.outbox_table().to_owned(),
             indexes: vec![retry_index, key_retry_index],
             sql: render(OUTBOX_SQL, &vars),
         },
@@ -154,7 +154,7 @@ pub(crate) fn render_all(layout: &OutboxLayout) -> Vec<TableDdl> {
 /// optional).
 pub(crate) fn render_poll_index(layout: &OutboxLayout) -> TableDdl {
     TableDdl {
-        table: layout.outbox_table.clone(),
+        table: layout.outbox_table().to_owned(),
         indexes: vec![outbox_poll_index(layout)],
         sql: render(OUTBOX_POLL_SQL, &variables(layout)),
     }
@@ -163,7 +163,7 @@ pub(crate) fn render_poll_index(layout: &OutboxLayout) -> TableDdl {
 /// The values of the scripts' `:"variables"`.
 fn variables(layout: &OutboxLayout) -> Vec<(&'static str, String)> {
     vec![
-        ("outbox_table", qualified(&layout.outbox_table)),
+        ("outbox_table", qualified(layout.outbox_table())),
         (
             "outbox_retry_index",
             quote_ident(&outbox_retry_index(layout)),

@@ -60,7 +60,7 @@ async fn init_creates_everything_and_is_idempotent() {
     let layout = fx.connector.layout();
     for expected in [
         format!("created schema {}", fx.schema),
-        format!("created table {}", layout.outbox_table),
+        format!("created table {}", layout.outbox_table()),
         format!("created table {}", layout.inbox_table),
         format!("created table {}", layout.checkpoint_table),
         format!("created publication {}", fx.connector.publication()),

@@ -145,7 +145,7 @@ impl Fixture {
         // database has no default one.
         let checkpoint = format!("{base}_checkpoint");
         let layout = OutboxLayout {
-            outbox_table: format!("public.{outbox}"),
+            outbox_tables: vec![format!("public.{outbox}")],
             checkpoint_table: format!("public.{checkpoint}"),
             ..OutboxLayout::default()
         };

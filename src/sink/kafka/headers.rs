@@ -191,6 +191,7 @@ mod tests {
     fn event(headers: &[(&str, &str)]) -> OutboxEvent {
         OutboxEvent {
             id: 7,
+            table: 0,
             message_id: "6c1f0b8e-0001".into(),
             message_type: "order.created".into(),
             biz_key: "order-42".into(),

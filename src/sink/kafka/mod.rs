@@ -146,15 +146,18 @@ impl KafkaSink {
             .clone()
     }
 
+    /// The sink of a pipeline reading `tables` (`outbox.table` or `outbox.tables`), for the
+    /// topic template's `{schema}` and `{table}`.
+    pub fn for_tables(mut self, tables: &[String]) -> Result<Self, String> {
+        self.template = self.template.with_tables(tables)?;
+        Ok(self)
+    }
+
     /// The topic an event goes to: its own `topic` column, else the template.
     pub fn topic_for(&self, event: &OutboxEvent) -> String {
         match &event.topic {
             Some(topic) if !topic.is_empty() => topic.clone(),
-            _ => self.template.render(
-                &event.message_type,
-                event.routing.as_deref(),
-                &self.pipeline,
-            ),
+            _ => self.template.render(event, &self.pipeline),
         }
     }
 }

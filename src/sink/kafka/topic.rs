@@ -1,10 +1,16 @@
 //! Topic routing: the `kafka.topic_template` with its placeholders.
 
-/// A topic name template: literal text with `{message_type}`, `{pipeline}` and
-/// `{routing}` (the row's routing column, `outbox.columns.routing`).
+use outboxd_connector::OutboxEvent;
+
+/// A topic name template: literal text with `{message_type}`, `{pipeline}`, `{routing}`
+/// (the row's routing column, `outbox.columns.routing`), and `{schema}` and `{table}` (the
+/// outbox table the row is in, as `outbox.table` or `outbox.tables` names it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TopicTemplate {
     parts: Vec<TemplatePart>,
+    /// `(schema, table)` of each outbox table, by [`OutboxEvent::table`]; the schema is
+    /// empty for an unqualified name.
+    tables: Vec<(String, String)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -13,6 +19,8 @@ enum TemplatePart {
     MessageType,
     Pipeline,
     Routing,
+    Schema,
+    Table,
 }
 
 impl TopicTemplate {
@@ -32,10 +40,12 @@ impl TopicTemplate {
                 "message_type" => TemplatePart::MessageType,
                 "pipeline" => TemplatePart::Pipeline,
                 "routing" => TemplatePart::Routing,
+                "schema" => TemplatePart::Schema,
+                "table" => TemplatePart::Table,
                 other => {
                     return Err(format!(
                         "kafka.topic_template `{template}` uses unknown placeholder `{{{other}}}`; \
-                         known: {{message_type}}, {{pipeline}}, {{routing}}"
+                         known: {{message_type}}, {{pipeline}}, {{routing}}, {{schema}}, {{table}}"
                     ))
                 }
             });
@@ -47,7 +57,32 @@ impl TopicTemplate {
         if parts.is_empty() {
             return Err("kafka.topic_template is empty".into());
         }
-        Ok(Self { parts })
+        Ok(Self {
+            parts,
+            tables: vec![(String::new(), String::new())],
+        })
+    }
+
+    /// The template for a pipeline reading `tables` (`outbox.table` or `outbox.tables`, in
+    /// order). With `{schema}`, every name must say its schema: the engine's default schema
+    /// is not known here, and a topic must not depend on a role's `search_path`.
+    pub fn with_tables(mut self, tables: &[String]) -> Result<Self, String> {
+        self.tables = tables
+            .iter()
+            .map(|name| match name.split_once('.') {
+                Some((schema, table)) => (schema.to_owned(), table.to_owned()),
+                None => (String::new(), name.clone()),
+            })
+            .collect();
+        if self.parts.contains(&TemplatePart::Schema) {
+            if let Some((_, table)) = self.tables.iter().find(|(schema, _)| schema.is_empty()) {
+                return Err(format!(
+                    "kafka.topic_template uses {{schema}} and the outbox table `{table}` is not \
+                     schema-qualified: name it as `<schema>.{table}` in outbox.table(s)"
+                ));
+            }
+        }
+        Ok(self)
     }
 
     /// Whether the template uses `{routing}`.
@@ -55,17 +90,22 @@ impl TopicTemplate {
         self.parts.contains(&TemplatePart::Routing)
     }
 
-    /// The topic for an event of `message_type` with `routing` in `pipeline` (an absent
-    /// routing value renders empty; [`TopicTemplate::uses_routing`] lets the sink refuse
-    /// such an event first).
-    pub fn render(&self, message_type: &str, routing: Option<&str>, pipeline: &str) -> String {
+    /// The topic for `event` in `pipeline` (an absent routing value renders empty;
+    /// [`TopicTemplate::uses_routing`] lets the sink refuse such an event first).
+    pub fn render(&self, event: &OutboxEvent, pipeline: &str) -> String {
+        let (schema, table) = self
+            .tables
+            .get(usize::from(event.table))
+            .map_or(("", ""), |(s, t)| (s.as_str(), t.as_str()));
         let mut topic = String::with_capacity(48);
         for part in &self.parts {
             match part {
                 TemplatePart::Literal(s) => topic.push_str(s),
-                TemplatePart::MessageType => topic.push_str(message_type),
+                TemplatePart::MessageType => topic.push_str(&event.message_type),
                 TemplatePart::Pipeline => topic.push_str(pipeline),
-                TemplatePart::Routing => topic.push_str(routing.unwrap_or_default()),
+                TemplatePart::Routing => topic.push_str(event.routing.as_deref().unwrap_or_default()),
+                TemplatePart::Schema => topic.push_str(schema),
+                TemplatePart::Table => topic.push_str(table),
             }
         }
         topic
@@ -78,14 +118,21 @@ mod tests {
 
     #[test]
     fn topic_template_renders_placeholders() {
+        let event = |message_type: &str, routing: Option<&str>, table: u16| {
+            let mut e = crate::testing::event(1, "k");
+            e.message_type = message_type.into();
+            e.routing = routing.map(Into::into);
+            e.table = table;
+            e
+        };
         let t = TopicTemplate::parse("outbox.{message_type}").unwrap();
-        assert_eq!(t.render("order.created", None, "p"), "outbox.order.created");
+        assert_eq!(t.render(&event("order.created", None, 0), "p"), "outbox.order.created");
         let t = TopicTemplate::parse("{pipeline}-events").unwrap();
-        assert_eq!(t.render("x", None, "orders"), "orders-events");
+        assert_eq!(t.render(&event("x", None, 0), "orders"), "orders-events");
         assert_eq!(
             TopicTemplate::parse("fixed")
                 .unwrap()
-                .render("x", None, "p"),
+                .render(&event("x", None, 0), "p"),
             "fixed"
         );
         assert!(TopicTemplate::parse("a.{message_type").is_err());
@@ -95,6 +142,32 @@ mod tests {
         assert!(TopicTemplate::parse("").is_err());
         let t = TopicTemplate::parse("outbox.event.{routing}").unwrap();
         assert!(t.uses_routing());
-        assert_eq!(t.render("x", Some("order"), "p"), "outbox.event.order");
+        assert_eq!(t.render(&event("x", Some("order"), 0), "p"), "outbox.event.order");
+    }
+
+    #[test]
+    fn schema_and_table_name_the_rows_outbox_table() {
+        let tables = ["tenant_a.outbox".to_owned(), "tenant_b.events".to_owned()];
+        let t = TopicTemplate::parse("{schema}.{table}.{message_type}")
+            .unwrap()
+            .with_tables(&tables)
+            .unwrap();
+        let mut e = crate::testing::event(1, "k");
+        e.message_type = "created".into();
+        assert_eq!(t.render(&e, "p"), "tenant_a.outbox.created");
+        e.table = 1;
+        assert_eq!(t.render(&e, "p"), "tenant_b.events.created");
+        // {table} alone works with unqualified names; {schema} needs every name qualified.
+        let t = TopicTemplate::parse("{table}")
+            .unwrap()
+            .with_tables(&["orders_outbox".into()])
+            .unwrap();
+        e.table = 0;
+        assert_eq!(t.render(&e, "p"), "orders_outbox");
+        let err = TopicTemplate::parse("{schema}.x")
+            .unwrap()
+            .with_tables(&["outbox".into()])
+            .unwrap_err();
+        assert!(err.contains("`outbox`") && err.contains("schema-qualified"), "{err}");
     }
 }

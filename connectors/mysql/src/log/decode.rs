@@ -91,6 +91,8 @@ enum TableEntry {
 }
 
 struct OutboxTable {
+    /// Which outbox table: its index in the layout (the event's `table`).
+    index: u16,
     /// The table map event's bytes, to recognise a repeat cheaply.
     raw: Vec<u8>,
     tme: TableMapEvent<'static>,
@@ -128,14 +130,17 @@ struct Group {
 
 /// The binlog → outbox transaction state machine of one stream.
 pub(crate) struct Decoder {
-    outbox_db: String,
-    outbox_table: String,
+    /// `(database, table)` of each outbox table, in the layout's order.
+    outboxes: Vec<(String, String)>,
+    /// The outbox whose column names [`Decoded::NeedColumns`] asked for.
+    wanted: usize,
     /// The column names and whether rows carry their status.
     layout: OutboxLayout,
     /// `(database, table)` of the checkpoint table, when known.
     checkpoint_table: Option<(String, String)>,
     tables: HashMap<u64, TableEntry>,
-    names: Option<CachedNames>,
+    /// Each outbox's column names (same index), once read.
+    names: Vec<Option<CachedNames>>,
     file: String,
     offset: u64,
     gtid: Option<GtidState>,
@@ -165,12 +170,12 @@ impl Decoder {
         gtid: Option<GtidState>,
     ) -> Self {
         Self {
-            outbox_db: outbox_db.to_owned(),
-            outbox_table: outbox_table.to_owned(),
+            outboxes: vec![(outbox_db.to_owned(), outbox_table.to_owned())],
+            wanted: 0,
             layout: layout.clone(),
             checkpoint_table: None,
             tables: HashMap::new(),
-            names: None,
+            names: vec![None],
             file: start.file.clone(),
             offset: start.offset,
             gtid,
@@ -187,14 +192,33 @@ impl Decoder {
         self
     }
 
-    /// `db.table` of the outbox, for messages.
-    pub(crate) fn table_name(&self) -> String {
-        format!("{}.{}", self.outbox_db, self.outbox_table)
+    /// Reads `outboxes` (`(database, table)`, the layout's order, the first the one given
+    /// to [`Decoder::new`]) instead of one outbox table.
+    pub(crate) fn with_outboxes(mut self, outboxes: Vec<(String, String)>) -> Self {
+        if !outboxes.is_empty() {
+            self.names = outboxes.iter().map(|_| None).collect();
+            self.outboxes = outboxes;
+        }
+        self
     }
 
-    /// `(database, table)` of the outbox.
+    /// `db.table` of the outbox tables, for messages.
+    pub(crate) fn table_name(&self) -> String {
+        let names: Vec<String> = (0..self.outboxes.len()).map(|i| self.name_of(i)).collect();
+        names.join(", ")
+    }
+
+    /// `db.table` of outbox `index`.
+    fn name_of(&self, index: usize) -> String {
+        let (db, table) = &self.outboxes[index];
+        format!("{db}.{table}")
+    }
+
+    /// `(database, table)` of the outbox whose column names [`Decoded::NeedColumns`] asked
+    /// for.
     pub(crate) fn outbox(&self) -> (&str, &str) {
-        (&self.outbox_db, &self.outbox_table)
+        let (db, table) = &self.outboxes[self.wanted];
+        (db, table)
     }
 
     /// True while inside a transaction.
@@ -215,7 +239,7 @@ impl Decoder {
     /// Each is `(COLUMN_NAME, DATA_TYPE)`.
     pub(crate) fn provide_columns(&mut self, columns: Vec<(String, String)>) {
         let (names, types) = columns.into_iter().unzip();
-        self.names = Some(CachedNames {
+        self.names[self.wanted] = Some(CachedNames {
             names,
             types,
             shape: None,
@@ -411,7 +435,7 @@ impl Decoder {
             self.apply_gtid(group.gtid.as_ref());
             return Ok(self.advance(end));
         }
-        let mentions_outbox = contains_ci(text, self.outbox_table.as_bytes());
+        let mentions_outbox = (self.outboxes.iter()).any(|(_, t)| contains_ci(text, t.as_bytes()));
         match &self.group {
             Some(group) if group.has_begin => {
                 if mentions_outbox
@@ -433,7 +457,7 @@ impl Decoder {
                 self.apply_gtid(group.gtid.as_ref());
                 if mentions_outbox {
                     tracing::debug!(outbox = %self.table_name(), "DDL on the outbox: its columns are read again");
-                    self.names = None;
+                    self.names.iter_mut().for_each(|n| *n = None);
                     self.tables
                         .retain(|_, t| matches!(t, TableEntry::Other | TableEntry::Checkpoint));
                 }
@@ -458,11 +482,11 @@ impl Decoder {
         let tme = event
             .read_event::<TableMapEvent>()
             .map_err(|e| self.bad(e))?;
-        if tme.database_name_raw() != self.outbox_db.as_bytes()
-            || !tme
-                .table_name_raw()
-                .eq_ignore_ascii_case(self.outbox_table.as_bytes())
-        {
+        let outbox = self.outboxes.iter().position(|(db, table)| {
+            tme.database_name_raw() == db.as_bytes()
+                && tme.table_name_raw().eq_ignore_ascii_case(table.as_bytes())
+        });
+        let Some(index) = outbox else {
             let checkpoint = self.checkpoint_table.as_ref().is_some_and(|(db, table)| {
                 tme.database_name_raw() == db.as_bytes() && tme.table_name_raw() == table.as_bytes()
             });
@@ -474,7 +498,8 @@ impl Decoder {
             self.tables.insert(id, entry);
             self.touch(checkpoint);
             return Ok(Decoded::Nothing);
-        }
+        };
+        let table_name = self.name_of(index);
         self.touch(false);
         if !checksum_ok(event) {
             return Err(self.checksum_error());
@@ -500,7 +525,7 @@ impl Decoder {
         let logged_names = logged_column_names(&tme);
         let names: Vec<String> = match logged_names {
             Some(names) if names.len() == count => names,
-            _ => match &mut self.names {
+            _ => match &mut self.names[index] {
                 Some(cached) if cached.shape.as_ref().is_none_or(|s| *s == shape) => {
                     // information_schema may describe a later version of the table (DDL
                     // committed after the rows being read): its first `count` columns must
@@ -514,14 +539,13 @@ impl Decoder {
                     });
                     if let Some(at) = mismatch {
                         return Err(ConnectorError::definite(format!(
-                            "outbox `{}.{}`: the binlog's table map ({} columns) does not match \
+                            "outbox `{}`: the binlog's table map ({} columns) does not match \
                              information_schema ({} columns, column {} differs): the table was \
                              altered after these rows were written, and without column names \
                              in the binlog outboxd cannot tell which value is which. Set \
                              binlog_row_metadata = FULL (the binlog then names its columns) and \
                              run `outboxd recover --config <file>`",
-                            self.outbox_db,
-                            self.outbox_table,
+                            table_name,
                             count,
                             cached.names.len(),
                             at + 1
@@ -530,15 +554,20 @@ impl Decoder {
                     cached.shape = Some(shape.clone());
                     cached.names[..count].to_vec()
                 }
-                _ => return Ok(Decoded::NeedColumns),
+                _ => {
+                    self.wanted = index;
+                    return Ok(Decoded::NeedColumns);
+                }
             },
         };
-        let columns = OutboxColumns::new(&names, &shape, &self.table_name(), &self.layout)?;
+        let columns = OutboxColumns::new(&names, &shape, &table_name, &self.layout)?;
         let kinds = column_kinds(&tme).map_err(|e| self.bad(e))?;
-        tracing::debug!(outbox = %self.table_name(), table_id = id, columns = count, "outbox table map");
+        tracing::debug!(outbox = %table_name, table_id = id, columns = count, "outbox table map");
         self.tables.insert(
             id,
             TableEntry::Outbox(Box::new(OutboxTable {
+                // The layout's tables number at most u16::MAX (config).
+                index: u16::try_from(index).unwrap_or(u16::MAX),
                 raw: data.to_vec(),
                 tme: tme.into_owned(),
                 columns,
@@ -572,7 +601,7 @@ impl Decoder {
         if !checksum_ok(event) {
             return Err(self.checksum_error());
         }
-        let table_name = self.table_name();
+        let table_name = self.name_of(usize::from(table.index));
         let data = event.read_data().map_err(|e| self.bad(e))?;
         let Some(EventData::RowsEvent(rows_event)) = data else {
             return Err(self.bad("a write rows event that is not one"));
@@ -603,7 +632,8 @@ impl Decoder {
                 table: &table_name,
                 columns: &table.columns,
             };
-            if let Some(event) = to_event(&row)? {
+            if let Some(mut event) = to_event(&row)? {
+                event.table = table.index;
                 events.push(event);
             }
         }

@@ -101,6 +101,7 @@ impl MysqlChangeStream {
             &connector.config().database,
         );
         let decoder = Decoder::new(&db, &table, connector.layout(), &start, gtid)
+            .with_outboxes(connector.outbox_idents())
             .with_checkpoint_table(&checkpoint_db, &checkpoint_table);
         let binlog = start_binlog(connector, &server, &start).await?;
         tracing::info!(

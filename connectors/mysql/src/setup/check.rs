@@ -46,12 +46,12 @@ pub(crate) async fn check(c: &MysqlConnector, mode: ReadMode) -> CheckReport {
     ));
     report.push(check_tls(&mut conn, c).await);
     if mode == ReadMode::Poll {
-        match check_outbox(&mut conn, c).await {
+        match check_outbox(&mut conn, c, c.layout().outbox_table()).await {
             Ok(lines) => report.extend(lines),
             Err(e) => report.push(failed_query("outbox table", &e)),
         }
         let index = outbox_poll_index(c.layout());
-        let line = match index_exists(&mut conn, c, &c.layout().outbox_table, &index).await {
+        let line = match index_exists(&mut conn, c, c.layout().outbox_table(), &index).await {
             Ok(true) => CheckLine::ok("poll index", index),
             Ok(false) => CheckLine::warn(
                 "poll index",
@@ -109,9 +109,11 @@ pub(crate) async fn check(c: &MysqlConnector, mode: ReadMode) -> CheckReport {
         "grants",
         check_grants(&mut conn, &server).await,
     );
-    match check_outbox(&mut conn, c).await {
-        Ok(lines) => report.extend(lines),
-        Err(e) => report.push(failed_query("outbox table", &e)),
+    for table in &c.layout().outbox_tables {
+        match check_outbox(&mut conn, c, table).await {
+            Ok(lines) => report.extend(lines),
+            Err(e) => report.push(failed_query("outbox table", &e)),
+        }
     }
     push(
         &mut report,
@@ -296,19 +298,22 @@ async fn check_table_grants(
     /// ER_NO_SUCH_TABLE: its own line says so.
     const NO_TABLE: u16 = 1146;
     let layout = c.layout();
-    let outbox = qualified(&layout.outbox_table);
     let checkpoint = qualified(&layout.checkpoint_table);
-    let probes = [
-        (
-            &layout.outbox_table,
-            "SELECT",
-            format!("SELECT 1 FROM {outbox} WHERE 1 = 0"),
-        ),
-        (
-            &layout.outbox_table,
-            "UPDATE",
-            format!("UPDATE {outbox} SET status = status WHERE 1 = 0"),
-        ),
+    let mut probes: Vec<(&String, &str, String)> = Vec::new();
+    for table in &layout.outbox_tables {
+        let outbox = qualified(table);
+        probes.push((table, "SELECT", format!("SELECT 1 FROM {outbox} WHERE 1 = 0")));
+        // Deleted rows are read from the binlog only: nothing is written back to them (and
+        // such a table, Debezium's, has no status column to probe).
+        if layout.tracks_status() {
+            probes.push((
+                table,
+                "UPDATE",
+                format!("UPDATE {outbox} SET status = status WHERE 1 = 0"),
+            ));
+        }
+    }
+    probes.extend([
         (
             &layout.checkpoint_table,
             "SELECT",
@@ -327,7 +332,7 @@ async fn check_table_grants(
             "UPDATE",
             format!("UPDATE {checkpoint} SET position = position WHERE 1 = 0"),
         ),
-    ];
+    ]);
     let mut missing: Vec<(&String, Vec<&str>)> = Vec::new();
     for (table, privilege, sql) in &probes {
         match conn.query_drop(sql).await {
@@ -412,12 +417,13 @@ async fn check_grants(conn: &mut Conn, server: &ServerInfo) -> Result<CheckLine,
     })
 }
 
+/// The lines about the outbox table `table` (one of the layout's).
 async fn check_outbox(
     conn: &mut Conn,
     c: &MysqlConnector,
+    table: &str,
 ) -> Result<Vec<CheckLine>, ConnectorError> {
     let layout = c.layout();
-    let table = &layout.outbox_table;
     let (db, name) = table_ident(table, &c.config().database);
     let sql = format!(
         "SELECT COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = {} \

@@ -44,13 +44,14 @@ pub(crate) async fn init(
         }
     }
 
-    let outbox_existed = table_exists(&mut conn, c, &layout.outbox_table).await?;
+    let outbox_existed = table_exists(&mut conn, c, layout.outbox_table()).await?;
     for ddl in schema::render_all(layout) {
-        if ddl.table == layout.outbox_table && !layout.tracks_status() {
-            report.push(setup::application_outbox(
-                &layout.outbox_table,
-                outbox_existed,
-            )?);
+        if ddl.table == layout.outbox_table() && !layout.tracks_status() {
+            // The application's tables: looked at, never created.
+            for table in &layout.outbox_tables {
+                let existed = table_exists(&mut conn, c, table).await?;
+                report.push(setup::application_outbox(table, existed)?);
+            }
             continue;
         }
         if !table_exists(&mut conn, c, &ddl.table).await? {
@@ -86,17 +87,17 @@ pub(crate) async fn init(
 
     if mode == ReadMode::Poll {
         let index = outbox_poll_index(layout);
-        if !index_exists(&mut conn, c, &layout.outbox_table, &index).await? {
+        if !index_exists(&mut conn, c, layout.outbox_table(), &index).await? {
             let sql = format!(
                 "ALTER TABLE {} ADD INDEX {} (status, id)",
-                qualified(&layout.outbox_table),
+                qualified(layout.outbox_table()),
                 quote_ident(&index)
             );
             execute(&mut conn, &sql, &format!("creating index {index}")).await?;
             report.push(format!(
                 "created index {index} on {} (poll mode: finds INIT rows; the SUCCESS \
                  write-back updates it too)",
-                layout.outbox_table
+                layout.outbox_table()
             ));
         }
         report.push("poll mode: no binlog position needed".to_owned());
@@ -119,12 +120,12 @@ pub(crate) async fn init(
                 "recorded checkpoint {position} for pipeline {pipeline}: the first run starts there"
             ));
             if outbox_existed && layout.tracks_status() {
-                let sql = setup::count_init_sql(&qualified(&layout.outbox_table));
+                let sql = setup::count_init_sql(&qualified(layout.outbox_table()));
                 let row = query_first(&mut conn, &sql, "counting INIT rows").await?;
                 let count = row.map(|r| int(&r, 0)).transpose()?.flatten().unwrap_or(0);
                 report.extend(setup::init_rows_note(
                     count,
-                    &layout.outbox_table,
+                    layout.outbox_table(),
                     "the checkpoint",
                 ));
             }

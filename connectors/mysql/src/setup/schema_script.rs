@@ -28,6 +28,15 @@ pub(crate) fn schema_script(c: &MysqlConnector, mode: ReadMode) -> String {
         ));
     }
     for ddl in schema::render_all(layout) {
+        if ddl.table == layout.outbox_table() && !layout.tracks_status() {
+            // Deleted rows: the outbox tables are the application's, as `init` leaves them.
+            parts.push(format!(
+                "-- The application's outbox table(s), not created here (outbox.rows = \
+                 \"deleted\"): {}",
+                layout.outbox_tables.join(", ")
+            ));
+            continue;
+        }
         let sql = ddl.sql.trim();
         let end = if sql.ends_with(';') { "" } else { ";" };
         parts.push(format!("{sql}{end}"));

@@ -234,7 +234,7 @@ impl MysqlOutboxStore {
                 })
             })
             .await?;
-        let table = &self.connector.layout.outbox_table;
+        let table = self.connector.layout.outbox_table();
         rows.iter()
             .map(|row| {
                 Ok(ClaimedEvent {

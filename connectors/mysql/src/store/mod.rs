@@ -85,7 +85,7 @@ impl MysqlOutboxStore {
         let info = server::info(&mut conn).await?;
         let store = Self {
             connector: connector.clone(),
-            outbox: qualified(&connector.layout.outbox_table),
+            outbox: qualified(connector.layout.outbox_table()),
             checkpoint: qualified(&connector.layout.checkpoint_table),
             server: ServerIdentity::of(&mut conn, &info).await?,
             conn: Mutex::new(None),
@@ -112,7 +112,7 @@ impl MysqlOutboxStore {
     pub(crate) fn context(&self, what: &str) -> String {
         format!(
             "{what} ({} / {} on {}; run `outboxd check`, `outboxd init` creates missing tables)",
-            self.connector.layout.outbox_table,
+            self.connector.layout.outbox_table(),
             self.connector.layout.checkpoint_table,
             self.connector.endpoint()
         )

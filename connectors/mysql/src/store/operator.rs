@@ -197,7 +197,7 @@ impl OutboxAdmin for MysqlOutboxStore {
             event_columns(&self.connector.layout.key_column),
             self.outbox
         );
-        let table = &self.connector.layout.outbox_table;
+        let table = self.connector.layout.outbox_table();
         self.rows(&sql, "scanning INIT rows")
             .await?
             .iter()

@@ -94,7 +94,7 @@ impl Fixture {
         let name = format!("{prefix}_{}", rand_u32() % 1_000_000);
         let table = format!("outbox_{name}");
         let layout = OutboxLayout {
-            outbox_table: table.clone(),
+            outbox_tables: vec![table.clone()],
             ..OutboxLayout::default()
         };
         let connector = MysqlConnector::new(config(), &name, layout).expect("connector");

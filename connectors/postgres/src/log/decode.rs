@@ -3,11 +3,12 @@
 //! Outbox inserts become events through the kit's row conversion
 //! ([`outboxd_connector_kit::row`]).
 //!
-//! The outbox is known by the OID the server resolved its configured name to
+//! Each outbox table is known by the OID the server resolved its configured name to
 //! ([`OutboxTable`]), not by a spelling of its name. The publication holds the outbox
-//! only (`init` makes it so, `check` fails otherwise), so a Relation message for any other
-//! table is a definite error: treating it as a transaction without outbox rows would let
-//! the slot be confirmed past rows that may be the outbox's, and they would stay INIT.
+//! tables only (`init` makes it so, `check` fails otherwise), so a Relation message for
+//! any other table is a definite error: treating it as a transaction without outbox rows
+//! would let the slot be confirmed past rows that may be an outbox's, and they would stay
+//! INIT (or, deleted, be lost).
 
 use bytes::Bytes;
 use std::time::SystemTime;
@@ -65,13 +66,14 @@ impl OutboxColumns {
 /// Assembles committed outbox transactions from pgoutput messages. Pure state machine
 /// (no I/O), so it is tested on captured bytes.
 pub(crate) struct Decoder {
-    outbox: OutboxTable,
-    /// Named in the error about a table that is not the outbox.
+    /// The outbox tables, in the layout's order: an event's `table` is the index here.
+    outboxes: Vec<OutboxTable>,
+    /// Named in the error about a table that is not an outbox.
     publication: String,
     /// The column names and whether rows carry their status.
     layout: OutboxLayout,
-    /// The outbox's columns, once its Relation message arrived.
-    columns: Option<OutboxColumns>,
+    /// Each outbox's columns (same index), once its Relation message arrived.
+    columns: Vec<Option<OutboxColumns>>,
     txn: Option<OpenTransaction>,
 }
 
@@ -87,22 +89,30 @@ struct OpenTransaction {
 }
 
 impl Decoder {
-    pub(crate) fn new(outbox: OutboxTable, publication: &str, layout: &OutboxLayout) -> Self {
+    /// A decoder of the inserts into `outboxes` (at least one, in the layout's order).
+    pub(crate) fn new(outboxes: Vec<OutboxTable>, publication: &str, layout: &OutboxLayout) -> Self {
         Self {
-            outbox,
+            columns: vec![None; outboxes.len()],
+            outboxes,
             publication: publication.to_owned(),
             layout: layout.clone(),
-            columns: None,
             txn: None,
         }
+    }
+
+    /// The index of the outbox table with relation OID `oid`.
+    fn outbox_index(&self, oid: u32) -> Option<usize> {
+        self.outboxes.iter().position(|t| t.oid == oid)
     }
 
     pub(crate) fn in_transaction(&self) -> bool {
         self.txn.is_some()
     }
 
+    /// The outbox tables, for messages.
     fn table_name(&self) -> String {
-        self.outbox.to_string()
+        let names: Vec<String> = self.outboxes.iter().map(ToString::to_string).collect();
+        names.join(", ")
     }
 
     pub(crate) fn handle(&mut self, data: &Bytes) -> Result<Option<Decoded>, ConnectorError> {
@@ -124,25 +134,34 @@ impl Decoder {
                 });
             }
             PgOutputMessage::Relation(rel) => {
-                if rel.oid != self.outbox.oid {
+                let Some(index) = self.outbox_index(rel.oid) else {
                     return Err(self.not_the_outbox(&rel));
-                }
-                self.columns = Some(OutboxColumns::new(&rel, &self.table_name(), &self.layout)?);
+                };
+                let name = self.outboxes[index].to_string();
+                self.columns[index] = Some(OutboxColumns::new(&rel, &name, &self.layout)?);
             }
             PgOutputMessage::Insert(insert) => {
-                let columns = match &self.columns {
-                    Some(columns) if insert.relation_oid == self.outbox.oid => columns,
-                    _ => {
-                        return Err(ConnectorError::definite(format!(
-                            "replication stream: insert into relation OID {} before the outbox's \
-                             Relation message (outbox `{}` is OID {})",
-                            insert.relation_oid,
-                            self.table_name(),
-                            self.outbox.oid
-                        )))
-                    }
+                let index = self.outbox_index(insert.relation_oid);
+                let Some((index, columns)) =
+                    index.and_then(|i| Some((i, self.columns[i].as_ref()?)))
+                else {
+                    return Err(ConnectorError::definite(format!(
+                        "replication stream: insert into relation OID {} before its Relation \
+                         message (the outbox tables are {})",
+                        insert.relation_oid,
+                        self.outboxes
+                            .iter()
+                            .map(|t| format!("`{t}` OID {}", t.oid))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )));
                 };
-                let event = to_event(&insert.tuple, columns, &self.table_name())?;
+                let name = self.outboxes[index].to_string();
+                let mut event = to_event(&insert.tuple, columns, &name)?;
+                if let Some(event) = &mut event {
+                    // The layout's tables number at most u16::MAX (config).
+                    event.table = u16::try_from(index).unwrap_or(u16::MAX);
+                }
                 let txn = self.txn.as_mut().ok_or_else(|| {
                     ConnectorError::definite("replication stream: insert outside a transaction")
                 })?;
@@ -183,12 +202,15 @@ impl Decoder {
         Ok(None)
     }
 
-    /// The publication streams `rel`, which is not the outbox: say which, and the fix.
+    /// The publication streams `rel`, which is not an outbox: say which, and the fix.
     fn not_the_outbox(&self, rel: &Relation) -> ConnectorError {
         let publication = &self.publication;
-        let outbox = &self.outbox;
         let table = format!("{}.{}", rel.namespace, rel.name);
-        let why = if rel.namespace == outbox.schema && rel.name == outbox.name {
+        let same_name = self
+            .outboxes
+            .iter()
+            .find(|o| rel.namespace == o.schema && rel.name == o.name);
+        let why = if let Some(outbox) = same_name {
             // A table of that name with another OID: written before the outbox was
             // dropped and created again. Its rows are not in today's table.
             format!(
@@ -199,20 +221,30 @@ impl Decoder {
                 outbox.oid, rel.oid
             )
         } else {
+            let oids: Vec<String> = self
+                .outboxes
+                .iter()
+                .map(|o| format!("`{o}` (OID {})", o.oid))
+                .collect();
+            let published: Vec<String> = self
+                .outboxes
+                .iter()
+                .map(|o| format!("{}.{}", quote_ident(&o.schema), quote_ident(&o.name)))
+                .collect();
             format!(
-                "outboxd reads only the outbox `{outbox}` (OID {}: the table the server finds \
-                 by outbox.table, through the role's search_path when unqualified); if \
-                 `{table}` is your outbox, set outbox.table to `{table}`, otherwise make the \
-                 publication publish the outbox alone: ALTER PUBLICATION {} SET TABLE {}.{}",
-                outbox.oid,
+                "outboxd reads only the outbox table(s) {} (the tables the server finds by \
+                 outbox.table or outbox.tables, through the role's search_path when \
+                 unqualified); if `{table}` is your outbox, set outbox.table to `{table}` (or \
+                 add it to outbox.tables), otherwise make the publication publish the outbox \
+                 tables alone: ALTER PUBLICATION {} SET TABLE {}",
+                oids.join(", "),
                 quote_ident(publication),
-                quote_ident(&outbox.schema),
-                quote_ident(&outbox.name)
+                published.join(", ")
             )
         };
         ConnectorError::definite(format!(
             "publication `{publication}` streams inserts into table `{table}` (OID {}), which \
-             is not the outbox; stopping before its transaction is confirmed: {why}",
+             is not an outbox table; stopping before its transaction is confirmed: {why}",
             rel.oid
         ))
     }
@@ -338,7 +370,7 @@ mod tests {
 
     #[test]
     fn assembles_a_captured_transaction() {
-        let mut decoder = Decoder::new(fixture_outbox(), "fixture_pub", &OutboxLayout::default());
+        let mut decoder = Decoder::new(vec![fixture_outbox()], "fixture_pub", &OutboxLayout::default());
         let (out, err) = decode_all(&mut decoder);
         assert!(err.is_none(), "{err:?}");
         assert!(!decoder.in_transaction());
@@ -375,7 +407,7 @@ mod tests {
             schema: "app".into(),
             name: "outbox".into(),
         };
-        let mut decoder = Decoder::new(outbox, "fixture_pub", &OutboxLayout::default());
+        let mut decoder = Decoder::new(vec![outbox], "fixture_pub", &OutboxLayout::default());
         let (out, err) = decode_all(&mut decoder);
         assert!(out.is_empty(), "nothing before the error: {out:?}");
         let err = err.expect("an error");
@@ -399,7 +431,7 @@ mod tests {
             oid: fixture_outbox().oid + 1,
             ..fixture_outbox()
         };
-        let mut decoder = Decoder::new(outbox, "fixture_pub", &OutboxLayout::default());
+        let mut decoder = Decoder::new(vec![outbox], "fixture_pub", &OutboxLayout::default());
         let (out, err) = decode_all(&mut decoder);
         assert!(out.is_empty(), "{out:?}");
         let err = err.expect("an error");
@@ -413,7 +445,7 @@ mod tests {
             key_column: "no_such_column".into(),
             ..OutboxLayout::default()
         };
-        let mut decoder = Decoder::new(fixture_outbox(), "fixture_pub", &layout);
+        let mut decoder = Decoder::new(vec![fixture_outbox()], "fixture_pub", &layout);
         let err = decode_all(&mut decoder).1.unwrap();
         assert!(!err.is_transient());
         assert!(err.message().contains("`no_such_column`"), "{err}");

@@ -60,13 +60,16 @@ impl PgChangeStream {
         let publication = connector.publication();
         let client = connector.sql_client().await?;
         let confirmed_flush = check_slot(connector, &client, &slot).await?;
-        let outbox = resolve_outbox(connector, &client).await?;
+        let mut outboxes = Vec::with_capacity(connector.layout().outbox_tables.len());
+        for configured in &connector.layout().outbox_tables {
+            outboxes.push(resolve_outbox(connector, &client, configured).await?);
+        }
         // The relay skips what the checkpoint says it wrote back: not when another
         // cluster wrote it.
         let (checkpoint, system) = verify_checkpoint(connector, &client).await?;
         tracing::debug!(%slot, checkpoint = ?checkpoint.map(|c| c.to_string()), %system, "checkpoint checked");
         drop(client);
-        let decoder = Decoder::new(outbox, &publication, connector.layout());
+        let decoder = Decoder::new(outboxes, &publication, connector.layout());
 
         let conn = ReplicationConnection::connect(connector.config()).await?;
         // 0/0: the server starts at the slot's confirmed_flush_lsn.
@@ -184,13 +187,14 @@ async fn check_slot(
     Ok(confirmed)
 }
 
-/// The outbox table as the server resolves `outbox.table` on the pipeline's role, as
-/// `init` and `check` do: the decoder knows it in the log by this OID.
+/// The outbox table `configured` (one of `outbox.table(s)`) as the server resolves it on
+/// the pipeline's role, as `init` and `check` do: the decoder knows it in the log by this
+/// OID.
 async fn resolve_outbox(
     connector: &PostgresConnector,
     client: &tokio_postgres::Client,
+    configured: &str,
 ) -> Result<OutboxTable, ConnectorError> {
-    let configured = &connector.layout().outbox_table;
     let table = OutboxTable::resolve(client, configured).await?;
     let Some(table) = table else {
         return Err(ConnectorError::definite(format!(

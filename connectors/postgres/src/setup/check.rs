@@ -57,9 +57,11 @@ pub(crate) async fn check(c: &PostgresConnector) -> CheckReport {
     );
     push(&mut report, "max_wal_senders", check_senders(&client).await);
 
-    match check_outbox(&client, layout).await {
-        Ok(lines) => report.extend(lines),
-        Err(e) => report.push(failed_query("outbox table", &e)),
+    for table in &layout.outbox_tables {
+        match check_outbox(&client, layout, table).await {
+            Ok(lines) => report.extend(lines),
+            Err(e) => report.push(failed_query("outbox table", &e)),
+        }
     }
     push(
         &mut report,
@@ -234,13 +236,9 @@ async fn check_grants(client: &Client, layout: &OutboxLayout) -> Result<CheckLin
         true => &["SELECT", "UPDATE"],
         false => &["SELECT"],
     };
-    let needs = [
-        (&layout.outbox_table, outbox_needs),
-        (
-            &layout.checkpoint_table,
-            &["SELECT", "INSERT", "UPDATE"][..],
-        ),
-    ];
+    let checkpoint_needs = &["SELECT", "INSERT", "UPDATE"][..];
+    let needs = (layout.outbox_tables.iter().map(|t| (t, outbox_needs)))
+        .chain([(&layout.checkpoint_table, checkpoint_needs)]);
     // (table, privileges it lacks)
     let mut missing: Vec<(String, Vec<&str>)> = Vec::new();
     for (table, privileges) in needs {
@@ -359,11 +357,12 @@ async fn check_senders(client: &Client) -> Result<CheckLine, ConnectorError> {
     })
 }
 
+/// The lines about the outbox table `table` (one of the layout's).
 async fn check_outbox(
     client: &Client,
     layout: &OutboxLayout,
+    table: &str,
 ) -> Result<Vec<CheckLine>, ConnectorError> {
-    let table = &layout.outbox_table;
     let name = qualified(table);
     let rows = query(
         client,
@@ -461,22 +460,23 @@ async fn check_publication(
             ),
         ));
     };
-    let Some(outbox) = table_ident(client, layout).await? else {
-        return Ok(CheckLine::fail(
-            "publication",
-            format!("{publication} exists, but the outbox table does not"),
-            "run `outboxd init`",
-        ));
+    let outboxes = match table_idents(client, layout).await? {
+        Ok(outboxes) => outboxes,
+        Err(missing) => {
+            return Ok(CheckLine::fail(
+                "publication",
+                format!("{publication} exists, but the outbox table {missing} does not"),
+                "run `outboxd init`",
+            ))
+        }
     };
-    let problems = info.problems(&outbox);
+    let problems = info.problems(&outboxes);
     Ok(if problems.is_empty() {
+        // The tables as the server resolved the names (the ones `run` reads).
+        let names: Vec<String> = outboxes.iter().map(|(s, t)| format!("{s}.{t}")).collect();
         CheckLine::ok(
             "publication",
-            // The table as the server resolved the name (the one `run` reads).
-            format!(
-                "{publication} publishes inserts into {}.{}",
-                outbox.0, outbox.1
-            ),
+            format!("{publication} publishes inserts into {}", names.join(", ")),
         )
     } else {
         CheckLine::fail(

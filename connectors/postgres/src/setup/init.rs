@@ -55,11 +55,15 @@ pub(crate) async fn init(
     }
 
     // Tables and their indexes.
-    let outbox_existed = relation_exists(&client, &qualified(&layout.outbox_table)).await?;
+    let outbox_existed = relation_exists(&client, &qualified(layout.outbox_table())).await?;
     for ddl in schema::render_all(layout) {
         let existed = relation_exists(&client, &qualified(&ddl.table)).await?;
-        if ddl.table == layout.outbox_table && !layout.tracks_status() {
-            report.push(setup::application_outbox(&layout.outbox_table, existed)?);
+        if ddl.table == layout.outbox_table() && !layout.tracks_status() {
+            // The application's tables: looked at, never created.
+            for table in &layout.outbox_tables {
+                let existed = relation_exists(&client, &qualified(table)).await?;
+                report.push(setup::application_outbox(table, existed)?);
+            }
             continue;
         }
         let mut missing_indexes = Vec::new();
@@ -117,12 +121,12 @@ pub(crate) async fn init(
             ));
             // Rows inserted before the slot existed are not in its log.
             if outbox_existed && layout.tracks_status() {
-                let sql = setup::count_init_sql(&qualified(&layout.outbox_table));
+                let sql = setup::count_init_sql(&qualified(layout.outbox_table()));
                 let row = query_opt(&client, &sql, &[], "counting INIT rows").await?;
                 let count: i64 = row.and_then(|r| r.try_get(0).ok()).unwrap_or(0);
                 report.extend(setup::init_rows_note(
                     count,
-                    &layout.outbox_table,
+                    layout.outbox_table(),
                     "the slot existed",
                 ));
             }
@@ -159,10 +163,9 @@ pub(super) async fn ensure_publication(
     layout: &OutboxLayout,
     publication: &str,
 ) -> Result<String, ConnectorError> {
-    let outbox = table_ident(client, layout).await?.ok_or_else(|| {
+    let outboxes = table_idents(client, layout).await?.map_err(|missing| {
         ConnectorError::definite(format!(
-            "table {} does not exist: run `outboxd init --config <file>`",
-            layout.outbox_table
+            "table {missing} does not exist: run `outboxd init --config <file>`"
         ))
     })?;
     match publication_info(client, publication).await? {
@@ -171,11 +174,11 @@ pub(super) async fn ensure_publication(
             execute(client, &sql, &format!("creating publication {publication}")).await?;
             Ok(format!(
                 "created publication {publication} for inserts into {}",
-                layout.outbox_table
+                layout.outbox_tables.join(", ")
             ))
         }
         Some(info) => {
-            let problems = info.problems(&outbox);
+            let problems = info.problems(&outboxes);
             if !problems.is_empty() {
                 return Err(ConnectorError::definite(format!(
                     "publication `{publication}` exists but {}; outboxd leaves it alone. Fix: {}",

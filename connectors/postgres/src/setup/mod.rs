@@ -68,15 +68,18 @@ struct PublicationInfo {
 
 impl PublicationInfo {
     /// Why the publication does not fit outboxd, empty when it does.
-    fn problems(&self, outbox: &(String, String)) -> Vec<String> {
+    /// `outboxes`: `(schema, table)` of each outbox table, as the server resolved them.
+    fn problems(&self, outboxes: &[(String, String)]) -> Vec<String> {
         let mut problems = Vec::new();
-        if !self.tables.contains(outbox) {
-            problems.push(format!("does not publish {}.{}", outbox.0, outbox.1));
+        for outbox in outboxes {
+            if !self.tables.contains(outbox) {
+                problems.push(format!("does not publish {}.{}", outbox.0, outbox.1));
+            }
         }
         if !self.insert {
             problems.push("does not publish inserts".to_owned());
         }
-        let others = self.tables.iter().filter(|t| *t != outbox).count();
+        let others = self.tables.iter().filter(|t| !outboxes.contains(t)).count();
         if self.all_tables {
             problems.push("is FOR ALL TABLES".to_owned());
         } else if others > 0 {
@@ -101,7 +104,7 @@ impl PublicationInfo {
                 "ALTER PUBLICATION {pubname} SET TABLE {table}; \
                  ALTER PUBLICATION {pubname} SET (publish = 'insert');",
                 pubname = quote_ident(publication),
-                table = qualified(&layout.outbox_table)
+                table = published_tables(layout)
             )
         }
     }
@@ -111,8 +114,14 @@ fn create_publication_sql(publication: &str, layout: &OutboxLayout) -> String {
     format!(
         "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')",
         quote_ident(publication),
-        qualified(&layout.outbox_table)
+        published_tables(layout)
     )
+}
+
+/// The outbox tables, quoted, as a publication's table list.
+fn published_tables(layout: &OutboxLayout) -> String {
+    let tables: Vec<String> = layout.outbox_tables.iter().map(|t| qualified(t)).collect();
+    tables.join(", ")
 }
 
 async fn publication_info(
@@ -243,14 +252,21 @@ async fn slot_info(
     }))
 }
 
-/// `(schema, table)` of the outbox table, `None` when it does not exist: resolved as the
-/// replication stream resolves it ([`OutboxTable`]).
-async fn table_ident(
+/// `(schema, table)` of each outbox table, resolved as the replication stream resolves
+/// them ([`OutboxTable`]); `Err` with the configured name of the first that does not
+/// exist.
+async fn table_idents(
     client: &Client,
     layout: &OutboxLayout,
-) -> Result<Option<(String, String)>, ConnectorError> {
-    let table = OutboxTable::resolve(client, &layout.outbox_table).await?;
-    Ok(table.map(|t| (t.schema, t.name)))
+) -> Result<Result<Vec<(String, String)>, String>, ConnectorError> {
+    let mut idents = Vec::with_capacity(layout.outbox_tables.len());
+    for configured in &layout.outbox_tables {
+        match OutboxTable::resolve(client, configured).await? {
+            Some(t) => idents.push((t.schema, t.name)),
+            None => return Ok(Err(configured.clone())),
+        }
+    }
+    Ok(Ok(idents))
 }
 
 /// The quoted, schema-qualified (when the table is) name of an index of `table`.
@@ -493,17 +509,29 @@ mod tests {
             other_ops: vec![],
             tables: vec![outbox.clone()],
         };
-        assert!(good.problems(&outbox).is_empty());
+        assert!(good.problems(std::slice::from_ref(&outbox)).is_empty());
         let bad = PublicationInfo {
             all_tables: false,
             insert: true,
             other_ops: vec!["updates"],
             tables: vec![outbox.clone(), ("public".into(), "orders".into())],
         };
-        let problems = bad.problems(&outbox);
+        let problems = bad.problems(std::slice::from_ref(&outbox));
         assert_eq!(problems.len(), 2, "{problems:?}");
         let fix = bad.fix_sql("p", &OutboxLayout::default());
         assert!(fix.contains("SET TABLE \"outbox\""), "{fix}");
         assert!(fix.contains("publish = 'insert'"), "{fix}");
+        // Several outbox tables: each must be published, and only they.
+        let orders = ("public".to_owned(), "orders".to_owned());
+        let both = [outbox.clone(), orders.clone()];
+        assert!(bad.problems(&both).iter().all(|p| !p.contains("other table")));
+        let problems = good.problems(&both);
+        assert_eq!(problems, ["does not publish public.orders"], "{problems:?}");
+        let layout = OutboxLayout {
+            outbox_tables: vec!["outbox".into(), "t1.outbox".into()],
+            ..OutboxLayout::default()
+        };
+        let fix = good.fix_sql("p", &layout);
+        assert!(fix.contains("SET TABLE \"outbox\", \"t1\".\"outbox\""), "{fix}");
     }
 }

@@ -26,6 +26,15 @@ pub(crate) fn schema_script(c: &PostgresConnector, mode: ReadMode) -> String {
         ));
     }
     for ddl in schema::render_all(layout) {
+        if ddl.table == layout.outbox_table() && !layout.tracks_status() {
+            // Deleted rows: the outbox tables are the application's, as `init` leaves them.
+            parts.push(format!(
+                "-- The application's outbox table(s), not created here (outbox.rows = \
+                 \"deleted\"): {}",
+                layout.outbox_tables.join(", ")
+            ));
+            continue;
+        }
         parts.push(ddl.sql.trim().to_owned());
     }
     match mode {

@@ -148,14 +148,14 @@ impl PgOutboxStore {
 
     /// The outbox table as configured, for messages.
     pub(crate) fn table(&self) -> &str {
-        &self.connector.layout.outbox_table
+        self.connector.layout.outbox_table()
     }
 
     /// Maps a database error to a [`ConnectorError`] naming the table and server.
     pub(crate) fn error(&self, e: &tokio_postgres::Error, what: &str) -> ConnectorError {
         let context = format!(
             "{what} ({} on {})",
-            self.connector.layout.outbox_table,
+            self.connector.layout.outbox_table(),
             self.connector.endpoint()
         );
         classify_pg_error(e, &context)
@@ -183,7 +183,7 @@ impl PgOutboxStore {
         let system = SystemIdentity::of(&client).await?;
 
         let layout = &self.connector.layout;
-        let outbox = qualified(&layout.outbox_table);
+        let outbox = qualified(layout.outbox_table());
         let key = quote_ident(&layout.key_column);
         let checkpoint = qualified(&layout.checkpoint_table);
         let shape = if layout.tracks_status() {
@@ -329,7 +329,7 @@ impl PgOutboxStore {
             let context = format!(
                 "preparing the {what} statement for {} / {} on {} (run `outboxd check`; \
                  `outboxd init` creates missing tables)",
-                self.connector.layout.outbox_table,
+                self.connector.layout.outbox_table(),
                 self.connector.layout.checkpoint_table,
                 self.connector.endpoint()
             );

@@ -169,7 +169,7 @@ impl Fixture {
     fn layout(&self) -> OutboxLayout {
         let schema = &self.schema;
         OutboxLayout {
-            outbox_table: format!("{schema}.outbox"),
+            outbox_tables: vec![format!("{schema}.outbox")],
             inbox_table: format!("{schema}.inbox"),
             checkpoint_table: format!("{schema}.outboxd_checkpoint"),
             key_column: "biz_key".into(),
@@ -192,7 +192,7 @@ impl Fixture {
         let name = unique(prefix);
         let schema = format!("t_{name}");
         let layout = OutboxLayout {
-            outbox_table: format!("{schema}.outbox"),
+            outbox_tables: vec![format!("{schema}.outbox")],
             inbox_table: format!("{schema}.inbox"),
             checkpoint_table: format!("{schema}.outboxd_checkpoint"),
             key_column: "biz_key".into(),
