@@ -951,11 +951,12 @@ impl Config {
             .iter()
             .map(|t| ("outbox.tables", t))
             .chain([
-            ("outbox.table", &self.outbox.table),
-            ("outbox.inbox_table", &self.outbox.inbox_table),
-            ("outbox.checkpoint_table", &self.outbox.checkpoint_table),
-            ("outbox.key_column", &layout.key_column),
-        ]) {
+                ("outbox.table", &self.outbox.table),
+                ("outbox.inbox_table", &self.outbox.inbox_table),
+                ("outbox.checkpoint_table", &self.outbox.checkpoint_table),
+                ("outbox.key_column", &layout.key_column),
+            ])
+        {
             if value.trim().is_empty() || value.contains('"') {
                 return Err(ConfigError::Invalid(format!(
                     "{key} `{value}` must be a non-empty name without double quotes"
@@ -1277,10 +1278,14 @@ mod tests {
 
     #[test]
     fn several_outbox_tables_are_one_list_of_valid_names() {
-        let tables = "[outbox]\nlayout = \"debezium\"\ntables = [\"a.outboxevent\", \"b.outboxevent\"]\n";
+        let tables =
+            "[outbox]\nlayout = \"debezium\"\ntables = [\"a.outboxevent\", \"b.outboxevent\"]\n";
         let text = format!(
             "{}\n{tables}",
-            MINIMAL.replace("[kafka]", "[kafka]\ntopic_template = \"{schema}.{table}.{routing}\"")
+            MINIMAL.replace(
+                "[kafka]",
+                "[kafka]\ntopic_template = \"{schema}.{table}.{routing}\""
+            )
         );
         let config = Config::parse(&text).unwrap();
         config.validate().unwrap();
@@ -1291,7 +1296,10 @@ mod tests {
         let invalid = |extra: &str, template: &str| {
             let text = format!(
                 "{}\n[outbox]\n{extra}\n",
-                MINIMAL.replace("[kafka]", &format!("[kafka]\ntopic_template = \"{template}\""))
+                MINIMAL.replace(
+                    "[kafka]",
+                    &format!("[kafka]\ntopic_template = \"{template}\"")
+                )
             );
             Config::parse(&text)
                 .and_then(|c| c.validate())
@@ -1300,18 +1308,30 @@ mod tests {
         };
         // Kept rows address one table.
         let err = invalid("tables = [\"a.outbox\", \"b.outbox\"]", "t");
-        assert!(err.contains("rows = \\\"deleted\\\"") || err.contains("outbox.rows"), "{err}");
+        assert!(
+            err.contains("rows = \\\"deleted\\\"") || err.contains("outbox.rows"),
+            "{err}"
+        );
         // Both keys, a name twice, an empty name.
         let deleted = "layout = \"debezium\"";
-        let err = invalid(&format!("{deleted}\ntable = \"x\"\ntables = [\"a.t\"]"), "t");
+        let err = invalid(
+            &format!("{deleted}\ntable = \"x\"\ntables = [\"a.t\"]"),
+            "t",
+        );
         assert!(err.contains("not both"), "{err}");
         let err = invalid(&format!("{deleted}\ntables = [\"a.t\", \"A.T\"]"), "t");
         assert!(err.contains("twice"), "{err}");
         let err = invalid(&format!("{deleted}\ntables = [\"a.t\", \" \"]"), "t");
         assert!(err.contains("outbox.tables"), "{err}");
         // {schema} needs every name qualified.
-        let err = invalid(&format!("{deleted}\ntables = [\"a.t\", \"u\"]"), "{schema}.x");
-        assert!(err.contains("`u`") && err.contains("schema-qualified"), "{err}");
+        let err = invalid(
+            &format!("{deleted}\ntables = [\"a.t\", \"u\"]"),
+            "{schema}.x",
+        );
+        assert!(
+            err.contains("`u`") && err.contains("schema-qualified"),
+            "{err}"
+        );
     }
 
     #[test]

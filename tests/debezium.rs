@@ -443,9 +443,12 @@ async fn emit_in(tx: &tokio_postgres::Transaction<'_>, table: &str, key: &str, s
     )
     .await
     .expect("insert");
-    tx.execute(&format!("DELETE FROM {table} WHERE id = $1::text::uuid"), &[&id])
-        .await
-        .expect("delete");
+    tx.execute(
+        &format!("DELETE FROM {table} WHERE id = $1::text::uuid"),
+        &[&id],
+    )
+    .await
+    .expect("delete");
     id
 }
 
@@ -575,7 +578,10 @@ async fn several_outbox_tables_in_one_pipeline_each_row_to_its_tables_topic() {
     for (table, topic) in topics.iter().enumerate() {
         let want = of(table, &sent);
         let got = ids_on(&p.services.kafka, topic, want.len());
-        assert_eq!(got, want, "table {table}'s rows on {topic}: each once, in commit order");
+        assert_eq!(
+            got, want,
+            "table {table}'s rows on {topic}: each once, in commit order"
+        );
     }
 
     // A graceful restart: what was sent is not sent again, what comes after is.
@@ -585,7 +591,10 @@ async fn several_outbox_tables_in_one_pipeline_each_row_to_its_tables_topic() {
     for (table, topic) in topics.iter().enumerate() {
         let want = of(table, &sent);
         let got = ids_on(&p.services.kafka, topic, want.len());
-        assert_eq!(got, want, "after the restart, table {table}: the new row once, no other again");
+        assert_eq!(
+            got, want,
+            "after the restart, table {table}: the new row once, no other again"
+        );
     }
     drop(daemon);
     p.cleanup().await;

@@ -547,10 +547,16 @@ async fn several_outbox_tables_in_one_pipeline_each_row_to_its_tables_topic() {
         sql + "COMMIT"
     };
     let ids_on = |topic: &str, expected: usize| -> Vec<String> {
-        consume_all(p.services.kafka.as_str(), topic, 1, expected, Duration::from_secs(60))
-            .iter()
-            .map(|r| r.headers.get("id").cloned().unwrap_or_default())
-            .collect()
+        consume_all(
+            p.services.kafka.as_str(),
+            topic,
+            1,
+            expected,
+            Duration::from_secs(60),
+        )
+        .iter()
+        .map(|r| r.headers.get("id").cloned().unwrap_or_default())
+        .collect()
     };
     let mut daemon = p.spawn_run("run.log");
     for seq in 1..=6 {
@@ -592,7 +598,9 @@ async fn several_outbox_tables_in_one_pipeline_each_row_to_its_tables_topic() {
             p.services.run_user
         ))
         .await;
-    let _ = conn.query_drop(format!("DROP TABLE IF EXISTS `{second}`")).await;
+    let _ = conn
+        .query_drop(format!("DROP TABLE IF EXISTS `{second}`"))
+        .await;
     let _ = conn.disconnect().await;
     p.cleanup().await;
 }

@@ -103,7 +103,9 @@ impl TopicTemplate {
                 TemplatePart::Literal(s) => topic.push_str(s),
                 TemplatePart::MessageType => topic.push_str(&event.message_type),
                 TemplatePart::Pipeline => topic.push_str(pipeline),
-                TemplatePart::Routing => topic.push_str(event.routing.as_deref().unwrap_or_default()),
+                TemplatePart::Routing => {
+                    topic.push_str(event.routing.as_deref().unwrap_or_default())
+                }
                 TemplatePart::Schema => topic.push_str(schema),
                 TemplatePart::Table => topic.push_str(table),
             }
@@ -126,7 +128,10 @@ mod tests {
             e
         };
         let t = TopicTemplate::parse("outbox.{message_type}").unwrap();
-        assert_eq!(t.render(&event("order.created", None, 0), "p"), "outbox.order.created");
+        assert_eq!(
+            t.render(&event("order.created", None, 0), "p"),
+            "outbox.order.created"
+        );
         let t = TopicTemplate::parse("{pipeline}-events").unwrap();
         assert_eq!(t.render(&event("x", None, 0), "orders"), "orders-events");
         assert_eq!(
@@ -142,7 +147,10 @@ mod tests {
         assert!(TopicTemplate::parse("").is_err());
         let t = TopicTemplate::parse("outbox.event.{routing}").unwrap();
         assert!(t.uses_routing());
-        assert_eq!(t.render(&event("x", Some("order"), 0), "p"), "outbox.event.order");
+        assert_eq!(
+            t.render(&event("x", Some("order"), 0), "p"),
+            "outbox.event.order"
+        );
     }
 
     #[test]
@@ -168,6 +176,9 @@ mod tests {
             .unwrap()
             .with_tables(&["outbox".into()])
             .unwrap_err();
-        assert!(err.contains("`outbox`") && err.contains("schema-qualified"), "{err}");
+        assert!(
+            err.contains("`outbox`") && err.contains("schema-qualified"),
+            "{err}"
+        );
     }
 }

@@ -302,7 +302,11 @@ async fn check_table_grants(
     let mut probes: Vec<(&String, &str, String)> = Vec::new();
     for table in &layout.outbox_tables {
         let outbox = qualified(table);
-        probes.push((table, "SELECT", format!("SELECT 1 FROM {outbox} WHERE 1 = 0")));
+        probes.push((
+            table,
+            "SELECT",
+            format!("SELECT 1 FROM {outbox} WHERE 1 = 0"),
+        ));
         // Deleted rows are read from the binlog only: nothing is written back to them (and
         // such a table, Debezium's, has no status column to probe).
         if layout.tracks_status() {

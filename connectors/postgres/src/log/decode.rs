@@ -90,7 +90,11 @@ struct OpenTransaction {
 
 impl Decoder {
     /// A decoder of the inserts into `outboxes` (at least one, in the layout's order).
-    pub(crate) fn new(outboxes: Vec<OutboxTable>, publication: &str, layout: &OutboxLayout) -> Self {
+    pub(crate) fn new(
+        outboxes: Vec<OutboxTable>,
+        publication: &str,
+        layout: &OutboxLayout,
+    ) -> Self {
         Self {
             columns: vec![None; outboxes.len()],
             outboxes,
@@ -370,7 +374,11 @@ mod tests {
 
     #[test]
     fn assembles_a_captured_transaction() {
-        let mut decoder = Decoder::new(vec![fixture_outbox()], "fixture_pub", &OutboxLayout::default());
+        let mut decoder = Decoder::new(
+            vec![fixture_outbox()],
+            "fixture_pub",
+            &OutboxLayout::default(),
+        );
         let (out, err) = decode_all(&mut decoder);
         assert!(err.is_none(), "{err:?}");
         assert!(!decoder.in_transaction());

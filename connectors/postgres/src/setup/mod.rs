@@ -524,7 +524,10 @@ mod tests {
         // Several outbox tables: each must be published, and only they.
         let orders = ("public".to_owned(), "orders".to_owned());
         let both = [outbox.clone(), orders.clone()];
-        assert!(bad.problems(&both).iter().all(|p| !p.contains("other table")));
+        assert!(bad
+            .problems(&both)
+            .iter()
+            .all(|p| !p.contains("other table")));
         let problems = good.problems(&both);
         assert_eq!(problems, ["does not publish public.orders"], "{problems:?}");
         let layout = OutboxLayout {
@@ -532,6 +535,9 @@ mod tests {
             ..OutboxLayout::default()
         };
         let fix = good.fix_sql("p", &layout);
-        assert!(fix.contains("SET TABLE \"outbox\", \"t1\".\"outbox\""), "{fix}");
+        assert!(
+            fix.contains("SET TABLE \"outbox\", \"t1\".\"outbox\""),
+            "{fix}"
+        );
     }
 }
