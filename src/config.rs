@@ -144,8 +144,8 @@ pub struct OutboxConfig {
     pub table: String,
     /// Several outbox tables read by one stream (a schema per tenant, a table per bounded
     /// context), instead of `table`: the topic template's `{schema}` and `{table}` tell
-    /// their records apart. Needs `rows = "deleted"` (for now: the write-back, claims and
-    /// operator commands address one table).
+    /// their records apart. With kept rows each row's status is written to its table; the
+    /// operator's commands take `--table` to address one.
     pub tables: Vec<String>,
     /// Inbox table, optionally schema-qualified.
     pub inbox_table: String,
@@ -318,15 +318,6 @@ impl OutboxConfig {
         if !self.tables.is_empty() {
             if self.table != OutboxLayout::default().outbox_table() {
                 return Err("set outbox.table or outbox.tables, not both".into());
-            }
-            if !deleted {
-                return Err(format!(
-                    "outbox.tables (several outbox tables in one pipeline) needs outbox.rows = \
-                     \"deleted\" for now: with kept rows the write-back, the retry worker and \
-                     the operator commands address one table; run a pipeline per table \
-                     (outbox.table = \"{}\", …), each with its own source.slot",
-                    self.tables[0]
-                ));
             }
             let mut seen = std::collections::HashSet::new();
             for name in &self.tables {
@@ -659,6 +650,35 @@ impl Default for PollConfig {
 }
 
 impl Config {
+    /// The config an operator command acts with: one outbox table. With several
+    /// (`outbox.tables`), `table` names the one (as written in the list; row ids are
+    /// per table); with one, `table`, if given, must be it.
+    pub fn for_outbox_table(&self, table: Option<&str>) -> Result<Config, String> {
+        let tables = self.outbox.layout().outbox_tables;
+        let listed = tables.join(", ");
+        let chosen = match table {
+            None if tables.len() > 1 => {
+                return Err(format!(
+                    "outbox.tables names {} outbox tables ({listed}): name the one to act on \
+                     with --table",
+                    tables.len()
+                ))
+            }
+            None => return Ok(self.clone()),
+            Some(name) => tables
+                .iter()
+                .find(|t| t.as_str() == name)
+                .or_else(|| tables.iter().find(|t| t.eq_ignore_ascii_case(name)))
+                .ok_or_else(|| {
+                    format!("--table {name}: not an outbox table of this pipeline ({listed})")
+                })?,
+        };
+        let mut narrowed = self.clone();
+        narrowed.outbox.table = chosen.clone();
+        narrowed.outbox.tables = Vec::new();
+        Ok(narrowed)
+    }
+
     /// Reads `path`, resolves its secrets (environment, `*_file` keys) and validates it;
     /// [`Config::warnings`] says whether the file holds secrets others may read.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -1306,12 +1326,11 @@ mod tests {
                 .unwrap_err()
                 .to_string()
         };
-        // Kept rows address one table.
-        let err = invalid("tables = [\"a.outbox\", \"b.outbox\"]", "t");
-        assert!(
-            err.contains("rows = \\\"deleted\\\"") || err.contains("outbox.rows"),
-            "{err}"
-        );
+        // Kept rows too: each row's status goes to its own table.
+        let kept = format!("{MINIMAL}\n[outbox]\ntables = [\"a.outbox\", \"b.outbox\"]\n");
+        let config = Config::parse(&kept).expect("parse");
+        config.validate().expect("kept rows in several tables");
+        assert!(config.outbox.layout().tracks_status());
         // Both keys, a name twice, an empty name.
         let deleted = "layout = \"debezium\"";
         let err = invalid(

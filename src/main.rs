@@ -70,6 +70,9 @@ struct StatusArgs {
     /// Act on the inbox table instead of the outbox.
     #[arg(long)]
     inbox: bool,
+    /// The outbox table to act on, when the pipeline has several (`outbox.tables`).
+    #[arg(long, conflicts_with = "inbox")]
+    table: Option<String>,
     /// Print one JSON document instead of a table.
     #[arg(long)]
     json: bool,
@@ -83,6 +86,9 @@ struct RetryArgs {
     /// Act on the inbox table instead of the outbox.
     #[arg(long)]
     inbox: bool,
+    /// The outbox table to act on, when the pipeline has several (`outbox.tables`).
+    #[arg(long, conflicts_with = "inbox")]
+    table: Option<String>,
     /// The row to retry.
     #[arg(long)]
     id: Option<i64>,
@@ -104,6 +110,9 @@ struct RowArgs {
     /// Act on the inbox table instead of the outbox.
     #[arg(long)]
     inbox: bool,
+    /// The outbox table to act on, when the pipeline has several (`outbox.tables`).
+    #[arg(long, conflicts_with = "inbox")]
+    table: Option<String>,
     /// The outbox row id.
     #[arg(long)]
     id: i64,
@@ -123,6 +132,9 @@ struct JanitorArgs {
     /// `inbox.dedupe_retention`.
     #[arg(long)]
     inbox: bool,
+    /// The outbox table to act on, when the pipeline has several (`outbox.tables`).
+    #[arg(long, conflicts_with = "inbox")]
+    table: Option<String>,
     /// Retention: SUCCESS rows sent longer ago than this go (e.g. `7d`, `12h`).
     #[arg(long, value_parser = humantime_serde::re::humantime::parse_duration)]
     older_than: std::time::Duration,
@@ -147,9 +159,9 @@ fn format(json: bool) -> OutputFormat {
 }
 
 /// The operator commands as library commands, with their config path.
-fn admin_command(command: CliCommand) -> Option<(Command, PathBuf)> {
-    let (admin, json, inbox, config) = match command {
-        CliCommand::Status(a) => (AdminCommand::Status, a.json, a.inbox, a.config),
+fn admin_command(command: CliCommand) -> Option<(Command, PathBuf, Option<String>)> {
+    let (admin, json, inbox, config, table) = match command {
+        CliCommand::Status(a) => (AdminCommand::Status, a.json, a.inbox, a.config, a.table),
         CliCommand::Retry(a) => {
             let selector = match (a.id, a.status) {
                 (Some(id), _) => RetrySelector::Id(id),
@@ -160,7 +172,13 @@ fn admin_command(command: CliCommand) -> Option<(Command, PathBuf)> {
                 // clap requires one of the two.
                 (None, None) => return None,
             };
-            (AdminCommand::Retry(selector), a.json, a.inbox, a.config)
+            (
+                AdminCommand::Retry(selector),
+                a.json,
+                a.inbox,
+                a.config,
+                a.table,
+            )
         }
         CliCommand::Park(a) => (
             AdminCommand::Park {
@@ -170,6 +188,7 @@ fn admin_command(command: CliCommand) -> Option<(Command, PathBuf)> {
             a.json,
             a.inbox,
             a.config,
+            a.table,
         ),
         CliCommand::Resolve(a) => (
             AdminCommand::Resolve {
@@ -179,6 +198,7 @@ fn admin_command(command: CliCommand) -> Option<(Command, PathBuf)> {
             a.json,
             a.inbox,
             a.config,
+            a.table,
         ),
         CliCommand::Janitor(a) => (
             AdminCommand::Janitor {
@@ -189,6 +209,7 @@ fn admin_command(command: CliCommand) -> Option<(Command, PathBuf)> {
             a.json,
             a.inbox,
             a.config,
+            a.table,
         ),
         _ => return None,
     };
@@ -197,7 +218,7 @@ fn admin_command(command: CliCommand) -> Option<(Command, PathBuf)> {
     } else {
         Command::Admin(admin, format(json))
     };
-    Some((command, config.config))
+    Some((command, config.config, table))
 }
 
 #[derive(clap::Args)]
@@ -209,12 +230,12 @@ struct ConfigArg {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let (command, path) = match cli.command {
-        CliCommand::Init(a) => (Command::Init, a.config),
-        CliCommand::Schema(a) => (Command::Schema, a.config),
-        CliCommand::Check(a) => (Command::Check, a.config),
-        CliCommand::Run(a) => (Command::Run, a.config),
-        CliCommand::Recover(a) => (Command::Recover, a.config),
+    let (command, path, table) = match cli.command {
+        CliCommand::Init(a) => (Command::Init, a.config, None),
+        CliCommand::Schema(a) => (Command::Schema, a.config, None),
+        CliCommand::Check(a) => (Command::Check, a.config, None),
+        CliCommand::Run(a) => (Command::Run, a.config, None),
+        CliCommand::Recover(a) => (Command::Recover, a.config, None),
         other => match admin_command(other) {
             Some(command) => command,
             None => {
@@ -229,6 +250,17 @@ fn main() -> ExitCode {
             eprintln!("error: {e}");
             return ExitCode::from(2);
         }
+    };
+    // The outbox's operator commands act on one table.
+    let config = match &command {
+        Command::Admin(..) => match config.for_outbox_table(table.as_deref()) {
+            Ok(config) => config,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        _ => config,
     };
     // Held to the end: dropping it sends the spans still queued.
     let _otlp = init_logging(cli.log_format, config.otlp.as_ref());

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use outboxd_connector::{
     ChangeItem, ChangeStream, ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack,
     CommittedTransaction, ConnectorError, OutboxEvent, OutboxStore, Position, ReapPolicy,
-    ReapReport, RetrySchedule, TransactionPart, WriteBack,
+    ReapReport, RetrySchedule, RowId, TransactionPart, WriteBack,
 };
 use tokio::sync::mpsc;
 
@@ -296,11 +296,17 @@ impl OutboxStore for MemoryStore {
             .max())
     }
 
-    async fn delivered_among(&self, ids: &[i64]) -> Result<HashSet<i64>, ConnectorError> {
+    /// One table: rows are found by id.
+    async fn delivered_among(&self, rows: &[RowId]) -> Result<HashSet<RowId>, ConnectorError> {
         let state = lock(&self.state);
-        Ok(ids
+        Ok(rows
             .iter()
-            .filter(|id| state.rows.get(id).is_some_and(|r| r.status == "SUCCESS"))
+            .filter(|row| {
+                state
+                    .rows
+                    .get(&row.id)
+                    .is_some_and(|r| r.status == "SUCCESS")
+            })
             .copied()
             .collect())
     }

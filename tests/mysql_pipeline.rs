@@ -349,6 +349,11 @@ async fn a_large_transaction_read_again_is_not_sent_again() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_outbox_tables_keep_each_rows_status_in_its_table() {
+    scenarios::several_outbox_tables_keep_each_rows_status_in_its_table::<MysqlServices>().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_topic_outside_the_allowed_list_is_never_written() {
     scenarios::a_topic_outside_the_allowed_list_is_never_written::<MysqlServices>().await;
 }

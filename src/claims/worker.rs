@@ -169,6 +169,7 @@ impl<'a, O: OutboxStore, S: Sink> ClaimWorker<'a, O, S> {
                 rejected.push((
                     ParkedEvent {
                         id: c.event.id,
+                        table: c.event.table,
                         reason,
                     },
                     c.claim_token,
@@ -193,7 +194,7 @@ impl<'a, O: OutboxStore, S: Sink> ClaimWorker<'a, O, S> {
                 .await;
             let _entered = span.enter();
             match Outcome::new(
-                c.event.id,
+                c.event.row(),
                 c.event.retry_count,
                 result,
                 &self.settings.retry,
@@ -219,6 +220,7 @@ impl<'a, O: OutboxStore, S: Sink> ClaimWorker<'a, O, S> {
                     released.push((
                         ParkedEvent {
                             id: c.event.id,
+                            table: c.event.table,
                             reason: format!(
                                 "not sent: the sink failed ({}); sent again once it is \
                                  rebuilt, no attempt counted",

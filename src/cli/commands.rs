@@ -148,6 +148,11 @@ async fn execute_with<C: Connector + Clone + 'static>(
                      `outboxd_*` metrics and the log show what the relay does"
                 );
             }
+            // Row ids are per table: an operator command acts on one (the CLI narrows the
+            // config to the table `--table` names, `Config::for_outbox_table`).
+            if config.outbox.layout().has_several_tables() {
+                config.for_outbox_table(None).map_err(anyhow::Error::msg)?;
+            }
             let store = connector.open_store().await?;
             let context = AdminContext {
                 pipeline: config.pipeline.name.clone(),

@@ -41,90 +41,97 @@ pub(super) async fn recover<C: Connector, S: Sink>(
     // MANUAL_REQUIRED in the table, or failed during this recovery) keep their INIT rows
     // back, parked as the log path parks them, so none overtakes an earlier event.
     let mut failed_keys: HashSet<String> = HashSet::new();
-    let (mut after_id, mut sent, mut failed, mut parked_rows) = (0i64, 0u64, 0u64, 0u64);
-    loop {
-        let rows = store.scan_init(after_id, BATCH).await?;
-        let Some(last) = rows.last() else { break };
-        after_id = last.id;
-        let blocked = if strict {
-            let keys: Vec<String> = rows.iter().map(|e| e.biz_key.clone()).collect();
-            store.blocked_keys(Some(&keys)).await?
-        } else {
-            HashSet::new()
-        };
-        let mut pending = Vec::with_capacity(rows.len());
-        let mut parked = Vec::new();
-        let mut rejected = Vec::new();
-        for event in &rows {
-            if let Some(reason) = event.rejected.clone().or_else(|| sink.refusal(event)) {
-                // Retrying cannot help: MANUAL_REQUIRED with the reason, never sent.
-                if strict && !event.biz_key.is_empty() {
-                    failed_keys.insert(event.biz_key.clone());
-                }
-                rejected.push(ParkedEvent {
-                    id: event.id,
-                    reason,
-                });
-                continue;
-            }
-            if blocked.contains(&event.biz_key) || failed_keys.contains(&event.biz_key) {
-                parked.push(ParkedEvent {
-                    id: event.id,
-                    reason: parked_behind_key("parked by recover", &event.biz_key),
-                });
-                continue;
-            }
-            pending.push((event, sink.send(event).await));
-        }
-        let (mut delivered, mut failures) = (Vec::new(), Vec::new());
-        let mut sink_failure = None;
-        // Under strict ordering the sink waits out a broker outage without limit; an
-        // operator's command reports a failure instead.
-        let deadline = tokio::time::Instant::now() + config.kafka.message_timeout;
-        for (event, delivery) in pending {
-            let result = acknowledged_by(deadline, delivery).await;
-            match Outcome::new(event.id, event.retry_count, result, &config.retry) {
-                Outcome::Delivered(d) => delivered.push(d),
-                // The sink failed, not the row: it stays INIT, no attempt counted.
-                Outcome::Failed {
-                    failure,
-                    kind: FailureKind::Fatal,
-                } => {
-                    sink_failure.get_or_insert(failure.error);
-                }
-                Outcome::Failed { failure, .. } => {
-                    let _span = event_span(event).entered();
-                    tracing::warn!(id = event.id, message_id = %event.message_id, error = %failure.error, "recover: delivery failed");
-                    if strict {
+    let (mut sent, mut failed, mut parked_rows) = (0u64, 0u64, 0u64);
+    // Each outbox table in turn, in id order within it.
+    let tables = config.outbox.layout().outbox_tables;
+    for (table, name) in (0u16..).zip(&tables) {
+        let mut after_id = 0i64;
+        loop {
+            let rows = store.scan_init(table, after_id, BATCH).await?;
+            let Some(last) = rows.last() else { break };
+            after_id = last.id;
+            let blocked = if strict {
+                let keys: Vec<String> = rows.iter().map(|e| e.biz_key.clone()).collect();
+                store.blocked_keys(Some(&keys)).await?
+            } else {
+                HashSet::new()
+            };
+            let mut pending = Vec::with_capacity(rows.len());
+            let mut parked = Vec::new();
+            let mut rejected = Vec::new();
+            for event in &rows {
+                if let Some(reason) = event.rejected.clone().or_else(|| sink.refusal(event)) {
+                    // Retrying cannot help: MANUAL_REQUIRED with the reason, never sent.
+                    if strict && !event.biz_key.is_empty() {
                         failed_keys.insert(event.biz_key.clone());
                     }
-                    failures.push(failure);
+                    rejected.push(ParkedEvent {
+                        id: event.id,
+                        table: event.table,
+                        reason,
+                    });
+                    continue;
+                }
+                if blocked.contains(&event.biz_key) || failed_keys.contains(&event.biz_key) {
+                    parked.push(ParkedEvent {
+                        id: event.id,
+                        table: event.table,
+                        reason: parked_behind_key("parked by recover", &event.biz_key),
+                    });
+                    continue;
+                }
+                pending.push((event, sink.send(event).await));
+            }
+            let (mut delivered, mut failures) = (Vec::new(), Vec::new());
+            let mut sink_failure = None;
+            // Under strict ordering the sink waits out a broker outage without limit; an
+            // operator's command reports a failure instead.
+            let deadline = tokio::time::Instant::now() + config.kafka.message_timeout;
+            for (event, delivery) in pending {
+                let result = acknowledged_by(deadline, delivery).await;
+                match Outcome::new(event.row(), event.retry_count, result, &config.retry) {
+                    Outcome::Delivered(d) => delivered.push(d),
+                    // The sink failed, not the row: it stays INIT, no attempt counted.
+                    Outcome::Failed {
+                        failure,
+                        kind: FailureKind::Fatal,
+                    } => {
+                        sink_failure.get_or_insert(failure.error);
+                    }
+                    Outcome::Failed { failure, .. } => {
+                        let _span = event_span(event).entered();
+                        tracing::warn!(id = event.id, message_id = %event.message_id, error = %failure.error, "recover: delivery failed");
+                        if strict {
+                            failed_keys.insert(event.biz_key.clone());
+                        }
+                        failures.push(failure);
+                    }
                 }
             }
-        }
-        let batch = WriteBack {
-            delivered: &delivered,
-            failed: &failures,
-            parked: &parked,
-            rejected: &rejected,
-            checkpoint: None,
-        };
-        store.write_back(batch).await?;
-        sent += delivered.len() as u64;
-        failed += (failures.len() + rejected.len()) as u64;
-        parked_rows += parked.len() as u64;
-        if let Some(error) = sink_failure {
-            anyhow::bail!(
-                "the Kafka producer failed fatally: {error}; {sent} rows were published, the \
+            let batch = WriteBack {
+                delivered: &delivered,
+                failed: &failures,
+                parked: &parked,
+                rejected: &rejected,
+                checkpoint: None,
+            };
+            store.write_back(batch).await?;
+            sent += delivered.len() as u64;
+            failed += (failures.len() + rejected.len()) as u64;
+            parked_rows += parked.len() as u64;
+            if let Some(error) = sink_failure {
+                anyhow::bail!(
+                    "the Kafka producer failed fatally: {error}; {sent} rows were published, the \
                  rest stay INIT with no attempt counted: run `outboxd recover --config <file>` \
                  again"
+                );
+            }
+            let rate = (sent + failed) as f64 / started.elapsed().as_secs_f64().max(0.001);
+            println!(
+                "recover: {sent} published, {failed} failed, {parked_rows} parked (up to id \
+             {after_id} of {name}, {rate:.0} rows/s)"
             );
         }
-        let rate = (sent + failed) as f64 / started.elapsed().as_secs_f64().max(0.001);
-        println!(
-            "recover: {sent} published, {failed} failed, {parked_rows} parked (up to id \
-             {after_id}, {rate:.0} rows/s)"
-        );
     }
     println!(
         "recover done: {sent} INIT rows published, {failed} marked FAILED and {parked_rows} \

@@ -3,7 +3,7 @@
 //! [`DeliveryFailure`] (FAILED with the sink's text in `last_error` and the backoff delay).
 //! The log relay, the claim worker and `outboxd recover` all write rows back through it.
 
-use outboxd_connector::{Delivered, DeliveryFailure};
+use outboxd_connector::{Delivered, DeliveryFailure, RowId};
 
 use crate::claims::next_retry_delay;
 use crate::config::RetryConfig;
@@ -24,17 +24,25 @@ pub(crate) enum Outcome {
 }
 
 impl Outcome {
-    /// The outcome of the record of row `id`, which had failed `retry_count` times before.
-    pub(crate) fn new(id: i64, retry_count: i32, result: SinkResult, retry: &RetryConfig) -> Self {
+    /// The outcome of the record of `row`, which had failed `retry_count` times before.
+    pub(crate) fn new(
+        row: RowId,
+        retry_count: i32,
+        result: SinkResult,
+        retry: &RetryConfig,
+    ) -> Self {
+        let RowId { table, id } = row;
         match result {
             Ok(receipt) => Outcome::Delivered(Delivered {
                 id,
+                table,
                 partition: receipt.partition,
                 offset: receipt.offset,
             }),
             Err(failure) => Outcome::Failed {
                 failure: DeliveryFailure {
                     id,
+                    table,
                     error: failure.error,
                     retry_delay: next_retry_delay(retry, retry_count),
                 },
@@ -50,6 +58,7 @@ mod tests {
 
     use super::*;
     use crate::sink::{Receipt, SinkFailure};
+    use outboxd_connector::RowId;
 
     #[test]
     fn receipts_become_success_and_failures_keep_their_text_and_backoff() {
@@ -63,7 +72,7 @@ mod tests {
             partition: 3,
             offset: 42,
         };
-        match Outcome::new(7, 0, Ok(receipt), &retry) {
+        match Outcome::new(RowId { table: 0, id: 7 }, 0, Ok(receipt), &retry) {
             Outcome::Delivered(d) => assert_eq!((d.id, d.partition, d.offset), (7, 3, 42)),
             other => panic!("{other:?}"),
         }
@@ -71,10 +80,10 @@ mod tests {
             kind: FailureKind::Rejected,
             error: "Message size too large".into(),
         };
-        match Outcome::new(8, 2, Err(failure), &retry) {
+        match Outcome::new(RowId { table: 1, id: 8 }, 2, Err(failure), &retry) {
             Outcome::Failed { failure, kind } => {
                 assert_eq!(kind, FailureKind::Rejected);
-                assert_eq!(failure.id, 8);
+                assert_eq!((failure.table, failure.id), (1, 8));
                 assert_eq!(failure.error, "Message size too large");
                 assert_eq!(failure.retry_delay, Duration::from_secs(4));
             }

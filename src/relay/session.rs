@@ -17,7 +17,8 @@ use futures_util::future::{BoxFuture, FutureExt};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use outboxd_connector::{
     parked_behind_key, ChangeItem, ChangeStream, CommittedTransaction, ConnectorError, Delivered,
-    DeliveryFailure, OutboxEvent, OutboxStore, ParkedEvent, Position, TransactionPart, WriteBack,
+    DeliveryFailure, OutboxEvent, OutboxStore, ParkedEvent, Position, RowId, TransactionPart,
+    WriteBack,
 };
 use tokio::sync::{watch, Notify};
 use tokio::time::sleep_until;
@@ -38,7 +39,7 @@ struct Completed {
     seq: u64,
     /// [`OutboxEvent::size`], counted in flight until written back.
     size: usize,
-    id: i64,
+    row: RowId,
     retry_count: i32,
     message_id: String,
     biz_key: String,
@@ -128,6 +129,7 @@ fn track<D: Future<Output = SinkResult>>(
 ) -> impl Future<Output = Completed> {
     let OutboxEvent {
         id,
+        table,
         retry_count,
         message_id,
         biz_key,
@@ -141,7 +143,7 @@ fn track<D: Future<Output = SinkResult>>(
             commit_time,
             seq,
             size,
-            id,
+            row: RowId { table, id },
             retry_count,
             message_id,
             biz_key,
@@ -373,10 +375,10 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         let Some(through) = self.delivered_through else {
             return Ok(());
         };
-        let candidates: Vec<i64> = events
+        let candidates: Vec<RowId> = events
             .iter()
-            .map(|e| e.id)
-            .filter(|id| *id <= through)
+            .filter(|e| e.id <= through)
+            .map(OutboxEvent::row)
             .collect();
         if candidates.is_empty() {
             return Ok(());
@@ -385,7 +387,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         if delivered.is_empty() {
             return Ok(());
         }
-        events.retain(|e| !delivered.contains(&e.id));
+        events.retain(|e| !delivered.contains(&e.row()));
         if self.skipped_delivered == 0 {
             tracing::info!(
                 "reading again transactions an earlier session delivered; rows already \
@@ -1110,6 +1112,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                 }
                 self.rejected.push(ParkedEvent {
                     id: event.id,
+                    table: event.table,
                     reason,
                 });
                 self.batch_bytes += size;
@@ -1126,6 +1129,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                 );
                 self.parked.push(ParkedEvent {
                     id: event.id,
+                    table: event.table,
                     reason: parked_behind_key("parked", &event.biz_key),
                 });
                 self.stats.parked.fetch_add(1, Ordering::Relaxed);
@@ -1141,7 +1145,12 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
     }
 
     fn complete(&mut self, done: Completed) {
-        let outcome = Outcome::new(done.id, done.retry_count, done.result, &self.settings.retry);
+        let outcome = Outcome::new(
+            done.row,
+            done.retry_count,
+            done.result,
+            &self.settings.retry,
+        );
         match outcome {
             Outcome::Delivered(delivered) => {
                 self.stats.metrics.acked(&done.topic, done.commit_time);
@@ -1155,7 +1164,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                 // transaction holds the checkpoint, and the next session (after the sink
                 // is rebuilt) reads it from the log and sends it again. No attempt counts.
                 tracing::warn!(
-                    id = done.id,
+                    id = done.row.id,
                     message_id = %done.message_id,
                     error = %failure.error,
                     "the sink failed fatally; the row stays INIT and is sent again once the \
@@ -1201,7 +1210,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             Outcome::Failed { failure, .. } => {
                 self.stats.metrics.failed(&done.topic);
                 tracing::warn!(
-                    id = done.id,
+                    id = done.row.id,
                     message_id = %done.message_id,
                     topic = %done.topic,
                     position = %display_position(self.frontier.position(done.seq)),

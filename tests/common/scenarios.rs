@@ -1038,3 +1038,169 @@ impl OtlpCollector {
         spans
     }
 }
+
+/// Issue 13: several outbox tables in one pipeline with kept rows. Row ids repeat across
+/// the tables, and each status lands in the row's own table: SUCCESS with the partition and
+/// offset of its own record; MANUAL_REQUIRED for a row whose topic is refused, its key's
+/// later row in that table held back behind it, while the row of the same id in the other
+/// table stays SUCCESS. An operator command names its table with `--table` (and without
+/// it is refused, ids being per table); once the refused row is resolved, the retry worker
+/// claims the held-back row from its table and delivers it.
+pub async fn several_outbox_tables_keep_each_rows_status_in_its_table<E: Engine>() {
+    let p = Pipeline::<E>::new(
+        "tables",
+        1,
+        "[retry]\nbase = \"200ms\"\nidle_check = \"1s\"\n",
+    )
+    .await;
+    // The second table, seen through a pipeline of the same name and config.
+    let b = Pipeline::<E> {
+        services: E::from_env(),
+        name: p.name.clone(),
+        table: format!("{}_b", p.table),
+        topic: p.topic.clone(),
+        partitions: p.partitions,
+        config_path: p.config_path.clone(),
+        dir: p.dir.clone(),
+    };
+    let forbidden = format!("it.forbidden.{}", p.name);
+    let config = std::fs::read_to_string(&p.config_path).expect("read config");
+    let config = config
+        .replacen(
+            &format!("table = \"{}\"", p.table),
+            &format!("tables = [\"{}\", \"{}\"]", p.table, b.table),
+            1,
+        )
+        .replace(
+            "message_timeout = \"10s\"",
+            &format!(
+                "message_timeout = \"10s\"\nallowed_topics = [\"{}\"]",
+                p.topic
+            ),
+        );
+    std::fs::write(&p.config_path, config).expect("write config");
+    p.init();
+    E::grant_runtime(&b).await;
+    let check = p.outboxd(&["check"]);
+    assert!(
+        check.status.success(),
+        "check with two kept outbox tables:\n{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+    let daemon = p.spawn_run("run.log");
+
+    // Ids 1 and 2 in each table.
+    let (mut wa, mut wb) = (p.writer().await, b.writer().await);
+    wa.commit(&[("k".into(), 1), ("j".into(), 1)], "a").await;
+    wb.commit(&[("k".into(), 1), ("j".into(), 1)], "b").await;
+    let all_success = |rows: &std::collections::BTreeMap<String, super::engine::OutboxRow>,
+                       n: usize| {
+        rows.len() == n && rows.values().all(|r| r.status == "SUCCESS")
+    };
+    wait_for(
+        "both tables' rows SUCCESS",
+        Duration::from_secs(30),
+        || async {
+            (all_success(&p.rows().await, 2) && all_success(&b.rows().await, 2)).then_some(())
+        },
+    )
+    .await;
+    let records = p.consume(4, Duration::from_secs(20));
+    assert_eq!(records.len(), 4, "each row once");
+    let offset_of = |message_id: &str| {
+        records
+            .iter()
+            .find(|r| r.headers.get("message_id").map(String::as_str) == Some(message_id))
+            .map(|r| (r.partition, r.offset))
+    };
+    for table in [&p, &b] {
+        for (partition, offset, message_id, sent) in table.landed().await {
+            assert!(sent, "{message_id}: sent_at set");
+            assert_eq!(
+                Some((partition, offset)),
+                offset_of(&message_id),
+                "{message_id} in {} carries its own record's position",
+                table.table
+            );
+        }
+    }
+
+    // Id 3 in both tables: a row of A delivered, B's refused (its topic is not allowed),
+    // and B's next row of that key held back behind it.
+    wa.commit(&[("s".into(), 1)], "a").await;
+    wb.insert_padded("b-r-1", "r", 1, &forbidden, 10).await;
+    wb.commit(&[("r".into(), 2)], "b").await;
+    wait_for(
+        "the refused row MANUAL_REQUIRED",
+        Duration::from_secs(30),
+        || async {
+            let rows = b.rows().await;
+            (rows.get("b-r-1")?.status == "MANUAL_REQUIRED"
+                && rows.get("b-r-2")?.status != "INIT"
+                && p.rows().await.get("a-s-1")?.status == "SUCCESS")
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        p.row_id("a-s-1").await,
+        b.row_id("b-r-1").await,
+        "the ids collide"
+    );
+    assert_ne!(
+        b.rows().await["b-r-2"].status,
+        "SUCCESS",
+        "b-r-2 waits behind b-r-1"
+    );
+    assert!(
+        all_success(&p.rows().await, 3),
+        "table A untouched by B's trouble"
+    );
+
+    // The operator: row ids are per table, so the table is named.
+    let id = b.row_id("b-r-1").await.to_string();
+    let unnamed = p.outboxd(&["resolve", "--id", &id, "--reason", "skip"]);
+    assert!(
+        !unnamed.status.success(),
+        "an id without its table is refused"
+    );
+    let stderr = String::from_utf8_lossy(&unnamed.stderr);
+    assert!(
+        stderr.contains("--table") && stderr.contains(&b.table),
+        "{stderr}"
+    );
+    let status = p.outboxd(&["status", "--table", &b.table]);
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.status.success() && text.contains("MANUAL_REQUIRED"),
+        "{text}"
+    );
+    let resolve = p.outboxd(&[
+        "resolve", "--table", &b.table, "--id", &id, "--reason", "skip",
+    ]);
+    assert!(
+        resolve.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resolve.stderr)
+    );
+    wait_for(
+        "the held-back row delivered",
+        Duration::from_secs(30),
+        || async { (b.rows().await.get("b-r-2")?.status == "SUCCESS").then_some(()) },
+    )
+    .await;
+    let records = p.consume(6, Duration::from_secs(20));
+    let mut ids: Vec<String> = records
+        .iter()
+        .filter_map(|r| r.headers.get("message_id").cloned())
+        .collect();
+    ids.sort();
+    assert_eq!(
+        ids,
+        ["a-j-1", "a-k-1", "a-s-1", "b-j-1", "b-k-1", "b-r-2"],
+        "each row once; the refused one never"
+    );
+    drop(daemon);
+    b.cleanup().await;
+    p.cleanup().await;
+}

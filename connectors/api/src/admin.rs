@@ -110,9 +110,12 @@ pub trait OutboxAdmin: Send + Sync {
         batch: usize,
     ) -> impl Future<Output = Result<u64, ConnectorError>> + Send;
 
-    /// INIT rows with `id > after_id`, in id order, at most `limit` (for `outboxd recover`).
+    /// INIT rows of the outbox table of index `table` (see
+    /// [`crate::OutboxLayout::outbox_tables`]) with `id > after_id`, in id order, at most
+    /// `limit` (for `outboxd recover`, which scans each table in turn).
     fn scan_init(
         &self,
+        table: u16,
         after_id: i64,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<OutboxEvent>, ConnectorError>> + Send;

@@ -85,6 +85,8 @@ impl ClaimedWriteBack<'_> {
 pub struct ParkedEvent {
     /// Outbox row id.
     pub id: i64,
+    /// The row's outbox table ([`crate::OutboxEvent::table`]).
+    pub table: u16,
     /// Stored in `last_error`, e.g. "parked: an earlier event of biz_key o-7 is FAILED".
     pub reason: String,
 }

@@ -46,6 +46,14 @@ pub struct OutboxEvent {
 }
 
 impl OutboxEvent {
+    /// The row this event was read from: its table and id.
+    pub fn row(&self) -> crate::RowId {
+        crate::RowId {
+            table: self.table,
+            id: self.id,
+        }
+    }
+
     /// The bytes this event holds (payload, key, headers and its text fields): what the
     /// core counts against `delivery.max_in_flight_bytes`, and connectors against the size
     /// of a [`crate::TransactionPart`]. Not exact to the allocator; proportional to it.

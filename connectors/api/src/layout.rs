@@ -32,12 +32,22 @@ impl OutboxLayout {
         }
     }
 
-    /// The outbox table: the only one, or the first of several. Every path that reads or
-    /// writes rows by id (write-back, claims, operator commands) has one table, since
-    /// several need `rows = "deleted"`; the log path reads them all
+    /// The outbox table: the only one, or the first of several. The operator's commands
+    /// act on one table: with several, on the one [`OutboxLayout::for_table`] keeps.
+    /// The log path, the write-back and the claims cover them all
     /// ([`OutboxLayout::outbox_tables`]).
     pub fn outbox_table(&self) -> &str {
         self.outbox_tables.first().map_or("outbox", String::as_str)
+    }
+
+    /// The same layout narrowed to one of its outbox tables (by index), for the
+    /// operator's commands, which act on one table at a time.
+    pub fn for_table(&self, index: usize) -> Option<Self> {
+        let table = self.outbox_tables.get(index)?.clone();
+        Some(Self {
+            outbox_tables: vec![table],
+            ..self.clone()
+        })
     }
 
     /// Whether the pipeline reads several outbox tables.

@@ -8,11 +8,23 @@ use crate::{
     ReapPolicy, ReapReport, RetrySchedule,
 };
 
+/// One outbox row: its table (the index in [`crate::OutboxLayout::outbox_tables`], as
+/// [`crate::OutboxEvent::table`]) and its id there. Ids are unique per table only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RowId {
+    /// Index of the row's outbox table.
+    pub table: u16,
+    /// The row's id in that table.
+    pub id: i64,
+}
+
 /// A row whose record Kafka acknowledged.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Delivered {
     /// Outbox row id.
     pub id: i64,
+    /// The row's outbox table ([`crate::OutboxEvent::table`]).
+    pub table: u16,
     /// Partition the record landed in.
     pub partition: i32,
     /// Offset of the record in that partition.
@@ -24,6 +36,8 @@ pub struct Delivered {
 pub struct DeliveryFailure {
     /// Outbox row id.
     pub id: i64,
+    /// The row's outbox table ([`crate::OutboxEvent::table`]).
+    pub table: u16,
     /// The broker's or client's error, stored in `last_error`.
     pub error: String,
     /// Delay until the row is due for a retry (`next_retry_time = now + retry_delay`).
@@ -107,6 +121,7 @@ pub trait OutboxStore: Send + Sync {
     /// opens: a transaction read again from the log whose rows are all above it cannot
     /// hold a row an earlier session delivered, so only those at or below it are looked
     /// up ([`OutboxStore::delivered_among`]). Served by the primary key, newest first.
+    /// With several outbox tables, the highest over all of them (a bound for each).
     fn highest_delivered_id(
         &self,
     ) -> impl Future<Output = Result<Option<i64>, ConnectorError>> + Send;
@@ -115,6 +130,6 @@ pub trait OutboxStore: Send + Sync {
     /// reconnect, restart or takeover is not sent again where it was delivered already.
     fn delivered_among(
         &self,
-        ids: &[i64],
-    ) -> impl Future<Output = Result<HashSet<i64>, ConnectorError>> + Send;
+        rows: &[RowId],
+    ) -> impl Future<Output = Result<HashSet<RowId>, ConnectorError>> + Send;
 }

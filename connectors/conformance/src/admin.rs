@@ -342,16 +342,20 @@ pub async fn scan_init_pages_through_init_rows_in_id_order<H: Harness>() {
     h.set(&ids[3..4], &Setup::status("FAILED", Some(3600)))
         .await;
     let store = store(&h).await;
-    let page = store.scan_init(0, 2).await.expect("scan");
+    let page = store.scan_init(0, 0, 2).await.expect("scan");
     assert_eq!(
         page.iter().map(|e| e.id).collect::<Vec<_>>(),
         [ids[0], ids[2]]
     );
     assert_eq!(page[0].biz_key, "a");
     assert_eq!(&page[0].payload[..], br#"{"k": 1}"#);
-    let next = store.scan_init(ids[2], 2).await.expect("scan");
+    let next = store.scan_init(0, ids[2], 2).await.expect("scan");
     assert_eq!(next.iter().map(|e| e.id).collect::<Vec<_>>(), [ids[4]]);
-    assert!(store.scan_init(ids[4], 2).await.expect("scan").is_empty());
+    assert!(store
+        .scan_init(0, ids[4], 2)
+        .await
+        .expect("scan")
+        .is_empty());
     drop(store);
     h.cleanup().await;
 }

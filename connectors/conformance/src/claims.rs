@@ -194,6 +194,7 @@ pub async fn strict_claim_takes_only_the_earliest_row_of_each_blocked_key<H: Har
 
     let done = [(
         Delivered {
+            table: 0,
             id: a1,
             partition: 0,
             offset: 1,
@@ -295,6 +296,7 @@ pub async fn complete_claimed_writes_only_where_the_claim_still_holds<H: Harness
         .complete_claimed(ClaimedWriteBack {
             delivered: &[(
                 Delivered {
+                    table: 0,
                     id: ids[0],
                     partition: 0,
                     offset: 1,
@@ -323,6 +325,7 @@ pub async fn complete_claimed_writes_only_where_the_claim_still_holds<H: Harness
     let delivered = [
         (
             Delivered {
+                table: 0,
                 id: ids[0],
                 partition: 3,
                 offset: 33,
@@ -331,6 +334,7 @@ pub async fn complete_claimed_writes_only_where_the_claim_still_holds<H: Harness
         ),
         (
             Delivered {
+                table: 0,
                 id: ids[1],
                 partition: 3,
                 offset: 34,
@@ -339,6 +343,7 @@ pub async fn complete_claimed_writes_only_where_the_claim_still_holds<H: Harness
         ),
     ];
     let failure = |i: usize| DeliveryFailure {
+        table: 0,
         id: ids[i],
         error: format!("broker says no to {i}"),
         retry_delay: Duration::from_secs(60),
@@ -428,6 +433,7 @@ pub async fn released_claims_keep_their_attempt_count<H: Harness>() {
     assert_eq!(ids_of(&claimed), ids);
     let released = [(
         ParkedEvent {
+            table: 0,
             id: ids[0],
             reason: "the producer failed; sent again".into(),
         },
@@ -435,6 +441,7 @@ pub async fn released_claims_keep_their_attempt_count<H: Harness>() {
     )];
     let stale = [(
         ParkedEvent {
+            table: 0,
             id: ids[1],
             reason: "not mine".into(),
         },
@@ -544,6 +551,7 @@ pub async fn reaper_returns_expired_claims_to_failed_or_manual_required<H: Harne
     // The late worker of a cannot write over the reaped row.
     let late = [(
         Delivered {
+            table: 0,
             id: ids[0],
             partition: 0,
             offset: 9,
@@ -575,15 +583,18 @@ pub async fn parked_rows_become_failed_and_due_with_the_reason<H: Harness>() {
     let store = store(&h).await;
     let parked = [
         ParkedEvent {
+            table: 0,
             id: ids[1],
             reason: "parked: an earlier event of biz_key a is FAILED".into(),
         },
         ParkedEvent {
+            table: 0,
             id: ids[2],
             reason: "too late".into(),
         },
     ];
     let failed = [DeliveryFailure {
+        table: 0,
         id: ids[0],
         error: "topic missing".into(),
         retry_delay: Duration::from_secs(10),
@@ -635,6 +646,7 @@ pub async fn rejected_rows_need_an_operator_and_hold_their_key<H: Harness>() {
     h.set(&ids[3..4], &Setup::status("FAILED", Some(-1))).await;
     let store = store(&h).await;
     let reason = |i: usize| ParkedEvent {
+        table: 0,
         id: ids[i],
         reason: format!("cannot be published: column `message_type` of row {i} is NULL"),
     };

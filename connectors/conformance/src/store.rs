@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use outboxd_connector::{
-    Connector, Delivered, DeliveryFailure, OutboxStore, ReadMode, WriteBack, LAST_ERROR_MAX_CHARS,
+    Connector, Delivered, DeliveryFailure, OutboxStore, ReadMode, RowId, WriteBack,
+    LAST_ERROR_MAX_CHARS,
 };
 
 use crate::support::{initialised, store};
@@ -23,17 +24,20 @@ pub async fn write_back_moves_rows_through_the_state_machine<H: Harness>() {
 
     let quoted = "topic 'x' is not authorised; it's \"bad\"";
     let delivered = [Delivered {
+        table: 0,
         id: ids[0],
         partition: 2,
         offset: 42,
     }];
     let failed = [
         DeliveryFailure {
+            table: 0,
             id: ids[1],
             error: quoted.into(),
             retry_delay: Duration::from_secs(30),
         },
         DeliveryFailure {
+            table: 0,
             id: manual,
             error: "é".repeat(5000),
             retry_delay: Duration::from_millis(1500),
@@ -105,17 +109,20 @@ pub async fn write_back_moves_rows_through_the_state_machine<H: Harness>() {
     // in Kafka, so SUCCESS is the truth); a late failure does not undo a SUCCESS.
     let delivered = [
         Delivered {
+            table: 0,
             id: ids[1],
             partition: 0,
             offset: 7,
         },
         Delivered {
+            table: 0,
             id: manual,
             partition: 0,
             offset: 8,
         },
     ];
     let late_failure = [DeliveryFailure {
+        table: 0,
         id: ids[0],
         error: "late".into(),
         retry_delay: Duration::from_secs(1),
@@ -155,11 +162,13 @@ pub async fn write_back_moves_rows_through_the_state_machine<H: Harness>() {
     // Delivered and failed in one batch: delivered wins.
     let both = ids[2];
     let d = [Delivered {
+        table: 0,
         id: both,
         partition: 1,
         offset: 1,
     }];
     let f = [DeliveryFailure {
+        table: 0,
         id: both,
         error: "x".into(),
         retry_delay: Duration::ZERO,
@@ -202,12 +211,14 @@ pub async fn delivered_rows_are_found_for_a_transaction_read_again<H: Harness>()
         .iter()
         .step_by(2)
         .map(|id| Delivered {
+            table: 0,
             id: *id,
             partition: 0,
             offset: *id,
         })
         .collect();
     let failed = [DeliveryFailure {
+        table: 0,
         id: ids[1],
         error: "x".into(),
         retry_delay: Duration::from_secs(60),
@@ -225,8 +236,12 @@ pub async fn delivered_rows_are_found_for_a_transaction_read_again<H: Harness>()
         store.highest_delivered_id().await.expect("highest"),
         Some(ids[1198])
     );
-    let found = store.delivered_among(&ids).await.expect("delivered among");
-    let expected: std::collections::HashSet<i64> = delivered.iter().map(|d| d.id).collect();
+    let rows: Vec<RowId> = ids.iter().map(|&id| RowId { table: 0, id }).collect();
+    let found = store.delivered_among(&rows).await.expect("delivered among");
+    let expected: std::collections::HashSet<RowId> = delivered
+        .iter()
+        .map(|d| RowId { table: 0, id: d.id })
+        .collect();
     assert_eq!(found, expected);
     assert!(store.delivered_among(&[]).await.expect("no ids").is_empty());
     drop(store);
@@ -245,6 +260,7 @@ pub async fn checkpoint_commits_with_the_batch_and_never_moves_backward<H: Harne
 
     let ids = h.insert(&NewRow::keys(&["a"])).await;
     let delivered = [Delivered {
+        table: 0,
         id: ids[0],
         partition: 0,
         offset: 1,
@@ -281,6 +297,7 @@ pub async fn checkpoint_commits_with_the_batch_and_never_moves_backward<H: Harne
     // whichever of its statements fails.
     let more = h.insert(&NewRow::keys(&["b"])).await;
     let delivered = [Delivered {
+        table: 0,
         id: more[0],
         partition: 0,
         offset: 2,

@@ -205,11 +205,13 @@ pub async fn status_updates_are_not_events<H: Harness>() {
 
     let store = h.connector().open_store().await.expect("store");
     let delivered = [Delivered {
+        table: 0,
         id: ids[0],
         partition: 0,
         offset: 1,
     }];
     let failed = [DeliveryFailure {
+        table: 0,
         id: ids[1],
         error: "broker down".into(),
         retry_delay: Duration::ZERO,
@@ -313,7 +315,7 @@ pub async fn a_checkpoint_from_another_server_is_refused_until_recover<H: Harnes
         .await
         .expect("reset_log_position after a checkpoint of another server");
     let init: Vec<i64> = store
-        .scan_init(0, 100)
+        .scan_init(0, 0, 100)
         .await
         .expect("scan_init")
         .iter()

@@ -31,6 +31,7 @@ pub mod row;
 pub mod setup;
 pub mod status;
 pub mod store;
+pub mod tables;
 pub mod tail;
 pub mod tls;
 

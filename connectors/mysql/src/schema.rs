@@ -97,8 +97,17 @@ pub(crate) struct TableDdl {
     pub(crate) sql: String,
 }
 
-/// The DDL of the outbox, inbox and checkpoint tables for `layout`, in that order.
+/// The DDL of the outbox table(s), the inbox and the checkpoint table for `layout`, in
+/// that order.
 pub(crate) fn render_all(layout: &OutboxLayout) -> Vec<TableDdl> {
+    let narrowed = (0..layout.outbox_tables.len()).filter_map(|i| layout.for_table(i));
+    let outboxes = narrowed.filter_map(|one| render_first(&one).into_iter().next());
+    let [_, inbox, checkpoint] = render_first(layout);
+    outboxes.chain([inbox, checkpoint]).collect()
+}
+
+/// The DDL of the layout's first outbox table, its inbox and checkpoint table.
+fn render_first(layout: &OutboxLayout) -> [TableDdl; 3] {
     let outbox = split_qualified(layout.outbox_table()).1;
     let inbox = split_qualified(&layout.inbox_table).1;
     let render_with = |script: &str| {
@@ -116,7 +125,7 @@ pub(crate) fn render_all(layout: &OutboxLayout) -> Vec<TableDdl> {
             }
         })
     };
-    vec![
+    [
         TableDdl {
             table: layout.outbox_table().to_owned(),
             indexes: vec![

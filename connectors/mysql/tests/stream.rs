@@ -68,6 +68,7 @@ async fn committed_inserts_arrive_once_and_rollbacks_never() {
         .chain(&second.events)
         .enumerate()
         .map(|(i, e)| Delivered {
+            table: 0,
             id: e.id,
             partition: 0,
             offset: i as i64,

@@ -50,6 +50,7 @@ async fn a_parked_transaction_larger_than_max_allowed_packet_is_written_back() {
         .events
         .iter()
         .map(|e| ParkedEvent {
+            table: 0,
             id: e.id,
             reason: format!(
                 "parked: an earlier event of biz_key `{}` is not delivered yet (strict ordering)",

@@ -124,40 +124,48 @@ pub(crate) struct TableDdl {
     pub(crate) sql: String,
 }
 
-/// The DDL of the outbox, inbox and checkpoint tables for `layout`, in that order.
+/// The DDL of the outbox table(s), the inbox and the checkpoint table for `layout`, in
+/// that order.
 pub(crate) fn render_all(layout: &OutboxLayout) -> Vec<TableDdl> {
-    let retry_index = outbox_retry_index(layout);
-    let key_retry_index = outbox_key_retry_index(layout);
     let claim_index = inbox_claim_index(layout);
     let key_index = inbox_key_index(layout);
     let vars = variables(layout);
-    vec![
-        TableDdl {
-            table: layout.outbox_table().to_owned(),
-            indexes: vec![retry_index, key_retry_index],
-            sql: render(OUTBOX_SQL, &vars),
-        },
-        TableDdl {
-            table: layout.inbox_table.clone(),
-            indexes: vec![claim_index, key_index],
-            sql: render(INBOX_SQL, &vars),
-        },
-        TableDdl {
-            table: layout.checkpoint_table.clone(),
-            indexes: Vec::new(),
-            sql: render(CHECKPOINT_SQL, &vars),
-        },
-    ]
+    let outboxes = each_outbox(layout).map(|one| TableDdl {
+        table: one.outbox_table().to_owned(),
+        indexes: vec![outbox_retry_index(&one), outbox_key_retry_index(&one)],
+        sql: render(OUTBOX_SQL, &variables(&one)),
+    });
+    outboxes
+        .chain([
+            TableDdl {
+                table: layout.inbox_table.clone(),
+                indexes: vec![claim_index, key_index],
+                sql: render(INBOX_SQL, &vars),
+            },
+            TableDdl {
+                table: layout.checkpoint_table.clone(),
+                indexes: Vec::new(),
+                sql: render(CHECKPOINT_SQL, &vars),
+            },
+        ])
+        .collect()
 }
 
-/// Poll mode's index of INIT rows (see `schemas/postgres/outbox_poll.sql` for why it is
-/// optional).
-pub(crate) fn render_poll_index(layout: &OutboxLayout) -> TableDdl {
-    TableDdl {
-        table: layout.outbox_table().to_owned(),
-        indexes: vec![outbox_poll_index(layout)],
-        sql: render(OUTBOX_POLL_SQL, &variables(layout)),
-    }
+/// Poll mode's index of INIT rows, one per outbox table (see
+/// `schemas/postgres/outbox_poll.sql` for why it is optional).
+pub(crate) fn render_poll_indexes(layout: &OutboxLayout) -> Vec<TableDdl> {
+    each_outbox(layout)
+        .map(|one| TableDdl {
+            table: one.outbox_table().to_owned(),
+            indexes: vec![outbox_poll_index(&one)],
+            sql: render(OUTBOX_POLL_SQL, &variables(&one)),
+        })
+        .collect()
+}
+
+/// The layout narrowed to each of its outbox tables in turn.
+fn each_outbox(layout: &OutboxLayout) -> impl Iterator<Item = OutboxLayout> + '_ {
+    (0..layout.outbox_tables.len()).filter_map(|i| layout.for_table(i))
 }
 
 /// The values of the scripts' `:"variables"`.
@@ -319,7 +327,21 @@ mod tests {
             assert!(table.sql.contains("PRIMARY KEY"));
         }
         assert!(outbox.contains("WITH (fillfactor = 80)"));
-        let poll = render_poll_index(&OutboxLayout::with_tables("app.orders_outbox", "i", "c"));
+        let mut layout = OutboxLayout::with_tables("app.orders_outbox", "i", "c");
+        layout.outbox_tables.push("billing.outbox".into());
+        let polls = render_poll_indexes(&layout);
+        assert_eq!(polls.len(), 2);
+        assert!(polls[1].sql.contains("ON \"billing\".\"outbox\""));
+        // Several tables: each gets its own table DDL and indexes, before inbox and checkpoint.
+        let all = render_all(&layout);
+        let tables: Vec<&str> = all.iter().map(|d| d.table.as_str()).collect();
+        assert_eq!(tables, ["app.orders_outbox", "billing.outbox", "i", "c"]);
+        assert_eq!(
+            all[1].indexes,
+            ["outbox_retry_due_idx", "outbox_key_retry_idx"]
+        );
+        assert!(all[1].sql.contains("\"billing\".\"outbox\""));
+        let poll = &polls[0];
         assert_eq!(poll.indexes, ["orders_outbox_poll_idx"]);
         assert!(
             poll.sql.contains(

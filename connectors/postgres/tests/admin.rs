@@ -625,6 +625,7 @@ async fn a_row_whose_commit_waits_for_a_standby_is_waited_for_not_skipped() {
     };
     let id = txn.events[0].id;
     let delivered = [Delivered {
+        table: 0,
         id,
         partition: 0,
         offset: 7,

@@ -29,6 +29,7 @@ async fn success_write_back_is_a_hot_update() {
     for (n, id) in ids.iter().enumerate() {
         let offset = i64::try_from(n).expect("small");
         let d = [Delivered {
+            table: 0,
             id: *id,
             partition: 0,
             offset,
@@ -165,6 +166,7 @@ async fn write_back_waits_for_rows_of_a_commit_not_visible_yet() {
         .expect("insert")
         .get(0);
     let delivered = [Delivered {
+        table: 0,
         id,
         partition: 0,
         offset: 5,
@@ -186,6 +188,7 @@ async fn write_back_waits_for_rows_of_a_commit_not_visible_yet() {
 
     // A row that never shows up (deleted) holds the write-back only briefly.
     let gone = [Delivered {
+        table: 0,
         id: id + 1_000_000,
         partition: 0,
         offset: 6,

@@ -44,7 +44,10 @@ pub(crate) async fn init(
         }
     }
 
-    let outbox_existed = table_exists(&mut conn, c, layout.outbox_table()).await?;
+    let mut outbox_existed = Vec::new();
+    for table in &layout.outbox_tables {
+        outbox_existed.push(table_exists(&mut conn, c, table).await?);
+    }
     for ddl in schema::render_all(layout) {
         if ddl.table == layout.outbox_table() && !layout.tracks_status() {
             // The application's tables: looked at, never created.
@@ -52,6 +55,9 @@ pub(crate) async fn init(
                 let existed = table_exists(&mut conn, c, table).await?;
                 report.push(setup::application_outbox(table, existed)?);
             }
+            continue;
+        }
+        if layout.outbox_tables.contains(&ddl.table) && !layout.tracks_status() {
             continue;
         }
         if !table_exists(&mut conn, c, &ddl.table).await? {
@@ -86,19 +92,20 @@ pub(crate) async fn init(
     }
 
     if mode == ReadMode::Poll {
-        let index = outbox_poll_index(layout);
-        if !index_exists(&mut conn, c, layout.outbox_table(), &index).await? {
-            let sql = format!(
-                "ALTER TABLE {} ADD INDEX {} (status, id)",
-                qualified(layout.outbox_table()),
-                quote_ident(&index)
-            );
-            execute(&mut conn, &sql, &format!("creating index {index}")).await?;
-            report.push(format!(
-                "created index {index} on {} (poll mode: finds INIT rows; the SUCCESS \
-                 write-back updates it too)",
-                layout.outbox_table()
-            ));
+        for one in (0..layout.outbox_tables.len()).filter_map(|i| layout.for_table(i)) {
+            let (table, index) = (one.outbox_table(), outbox_poll_index(&one));
+            if !index_exists(&mut conn, c, table, &index).await? {
+                let sql = format!(
+                    "ALTER TABLE {} ADD INDEX {} (status, id)",
+                    qualified(table),
+                    quote_ident(&index)
+                );
+                execute(&mut conn, &sql, &format!("creating index {index}")).await?;
+                report.push(format!(
+                    "created index {index} on {table} (poll mode: finds INIT rows; the \
+                     SUCCESS write-back updates it too)"
+                ));
+            }
         }
         report.push("poll mode: no binlog position needed".to_owned());
         return Ok(report);
@@ -119,15 +126,15 @@ pub(crate) async fn init(
             report.push(format!(
                 "recorded checkpoint {position} for pipeline {pipeline}: the first run starts there"
             ));
-            if outbox_existed && layout.tracks_status() {
-                let sql = setup::count_init_sql(&qualified(layout.outbox_table()));
+            let existing = (layout.outbox_tables.iter()).zip(&outbox_existed);
+            for (table, _) in existing.filter(|(_, existed)| **existed) {
+                if !layout.tracks_status() {
+                    break;
+                }
+                let sql = setup::count_init_sql(&qualified(table));
                 let row = query_first(&mut conn, &sql, "counting INIT rows").await?;
                 let count = row.map(|r| int(&r, 0)).transpose()?.flatten().unwrap_or(0);
-                report.extend(setup::init_rows_note(
-                    count,
-                    layout.outbox_table(),
-                    "the checkpoint",
-                ));
+                report.extend(setup::init_rows_note(count, table, "the checkpoint"));
             }
         }
     }

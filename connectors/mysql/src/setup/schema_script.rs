@@ -37,6 +37,9 @@ pub(crate) fn schema_script(c: &MysqlConnector, mode: ReadMode) -> String {
             ));
             continue;
         }
+        if layout.outbox_tables.contains(&ddl.table) && !layout.tracks_status() {
+            continue;
+        }
         let sql = ddl.sql.trim();
         let end = if sql.ends_with(';') { "" } else { ";" };
         parts.push(format!("{sql}{end}"));

@@ -23,7 +23,7 @@ use outboxd_connector::{
     OutboxEvent, ReapPolicy, ReapReport, RetrySchedule,
 };
 use outboxd_connector_kit::row::{self, RowSource, Value as Cell};
-use outboxd_connector_kit::{columns, status, Field};
+use outboxd_connector_kit::{columns, status, tables, Field};
 
 use crate::client::{classify, int, query, text, text_or_empty};
 use crate::schema::{quote_ident, sql_string};
@@ -161,14 +161,16 @@ impl MysqlOutboxStore {
         result
     }
 
+    /// Claims rows of the outbox table of index `table`.
     pub(crate) async fn claim_rows(
         &self,
+        table: u16,
         request: ClaimRequest,
     ) -> Result<Vec<ClaimedEvent>, ConnectorError> {
         if request.limit == 0 {
             return Ok(Vec::new());
         }
-        let outbox = self.outbox.clone();
+        let outbox = self.outbox_at(table)?.to_owned();
         let columns = event_columns(&self.connector.layout.key_column);
         let limit = request.limit;
         let not_blocked = |also_init: bool| {
@@ -234,11 +236,13 @@ impl MysqlOutboxStore {
                 })
             })
             .await?;
-        let table = self.connector.layout.outbox_table();
+        let name = self.table_name(table);
         rows.iter()
             .map(|row| {
+                let mut event = event_from_row(row, name)?;
+                event.table = table;
                 Ok(ClaimedEvent {
-                    event: event_from_row(row, table)?,
+                    event,
                     claim_token: ClaimToken(text_or_empty(row, EVENT_COLUMNS)?),
                 })
             })
@@ -252,67 +256,11 @@ impl MysqlOutboxStore {
         if batch.is_empty() {
             return Ok(0);
         }
-        let outbox = &self.outbox;
+        // Each table's statements, all in one transaction.
         let mut statements = Vec::new();
-        if !batch.delivered.is_empty() {
-            let mut derived = String::new();
-            for (i, (d, token)) in batch.delivered.iter().enumerate() {
-                if i == 0 {
-                    let _ = write!(
-                        derived,
-                        "SELECT {} AS id, {} AS kp, {} AS ko, {} AS tok",
-                        d.id,
-                        d.partition,
-                        d.offset,
-                        sql_string(&token.0)
-                    );
-                } else {
-                    let _ = write!(
-                        derived,
-                        " UNION ALL SELECT {}, {}, {}, {}",
-                        d.id,
-                        d.partition,
-                        d.offset,
-                        sql_string(&token.0)
-                    );
-                }
-            }
-            statements.push(format!(
-                "UPDATE {outbox} AS o JOIN ({derived}) AS d ON o.id = d.id AND o.claim_token = d.tok \
-                 SET o.status = 'SUCCESS', o.sent_at = NOW(6), o.updated_at = NOW(6), \
-                 o.kafka_partition = d.kp, o.kafka_offset = d.ko, o.last_error = NULL, \
-                 o.next_retry_time = NULL, o.claimed_at = NULL, o.claim_token = NULL \
-                 WHERE o.status = 'PROCESSING'"
-            ));
-        }
-        if !batch.failed.is_empty() {
-            let (errors, delays) = failure_cases(batch.failed.iter().map(|(f, _)| f));
-            let pairs = held_claims(batch.failed.iter().map(|(f, token)| (f.id, token)));
-            statements.push(format!(
-                "UPDATE {outbox} SET {FAILED_STATUS}, retry_count = retry_count + 1, \
-                 last_error = {errors} END, next_retry_time = {}, updated_at = NOW(6), \
-                 claimed_at = NULL, claim_token = NULL \
-                 WHERE ({pairs}) AND status = 'PROCESSING'",
-                next_retry(&format!("{delays} END"))
-            ));
-        }
-        // Released claims become FAILED, rejected rows MANUAL_REQUIRED: no attempt
-        // counted, the reason in last_error.
-        for (rows, status) in [
-            (batch.released, status::FAILED),
-            (batch.rejected, status::MANUAL_REQUIRED),
-        ] {
-            if rows.is_empty() {
-                continue;
-            }
-            let reasons = reason_case(rows.iter().map(|(r, _)| r));
-            let pairs = held_claims(rows.iter().map(|(r, token)| (r.id, token)));
-            statements.push(format!(
-                "UPDATE {outbox} SET status = '{status}', next_retry_time = NOW(6), \
-                 last_error = {reasons}, updated_at = NOW(6), \
-                 claimed_at = NULL, claim_token = NULL \
-                 WHERE ({pairs}) AND status = 'PROCESSING'"
-            ));
+        for part in tables::split_claimed(&batch) {
+            let outbox = self.outbox_at(part.table)?;
+            claimed_statements(&mut statements, outbox, part.rows());
         }
         self.in_transaction("writing back claimed rows", move |conn| {
             Box::pin(async move {
@@ -327,8 +275,13 @@ impl MysqlOutboxStore {
         .await
     }
 
-    pub(crate) async fn reap_rows(&self, policy: ReapPolicy) -> Result<ReapReport, ConnectorError> {
-        let outbox = self.outbox.clone();
+    /// Reaps the expired claims of the outbox table `outbox`.
+    pub(crate) async fn reap_rows(
+        &self,
+        outbox: &str,
+        policy: ReapPolicy,
+    ) -> Result<ReapReport, ConnectorError> {
+        let outbox = outbox.to_owned();
         let reason = sql_string(&policy.reaped_reason());
         let timeout = delay_ms(policy.claim_timeout);
         let delay = delay_ms(policy.retry_delay);
@@ -373,8 +326,8 @@ impl MysqlOutboxStore {
         .await
     }
 
-    pub(crate) async fn schedule(&self) -> Result<RetrySchedule, ConnectorError> {
-        let outbox = &self.outbox;
+    /// The retry schedule of the outbox table `outbox`.
+    pub(crate) async fn schedule(&self, outbox: &str) -> Result<RetrySchedule, ConnectorError> {
         let sql = format!(
             "SELECT (SELECT MIN(next_retry_time) FROM {outbox} \
                      WHERE next_retry_time IS NOT NULL AND status = 'FAILED'), \
@@ -391,11 +344,12 @@ impl MysqlOutboxStore {
         })
     }
 
+    /// The keys held back by rows of the outbox table `outbox`.
     pub(crate) async fn blocked(
         &self,
+        outbox: &str,
         keys: Option<&[String]>,
     ) -> Result<HashSet<String>, ConnectorError> {
-        let outbox = &self.outbox;
         let blocking = status::blocking_sql_list();
         let base = format!(
             "SELECT DISTINCT biz_key FROM {outbox} WHERE next_retry_time IS NOT NULL \
@@ -422,13 +376,15 @@ impl MysqlOutboxStore {
         Ok(blocked)
     }
 
-    pub(crate) async fn highest_success_id(&self) -> Result<Option<i64>, ConnectorError> {
+    /// The highest SUCCESS id of the outbox table `outbox`.
+    pub(crate) async fn highest_success_id(
+        &self,
+        outbox: &str,
+    ) -> Result<Option<i64>, ConnectorError> {
         // The primary key read backward: the newest rows are SUCCESS (or a backlog of INIT
         // ones, scanned once per session).
-        let sql = format!(
-            "SELECT id FROM {} WHERE status = 'SUCCESS' ORDER BY id DESC LIMIT 1",
-            self.outbox
-        );
+        let sql =
+            format!("SELECT id FROM {outbox} WHERE status = 'SUCCESS' ORDER BY id DESC LIMIT 1");
         let rows = self
             .rows(&sql, "reading the highest delivered row id")
             .await?;
@@ -438,13 +394,17 @@ impl MysqlOutboxStore {
         }
     }
 
-    pub(crate) async fn success_among(&self, ids: &[i64]) -> Result<HashSet<i64>, ConnectorError> {
+    /// Of `ids` in the outbox table `outbox`, the SUCCESS ones.
+    pub(crate) async fn success_among(
+        &self,
+        outbox: &str,
+        ids: &[i64],
+    ) -> Result<HashSet<i64>, ConnectorError> {
         let mut delivered = HashSet::new();
         for chunk in ids.chunks(KEYS_PER_STATEMENT) {
             let list: Vec<String> = chunk.iter().map(ToString::to_string).collect();
             let sql = format!(
-                "SELECT id FROM {} WHERE id IN ({}) AND status = 'SUCCESS'",
-                self.outbox,
+                "SELECT id FROM {outbox} WHERE id IN ({}) AND status = 'SUCCESS'",
                 list.join(", ")
             );
             for row in self
@@ -457,6 +417,70 @@ impl MysqlOutboxStore {
             }
         }
         Ok(delivered)
+    }
+}
+
+/// The claimed write-back statements of `batch`, whose rows are all in `outbox`.
+fn claimed_statements(statements: &mut Vec<String>, outbox: &str, batch: ClaimedWriteBack<'_>) {
+    if !batch.delivered.is_empty() {
+        let mut derived = String::new();
+        for (i, (d, token)) in batch.delivered.iter().enumerate() {
+            if i == 0 {
+                let _ = write!(
+                    derived,
+                    "SELECT {} AS id, {} AS kp, {} AS ko, {} AS tok",
+                    d.id,
+                    d.partition,
+                    d.offset,
+                    sql_string(&token.0)
+                );
+            } else {
+                let _ = write!(
+                    derived,
+                    " UNION ALL SELECT {}, {}, {}, {}",
+                    d.id,
+                    d.partition,
+                    d.offset,
+                    sql_string(&token.0)
+                );
+            }
+        }
+        statements.push(format!(
+            "UPDATE {outbox} AS o JOIN ({derived}) AS d ON o.id = d.id AND o.claim_token = d.tok \
+             SET o.status = 'SUCCESS', o.sent_at = NOW(6), o.updated_at = NOW(6), \
+             o.kafka_partition = d.kp, o.kafka_offset = d.ko, o.last_error = NULL, \
+             o.next_retry_time = NULL, o.claimed_at = NULL, o.claim_token = NULL \
+             WHERE o.status = 'PROCESSING'"
+        ));
+    }
+    if !batch.failed.is_empty() {
+        let (errors, delays) = failure_cases(batch.failed.iter().map(|(f, _)| f));
+        let pairs = held_claims(batch.failed.iter().map(|(f, token)| (f.id, token)));
+        statements.push(format!(
+            "UPDATE {outbox} SET {FAILED_STATUS}, retry_count = retry_count + 1, \
+             last_error = {errors} END, next_retry_time = {}, updated_at = NOW(6), \
+             claimed_at = NULL, claim_token = NULL \
+             WHERE ({pairs}) AND status = 'PROCESSING'",
+            next_retry(&format!("{delays} END"))
+        ));
+    }
+    // Released claims become FAILED, rejected rows MANUAL_REQUIRED: no attempt
+    // counted, the reason in last_error.
+    for (rows, status) in [
+        (batch.released, status::FAILED),
+        (batch.rejected, status::MANUAL_REQUIRED),
+    ] {
+        if rows.is_empty() {
+            continue;
+        }
+        let reasons = reason_case(rows.iter().map(|(r, _)| r));
+        let pairs = held_claims(rows.iter().map(|(r, token)| (r.id, token)));
+        statements.push(format!(
+            "UPDATE {outbox} SET status = '{status}', next_retry_time = NOW(6), \
+             last_error = {reasons}, updated_at = NOW(6), \
+             claimed_at = NULL, claim_token = NULL \
+             WHERE ({pairs}) AND status = 'PROCESSING'"
+        ));
     }
 }
 

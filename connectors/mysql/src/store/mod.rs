@@ -31,15 +31,17 @@ use std::fmt::Write as _;
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 use std::collections::HashSet;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::SystemTime;
 
 use outboxd_connector::{
     last_error_text, ClaimRequest, ClaimedEvent, ClaimedWriteBack, ConnectorError, Delivered,
     DeliveryFailure, ErrorReason, OutboxStore, ParkedEvent, Position, ReapPolicy, ReapReport,
-    RetrySchedule, WriteBack,
+    RetrySchedule, RowId, WriteBack,
 };
 use outboxd_connector_kit::status;
 use outboxd_connector_kit::store as kit_store;
+use outboxd_connector_kit::tables;
 use tokio::sync::Mutex;
 
 use crate::client::{classify, execute, int, query_first, text};
@@ -66,7 +68,11 @@ const STATEMENT_OVERHEAD: usize = 600;
 #[derive(Debug)]
 pub struct MysqlOutboxStore {
     pub(crate) connector: MysqlConnector,
+    /// The first outbox table, quoted: the operator's, whose commands act on one table
+    /// (`OutboxLayout::for_table`).
     pub(crate) outbox: String,
+    /// Every outbox table, quoted, in the layout's order: an event's `table` indexes it.
+    outboxes: Vec<String>,
     pub(crate) checkpoint: String,
     /// The server this store writes to, stored with every checkpoint. A store lives for
     /// one relay session: after a reconnect (perhaps to another server) a new one is
@@ -75,6 +81,8 @@ pub struct MysqlOutboxStore {
     pub(crate) conn: Mutex<Option<Conn>>,
     /// `(connection id, max_allowed_packet)` of the connection in `conn`, once read.
     max_packet: std::sync::Mutex<Option<(u32, usize)>>,
+    /// The outbox table the next claim starts from (several tables take turns).
+    next_claim_table: AtomicUsize,
 }
 
 impl MysqlOutboxStore {
@@ -86,27 +94,52 @@ impl MysqlOutboxStore {
         let store = Self {
             connector: connector.clone(),
             outbox: qualified(connector.layout.outbox_table()),
+            outboxes: connector
+                .layout
+                .outbox_tables
+                .iter()
+                .map(|t| qualified(t))
+                .collect(),
             checkpoint: qualified(&connector.layout.checkpoint_table),
             server: ServerIdentity::of(&mut conn, &info).await?,
             conn: Mutex::new(None),
             max_packet: std::sync::Mutex::new(None),
+            next_claim_table: AtomicUsize::new(0),
         };
         // With deleted rows the outbox has no status columns, and only the log reads it.
-        let probe = match connector.layout.tracks_status() {
-            true => format!(
-                "SELECT id, status, retry_count, max_retry_count, next_retry_time, last_error, \
-                 sent_at, kafka_partition, kafka_offset, updated_at FROM {} LIMIT 0; \
-                 SELECT pipeline, position, updated_at FROM {} LIMIT 0",
-                store.outbox, store.checkpoint
-            ),
-            false => format!(
-                "SELECT pipeline, position, updated_at FROM {} LIMIT 0",
-                store.checkpoint
-            ),
-        };
+        let mut probe = format!(
+            "SELECT pipeline, position, updated_at FROM {} LIMIT 0",
+            store.checkpoint
+        );
+        if connector.layout.tracks_status() {
+            for outbox in &store.outboxes {
+                let _ = write!(
+                    probe,
+                    "; SELECT id, status, retry_count, max_retry_count, next_retry_time, \
+                     last_error, sent_at, kafka_partition, kafka_offset, updated_at \
+                     FROM {outbox} LIMIT 0"
+                );
+            }
+        }
         execute(&mut conn, &probe, &store.context("checking the tables")).await?;
         *store.conn.lock().await = Some(conn);
         Ok(store)
+    }
+
+    /// The quoted outbox table of index `table`.
+    pub(crate) fn outbox_at(&self, table: u16) -> Result<&str, ConnectorError> {
+        self.outboxes
+            .get(usize::from(table))
+            .map(String::as_str)
+            .ok_or_else(|| tables::unknown_table(table, self.outboxes.len()))
+    }
+
+    /// The outbox table of index `table` as configured, for events and messages.
+    pub(crate) fn table_name(&self, table: u16) -> &str {
+        let tables = &self.connector.layout.outbox_tables;
+        tables
+            .get(usize::from(table))
+            .map_or(self.connector.layout.outbox_table(), String::as_str)
     }
 
     pub(crate) fn context(&self, what: &str) -> String {
@@ -172,7 +205,7 @@ impl MysqlOutboxStore {
             };
             let texts = write_back_texts(
                 batch,
-                &self.outbox,
+                &self.outboxes,
                 &self.checkpoint,
                 &self.connector.pipeline,
                 &self.server,
@@ -246,7 +279,21 @@ impl OutboxStore for MysqlOutboxStore {
 
     async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedEvent>, ConnectorError> {
         self.rows_carry_status()?;
-        self.claim_rows(request).await
+        // Each table in turn, from the one after the last claim's first, while the claim
+        // has room: with several tables, a backlog in one does not starve the others.
+        let count = self.outboxes.len();
+        let start = self.next_claim_table.fetch_add(1, Ordering::Relaxed) % count.max(1);
+        let mut claimed = Vec::new();
+        for index in (start..count).chain(0..start) {
+            let limit = request.limit.saturating_sub(claimed.len());
+            if limit == 0 {
+                break;
+            }
+            let table = u16::try_from(index).unwrap_or(u16::MAX);
+            let request = ClaimRequest { limit, ..request };
+            claimed.extend(self.claim_rows(table, request).await?);
+        }
+        Ok(claimed)
     }
 
     async fn complete_claimed(&self, batch: ClaimedWriteBack<'_>) -> Result<u64, ConnectorError> {
@@ -256,12 +303,29 @@ impl OutboxStore for MysqlOutboxStore {
 
     async fn reap(&self, policy: ReapPolicy) -> Result<ReapReport, ConnectorError> {
         self.rows_carry_status()?;
-        self.reap_rows(policy).await
+        let mut report = ReapReport::default();
+        for outbox in &self.outboxes {
+            let reaped = self.reap_rows(outbox, policy).await?;
+            report.failed += reaped.failed;
+            report.manual_required += reaped.manual_required;
+        }
+        Ok(report)
     }
 
     async fn retry_schedule(&self) -> Result<RetrySchedule, ConnectorError> {
         self.rows_carry_status()?;
-        self.schedule().await
+        // The earliest of every table's.
+        let earliest = |a: Option<SystemTime>, b: Option<SystemTime>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let mut schedule = RetrySchedule::default();
+        for outbox in &self.outboxes {
+            let one = self.schedule(outbox).await?;
+            schedule.next_due = earliest(schedule.next_due, one.next_due);
+            schedule.oldest_claim = earliest(schedule.oldest_claim, one.oldest_claim);
+        }
+        Ok(schedule)
     }
 
     async fn blocked_keys(
@@ -271,21 +335,36 @@ impl OutboxStore for MysqlOutboxStore {
         if !self.connector.layout.tracks_status() {
             return Ok(HashSet::new());
         }
-        self.blocked(keys).await
+        // A key in trouble in any table is held back: the record key is the same key
+        // whatever the table.
+        let mut blocked = HashSet::new();
+        for outbox in &self.outboxes {
+            blocked.extend(self.blocked(outbox, keys).await?);
+        }
+        Ok(blocked)
     }
 
     async fn highest_delivered_id(&self) -> Result<Option<i64>, ConnectorError> {
         if !self.connector.layout.tracks_status() {
             return Ok(None);
         }
-        self.highest_success_id().await
+        let mut highest = None;
+        for outbox in &self.outboxes {
+            highest = highest.max(self.highest_success_id(outbox).await?);
+        }
+        Ok(highest)
     }
 
-    async fn delivered_among(&self, ids: &[i64]) -> Result<HashSet<i64>, ConnectorError> {
+    async fn delivered_among(&self, rows: &[RowId]) -> Result<HashSet<RowId>, ConnectorError> {
         if !self.connector.layout.tracks_status() {
             return Ok(HashSet::new());
         }
-        self.success_among(ids).await
+        let mut delivered = HashSet::new();
+        for (table, ids) in tables::ids_by_table(rows) {
+            let found = self.success_among(self.outbox_at(table)?, &ids).await?;
+            delivered.extend(tables::rows_of(table, found));
+        }
+        Ok(delivered)
     }
 
     async fn load_checkpoint(&self) -> Result<Option<Position>, ConnectorError> {
@@ -355,39 +434,20 @@ pub(crate) async fn load_checkpoint(
 /// with [`FENCE_ERROR`] when another connection holds that lock.
 fn write_back_texts(
     batch: &WriteBack<'_>,
-    outbox: &str,
+    outboxes: &[String],
     checkpoint: &str,
     pipeline: &str,
     server: &ServerIdentity,
     fence: Option<(&str, u32)>,
     limit: usize,
 ) -> Result<Vec<String>, ConnectorError> {
-    // Every row's share of its statement is bounded from above, so a chunk whose bounds
-    // fit the room fits itself.
-    let room = limit.saturating_sub(STATEMENT_OVERHEAD + 2 * outbox.len());
     let mut statements = Vec::new();
-    for chunk in size_chunks(batch.delivered, room, |_| 80) {
-        let mut sql = String::new();
-        success_sql(&mut sql, outbox, chunk);
-        statements.push(sql);
-    }
-    for chunk in size_chunks(batch.failed, room, |f| {
-        2 * last_error_text(&f.error).len() + 160
-    }) {
-        let mut sql = String::new();
-        failed_sql(&mut sql, outbox, chunk);
-        statements.push(sql);
-    }
-    // Parked rows become FAILED, rejected ones MANUAL_REQUIRED: due now, with the reason.
-    for (rows, status) in [
-        (batch.parked, status::FAILED),
-        (batch.rejected, status::MANUAL_REQUIRED),
-    ] {
-        for chunk in size_chunks(rows, room, |p| 2 * last_error_text(&p.reason).len() + 100) {
-            let mut sql = String::new();
-            noted_sql(&mut sql, outbox, chunk, status);
-            statements.push(sql);
-        }
+    // Each table's rows, in this one transaction.
+    for part in tables::split_write_back(batch) {
+        let outbox = outboxes
+            .get(usize::from(part.table))
+            .ok_or_else(|| tables::unknown_table(part.table, outboxes.len()))?;
+        row_statements(&mut statements, &part.rows(), outbox, limit);
     }
     if let Some(position) = batch.checkpoint {
         let position = BinlogPosition::from_position(position)?;
@@ -427,6 +487,37 @@ fn write_back_texts(
     text.push_str(COMMIT);
     texts.push(text);
     Ok(texts)
+}
+
+/// The status statements of `batch`, whose rows are all in `outbox`, each under `limit`
+/// bytes where a row allows.
+fn row_statements(statements: &mut Vec<String>, batch: &WriteBack<'_>, outbox: &str, limit: usize) {
+    // Every row's share of its statement is bounded from above, so a chunk whose bounds
+    // fit the room fits itself.
+    let room = limit.saturating_sub(STATEMENT_OVERHEAD + 2 * outbox.len());
+    for chunk in size_chunks(batch.delivered, room, |_| 80) {
+        let mut sql = String::new();
+        success_sql(&mut sql, outbox, chunk);
+        statements.push(sql);
+    }
+    for chunk in size_chunks(batch.failed, room, |f| {
+        2 * last_error_text(&f.error).len() + 160
+    }) {
+        let mut sql = String::new();
+        failed_sql(&mut sql, outbox, chunk);
+        statements.push(sql);
+    }
+    // Parked rows become FAILED, rejected ones MANUAL_REQUIRED: due now, with the reason.
+    for (rows, status) in [
+        (batch.parked, status::FAILED),
+        (batch.rejected, status::MANUAL_REQUIRED),
+    ] {
+        for chunk in size_chunks(rows, room, |p| 2 * last_error_text(&p.reason).len() + 100) {
+            let mut sql = String::new();
+            noted_sql(&mut sql, outbox, chunk, status);
+            statements.push(sql);
+        }
+    }
 }
 
 /// `rows` in order, in chunks of at most [`ROWS_PER_STATEMENT`] rows whose `cost` adds up
@@ -598,6 +689,7 @@ mod tests {
         let mut sql = String::new();
         let rows: Vec<Delivered> = (1..=3)
             .map(|id| Delivered {
+                table: 0,
                 id,
                 partition: 0,
                 offset: id * 10,
@@ -613,6 +705,7 @@ mod tests {
     fn failures_carry_their_errors_as_hex() {
         let mut sql = String::new();
         let rows = [DeliveryFailure {
+            table: 0,
             id: 7,
             error: "it's broken; DROP TABLE x".into(),
             retry_delay: Duration::from_millis(1500),
@@ -630,6 +723,7 @@ mod tests {
     fn parked(n: i64, key: &str) -> Vec<ParkedEvent> {
         (1..=n)
             .map(|id| ParkedEvent {
+                table: 0,
                 id,
                 reason: format!("parked: an earlier event of biz_key `{key}` is not delivered yet"),
             })
@@ -652,7 +746,7 @@ mod tests {
         };
         let texts = write_back_texts(
             &batch,
-            "`outbox`",
+            &["`outbox`".to_owned()],
             "`cp`",
             "p",
             &SERVER,
@@ -670,12 +764,64 @@ mod tests {
         assert!(texts[0][fence..].contains(", 42) <> 42) AS outboxd_lock_fence;\nCOMMIT"));
     }
 
+    /// Several outbox tables: each row's statement names its own table (ids repeat across
+    /// tables), all in one transaction before the checkpoint.
+    #[test]
+    fn each_tables_rows_are_written_to_that_table() {
+        let delivered = [
+            Delivered {
+                table: 1,
+                id: 7,
+                partition: 0,
+                offset: 70,
+            },
+            Delivered {
+                table: 0,
+                id: 7,
+                partition: 0,
+                offset: 71,
+            },
+        ];
+        let position = BinlogPosition {
+            file: "mariadb-bin.000002".into(),
+            offset: 99,
+            gtid_set: None,
+        }
+        .position();
+        let batch = WriteBack {
+            delivered: &delivered,
+            checkpoint: Some(&position),
+            ..WriteBack::default()
+        };
+        let tables = ["`a`.`outbox`".to_owned(), "`b`.`outbox`".to_owned()];
+        let texts = write_back_texts(&batch, &tables, "`cp`", "p", &SERVER, None, 1 << 20).unwrap();
+        assert_eq!(texts.len(), 1);
+        let text = &texts[0];
+        let a = text.find("UPDATE `a`.`outbox` AS o JOIN (SELECT 7 AS id, 0 AS kp, 71 AS ko)");
+        let b = text.find("UPDATE `b`.`outbox` AS o JOIN (SELECT 7 AS id, 0 AS kp, 70 AS ko)");
+        let checkpoint = text.find("INSERT INTO `cp`");
+        assert!(a.is_some() && b.is_some(), "{text}");
+        assert!(a < b && b < checkpoint, "{text}");
+        // A row of a table the pipeline does not have is refused, never written elsewhere.
+        let stray = [Delivered {
+            table: 2,
+            ..delivered[0].clone()
+        }];
+        let batch = WriteBack {
+            delivered: &stray,
+            ..WriteBack::default()
+        };
+        let err = write_back_texts(&batch, &tables, "`cp`", "p", &SERVER, None, 1 << 20);
+        assert!(err.is_err());
+    }
+
     #[test]
     fn a_write_back_over_the_packet_limit_is_cut_into_texts_under_it() {
         let limit = 64 * 1024;
         let rows = parked(20_000, "order-7");
         let failed: Vec<DeliveryFailure> = (30_001..30_050)
             .map(|id| DeliveryFailure {
+                table: 0,
                 id,
                 error: "x".repeat(3000),
                 retry_delay: Duration::from_secs(1),
@@ -683,6 +829,7 @@ mod tests {
             .collect();
         let delivered: Vec<Delivered> = (40_001..52_000)
             .map(|id| Delivered {
+                table: 0,
                 id,
                 partition: 1,
                 offset: id,
@@ -701,8 +848,16 @@ mod tests {
             rejected: &[],
             checkpoint: Some(&position),
         };
-        let texts =
-            write_back_texts(&batch, "`outbox`", "`cp`", "p", &SERVER, None, limit).unwrap();
+        let texts = write_back_texts(
+            &batch,
+            &["`outbox`".to_owned()],
+            "`cp`",
+            "p",
+            &SERVER,
+            None,
+            limit,
+        )
+        .unwrap();
         assert!(texts.len() > 10, "{} texts", texts.len());
         for text in &texts {
             assert!(text.len() <= limit, "{} > {limit}", text.len());
@@ -734,8 +889,16 @@ mod tests {
         );
 
         // A single row's statement over the limit cannot be cut: definite, names the fix.
-        let err =
-            write_back_texts(&batch, "`outbox`", "`cp`", "p", &SERVER, None, 4096).unwrap_err();
+        let err = write_back_texts(
+            &batch,
+            &["`outbox`".to_owned()],
+            "`cp`",
+            "p",
+            &SERVER,
+            None,
+            4096,
+        )
+        .unwrap_err();
         assert!(!err.is_transient());
         assert!(err.message().contains("raise max_allowed_packet"), "{err}");
     }

@@ -188,6 +188,7 @@ impl OutboxAdmin for MysqlOutboxStore {
 
     async fn scan_init(
         &self,
+        table: u16,
         after_id: i64,
         limit: usize,
     ) -> Result<Vec<OutboxEvent>, ConnectorError> {
@@ -195,13 +196,17 @@ impl OutboxAdmin for MysqlOutboxStore {
             "SELECT {} FROM {} o WHERE o.status = 'INIT' AND o.id > {after_id} ORDER BY o.id \
              LIMIT {limit}",
             event_columns(&self.connector.layout.key_column),
-            self.outbox
+            self.outbox_at(table)?
         );
-        let table = self.connector.layout.outbox_table();
+        let name = self.table_name(table);
         self.rows(&sql, "scanning INIT rows")
             .await?
             .iter()
-            .map(|row| event_from_row(row, table))
+            .map(|row| {
+                let mut event = event_from_row(row, name)?;
+                event.table = table;
+                Ok(event)
+            })
             .collect()
     }
 }

@@ -55,7 +55,10 @@ pub(crate) async fn init(
     }
 
     // Tables and their indexes.
-    let outbox_existed = relation_exists(&client, &qualified(layout.outbox_table())).await?;
+    let mut outbox_existed = Vec::new();
+    for table in &layout.outbox_tables {
+        outbox_existed.push(relation_exists(&client, &qualified(table)).await?);
+    }
     for ddl in schema::render_all(layout) {
         let existed = relation_exists(&client, &qualified(&ddl.table)).await?;
         if ddl.table == layout.outbox_table() && !layout.tracks_status() {
@@ -64,6 +67,9 @@ pub(crate) async fn init(
                 let existed = relation_exists(&client, &qualified(table)).await?;
                 report.push(setup::application_outbox(table, existed)?);
             }
+            continue;
+        }
+        if layout.outbox_tables.contains(&ddl.table) && !layout.tracks_status() {
             continue;
         }
         let mut missing_indexes = Vec::new();
@@ -90,17 +96,18 @@ pub(crate) async fn init(
     }
 
     if poll_mode {
-        let ddl = schema::render_poll_index(layout);
-        for index in &ddl.indexes {
-            if relation_exists(&client, &index_name(&ddl.table, index)).await? {
-                report.push(format!("index {index}: exists, nothing to do"));
-            } else {
-                execute(&client, &ddl.sql, &format!("creating index {index}")).await?;
-                report.push(format!(
+        for ddl in schema::render_poll_indexes(layout) {
+            for index in &ddl.indexes {
+                if relation_exists(&client, &index_name(&ddl.table, index)).await? {
+                    report.push(format!("index {index}: exists, nothing to do"));
+                } else {
+                    execute(&client, &ddl.sql, &format!("creating index {index}")).await?;
+                    report.push(format!(
                     "created index {index} on {} (poll mode: finds INIT rows; makes the SUCCESS \
                      write-back a non-HOT update, see schemas/postgres/outbox_poll.sql)",
                     ddl.table
                 ));
+                }
             }
         }
         report.push("poll mode: no publication or replication slot needed".to_owned());
@@ -120,15 +127,15 @@ pub(crate) async fn init(
                 "created replication slot {slot_name} (pgoutput{with}) at {lsn}"
             ));
             // Rows inserted before the slot existed are not in its log.
-            if outbox_existed && layout.tracks_status() {
-                let sql = setup::count_init_sql(&qualified(layout.outbox_table()));
+            let existing = (layout.outbox_tables.iter()).zip(&outbox_existed);
+            for (table, _) in existing.filter(|(_, existed)| **existed) {
+                if !layout.tracks_status() {
+                    break;
+                }
+                let sql = setup::count_init_sql(&qualified(table));
                 let row = query_opt(&client, &sql, &[], "counting INIT rows").await?;
                 let count: i64 = row.and_then(|r| r.try_get(0).ok()).unwrap_or(0);
-                report.extend(setup::init_rows_note(
-                    count,
-                    layout.outbox_table(),
-                    "the slot existed",
-                ));
+                report.extend(setup::init_rows_note(count, table, "the slot existed"));
             }
         }
         Some(info) => {

@@ -35,10 +35,17 @@ pub(crate) fn schema_script(c: &PostgresConnector, mode: ReadMode) -> String {
             ));
             continue;
         }
+        if layout.outbox_tables.contains(&ddl.table) && !layout.tracks_status() {
+            continue;
+        }
         parts.push(ddl.sql.trim().to_owned());
     }
     match mode {
-        ReadMode::Poll => parts.push(schema::render_poll_index(layout).sql.trim().to_owned()),
+        ReadMode::Poll => parts.extend(
+            schema::render_poll_indexes(layout)
+                .into_iter()
+                .map(|ddl| ddl.sql.trim().to_owned()),
+        ),
         ReadMode::Log => {
             parts.push(format!(
                 "{};",

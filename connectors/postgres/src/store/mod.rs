@@ -21,13 +21,14 @@ mod inbox_operator;
 pub mod operator;
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use outboxd_connector::{
     last_error_text, ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack,
     ConnectorError, OutboxEvent, OutboxStore, ParkedEvent, Position, ReapPolicy, ReapReport,
-    RetrySchedule, WriteBack,
+    RetrySchedule, RowId, WriteBack,
 };
 use tokio::sync::{Mutex, MutexGuard};
 use tokio_postgres::types::Type;
@@ -36,6 +37,7 @@ use tokio_postgres::{Client, Row, Statement};
 use crate::client::classify_pg_error;
 use crate::schema::{qualified, quote_ident};
 use outboxd_connector_kit::store as kit_store;
+use outboxd_connector_kit::tables;
 use outboxd_connector_kit::{columns, row, status, Field, RowSource, Value};
 
 use crate::log::decode::iso8601;
@@ -55,6 +57,8 @@ const POLL_WINDOW_FACTOR: i64 = 4;
 pub struct PgOutboxStore {
     pub(crate) connector: PostgresConnector,
     conn: Mutex<Option<Conn>>,
+    /// The outbox table the next claim starts from (several tables take turns).
+    next_claim_table: AtomicUsize,
 }
 
 /// The live connection and its prepared statements.
@@ -63,12 +67,21 @@ pub(crate) struct Conn {
     pub(crate) client: Client,
     /// The cluster connected to, stored with every checkpoint.
     pub(crate) system: SystemIdentity,
+    checkpoint: Statement,
+    load_checkpoint: Statement,
+    /// One per outbox table, in the layout's order: an event's `table` indexes it.
+    outboxes: Vec<OutboxConn>,
+}
+
+/// The statements of one outbox table.
+#[derive(Debug)]
+pub(crate) struct OutboxConn {
+    /// The table as configured, for messages.
+    name: String,
     /// How the event columns are read (bytea or text key and payload).
     pub(crate) shape: RowShape,
     /// The statement texts (for the operator's scans and for EXPLAIN).
     sql: Sql,
-    checkpoint: Statement,
-    load_checkpoint: Statement,
     /// The statements on the outbox's rows; `None` with `outbox.rows = "deleted"`, whose
     /// table has no status columns (and no rows to address).
     rows: Option<RowStatements>,
@@ -93,6 +106,48 @@ struct RowStatements {
 }
 
 impl Conn {
+    /// The first outbox table: the operator's, whose commands act on one table
+    /// (`OutboxLayout::for_table`).
+    pub(crate) fn first(&self) -> Result<&OutboxConn, ConnectorError> {
+        self.outbox(0)
+    }
+
+    /// The outbox table of index `table`.
+    pub(crate) fn outbox(&self, table: u16) -> Result<&OutboxConn, ConnectorError> {
+        self.outboxes
+            .get(usize::from(table))
+            .ok_or_else(|| tables::unknown_table(table, self.outboxes.len()))
+    }
+
+    /// A definite error unless the rows carry their status (`outbox.rows = "kept"`).
+    fn carry_status(&self) -> Result<(), ConnectorError> {
+        for outbox in &self.outboxes {
+            outbox.rows()?;
+        }
+        Ok(())
+    }
+
+    /// Each outbox table's row statements, or the definite error of a store whose rows
+    /// carry no status.
+    fn all_rows(&self) -> Result<impl Iterator<Item = (u16, &RowStatements)>, ConnectorError> {
+        self.carry_status()?;
+        Ok((0u16..)
+            .zip(&self.outboxes)
+            .filter_map(|(i, o)| Some((i, o.rows.as_ref()?))))
+    }
+}
+
+impl OutboxConn {
+    /// The table as configured.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `SELECT <event columns> FROM <table> o` (no WHERE), for the operator's scans.
+    pub(crate) fn event_select(&self) -> &str {
+        &self.sql.event_select
+    }
+
     /// The row statements, or the definite error of a store whose rows carry no status.
     fn rows(&self) -> Result<&RowStatements, ConnectorError> {
         self.rows
@@ -128,6 +183,7 @@ impl PgOutboxStore {
         let store = Self {
             connector: connector.clone(),
             conn: Mutex::new(None),
+            next_claim_table: AtomicUsize::new(0),
         };
         let conn = store.connect().await?;
         *store.conn.lock().await = Some(conn);
@@ -183,22 +239,18 @@ impl PgOutboxStore {
         let system = SystemIdentity::of(&client).await?;
 
         let layout = &self.connector.layout;
-        let outbox = qualified(layout.outbox_table());
-        let key = quote_ident(&layout.key_column);
         let checkpoint = qualified(&layout.checkpoint_table);
-        let shape = if layout.tracks_status() {
-            let probe = format!("SELECT o.{key}, o.payload FROM {outbox} o WHERE false");
-            let probe = self.prepare(&client, "outbox columns", &probe, &[]).await?;
-            let is_bytea =
-                |i: usize| probe.columns().get(i).map(|c| c.type_()) == Some(&Type::BYTEA);
-            RowShape {
-                key_bytea: is_bytea(0),
-                payload_bytea: is_bytea(1),
-            }
-        } else {
-            RowShape::default()
-        };
-        let sql = Sql::new(&outbox, &checkpoint, &event_columns(&key, shape), version);
+        let mut outboxes = Vec::with_capacity(layout.outbox_tables.len());
+        for name in &layout.outbox_tables {
+            outboxes.push(
+                self.prepare_outbox(&client, name, &checkpoint, version)
+                    .await?,
+            );
+        }
+        let sql = &outboxes
+            .first()
+            .ok_or_else(|| ConnectorError::definite("internal: a layout without outbox table"))?
+            .sql;
         let (checkpoint, load_checkpoint) = futures_util::try_join!(
             self.prepare(
                 &client,
@@ -213,17 +265,48 @@ impl PgOutboxStore {
                 &[Type::TEXT]
             ),
         )?;
-        let rows = match layout.tracks_status() {
-            true => Some(self.prepare_rows(&client, &sql).await?),
-            false => None,
-        };
         Ok(Conn {
             client,
             system,
-            shape,
-            sql,
             checkpoint,
             load_checkpoint,
+            outboxes,
+        })
+    }
+
+    /// The statements of the outbox table `name` (row statements only when rows carry
+    /// their status).
+    async fn prepare_outbox(
+        &self,
+        client: &Client,
+        name: &str,
+        checkpoint: &str,
+        version: i32,
+    ) -> Result<OutboxConn, ConnectorError> {
+        let layout = &self.connector.layout;
+        let outbox = qualified(name);
+        let key = quote_ident(&layout.key_column);
+        let shape = if layout.tracks_status() {
+            let probe = format!("SELECT o.{key}, o.payload FROM {outbox} o WHERE false");
+            let probe = self.prepare(client, "outbox columns", &probe, &[]).await?;
+            let is_bytea =
+                |i: usize| probe.columns().get(i).map(|c| c.type_()) == Some(&Type::BYTEA);
+            RowShape {
+                key_bytea: is_bytea(0),
+                payload_bytea: is_bytea(1),
+            }
+        } else {
+            RowShape::default()
+        };
+        let sql = Sql::new(&outbox, checkpoint, &event_columns(&key, shape), version);
+        let rows = match layout.tracks_status() {
+            true => Some(self.prepare_rows(client, &sql).await?),
+            false => None,
+        };
+        Ok(OutboxConn {
+            name: name.to_owned(),
+            shape,
+            sql,
             rows,
         })
     }
@@ -348,8 +431,18 @@ impl PgOutboxStore {
             .checkpoint
             .map(|p| StoredCheckpoint::text(p, &conn.system));
         let tx = conn.client.transaction().await?;
-        if let Some(statements) = conn.rows.as_ref().filter(|_| has_rows(&batch)) {
-            Self::write_rows(&tx, statements, &batch).await?;
+        if has_rows(&batch) {
+            // Each table's rows in this one transaction (the caller checked the tables).
+            for part in tables::split_write_back(&batch) {
+                let Some(statements) = conn
+                    .outboxes
+                    .get(usize::from(part.table))
+                    .and_then(|o| o.rows.as_ref())
+                else {
+                    continue;
+                };
+                Self::write_rows(&tx, statements, &part.rows()).await?;
+            }
         }
         if let Some(position) = &position {
             tx.execute(&conn.checkpoint, &[&pipeline, position]).await?;
@@ -433,11 +526,6 @@ impl PgOutboxStore {
         Ok(())
     }
 
-    /// `SELECT <event columns> FROM outbox o` (no WHERE), for the operator's scans.
-    pub(crate) fn event_select(conn: &Conn) -> &str {
-        &conn.sql.event_select
-    }
-
     /// The plans PostgreSQL picks for the statements that must stay cheap however many
     /// SUCCESS rows the table holds (retry schedule, retry claims, blocked keys, reaper,
     /// strict poll claim), as `(name, EXPLAIN text)`. For tests and for operators who
@@ -449,7 +537,7 @@ impl PgOutboxStore {
         let keys = vec!["k".to_owned()];
         let (limit, window, ms) = (100_i64, 400_i64, 60_000_i64);
         let reason = "reaped";
-        let sql = &conn.sql;
+        let sql = &conn.first()?.sql;
         let params: [(&str, &str, Vec<&(dyn tokio_postgres::types::ToSql + Sync)>); 6] = [
             ("retry schedule", &sql.schedule, vec![]),
             ("retry claim", &sql.claim[0][0], vec![&limit]),
@@ -472,18 +560,10 @@ impl PgOutboxStore {
     }
 
     async fn claim_on(
-        conn: &mut Conn,
+        client: &mut Client,
+        statements: &RowStatements,
         request: ClaimRequest,
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
-        // The caller checked that the rows carry a status (`Conn::rows`).
-        let Conn {
-            client,
-            rows: Some(statements),
-            ..
-        } = conn
-        else {
-            return Ok(Vec::new());
-        };
         let limit = i64::try_from(request.limit).unwrap_or(i64::MAX);
         let poll = request.scope == ClaimScope::NewAndDueFailed;
         let statement = &statements.claim[usize::from(poll)][usize::from(request.strict_order)];
@@ -498,19 +578,12 @@ impl PgOutboxStore {
         Ok(rows)
     }
 
+    /// The claimed write-back of one table's rows, in transaction `tx`.
     async fn complete_on(
-        conn: &mut Conn,
+        tx: &tokio_postgres::Transaction<'_>,
+        statements: &RowStatements,
         batch: ClaimedWriteBack<'_>,
     ) -> Result<u64, tokio_postgres::Error> {
-        // The caller checked that the rows carry a status (`Conn::rows`).
-        let Conn {
-            client,
-            rows: Some(statements),
-            ..
-        } = conn
-        else {
-            return Ok(0);
-        };
         let d = batch.delivered;
         let d_ids: Vec<i64> = d.iter().map(|(x, _)| x.id).collect();
         let d_parts: Vec<i32> = d.iter().map(|(x, _)| x.partition).collect();
@@ -533,7 +606,6 @@ impl PgOutboxStore {
         let r_tokens: Vec<&str> = r.iter().map(|(_, t, _)| t.0.as_str()).collect();
         let r_statuses: Vec<&str> = r.iter().map(|(_, _, s)| *s).collect();
 
-        let tx = client.transaction().await?;
         let success = async {
             if d_ids.is_empty() {
                 return Ok(0);
@@ -565,7 +637,6 @@ impl PgOutboxStore {
             .await
         };
         let (s, f, r) = futures_util::try_join!(success, fail, release)?;
-        tx.commit().await?;
         Ok(s + f + r)
     }
 }
@@ -586,7 +657,10 @@ impl OutboxStore for PgOutboxStore {
         let mut locked = self.lock().await?;
         let conn = locked.conn()?;
         if has_rows(&batch) {
-            conn.rows()?;
+            conn.carry_status()?;
+            for part in tables::split_write_back(&batch) {
+                conn.outbox(part.table)?;
+            }
         }
         let result = Self::write_back_on(conn, batch, &self.connector.pipeline).await;
         result.map_err(|e| {
@@ -628,21 +702,45 @@ impl OutboxStore for PgOutboxStore {
         }
         let mut locked = self.lock().await?;
         let conn = locked.conn()?;
-        conn.rows()?;
-        let rows = Self::claim_on(conn, request)
-            .await
-            .map_err(|e| self.error(&e, "claiming outbox rows"))?;
-        let mut claimed = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let event = event_from_row(row, conn.shape, self.table())?;
-            let token: String = get(row, EVENT_COLUMNS)?;
-            claimed.push(ClaimedEvent {
-                event,
-                claim_token: ClaimToken(token),
-            });
+        conn.carry_status()?;
+        // Each table in turn, from the one after the last claim's first, while the claim
+        // has room: with several tables, a backlog in one does not starve the others.
+        let count = conn.outboxes.len();
+        let start = self.next_claim_table.fetch_add(1, AtomicOrdering::Relaxed) % count;
+        let mut claimed = Vec::new();
+        for index in (start..count).chain(0..start) {
+            let room = request.limit.saturating_sub(claimed.len());
+            if room == 0 {
+                break;
+            }
+            let Conn {
+                client, outboxes, ..
+            } = &mut *conn;
+            let outbox = &outboxes[index];
+            let Some(statements) = outbox.rows.as_ref() else {
+                continue;
+            };
+            let request = ClaimRequest {
+                limit: room,
+                ..request
+            };
+            let rows = Self::claim_on(client, statements, request)
+                .await
+                .map_err(|e| self.error(&e, &format!("claiming rows of {}", outbox.name)))?;
+            let mut part = Vec::with_capacity(rows.len());
+            for row in &rows {
+                let mut event = event_from_row(row, outbox.shape, &outbox.name)?;
+                event.table = u16::try_from(index).unwrap_or(u16::MAX);
+                let token: String = get(row, EVENT_COLUMNS)?;
+                part.push(ClaimedEvent {
+                    event,
+                    claim_token: ClaimToken(token),
+                });
+            }
+            // UPDATE … RETURNING has no order; callers publish a table's rows in id order.
+            part.sort_by_key(|c| c.event.id);
+            claimed.append(&mut part);
         }
-        // UPDATE … RETURNING has no order; callers publish in id order.
-        claimed.sort_by_key(|c| c.event.id);
         Ok(claimed)
     }
 
@@ -652,8 +750,23 @@ impl OutboxStore for PgOutboxStore {
         }
         let mut locked = self.lock().await?;
         let conn = locked.conn()?;
-        conn.rows()?;
-        Self::complete_on(conn, batch)
+        conn.carry_status()?;
+        let parts = tables::split_claimed(&batch);
+        for part in &parts {
+            conn.outbox(part.table)?;
+        }
+        let written = async {
+            let tx = conn.client.transaction().await?;
+            let mut updated = 0;
+            for part in &parts {
+                if let Some(statements) = conn.outboxes[usize::from(part.table)].rows.as_ref() {
+                    updated += Self::complete_on(&tx, statements, part.rows()).await?;
+                }
+            }
+            tx.commit().await?;
+            Ok(updated)
+        };
+        written
             .await
             .map_err(|e| self.error(&e, &format!("writing back {}", batch.describe())))
     }
@@ -664,18 +777,20 @@ impl OutboxStore for PgOutboxStore {
         let conn = locked.conn()?;
         let timeout = delay_ms(policy.claim_timeout);
         let delay = delay_ms(policy.retry_delay);
-        let rows = conn
-            .client
-            .query(&conn.rows()?.reap, &[&timeout, &delay, &reason])
-            .await
-            .map_err(|e| self.error(&e, "returning expired claims to FAILED"))?;
         let mut report = ReapReport::default();
-        for row in &rows {
-            let status: String = get(row, 0)?;
-            if status == "MANUAL_REQUIRED" {
-                report.manual_required += 1;
-            } else {
-                report.failed += 1;
+        for (_, statements) in conn.all_rows()? {
+            let rows = conn
+                .client
+                .query(&statements.reap, &[&timeout, &delay, &reason])
+                .await
+                .map_err(|e| self.error(&e, "returning expired claims to FAILED"))?;
+            for row in &rows {
+                let status: String = get(row, 0)?;
+                if status == "MANUAL_REQUIRED" {
+                    report.manual_required += 1;
+                } else {
+                    report.failed += 1;
+                }
             }
         }
         Ok(report)
@@ -684,15 +799,22 @@ impl OutboxStore for PgOutboxStore {
     async fn retry_schedule(&self) -> Result<RetrySchedule, ConnectorError> {
         let mut locked = self.lock().await?;
         let conn = locked.conn()?;
-        let row = conn
-            .client
-            .query_one(&conn.rows()?.schedule, &[])
-            .await
-            .map_err(|e| self.error(&e, "reading the retry schedule"))?;
-        Ok(RetrySchedule {
-            next_due: get::<Option<SystemTime>>(&row, 0)?,
-            oldest_claim: get::<Option<SystemTime>>(&row, 1)?,
-        })
+        // The earliest of every table's.
+        let earliest = |a: Option<SystemTime>, b: Option<SystemTime>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let mut schedule = RetrySchedule::default();
+        for (_, statements) in conn.all_rows()? {
+            let row = conn
+                .client
+                .query_one(&statements.schedule, &[])
+                .await
+                .map_err(|e| self.error(&e, "reading the retry schedule"))?;
+            schedule.next_due = earliest(schedule.next_due, get(&row, 0)?);
+            schedule.oldest_claim = earliest(schedule.oldest_claim, get(&row, 1)?);
+        }
+        Ok(schedule)
     }
 
     async fn blocked_keys(
@@ -704,13 +826,20 @@ impl OutboxStore for PgOutboxStore {
         }
         let mut locked = self.lock().await?;
         let conn = locked.conn()?;
-        let statements = conn.rows()?;
-        let rows = match keys {
-            Some(keys) => conn.client.query(&statements.blocked_some, &[&keys]).await,
-            None => conn.client.query(&statements.blocked_all, &[]).await,
+        // A key in trouble in any table is held back: the record key is the same key
+        // whatever the table.
+        let mut blocked = HashSet::new();
+        for (_, statements) in conn.all_rows()? {
+            let rows = match keys {
+                Some(keys) => conn.client.query(&statements.blocked_some, &[&keys]).await,
+                None => conn.client.query(&statements.blocked_all, &[]).await,
+            }
+            .map_err(|e| self.error(&e, "reading the keys held back by failed rows"))?;
+            for row in &rows {
+                blocked.insert(get::<String>(row, 0)?);
+            }
         }
-        .map_err(|e| self.error(&e, "reading the keys held back by failed rows"))?;
-        rows.iter().map(|row| get::<String>(row, 0)).collect()
+        Ok(blocked)
     }
 
     // The two below run when a session opens and while it reads transactions again, not
@@ -720,40 +849,49 @@ impl OutboxStore for PgOutboxStore {
             return Ok(None);
         }
         // The primary key read backward: the newest rows are SUCCESS (or a backlog of INIT
-        // ones, scanned once per session).
-        let sql = format!(
-            "SELECT id FROM {} WHERE status = 'SUCCESS' ORDER BY id DESC LIMIT 1",
-            qualified(self.table())
-        );
+        // ones, scanned once per session). The highest over every table.
         let mut locked = self.lock().await?;
         let conn = locked.conn()?;
-        let row = conn
-            .client
-            .query_opt(&sql, &[])
-            .await
-            .map_err(|e| self.error(&e, "reading the highest delivered row id"))?;
-        row.map(|row| get::<i64>(&row, 0)).transpose()
+        let mut highest = None;
+        for table in &self.connector.layout.outbox_tables {
+            let sql = format!(
+                "SELECT id FROM {} WHERE status = 'SUCCESS' ORDER BY id DESC LIMIT 1",
+                qualified(table)
+            );
+            let row = conn
+                .client
+                .query_opt(&sql, &[])
+                .await
+                .map_err(|e| self.error(&e, "reading the highest delivered row id"))?;
+            highest = highest.max(row.map(|row| get::<i64>(&row, 0)).transpose()?);
+        }
+        Ok(highest)
     }
 
-    async fn delivered_among(&self, ids: &[i64]) -> Result<HashSet<i64>, ConnectorError> {
-        if !self.connector.layout.tracks_status() {
+    async fn delivered_among(&self, rows: &[RowId]) -> Result<HashSet<RowId>, ConnectorError> {
+        if !self.connector.layout.tracks_status() || rows.is_empty() {
             return Ok(HashSet::new());
         }
-        if ids.is_empty() {
-            return Ok(HashSet::new());
-        }
-        let sql = format!(
-            "SELECT id FROM {} WHERE id = ANY($1) AND status = 'SUCCESS'",
-            qualified(self.table())
-        );
         let mut locked = self.lock().await?;
         let conn = locked.conn()?;
-        let rows = conn
-            .client
-            .query(&sql, &[&ids])
-            .await
-            .map_err(|e| self.error(&e, "reading which rows are delivered already"))?;
-        rows.iter().map(|row| get::<i64>(row, 0)).collect()
+        let mut delivered = HashSet::new();
+        for (table, ids) in tables::ids_by_table(rows) {
+            let sql = format!(
+                "SELECT id FROM {} WHERE id = ANY($1) AND status = 'SUCCESS'",
+                qualified(&conn.outbox(table)?.name)
+            );
+            let found = conn
+                .client
+                .query(&sql, &[&ids])
+                .await
+                .map_err(|e| self.error(&e, "reading which rows are delivered already"))?;
+            let found: Vec<i64> = found
+                .iter()
+                .map(|row| get::<i64>(row, 0))
+                .collect::<Result<_, _>>()?;
+            delivered.extend(tables::rows_of(table, found));
+        }
+        Ok(delivered)
     }
 }
 

@@ -243,15 +243,17 @@ impl OutboxAdmin for PgOutboxStore {
 
     async fn scan_init(
         &self,
+        table: u16,
         after_id: i64,
         limit: usize,
     ) -> Result<Vec<OutboxEvent>, ConnectorError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut locked = self.lock().await?;
         let conn = locked.conn()?;
+        let outbox = conn.outbox(table)?;
         let sql = format!(
             "{} WHERE o.status = 'INIT' AND o.id > $1 ORDER BY o.id LIMIT $2",
-            Self::event_select(conn)
+            outbox.event_select()
         );
         let rows = conn
             .client
@@ -259,7 +261,11 @@ impl OutboxAdmin for PgOutboxStore {
             .await
             .map_err(|e| self.error(&e, "scanning INIT rows"))?;
         rows.iter()
-            .map(|row| event_from_row(row, conn.shape, self.table()))
+            .map(|row| {
+                let mut event = event_from_row(row, outbox.shape, outbox.name())?;
+                event.table = table;
+                Ok(event)
+            })
             .collect()
     }
 }
