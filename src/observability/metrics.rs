@@ -41,6 +41,22 @@ const LATENCY_BUCKETS: [f64; 16] = [
 /// an alert on one of them has a series to look at.
 const REPORTED_STATUSES: [&str; 4] = ["INIT", "PROCESSING", "FAILED", "MANUAL_REQUIRED"];
 
+/// Exactly-once: records Kafka acknowledged inside the open transaction, counted as
+/// published once it commits ([`PipelineMetrics::committed`]); an aborted one never is.
+#[derive(Debug, Default)]
+pub struct UncommittedRecords {
+    by_topic: HashMap<String, u64>,
+    commit_times: Vec<SystemTime>,
+}
+
+impl UncommittedRecords {
+    /// A record of `topic`, from a source transaction committed at `commit_time`.
+    pub fn add(&mut self, topic: String, commit_time: Option<SystemTime>) {
+        *self.by_topic.entry(topic).or_default() += 1;
+        self.commit_times.extend(commit_time);
+    }
+}
+
 /// The label of the per-topic counters.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TopicLabel {
@@ -91,19 +107,44 @@ impl Default for PipelineMetrics {
 impl PipelineMetrics {
     /// Kafka acknowledged a record of `topic` whose transaction committed at `commit_time`.
     pub fn acked(&self, topic: &str, commit_time: Option<SystemTime>) {
-        self.count(topic, |c| &c.published);
+        self.count(topic, |c| &c.published, 1);
         if let Some(commit) = commit_time {
-            // A commit clock ahead of ours counts as zero latency.
-            let latency = SystemTime::now().duration_since(commit).unwrap_or_default();
-            self.latency.observe(latency.as_secs_f64());
-            self.lag_base_micros
-                .store(unix_micros(commit), Ordering::Relaxed);
+            self.published_since(commit);
         }
+    }
+
+    /// Exactly-once: a Kafka transaction committed the records of `window`, which are
+    /// published (visible to `read_committed` consumers) only now.
+    pub fn committed(&self, window: &UncommittedRecords) {
+        for (topic, n) in &window.by_topic {
+            self.count(topic, |c| &c.published, *n);
+        }
+        for commit in &window.commit_times {
+            self.published_since(*commit);
+        }
+    }
+
+    /// A record whose source transaction committed at `commit` is published now: the
+    /// end-to-end latency, and the base of the lag.
+    fn published_since(&self, commit: SystemTime) {
+        // A commit clock ahead of ours counts as zero latency.
+        let latency = SystemTime::now().duration_since(commit).unwrap_or_default();
+        self.latency.observe(latency.as_secs_f64());
+        self.lag_base_micros
+            .store(unix_micros(commit), Ordering::Relaxed);
+    }
+
+    /// Records of `topic` counted as published so far.
+    #[cfg(test)]
+    pub(crate) fn published_of(&self, topic: &str) -> u64 {
+        (self.topics.read().ok())
+            .and_then(|topics| topics.get(topic).map(|c| c.published.get()))
+            .unwrap_or(0)
     }
 
     /// A record of `topic` was not delivered (its row becomes FAILED).
     pub fn failed(&self, topic: &str) {
-        self.count(topic, |c| &c.failed);
+        self.count(topic, |c| &c.failed, 1);
     }
 
     /// A transaction was read from the log while nothing was in flight: the lag is
@@ -134,10 +175,10 @@ impl PipelineMetrics {
         }
     }
 
-    fn count(&self, topic: &str, counter: impl Fn(&TopicCounters) -> &Counter) {
+    fn count(&self, topic: &str, counter: impl Fn(&TopicCounters) -> &Counter, n: u64) {
         if let Ok(topics) = self.topics.read() {
             if let Some(counters) = topics.get(topic) {
-                counter(counters).inc();
+                counter(counters).inc_by(n);
                 return;
             }
         }
@@ -161,7 +202,7 @@ impl PipelineMetrics {
                 failed: self.failed.get_or_create_owned(&label),
             }
         });
-        counter(counters).inc();
+        counter(counters).inc_by(n);
     }
 
     /// Now minus the commit time of the last acknowledged event while events are in

@@ -19,5 +19,5 @@ mod server;
 pub(crate) mod trace_context;
 
 pub(crate) use health::Health;
-pub use metrics::PipelineMetrics;
+pub use metrics::{PipelineMetrics, UncommittedRecords};
 pub(crate) use server::{bind, require_bearer, router, serve_while};

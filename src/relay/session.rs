@@ -27,6 +27,7 @@ use super::frontier::AckFrontier;
 use super::outcome::Outcome;
 use super::{PipelineError, PipelineSettings, PipelineStats, RetryLink, RowLifecycle};
 use crate::config::Ordering as KeyOrdering;
+use crate::observability::UncommittedRecords;
 use crate::reconnect::ReconnectBackoff;
 use crate::sink::{CommittedPosition, FailureKind, Sink, SinkResult};
 
@@ -213,6 +214,9 @@ pub(super) struct Session<'a, O, S> {
     /// Exactly-once: when the first slot of the open Kafka transaction was read; it is
     /// committed `delivery.transaction_interval` later.
     window_opened: Option<Instant>,
+    /// Exactly-once: the records acknowledged in the open Kafka transaction, which count
+    /// in the per-topic metrics once it commits.
+    uncommitted: UncommittedRecords,
     /// Exactly-once: the position the last committed Kafka transaction reached. The
     /// checkpoint row is written with it, never past it.
     kafka_committed: Option<Position>,
@@ -264,6 +268,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             write_error: None,
             exactly_once: sink.transactional(),
             window_opened: None,
+            uncommitted: UncommittedRecords::default(),
             kafka_committed: None,
             checkpoint_written: None,
             open_events: 0,
@@ -1153,7 +1158,11 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         );
         match outcome {
             Outcome::Delivered(delivered) => {
-                self.stats.metrics.acked(&done.topic, done.commit_time);
+                if self.exactly_once {
+                    self.uncommitted.add(done.topic, done.commit_time);
+                } else {
+                    self.stats.metrics.acked(&done.topic, done.commit_time);
+                }
                 self.delivered.push(delivered);
             }
             Outcome::Failed {
@@ -1241,6 +1250,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         let checkpoint = self.frontier.advance();
         // Exactly-once: records delivered in this window, published once it commits.
         let mut delivered_in_window = 0;
+        let mut window = UncommittedRecords::default();
         // Exactly-once: the checkpoint row never passes what Kafka has committed (a crash
         // before the commit below must find these transactions still to send).
         let written_checkpoint = if self.exactly_once {
@@ -1261,6 +1271,9 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             || checkpoint_moves
         {
             let outcomes = self.take_outcomes();
+            // Exactly-once: the records of these outcomes are the window's (a failure
+            // below ends the session, and they are sent again in the next).
+            window = std::mem::take(&mut self.uncommitted);
             let batch = outcomes.batch(self.tracks_status(), written_checkpoint.as_ref());
             self.stats.metrics.writing_back(true);
             let written = write_back_with_retries(self.store, batch).await;
@@ -1297,6 +1310,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                 self.stats
                     .published
                     .fetch_add(delivered_in_window as u64, Ordering::Relaxed);
+                self.stats.metrics.committed(&window);
             }
             self.window_opened = None;
         }

@@ -1015,6 +1015,11 @@ async fn exactly_once_counts_published_records_only_once_committed() {
         0,
         "nothing committed, nothing published"
     );
+    assert_eq!(
+        h.stats.metrics.published_of("memory.test.event"),
+        0,
+        "nor counted in the topic's outboxd_events_published_total"
+    );
 
     h.sink.fail_commits(false);
     let (stop, shutdown) = watch::channel(false);
@@ -1030,4 +1035,5 @@ async fn exactly_once_counts_published_records_only_once_committed() {
         h.stats.published.load(std::sync::atomic::Ordering::Relaxed),
         2
     );
+    assert_eq!(h.stats.metrics.published_of("memory.test.event"), 2);
 }

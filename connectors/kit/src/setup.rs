@@ -1,6 +1,6 @@
 //! Pieces of `outboxd init` that read the same in every engine.
 
-use outboxd_connector::ConnectorError;
+use outboxd_connector::{ConnectorError, OutboxLayout};
 
 use crate::status;
 
@@ -19,6 +19,21 @@ pub fn application_outbox(table: &str, exists: bool) -> Result<String, Connector
              create it first, then run `outboxd init` again"
         )))
     }
+}
+
+/// What `outboxd schema` prints in place of the outbox DDL when the tables are the
+/// application's (`outbox.rows = "deleted"`), as `init` leaves them.
+pub fn application_outboxes_comment(layout: &OutboxLayout) -> String {
+    format!(
+        "-- The application's outbox table(s), not created here (outbox.rows = \"deleted\"): {}",
+        layout.outbox_tables.join(", ")
+    )
+}
+
+/// Whether `outboxd init` and `outboxd schema` leave the table `table` alone: an outbox
+/// table the application owns (`outbox.rows = "deleted"`).
+pub fn is_application_outbox(layout: &OutboxLayout, table: &str) -> bool {
+    !layout.tracks_status() && layout.outbox_tables.iter().any(|t| t == table)
 }
 
 /// Counts the outbox's INIT rows; `quoted_table` as the engine's SQL writes the name.

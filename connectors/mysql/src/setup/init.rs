@@ -48,16 +48,14 @@ pub(crate) async fn init(
     for table in &layout.outbox_tables {
         outbox_existed.push(table_exists(&mut conn, c, table).await?);
     }
-    for ddl in schema::render_all(layout) {
-        if ddl.table == layout.outbox_table() && !layout.tracks_status() {
-            // The application's tables: looked at, never created.
-            for table in &layout.outbox_tables {
-                let existed = table_exists(&mut conn, c, table).await?;
-                report.push(setup::application_outbox(table, existed)?);
-            }
-            continue;
+    if !layout.tracks_status() {
+        // The application's tables: looked at, never created.
+        for (table, existed) in layout.outbox_tables.iter().zip(&outbox_existed) {
+            report.push(setup::application_outbox(table, *existed)?);
         }
-        if layout.outbox_tables.contains(&ddl.table) && !layout.tracks_status() {
+    }
+    for ddl in schema::render_all(layout) {
+        if setup::is_application_outbox(layout, &ddl.table) {
             continue;
         }
         if !table_exists(&mut conn, c, &ddl.table).await? {

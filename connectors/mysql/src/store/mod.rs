@@ -733,12 +733,7 @@ mod tests {
     #[test]
     fn a_small_write_back_is_one_text() {
         let rows = parked(3, "k");
-        let position = BinlogPosition {
-            file: "mariadb-bin.000002".into(),
-            offset: 99,
-            gtid_set: None,
-        }
-        .position();
+        let position = checkpoint_position();
         let batch = WriteBack {
             parked: &rows,
             checkpoint: Some(&position),
@@ -764,6 +759,16 @@ mod tests {
         assert!(texts[0][fence..].contains(", 42) <> 42) AS outboxd_lock_fence;\nCOMMIT"));
     }
 
+    /// The checkpoint of the write-back texts below.
+    fn checkpoint_position() -> Position {
+        BinlogPosition {
+            file: "mariadb-bin.000002".into(),
+            offset: 99,
+            gtid_set: None,
+        }
+        .position()
+    }
+
     /// Several outbox tables: each row's statement names its own table (ids repeat across
     /// tables), all in one transaction before the checkpoint.
     #[test]
@@ -782,12 +787,7 @@ mod tests {
                 offset: 71,
             },
         ];
-        let position = BinlogPosition {
-            file: "mariadb-bin.000002".into(),
-            offset: 99,
-            gtid_set: None,
-        }
-        .position();
+        let position = checkpoint_position();
         let batch = WriteBack {
             delivered: &delivered,
             checkpoint: Some(&position),
@@ -835,12 +835,7 @@ mod tests {
                 offset: id,
             })
             .collect();
-        let position = BinlogPosition {
-            file: "mariadb-bin.000002".into(),
-            offset: 99,
-            gtid_set: None,
-        }
-        .position();
+        let position = checkpoint_position();
         let batch = WriteBack {
             delivered: &delivered,
             failed: &failed,

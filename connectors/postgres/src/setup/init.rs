@@ -59,19 +59,17 @@ pub(crate) async fn init(
     for table in &layout.outbox_tables {
         outbox_existed.push(relation_exists(&client, &qualified(table)).await?);
     }
+    if !layout.tracks_status() {
+        // The application's tables: looked at, never created.
+        for (table, existed) in layout.outbox_tables.iter().zip(&outbox_existed) {
+            report.push(setup::application_outbox(table, *existed)?);
+        }
+    }
     for ddl in schema::render_all(layout) {
+        if setup::is_application_outbox(layout, &ddl.table) {
+            continue;
+        }
         let existed = relation_exists(&client, &qualified(&ddl.table)).await?;
-        if ddl.table == layout.outbox_table() && !layout.tracks_status() {
-            // The application's tables: looked at, never created.
-            for table in &layout.outbox_tables {
-                let existed = relation_exists(&client, &qualified(table)).await?;
-                report.push(setup::application_outbox(table, existed)?);
-            }
-            continue;
-        }
-        if layout.outbox_tables.contains(&ddl.table) && !layout.tracks_status() {
-            continue;
-        }
         let mut missing_indexes = Vec::new();
         for index in &ddl.indexes {
             if !relation_exists(&client, &index_name(&ddl.table, index)).await? {

@@ -3,6 +3,7 @@
 //! `init` (`crate::schema`), so what a migration creates is what `init` and `check` expect.
 
 use outboxd_connector::ReadMode;
+use outboxd_connector_kit::setup as kit_setup;
 use outboxd_connector_kit::store::table_qualifiers;
 
 use super::create_publication_sql;
@@ -25,17 +26,11 @@ pub(crate) fn schema_script(c: &PostgresConnector, mode: ReadMode) -> String {
             quote_ident(&name)
         ));
     }
+    if !layout.tracks_status() {
+        parts.push(kit_setup::application_outboxes_comment(layout));
+    }
     for ddl in schema::render_all(layout) {
-        if ddl.table == layout.outbox_table() && !layout.tracks_status() {
-            // Deleted rows: the outbox tables are the application's, as `init` leaves them.
-            parts.push(format!(
-                "-- The application's outbox table(s), not created here (outbox.rows = \
-                 \"deleted\"): {}",
-                layout.outbox_tables.join(", ")
-            ));
-            continue;
-        }
-        if layout.outbox_tables.contains(&ddl.table) && !layout.tracks_status() {
+        if kit_setup::is_application_outbox(layout, &ddl.table) {
             continue;
         }
         parts.push(ddl.sql.trim().to_owned());
