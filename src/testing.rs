@@ -55,6 +55,8 @@ pub(crate) struct Row {
     claim_token: Option<String>,
     /// When a FAILED row is due again (`next_retry_time`).
     due_at: Option<Instant>,
+    /// `kafka_offset`: where the row's record landed.
+    pub(crate) offset: Option<i64>,
 }
 
 #[derive(Default)]
@@ -94,6 +96,7 @@ impl MemoryStore {
                     retry_count: 0,
                     claim_token: None,
                     due_at: None,
+                    offset: None,
                 },
             );
         }
@@ -105,6 +108,19 @@ impl MemoryStore {
 
     pub(crate) fn status(&self, id: i64) -> &'static str {
         self.row(id).map_or("absent", |r| r.status)
+    }
+
+    /// The row's `kafka_offset`.
+    pub(crate) fn offset(&self, id: i64) -> Option<i64> {
+        self.row(id).and_then(|r| r.offset)
+    }
+
+    /// A row shown SUCCESS at `offset`, as a write-back before a crash left it.
+    pub(crate) fn set_delivered(&self, id: i64, offset: i64) {
+        if let Some(row) = lock(&self.state).rows.get_mut(&id) {
+            row.status = "SUCCESS";
+            row.offset = Some(offset);
+        }
     }
 
     /// What another writer (the claim worker, an operator) would do.
@@ -166,8 +182,10 @@ impl OutboxStore for MemoryStore {
         state.write_backs += 1;
         for d in batch.delivered {
             if let Some(row) = state.rows.get_mut(&d.id) {
-                if matches!(row.status, "INIT" | "FAILED" | "MANUAL_REQUIRED") {
+                let resent = batch.replace_positions && row.status == "SUCCESS";
+                if matches!(row.status, "INIT" | "FAILED" | "MANUAL_REQUIRED") || resent {
                     row.status = "SUCCESS";
+                    row.offset = Some(d.offset);
                 }
             }
         }

@@ -114,6 +114,7 @@ pub(super) async fn recover<C: Connector, S: Sink>(
                 parked: &parked,
                 rejected: &rejected,
                 checkpoint: None,
+                replace_positions: false,
             };
             store.write_back(batch).await?;
             sent += delivered.len() as u64;

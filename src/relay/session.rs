@@ -96,14 +96,21 @@ impl Outcomes {
 
     /// The write-back of these outcomes with `checkpoint`. Deleted rows
     /// (`tracks_status` false) have no status to write: the checkpoint alone goes, and
-    /// the outcomes still count once it is written.
-    fn batch<'b>(&'b self, tracks_status: bool, checkpoint: Option<&'b Position>) -> WriteBack<'b> {
+    /// the outcomes still count once it is written. `exactly_once`: see
+    /// [`WriteBack::replace_positions`].
+    fn batch<'b>(
+        &'b self,
+        tracks_status: bool,
+        checkpoint: Option<&'b Position>,
+        exactly_once: bool,
+    ) -> WriteBack<'b> {
         WriteBack {
             delivered: if tracks_status { &self.delivered } else { &[] },
             failed: &self.failed,
             parked: &self.parked,
             rejected: &self.rejected,
             checkpoint,
+            replace_positions: exactly_once,
         }
     }
 }
@@ -813,7 +820,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         let tracks_status = self.tracks_status();
         self.stats.metrics.writing_back(true);
         writing.push(Box::pin(async move {
-            let batch = outcomes.batch(tracks_status, checkpoint.as_ref());
+            let batch = outcomes.batch(tracks_status, checkpoint.as_ref(), false);
             let result = write_back_with_retries(store, batch).await;
             Written {
                 result,
@@ -984,6 +991,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             parked: &unwritten.parked,
             rejected: &unwritten.rejected,
             checkpoint: None,
+            replace_positions: false,
         };
         write_back_with_retries(self.store, batch).await?;
         tracing::info!(
@@ -1274,7 +1282,11 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             // Exactly-once: the records of these outcomes are the window's (a failure
             // below ends the session, and they are sent again in the next).
             window = std::mem::take(&mut self.uncommitted);
-            let batch = outcomes.batch(self.tracks_status(), written_checkpoint.as_ref());
+            let batch = outcomes.batch(
+                self.tracks_status(),
+                written_checkpoint.as_ref(),
+                self.exactly_once,
+            );
             self.stats.metrics.writing_back(true);
             let written = write_back_with_retries(self.store, batch).await;
             self.stats.metrics.writing_back(false);

@@ -1037,3 +1037,29 @@ async fn exactly_once_counts_published_records_only_once_committed() {
     );
     assert_eq!(h.stats.metrics.published_of("memory.test.event"), 2);
 }
+
+/// Exactly-once: a row the table shows SUCCESS is sent again when its transaction is past
+/// the committed position (its write-back preceded a commit that never happened), and then
+/// takes the new record's offset: the old one is in the aborted Kafka transaction.
+#[tokio::test]
+async fn exactly_once_gives_a_row_sent_again_its_new_position() {
+    let h = Harness::exactly_once();
+    let (mut stream, log, _confirmed) = MemoryStream::new(Arc::clone(&h.store));
+    let (mut link, _keys) = link();
+    let (stop, shutdown) = watch::channel(false);
+    h.store.insert(&[(1, "A")]);
+    h.store.set_delivered(1, 1_000);
+    let driver = async {
+        log.commit(10, vec![event(1, "A")]);
+        wait_until("1 committed", || h.sink.committed_ids() == [1]).await;
+        stop.send_replace(true);
+    };
+    let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
+    result.unwrap();
+    assert_eq!(h.store.status(1), "SUCCESS");
+    let offset = h.store.offset(1);
+    assert!(
+        offset.is_some_and(|o| o != 1_000),
+        "the resent record's offset, not the aborted one: {offset:?}"
+    );
+}

@@ -61,6 +61,11 @@ pub struct WriteBack<'a> {
     pub rejected: &'a [ParkedEvent],
     /// The position up to which every event is now delivered or failed and written back.
     pub checkpoint: Option<&'a Position>,
+    /// Exactly-once: `delivered` rows already SUCCESS take the new partition and offset
+    /// too. Such a row is one sent again after a crash between its write-back and the
+    /// commit of its Kafka transaction, which aborted: its old position names a record no
+    /// `read_committed` consumer sees.
+    pub replace_positions: bool,
 }
 
 /// The SQL side of a connector: the outbox row is the source of truth.

@@ -606,6 +606,7 @@ pub async fn parked_rows_become_failed_and_due_with_the_reason<H: Harness>() {
             parked: &parked,
             rejected: &[],
             checkpoint: None,
+            replace_positions: false,
         })
         .await
         .expect("write back");

@@ -49,6 +49,7 @@ pub async fn write_back_moves_rows_through_the_state_machine<H: Harness>() {
         parked: &[],
         rejected: &[],
         checkpoint: None,
+        replace_positions: false,
     };
     store.write_back(batch).await.expect("write back");
 
@@ -134,6 +135,7 @@ pub async fn write_back_moves_rows_through_the_state_machine<H: Harness>() {
             parked: &[],
             rejected: &[],
             checkpoint: None,
+            replace_positions: false,
         })
         .await
         .expect("second write back");
@@ -180,6 +182,7 @@ pub async fn write_back_moves_rows_through_the_state_machine<H: Harness>() {
             parked: &[],
             rejected: &[],
             checkpoint: None,
+            replace_positions: false,
         })
         .await
         .expect("both");
@@ -190,6 +193,54 @@ pub async fn write_back_moves_rows_through_the_state_machine<H: Harness>() {
         .write_back(WriteBack::default())
         .await
         .expect("empty batch");
+    drop(store);
+    h.cleanup().await;
+}
+
+/// Exactly-once's resend: a row already SUCCESS keeps its position when a write-back is
+/// replayed (at least once: its first record is in Kafka), and takes the new one with
+/// `replace_positions` (its first record's Kafka transaction aborted, and it was sent
+/// again).
+pub async fn a_success_row_takes_a_new_position_only_when_its_first_was_aborted<H: Harness>() {
+    let h: H = initialised("wb_replace", ReadMode::Log).await;
+    let store = store(&h).await;
+    let ids = h.insert(&[NewRow::keyed("k")]).await;
+    let first = [Delivered {
+        table: 0,
+        id: ids[0],
+        partition: 0,
+        offset: 5,
+    }];
+    let again = [Delivered {
+        offset: 9,
+        ..first[0].clone()
+    }];
+    for (rows, replace) in [(&first, false), (&again, false)] {
+        store
+            .write_back(WriteBack {
+                delivered: rows,
+                replace_positions: replace,
+                ..WriteBack::default()
+            })
+            .await
+            .expect("write back");
+    }
+    let row = h.row(ids[0]).await;
+    assert_eq!((row.status.as_str(), row.offset), ("SUCCESS", Some(5)));
+    store
+        .write_back(WriteBack {
+            delivered: &again,
+            replace_positions: true,
+            ..WriteBack::default()
+        })
+        .await
+        .expect("write back the resent row");
+    let row = h.row(ids[0]).await;
+    assert_eq!(
+        (row.status.as_str(), row.offset),
+        ("SUCCESS", Some(9)),
+        "the resent record's position"
+    );
     drop(store);
     h.cleanup().await;
 }

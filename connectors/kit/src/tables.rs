@@ -77,6 +77,7 @@ pub struct TableWriteBack<'a> {
     failed: Cow<'a, [DeliveryFailure]>,
     parked: Cow<'a, [ParkedEvent]>,
     rejected: Cow<'a, [ParkedEvent]>,
+    replace_positions: bool,
 }
 
 impl TableWriteBack<'_> {
@@ -88,6 +89,7 @@ impl TableWriteBack<'_> {
             parked: &self.parked,
             rejected: &self.rejected,
             checkpoint: None,
+            replace_positions: self.replace_positions,
         }
     }
 }
@@ -109,7 +111,11 @@ pub fn split_write_back<'a>(batch: &WriteBack<'a>) -> Vec<TableWriteBack<'a>> {
     }
     parts
         .into_iter()
-        .map(|(table, part)| TableWriteBack { table, ..part })
+        .map(|(table, part)| TableWriteBack {
+            table,
+            replace_positions: batch.replace_positions,
+            ..part
+        })
         .collect()
 }
 

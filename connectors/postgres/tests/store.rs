@@ -42,6 +42,7 @@ async fn success_write_back_is_a_hot_update() {
                 parked: &[],
                 rejected: &[],
                 checkpoint: Some(&position),
+                replace_positions: false,
             })
             .await
             .expect("write back");

@@ -497,7 +497,7 @@ fn row_statements(statements: &mut Vec<String>, batch: &WriteBack<'_>, outbox: &
     let room = limit.saturating_sub(STATEMENT_OVERHEAD + 2 * outbox.len());
     for chunk in size_chunks(batch.delivered, room, |_| 80) {
         let mut sql = String::new();
-        success_sql(&mut sql, outbox, chunk);
+        success_sql(&mut sql, outbox, chunk, batch.replace_positions);
         statements.push(sql);
     }
     for chunk in size_chunks(batch.failed, room, |f| {
@@ -539,8 +539,10 @@ fn size_chunks<T>(rows: &[T], room: usize, cost: impl Fn(&T) -> usize) -> Vec<&[
     chunks
 }
 
-/// The SUCCESS update of `rows`: one multi-table UPDATE joined to a derived table.
-fn success_sql(sql: &mut String, outbox: &str, rows: &[Delivered]) {
+/// The SUCCESS update of `rows`: one multi-table UPDATE joined to a derived table. With
+/// `replace_positions` ([`WriteBack::replace_positions`]) SUCCESS rows take the new
+/// position too.
+fn success_sql(sql: &mut String, outbox: &str, rows: &[Delivered], replace_positions: bool) {
     if rows.is_empty() {
         return;
     }
@@ -566,8 +568,13 @@ fn success_sql(sql: &mut String, outbox: &str, rows: &[Delivered]) {
         ") AS d ON o.id = d.id SET o.status = 'SUCCESS', o.sent_at = NOW(6), \
          o.updated_at = NOW(6), o.kafka_partition = d.kp, o.kafka_offset = d.ko, \
          o.last_error = NULL, o.next_retry_time = NULL \
-         WHERE o.status IN ('INIT', 'FAILED', 'MANUAL_REQUIRED');\n",
+         WHERE o.status IN ('INIT', 'FAILED', 'MANUAL_REQUIRED'",
     );
+    sql.push_str(if replace_positions {
+        ", 'SUCCESS');\n"
+    } else {
+        ");\n"
+    });
 }
 
 /// The FAILED update of `rows`: a single-table UPDATE, whose assignments MySQL evaluates
@@ -695,10 +702,16 @@ mod tests {
                 offset: id * 10,
             })
             .collect();
-        success_sql(&mut sql, "`outbox`", &rows);
+        success_sql(&mut sql, "`outbox`", &rows, false);
         assert_eq!(sql.matches("UPDATE").count(), 1, "{sql}");
         assert!(sql.contains("SELECT 1 AS id, 0 AS kp, 10 AS ko UNION ALL SELECT 2, 0, 20"));
-        assert!(sql.contains("WHERE o.status IN ('INIT', 'FAILED', 'MANUAL_REQUIRED')"));
+        assert!(sql.contains("WHERE o.status IN ('INIT', 'FAILED', 'MANUAL_REQUIRED');"));
+        // Exactly-once's resent rows: SUCCESS ones take the new position too.
+        let mut again = String::new();
+        success_sql(&mut again, "`outbox`", &rows, true);
+        assert!(
+            again.contains("WHERE o.status IN ('INIT', 'FAILED', 'MANUAL_REQUIRED', 'SUCCESS');")
+        );
     }
 
     #[test]
@@ -842,6 +855,7 @@ mod tests {
             parked: &rows,
             rejected: &[],
             checkpoint: Some(&position),
+            replace_positions: false,
         };
         let texts = write_back_texts(
             &batch,

@@ -323,7 +323,7 @@ impl PgOutboxStore {
             (
                 "SUCCESS write-back",
                 &sql.success,
-                vec![int8s.clone(), Type::INT4_ARRAY, int8s.clone()],
+                vec![int8s.clone(), Type::INT4_ARRAY, int8s.clone(), Type::BOOL],
             ),
             (
                 "FAILED write-back",
@@ -924,6 +924,8 @@ async fn commit_waits_for_a_standby(
 #[derive(Clone, Default)]
 struct WriteBackRows {
     d_ids: Vec<i64>,
+    /// [`WriteBack::replace_positions`].
+    replace_positions: bool,
     d_parts: Vec<i32>,
     d_offsets: Vec<i64>,
     f_ids: Vec<i64>,
@@ -938,6 +940,7 @@ impl WriteBackRows {
     fn new(batch: &WriteBack<'_>) -> Self {
         let (d, f, p) = (batch.delivered, batch.failed, batch.parked);
         Self {
+            replace_positions: batch.replace_positions,
             d_ids: d.iter().map(|x| x.id).collect(),
             d_parts: d.iter().map(|x| x.partition).collect(),
             d_offsets: d.iter().map(|x| x.offset).collect(),
@@ -964,7 +967,10 @@ impl WriteBackRows {
 
     /// The rows whose id is in `keep`.
     fn only(&self, keep: &HashSet<i64>) -> Self {
-        let mut out = Self::default();
+        let mut out = Self {
+            replace_positions: self.replace_positions,
+            ..Self::default()
+        };
         for (i, id) in self.d_ids.iter().enumerate() {
             if keep.contains(id) {
                 out.d_ids.push(*id);
@@ -1000,8 +1006,12 @@ impl WriteBackRows {
             if self.d_ids.is_empty() {
                 return Ok(Vec::new());
             }
-            tx.query(success, &[&self.d_ids, &self.d_parts, &self.d_offsets])
-                .await
+            let replace = &self.replace_positions;
+            tx.query(
+                success,
+                &[&self.d_ids, &self.d_parts, &self.d_offsets, replace],
+            )
+            .await
         };
         let f = async {
             if self.f_ids.is_empty() {
@@ -1126,7 +1136,8 @@ impl Sql {
                  kafka_partition = d.partition, kafka_offset = d.kafka_offset, \
                  last_error = NULL, next_retry_time = NULL \
                  FROM unnest($1::bigint[], $2::int[], $3::bigint[]) AS d(id, partition, kafka_offset) \
-                 WHERE o.id = d.id AND o.status IN ('INIT', 'FAILED', 'MANUAL_REQUIRED') RETURNING o.id"
+                 WHERE o.id = d.id AND (o.status IN ('INIT', 'FAILED', 'MANUAL_REQUIRED') \
+                 OR ($4 AND o.status = 'SUCCESS')) RETURNING o.id"
             ),
             failed: format!(
                 "UPDATE {outbox} AS o SET retry_count = o.retry_count + 1, \
