@@ -1047,12 +1047,12 @@ impl OtlpCollector {
 /// it is refused, ids being per table); once the refused row is resolved, the retry worker
 /// claims the held-back row from its table and delivers it.
 pub async fn several_outbox_tables_keep_each_rows_status_in_its_table<E: Engine>() {
-    let p = Pipeline::<E>::new(
-        "tables",
-        1,
-        "[retry]\nbase = \"200ms\"\nidle_check = \"1s\"\n",
-    )
-    .await;
+    let port = free_port();
+    let extra = format!(
+        "[retry]\nbase = \"200ms\"\nidle_check = \"1s\"\n{}",
+        metrics_section(port)
+    );
+    let p = Pipeline::<E>::new("tables", 1, &extra).await;
     // The second table, seen through a pipeline of the same name and config.
     let b = Pipeline::<E> {
         services: E::from_env(),
@@ -1147,6 +1147,17 @@ pub async fn several_outbox_tables_keep_each_rows_status_in_its_table<E: Engine>
         b.row_id("b-r-1").await,
         "the ids collide"
     );
+    // `/metrics` counts the rows of every table.
+    wait_for(
+        "/metrics shows B's MANUAL_REQUIRED row",
+        Duration::from_secs(30),
+        || async {
+            let (_, body) = http_get(port, "/metrics").await?;
+            let series = "{status=\"MANUAL_REQUIRED\"}";
+            (metric_value(&body, "outboxd_outbox_rows", series) == Some(1.0)).then_some(())
+        },
+    )
+    .await;
     assert_ne!(
         b.rows().await["b-r-2"].status,
         "SUCCESS",

@@ -18,6 +18,7 @@ pub fn is_empty(batch: &WriteBack<'_>) -> bool {
 /// Adds one `(status, message_type, count, oldest created_at)` row of `outboxd status` to
 /// `summary`; INIT, FAILED and PROCESSING rows count towards the oldest unsent row (a
 /// claim left by a dead worker is as unsent as a FAILED row until the reaper takes it).
+/// Rows of a status and type already there (from another outbox table) add up.
 pub fn add_status_row(summary: &mut StatusSummary, count: StatusCount, oldest: Option<SystemTime>) {
     if [status::INIT, status::FAILED, status::PROCESSING].contains(&count.status.as_str()) {
         summary.oldest_unsent = match (summary.oldest_unsent, oldest) {
@@ -25,7 +26,12 @@ pub fn add_status_row(summary: &mut StatusSummary, count: StatusCount, oldest: O
             (a, b) => a.or(b),
         };
     }
-    summary.counts.push(count);
+    let same =
+        |c: &&mut StatusCount| c.status == count.status && c.message_type == count.message_type;
+    match summary.counts.iter_mut().find(same) {
+        Some(known) => known.rows += count.rows,
+        None => summary.counts.push(count),
+    }
 }
 
 /// The schemas (PostgreSQL) or databases (MySQL) named by the layout's qualified table
@@ -86,6 +92,15 @@ mod tests {
         add_status_row(&mut s, row("PROCESSING"), t(2));
         assert_eq!(s.oldest_unsent, t(2));
         assert_eq!(s.counts.len(), 5);
+        // The same status and type from another outbox table adds up.
+        add_status_row(&mut s, row("FAILED"), t(9));
+        assert_eq!(s.counts.len(), 5);
+        let failed = s
+            .counts
+            .iter()
+            .find(|c| c.status == "FAILED")
+            .map(|c| c.rows);
+        assert_eq!(failed, Some(2));
         assert!(is_empty(&WriteBack::default()));
     }
 

@@ -22,24 +22,26 @@ use crate::time::system_time;
 
 impl OutboxAdmin for MysqlOutboxStore {
     async fn status_summary(&self) -> Result<StatusSummary, ConnectorError> {
-        let outbox = &self.outbox;
-        let rows = self
-            .rows(
-                &format!(
-                    "SELECT status, message_type, COUNT(*), MIN(created_at) FROM {outbox} \
-                     GROUP BY status, message_type ORDER BY status, message_type"
-                ),
-                "counting outbox rows",
-            )
-            .await?;
+        // Every outbox table of the store (one, for an operator's command).
         let mut summary = StatusSummary::default();
-        for row in &rows {
-            let count = StatusCount {
-                status: text_or_empty(row, 0)?,
-                message_type: text_or_empty(row, 1)?,
-                rows: int(row, 2)?.unwrap_or(0),
-            };
-            add_status_row(&mut summary, count, system_time(text(row, 3)?));
+        for outbox in &self.outboxes {
+            let rows = self
+                .rows(
+                    &format!(
+                        "SELECT status, message_type, COUNT(*), MIN(created_at) FROM {outbox} \
+                         GROUP BY status, message_type ORDER BY status, message_type"
+                    ),
+                    "counting outbox rows",
+                )
+                .await?;
+            for row in &rows {
+                let count = StatusCount {
+                    status: text_or_empty(row, 0)?,
+                    message_type: text_or_empty(row, 1)?,
+                    rows: int(row, 2)?.unwrap_or(0),
+                };
+                add_status_row(&mut summary, count, system_time(text(row, 3)?));
+            }
         }
         let sql = format!(
             "SELECT position, updated_at FROM {} WHERE pipeline = {}",

@@ -67,28 +67,31 @@ impl PgOutboxStore {
 
 impl OutboxAdmin for PgOutboxStore {
     async fn status_summary(&self) -> Result<StatusSummary, ConnectorError> {
-        let outbox = qualified(self.table());
         let checkpoint_table = &self.connector.layout.checkpoint_table;
         let mut locked = self.lock().await?;
         let conn = locked.conn()?;
         let client = &conn.client;
 
-        let counts = format!(
-            "SELECT status::text, message_type::text, count(*), min(created_at) FROM {outbox} \
-             GROUP BY 1, 2 ORDER BY 1, 2"
-        );
-        let rows = client
-            .query(&counts, &[])
-            .await
-            .map_err(|e| self.error(&e, "counting outbox rows"))?;
+        // Every outbox table of the store (one, for an operator's command).
         let mut summary = StatusSummary::default();
-        for row in &rows {
-            let count = StatusCount {
-                status: get(row, 0)?,
-                message_type: get(row, 1)?,
-                rows: get(row, 2)?,
-            };
-            add_status_row(&mut summary, count, get(row, 3)?);
+        for table in &self.connector.layout.outbox_tables {
+            let counts = format!(
+                "SELECT status::text, message_type::text, count(*), min(created_at) FROM {} \
+                 GROUP BY 1, 2 ORDER BY 1, 2",
+                qualified(table)
+            );
+            let rows = client
+                .query(&counts, &[])
+                .await
+                .map_err(|e| self.error(&e, "counting outbox rows"))?;
+            for row in &rows {
+                let count = StatusCount {
+                    status: get(row, 0)?,
+                    message_type: get(row, 1)?,
+                    rows: get(row, 2)?,
+                };
+                add_status_row(&mut summary, count, get(row, 3)?);
+            }
         }
 
         let sql = format!(
