@@ -232,6 +232,11 @@ async fn several_outbox_tables_keep_each_rows_status_in_its_table() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_outbox_tables_are_recovered_and_polled() {
+    scenarios::several_outbox_tables_are_recovered_and_polled::<PgServices>().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_topic_outside_the_allowed_list_is_never_written() {
     scenarios::a_topic_outside_the_allowed_list_is_never_written::<PgServices>().await;
 }

@@ -1053,31 +1053,16 @@ pub async fn several_outbox_tables_keep_each_rows_status_in_its_table<E: Engine>
         metrics_section(port)
     );
     let p = Pipeline::<E>::new("tables", 1, &extra).await;
-    // The second table, seen through a pipeline of the same name and config.
-    let b = Pipeline::<E> {
-        services: E::from_env(),
-        name: p.name.clone(),
-        table: format!("{}_b", p.table),
-        topic: p.topic.clone(),
-        partitions: p.partitions,
-        config_path: p.config_path.clone(),
-        dir: p.dir.clone(),
-    };
+    let b = second_outbox_table(&p);
     let forbidden = format!("it.forbidden.{}", p.name);
     let config = std::fs::read_to_string(&p.config_path).expect("read config");
-    let config = config
-        .replacen(
-            &format!("table = \"{}\"", p.table),
-            &format!("tables = [\"{}\", \"{}\"]", p.table, b.table),
-            1,
-        )
-        .replace(
-            "message_timeout = \"10s\"",
-            &format!(
-                "message_timeout = \"10s\"\nallowed_topics = [\"{}\"]",
-                p.topic
-            ),
-        );
+    let config = config.replace(
+        "message_timeout = \"10s\"",
+        &format!(
+            "message_timeout = \"10s\"\nallowed_topics = [\"{}\"]",
+            p.topic
+        ),
+    );
     std::fs::write(&p.config_path, config).expect("write config");
     p.init();
     E::grant_runtime(&b).await;
@@ -1210,6 +1195,81 @@ pub async fn several_outbox_tables_keep_each_rows_status_in_its_table<E: Engine>
         ids,
         ["a-j-1", "a-k-1", "a-s-1", "b-j-1", "b-k-1", "b-r-2"],
         "each row once; the refused one never"
+    );
+    drop(daemon);
+    b.cleanup().await;
+    p.cleanup().await;
+}
+
+/// The second outbox table of `p`'s pipeline (`<table>_b`), seen through a pipeline of the
+/// same name and config; `p`'s config is rewritten to read both (`outbox.tables`).
+fn second_outbox_table<E: Engine>(p: &Pipeline<E>) -> Pipeline<E> {
+    let b = Pipeline::<E> {
+        services: E::from_env(),
+        name: p.name.clone(),
+        table: format!("{}_b", p.table),
+        topic: p.topic.clone(),
+        partitions: p.partitions,
+        config_path: p.config_path.clone(),
+        dir: p.dir.clone(),
+    };
+    let config = std::fs::read_to_string(&p.config_path).expect("read config");
+    let config = config.replacen(
+        &format!("table = \"{}\"", p.table),
+        &format!("tables = [\"{}\", \"{}\"]", p.table, b.table),
+        1,
+    );
+    std::fs::write(&p.config_path, config).expect("write config");
+    b
+}
+
+/// Issue 13: several kept outbox tables through `outboxd recover` and in poll mode: each
+/// scans or claims every table, and writes each row's status to its own table.
+pub async fn several_outbox_tables_are_recovered_and_polled<E: Engine>() {
+    let p = Pipeline::<E>::new("tblpoll", 1, "\n[poll]\ninterval = \"100ms\"\n").await;
+    let b = second_outbox_table(&p);
+    p.init();
+    E::grant_runtime(&b).await;
+
+    // Rows written while nothing runs: `recover` publishes those of both tables.
+    let (mut wa, mut wb) = (p.writer().await, b.writer().await);
+    wa.commit(&[("k".into(), 1), ("j".into(), 1)], "a").await;
+    wb.commit(&[("k".into(), 1)], "b").await;
+    let recover = p.outboxd(&["recover"]);
+    assert!(
+        recover.status.success(),
+        "{}",
+        String::from_utf8_lossy(&recover.stderr)
+    );
+    assert_eq!(
+        (p.success_count().await, b.success_count().await),
+        (2, 1),
+        "recover: every table's INIT rows, each SUCCESS in its table"
+    );
+
+    // Poll mode claims from each table in turn.
+    let config = std::fs::read_to_string(&p.config_path).expect("read config");
+    let config = config.replacen("[source]\n", "[source]\nmode = \"poll\"\n", 1);
+    std::fs::write(&p.config_path, config).expect("write config");
+    let daemon = p.spawn_run("run.log");
+    wa.commit(&[("k".into(), 2)], "a").await;
+    wb.commit(&[("k".into(), 2), ("j".into(), 2)], "b").await;
+    wait_for(
+        "every row SUCCESS in its table",
+        Duration::from_secs(30),
+        || async { (p.success_count().await == 3 && b.success_count().await == 3).then_some(()) },
+    )
+    .await;
+    let records = p.consume(6, Duration::from_secs(20));
+    let mut ids: Vec<String> = records
+        .iter()
+        .filter_map(|r| r.headers.get("message_id").cloned())
+        .collect();
+    ids.sort();
+    assert_eq!(
+        ids,
+        ["a-j-1", "a-k-1", "a-k-2", "b-j-2", "b-k-1", "b-k-2"],
+        "each row once"
     );
     drop(daemon);
     b.cleanup().await;
