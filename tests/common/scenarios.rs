@@ -1186,11 +1186,7 @@ pub async fn several_outbox_tables_keep_each_rows_status_in_its_table<E: Engine>
     )
     .await;
     let records = p.consume(6, Duration::from_secs(20));
-    let mut ids: Vec<String> = records
-        .iter()
-        .filter_map(|r| r.headers.get("message_id").cloned())
-        .collect();
-    ids.sort();
+    let ids = sorted_message_ids(&records);
     assert_eq!(
         ids,
         ["a-j-1", "a-k-1", "a-s-1", "b-j-1", "b-k-1", "b-r-2"],
@@ -1261,11 +1257,7 @@ pub async fn several_outbox_tables_are_recovered_and_polled<E: Engine>() {
     )
     .await;
     let records = p.consume(6, Duration::from_secs(20));
-    let mut ids: Vec<String> = records
-        .iter()
-        .filter_map(|r| r.headers.get("message_id").cloned())
-        .collect();
-    ids.sort();
+    let ids = sorted_message_ids(&records);
     assert_eq!(
         ids,
         ["a-j-1", "a-k-1", "a-k-2", "b-j-2", "b-k-1", "b-k-2"],
@@ -1274,4 +1266,14 @@ pub async fn several_outbox_tables_are_recovered_and_polled<E: Engine>() {
     drop(daemon);
     b.cleanup().await;
     p.cleanup().await;
+}
+
+/// The `message_id` headers of `records`, sorted.
+fn sorted_message_ids(records: &[Record]) -> Vec<String> {
+    let mut ids: Vec<String> = records
+        .iter()
+        .filter_map(|r| r.headers.get("message_id").cloned())
+        .collect();
+    ids.sort();
+    ids
 }

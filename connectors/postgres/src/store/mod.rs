@@ -424,23 +424,18 @@ impl PgOutboxStore {
     /// checkpoint row.
     async fn write_back_on(
         conn: &mut Conn,
-        batch: WriteBack<'_>,
+        batch: &WriteBack<'_>,
+        parts: &[tables::TableWriteBack<'_>],
         pipeline: &str,
     ) -> Result<(), tokio_postgres::Error> {
         let position = batch
             .checkpoint
             .map(|p| StoredCheckpoint::text(p, &conn.system));
         let tx = conn.client.transaction().await?;
-        if has_rows(&batch) {
-            // Each table's rows in this one transaction (the caller checked the tables).
-            for part in tables::split_write_back(&batch) {
-                let Some(statements) = conn
-                    .outboxes
-                    .get(usize::from(part.table))
-                    .and_then(|o| o.rows.as_ref())
-                else {
-                    continue;
-                };
+        // Each table's rows in this one transaction (the caller checked the tables).
+        for part in parts {
+            let statements = conn.outboxes.get(usize::from(part.table));
+            if let Some(statements) = statements.and_then(|o| o.rows.as_ref()) {
                 Self::write_rows(&tx, statements, &part.rows()).await?;
             }
         }
@@ -641,14 +636,6 @@ impl PgOutboxStore {
     }
 }
 
-/// Whether a write-back batch holds rows (and not only a checkpoint).
-fn has_rows(batch: &WriteBack<'_>) -> bool {
-    !(batch.delivered.is_empty()
-        && batch.failed.is_empty()
-        && batch.parked.is_empty()
-        && batch.rejected.is_empty())
-}
-
 impl OutboxStore for PgOutboxStore {
     async fn write_back(&self, batch: WriteBack<'_>) -> Result<(), ConnectorError> {
         if kit_store::is_empty(&batch) {
@@ -656,13 +643,15 @@ impl OutboxStore for PgOutboxStore {
         }
         let mut locked = self.lock().await?;
         let conn = locked.conn()?;
-        if has_rows(&batch) {
+        // The rows split by table once, each table checked before the transaction opens.
+        let parts = tables::split_write_back(&batch);
+        if !parts.is_empty() {
             conn.carry_status()?;
-            for part in tables::split_write_back(&batch) {
+            for part in &parts {
                 conn.outbox(part.table)?;
             }
         }
-        let result = Self::write_back_on(conn, batch, &self.connector.pipeline).await;
+        let result = Self::write_back_on(conn, &batch, &parts, &self.connector.pipeline).await;
         result.map_err(|e| {
             let what = format!(
                 "writing back {} delivered, {} failed and {} parked outbox rows",
