@@ -426,6 +426,10 @@ pub struct CloudEventsConfig {
     pub source: Option<String>,
     /// `content-type` (the event's `datacontenttype`) unless the row's `headers` set one.
     pub content_type: String,
+    /// How the event travels: attributes as `ce_` headers and the payload as the value
+    /// (`binary`, the default), or the whole event as one JSON document in the value
+    /// (`structured`).
+    pub mode: CloudEventsMode,
 }
 
 impl Default for CloudEventsConfig {
@@ -433,8 +437,22 @@ impl Default for CloudEventsConfig {
         Self {
             source: None,
             content_type: "application/json".into(),
+            mode: CloudEventsMode::Binary,
         }
     }
+}
+
+/// `kafka.cloudevents.mode`: the two content modes of the CloudEvents Kafka protocol
+/// binding.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum CloudEventsMode {
+    /// Attributes as `ce_` record headers; the value is the payload as stored.
+    #[default]
+    Binary,
+    /// The event as one JSON document (`application/cloudevents+json`): attributes as
+    /// members, the payload as `data` (JSON content) or `data_base64` (anything else).
+    Structured,
 }
 
 impl CloudEventsConfig {
@@ -1277,8 +1295,11 @@ mod tests {
             );
         }
         let text = format!("{MINIMAL}\n[kafka.cloudevents]\nmode = \"structured\"\n");
+        let ce = Config::parse(&text).unwrap().kafka.cloudevents.unwrap();
+        assert_eq!(ce.mode, CloudEventsMode::Structured);
+        let text = format!("{MINIMAL}\n[kafka.cloudevents]\nmode = \"batched\"\n");
         let err = Config::parse(&text).unwrap_err().to_string();
-        assert!(err.contains("mode"), "{err}");
+        assert!(err.contains("mode") || err.contains("batched"), "{err}");
     }
 
     #[test]

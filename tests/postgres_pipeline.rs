@@ -257,6 +257,11 @@ async fn cloudevents_and_trace_context_reach_the_consumer() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloudevents_structured_mode_puts_the_event_in_the_value() {
+    scenarios::cloudevents_structured_mode_puts_the_event_in_the_value::<PgServices>().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_events_span_carries_the_trace_id_of_its_traceparent() {
     scenarios::the_events_span_carries_the_trace_id_of_its_traceparent::<PgServices>().await;
 }

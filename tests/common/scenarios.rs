@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use base64::Engine as _;
 use serde_json::json;
 
 use super::engine::{Engine, Event, Pipeline, Writer};
@@ -836,6 +837,100 @@ pub async fn cloudevents_and_trace_context_reach_the_consumer<E: Engine>() {
     assert_eq!(span["parentSpanId"], "00f067aa0ba902b7", "{span}");
     assert!(span.to_string().contains("\"ce-traced\""), "{span}");
     assert_eq!(collector.spans().len(), 1, "{:?}", collector.spans());
+    drop(daemon);
+    p.cleanup().await;
+}
+
+/// Issue 13: with `kafka.cloudevents.mode = "structured"` a consumer reads each event as
+/// one CloudEvents JSON document: attributes as members (an extension from a `ce_` row
+/// header), JSON data embedded as JSON, other content as `data_base64`; the record's
+/// `content-type` says `application/cloudevents+json`, outboxd's own headers stay, and a
+/// row header named like an attribute cannot pose as one.
+pub async fn cloudevents_structured_mode_puts_the_event_in_the_value<E: Engine>() {
+    let extra = "[kafka.cloudevents]\nmode = \"structured\"\nsource = \"urn:example:orders\"\n";
+    let p = Pipeline::<E>::new("ce_structured", 1, extra).await;
+    p.init();
+    let daemon = p.spawn_run("run.log");
+    let insert = |message_id: &str, headers: &str| {
+        format!(
+            "INSERT INTO {} (message_id, message_type, biz_key, payload, headers) \
+             VALUES ('{message_id}', 'order.created', 'key-{message_id}', \
+             '{{\"total\": 12}}', '{headers}')",
+            p.table
+        )
+    };
+    E::execute(
+        &p,
+        &insert(
+            "ce-json",
+            r#"{"ce_tenant": "acme", "ce_type": "forged", "traceparent": "00-x"}"#,
+        ),
+    )
+    .await;
+    E::execute(
+        &p,
+        &insert(
+            "ce-bytes",
+            r#"{"content-type": "application/octet-stream"}"#,
+        ),
+    )
+    .await;
+
+    let records = p.consume(2, Duration::from_secs(60));
+    assert_eq!(records.len(), 2, "{records:?}");
+    let by_id: HashMap<&str, &Record> = records
+        .iter()
+        .map(|r| (r.headers["message_id"].as_str(), r))
+        .collect();
+    let json = by_id["ce-json"];
+    assert_eq!(
+        json.headers["content-type"],
+        "application/cloudevents+json; charset=UTF-8"
+    );
+    assert_eq!(json.key, "key-ce-json");
+    assert_eq!(json.headers["traceparent"], "00-x");
+    assert_eq!(json.headers["row-ce_type"], "forged");
+    assert!(!json.headers.contains_key("ce_id"), "{:?}", json.headers);
+    assert!(
+        !json.headers.contains_key("ce_tenant"),
+        "{:?}",
+        json.headers
+    );
+    let event: serde_json::Value = serde_json::from_str(&json.payload).expect("a JSON event");
+    assert_eq!(event["specversion"], "1.0");
+    assert_eq!(event["id"], "ce-json");
+    assert_eq!(event["source"], "urn:example:orders");
+    assert_eq!(event["type"], "order.created");
+    assert_eq!(event["subject"], "key-ce-json");
+    assert_eq!(event["datacontenttype"], "application/json");
+    assert_eq!(event["tenant"], "acme");
+    assert_eq!(event["data"], serde_json::json!({"total": 12}), "{event}");
+    let time: jiff::Timestamp = event["time"]
+        .as_str()
+        .expect("time")
+        .parse()
+        .expect("RFC 3339");
+    let created: jiff::Timestamp = json.headers["created_at"].parse().expect("created_at");
+    assert_eq!(time, created);
+
+    let bytes = by_id["ce-bytes"];
+    let event: serde_json::Value = serde_json::from_str(&bytes.payload).expect("a JSON event");
+    assert_eq!(event["datacontenttype"], "application/octet-stream");
+    assert!(event.get("data").is_none(), "{event}");
+    let stored = base64::engine::general_purpose::STANDARD
+        .decode(event["data_base64"].as_str().expect("data_base64"))
+        .expect("base64");
+    let stored: serde_json::Value = serde_json::from_slice(&stored).expect("the stored JSON");
+    assert_eq!(stored, serde_json::json!({"total": 12}));
+    assert_eq!(
+        bytes.headers["content-type"], "application/cloudevents+json; charset=UTF-8",
+        "the row's content type is the event's, not the record's"
+    );
+
+    wait_for("every row SUCCESS", Duration::from_secs(30), || async {
+        (p.success_count().await == 2).then_some(())
+    })
+    .await;
     drop(daemon);
     p.cleanup().await;
 }

@@ -12,6 +12,12 @@
 //!    outbox may hold JSON in one row and Protobuf in the next), sent once, as
 //!    `content-type`.
 //!
+//! In the structured content mode (`kafka.cloudevents.mode = "structured"`, see
+//! `structured.rs`) the attributes live in the value instead: 2 is only `content-type:
+//! application/cloudevents+json; charset=UTF-8`, and of 3, the row's `content-type`
+//! (the event's `datacontenttype`) and its extension attributes (`ce_<name>`) go into the
+//! value too.
+//!
 //! `ce_time` is left out when `created_at` is not a time RFC 3339 can say (`infinity`, a
 //! year BC) and `ce_subject` when the biz_key is empty (the attributes are optional, and
 //! when present must be valid); an event without an id or a type cannot be a CloudEvent
@@ -23,7 +29,8 @@ use std::borrow::Cow;
 use outboxd_connector::OutboxEvent;
 use rdkafka::message::{Header, OwnedHeaders};
 
-use crate::config::KafkaConfig;
+use super::structured::{self, Attributes};
+use crate::config::{CloudEventsMode, KafkaConfig};
 
 /// The headers outboxd writes on every record.
 const OWN_HEADERS: [&str; 4] = ["message_id", "message_type", "biz_key", "created_at"];
@@ -52,6 +59,7 @@ pub(super) struct RecordHeaders {
 struct CloudEvents {
     source: String,
     content_type: String,
+    mode: CloudEventsMode,
 }
 
 impl RecordHeaders {
@@ -60,6 +68,7 @@ impl RecordHeaders {
             cloudevents: config.cloudevents.as_ref().map(|ce| CloudEvents {
                 source: ce.source(pipeline),
                 content_type: ce.content_type.clone(),
+                mode: ce.mode,
             }),
         }
     }
@@ -96,6 +105,34 @@ impl RecordHeaders {
         )
     }
 
+    /// The record value of `event`: its payload as stored, or in the structured mode the
+    /// whole CloudEvent as JSON.
+    pub(super) fn value<'e>(&self, event: &'e OutboxEvent) -> Cow<'e, [u8]> {
+        let Some(ce) = self.structured() else {
+            return Cow::Borrowed(event.payload.as_ref());
+        };
+        let time = rfc3339(&event.created_at);
+        let attributes = Attributes {
+            source: &ce.source,
+            time: time.as_deref(),
+            content_type: row_content_type(event)
+                .map_or(ce.content_type.as_bytes(), |i| event.headers[i].1.as_ref()),
+            extensions: event
+                .headers
+                .iter()
+                .filter_map(|(key, value)| structured::extension(key, value))
+                .collect(),
+        };
+        Cow::Owned(structured::envelope(event, &attributes))
+    }
+
+    /// The CloudEvents settings when they ask for the structured mode.
+    fn structured(&self) -> Option<&CloudEvents> {
+        self.cloudevents
+            .as_ref()
+            .filter(|ce| ce.mode == CloudEventsMode::Structured)
+    }
+
     /// The headers of `event` as `(name, value)`, in record order.
     fn pairs<'e>(&'e self, event: &'e OutboxEvent) -> Vec<(Cow<'e, str>, Cow<'e, [u8]>)> {
         let borrowed = |key: &'e str, value: &'e [u8]| (Cow::Borrowed(key), Cow::Borrowed(value));
@@ -104,6 +141,17 @@ impl RecordHeaders {
         pairs.push(borrowed("message_type", event.message_type.as_bytes()));
         pairs.push(borrowed("biz_key", event.biz_key.as_bytes()));
         pairs.push(borrowed("created_at", event.created_at.as_bytes()));
+        if self.structured().is_some() {
+            // The attributes, the row's content type and its extensions are in the value.
+            pairs.push(borrowed(CONTENT_TYPE, structured::CONTENT_TYPE.as_bytes()));
+            let row_content_type = row_content_type(event);
+            for (i, (key, value)) in event.headers.iter().enumerate() {
+                if Some(i) != row_content_type && structured::extension(key, value).is_none() {
+                    pairs.push((self.row_header_name(key), Cow::Borrowed(value.as_ref())));
+                }
+            }
+            return pairs;
+        }
         let mut row_content_type = None;
         if let Some(ce) = &self.cloudevents {
             pairs.push(borrowed("ce_specversion", b"1.0"));
@@ -116,10 +164,7 @@ impl RecordHeaders {
             if !event.biz_key.is_empty() {
                 pairs.push(borrowed("ce_subject", event.biz_key.as_bytes()));
             }
-            row_content_type = event
-                .headers
-                .iter()
-                .position(|(key, _)| key.eq_ignore_ascii_case(CONTENT_TYPE));
+            row_content_type = self::row_content_type(event);
             let content_type = match row_content_type {
                 Some(i) => event.headers[i].1.as_ref(),
                 None => ce.content_type.as_bytes(),
@@ -142,16 +187,34 @@ impl RecordHeaders {
             Some(_) => &CE_HEADERS,
             None => &[],
         };
-        if OWN_HEADERS
-            .iter()
-            .chain(ce)
-            .any(|own| own.eq_ignore_ascii_case(key))
+        // In the structured mode a `ce_` header named like an attribute the value holds
+        // would read as one to a binary-mode reader: renamed too.
+        let reserved_in_value = self.structured().is_some()
+            && key.get(..3).is_some_and(|p| p.eq_ignore_ascii_case("ce_"))
+            && key.get(3..).is_some_and(|name| {
+                structured::RESERVED
+                    .iter()
+                    .any(|reserved| reserved.eq_ignore_ascii_case(name))
+            });
+        if reserved_in_value
+            || OWN_HEADERS
+                .iter()
+                .chain(ce)
+                .any(|own| own.eq_ignore_ascii_case(key))
         {
             Cow::Owned(format!("row-{key}"))
         } else {
             Cow::Borrowed(key)
         }
     }
+}
+
+/// Where the row's own `content-type` header is among its headers (compared without case).
+fn row_content_type(event: &OutboxEvent) -> Option<usize> {
+    event
+        .headers
+        .iter()
+        .position(|(key, _)| key.eq_ignore_ascii_case(CONTENT_TYPE))
 }
 
 /// `created_at` (ISO 8601 with an offset, as the engine renders it: PostgreSQL's
@@ -302,10 +365,62 @@ mod tests {
     }
 
     #[test]
+    fn cloudevents_structured_mode_moves_the_attributes_into_the_value() {
+        let config = CloudEventsConfig {
+            mode: CloudEventsMode::Structured,
+            ..CloudEventsConfig::default()
+        };
+        let ce = RecordHeaders::new(&kafka(Some(config)), "orders");
+        let e = event(&[
+            ("traceparent", TRACEPARENT),
+            ("ce_tenant", "acme"),
+            ("ce_type", "forged"),
+            ("CE_DataContentType", "forged/too"),
+            ("Content-Type", "application/vnd.orders+json"),
+        ]);
+        assert_eq!(
+            pairs(&ce.build(&e)),
+            [
+                ("message_id", "6c1f0b8e-0001"),
+                ("message_type", "order.created"),
+                ("biz_key", "order-42"),
+                ("created_at", "2026-05-09T07:30:00.123+00"),
+                (
+                    "content-type",
+                    "application/cloudevents+json; charset=UTF-8"
+                ),
+                ("traceparent", TRACEPARENT),
+                ("row-ce_type", "forged"),
+                ("row-CE_DataContentType", "forged/too"),
+            ]
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        );
+        let value: serde_json::Value = serde_json::from_slice(&ce.value(&e)).unwrap();
+        assert_eq!(
+            value,
+            serde_json::json!({
+                "specversion": "1.0", "id": "6c1f0b8e-0001", "source": "/outboxd/orders",
+                "type": "order.created", "subject": "order-42",
+                "time": "2026-05-09T07:30:00.123Z",
+                "datacontenttype": "application/vnd.orders+json", "tenant": "acme",
+                "data": {"total": 12}
+            })
+        );
+        // The binary mode and no CloudEvents leave the value as stored.
+        for headers in [
+            RecordHeaders::new(&kafka(Some(CloudEventsConfig::default())), "orders"),
+            RecordHeaders::default(),
+        ] {
+            assert_eq!(headers.value(&e).as_ref(), br#"{"total":12}"#);
+        }
+    }
+
+    #[test]
     fn the_configured_source_and_content_type_and_a_rows_content_type() {
         let config = CloudEventsConfig {
             source: Some("urn:example:orders".into()),
             content_type: "application/protobuf".into(),
+            ..CloudEventsConfig::default()
         };
         let ce = RecordHeaders::new(&kafka(Some(config)), "orders");
         let plain = pairs(&ce.build(&event(&[])));

@@ -29,6 +29,7 @@ mod allowed;
 mod delivery;
 mod headers;
 mod options;
+mod structured;
 mod topic;
 mod transaction;
 
@@ -174,9 +175,10 @@ impl Sink for KafkaSink {
     /// Waits while librdkafka's local queue is full.
     async fn send(&self, event: &OutboxEvent) -> KafkaDelivery {
         let topic = self.topic_for(event);
+        let value = self.headers.value(event);
         let mut record = FutureRecord::to(&topic)
             .key(event.key.as_ref())
-            .payload(event.payload.as_ref())
+            .payload(value.as_ref())
             .headers(self.headers.build(event));
         let producer = self.producer();
         if let Some(transactions) = &self.transactions {
