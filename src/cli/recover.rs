@@ -12,6 +12,7 @@ use crate::config::{Config, Ordering as KeyOrdering};
 use crate::observability::trace_context::event_span;
 use crate::relay::outcome::Outcome;
 use crate::sink::{acknowledged_by, FailureKind, Sink};
+use tracing::Instrument;
 
 /// `outboxd recover`: the log position is lost (slot dropped or invalidated, binlog
 /// purged). Start the log afresh at the server's current position first, so every row
@@ -80,15 +81,22 @@ pub(super) async fn recover<C: Connector, S: Sink>(
                     });
                     continue;
                 }
-                pending.push((event, sink.send(event).await));
+                // The event's span (its trace id when the row carries a traceparent)
+                // covers its send, its acknowledgement and what is logged about it.
+                let span = event_span(event);
+                let delivery = sink.send(event).instrument(span.clone()).await;
+                pending.push((event, span, delivery));
             }
             let (mut delivered, mut failures) = (Vec::new(), Vec::new());
             let mut sink_failure = None;
             // Under strict ordering the sink waits out a broker outage without limit; an
             // operator's command reports a failure instead.
             let deadline = tokio::time::Instant::now() + config.kafka.message_timeout;
-            for (event, delivery) in pending {
-                let result = acknowledged_by(deadline, delivery).await;
+            for (event, span, delivery) in pending {
+                let result = acknowledged_by(deadline, delivery)
+                    .instrument(span.clone())
+                    .await;
+                let _entered = span.enter();
                 match Outcome::new(event.row(), event.retry_count, result, &config.retry) {
                     Outcome::Delivered(d) => delivered.push(d),
                     // The sink failed, not the row: it stays INIT, no attempt counted.
@@ -99,7 +107,6 @@ pub(super) async fn recover<C: Connector, S: Sink>(
                         sink_failure.get_or_insert(failure.error);
                     }
                     Outcome::Failed { failure, .. } => {
-                        let _span = event_span(event).entered();
                         tracing::warn!(id = event.id, message_id = %event.message_id, error = %failure.error, "recover: delivery failed");
                         if strict {
                             failed_keys.insert(event.biz_key.clone());

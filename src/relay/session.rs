@@ -22,12 +22,13 @@ use outboxd_connector::{
 };
 use tokio::sync::{watch, Notify};
 use tokio::time::sleep_until;
+use tracing::Instrument;
 
 use super::frontier::AckFrontier;
 use super::outcome::Outcome;
 use super::{PipelineError, PipelineSettings, PipelineStats, RetryLink, RowLifecycle};
 use crate::config::Ordering as KeyOrdering;
-use crate::observability::UncommittedRecords;
+use crate::observability::{trace_context, UncommittedRecords};
 use crate::reconnect::ReconnectBackoff;
 use crate::sink::{CommittedPosition, FailureKind, Sink, SinkResult};
 
@@ -47,6 +48,9 @@ struct Completed {
     topic: String,
     commit_time: Option<SystemTime>,
     result: SinkResult,
+    /// A traced event's span ([`trace_context::send_span`]): open from its send until its
+    /// outcome is handled, so what the session logs about it carries its trace id.
+    span: Option<tracing::Span>,
 }
 
 /// Outcomes a session collected and could not write back, carried to the next session of
@@ -127,13 +131,15 @@ struct Written {
 /// payload, key and headers are dropped here, before the wait, since the sink has them
 /// (librdkafka copies a record when it is produced), so a record in flight is not held
 /// twice. A plain function around an `async` block: an `async fn` would keep the whole
-/// event in its state until it returns.
+/// event in its state until it returns. A traced event's wait runs in its span, which
+/// ends with a debug line of the outcome.
 fn track<D: Future<Output = SinkResult>>(
     seq: u64,
     size: usize,
     event: OutboxEvent,
     topic: String,
     delivery: D,
+    span: Option<tracing::Span>,
 ) -> impl Future<Output = Completed> {
     let OutboxEvent {
         id,
@@ -145,7 +151,20 @@ fn track<D: Future<Output = SinkResult>>(
         ..
     } = event;
     async move {
-        let result = delivery.await;
+        let result = match &span {
+            Some(span) => delivery.instrument(span.clone()).await,
+            None => delivery.await,
+        };
+        if let Some(span) = &span {
+            span.in_scope(|| match &result {
+                Ok(receipt) => tracing::debug!(
+                    partition = receipt.partition,
+                    offset = receipt.offset,
+                    "acknowledged by Kafka"
+                ),
+                Err(failure) => tracing::debug!(error = %failure.error, "not delivered"),
+            });
+        }
         Completed {
             topic,
             commit_time,
@@ -156,6 +175,7 @@ fn track<D: Future<Output = SinkResult>>(
             message_id,
             biz_key,
             result,
+            span,
         }
     }
 }
@@ -1152,12 +1172,20 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                 continue;
             }
             let topic = self.sink.destination(&event);
-            let delivery = self.sink.send(&event).await;
-            deliveries.push(Box::pin(track(seq, size, event, topic, delivery)));
+            // Only a traced event gets a span: the relay's path pays a look at the
+            // headers per event, no span.
+            let span = trace_context::send_span(&event);
+            let delivery = match &span {
+                Some(span) => self.sink.send(&event).instrument(span.clone()).await,
+                None => self.sink.send(&event).await,
+            };
+            deliveries.push(Box::pin(track(seq, size, event, topic, delivery, span)));
         }
     }
 
     fn complete(&mut self, done: Completed) {
+        // What is logged about a traced event below is inside its span.
+        let _entered = done.span.as_ref().map(tracing::Span::enter);
         let outcome = Outcome::new(
             done.row,
             done.retry_count,

@@ -1063,3 +1063,77 @@ async fn exactly_once_gives_a_row_sent_again_its_new_position() {
         "the resent record's offset, not the aborted one: {offset:?}"
     );
 }
+
+/// A writer a test's log subscriber writes into.
+#[derive(Clone, Default)]
+struct CapturedLog(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for CapturedLog {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// What the relay says about a traced event after its outcome (here: its delivery
+/// failed, the row becomes FAILED) is inside the event's span, so the line carries the
+/// trace id of the row's `traceparent`; an untraced event's line has no span.
+#[tokio::test]
+async fn a_traced_events_failure_is_logged_inside_its_span() {
+    const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let captured = CapturedLog::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .json()
+        .with_writer(move || writer.clone())
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+
+    let h = Harness::new(Duration::from_secs(2));
+    let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
+    let (mut link, _delivered_keys) = link();
+    let (stop, shutdown) = watch::channel(false);
+    h.store.insert(&[(1, "K"), (2, "L")]);
+    h.sink.fail_id(1, FailureKind::Retryable);
+    h.sink.fail_id(2, FailureKind::Retryable);
+    let mut traced = event(1, "K");
+    traced.headers.push((
+        "traceparent".into(),
+        bytes::Bytes::from_static(TRACEPARENT.as_bytes()),
+    ));
+    let driver = async {
+        log.commit(10, vec![traced, event(2, "L")]);
+        wait_until("rows 1 and 2 FAILED", || {
+            h.store.status(1) == "FAILED" && h.store.status(2) == "FAILED"
+        })
+        .await;
+        stop.send_replace(true);
+    };
+    let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
+    result.unwrap();
+    assert_no_violations(&confirmed);
+
+    let text = String::from_utf8(captured.0.lock().expect("log").clone()).expect("UTF-8");
+    let failed_line = |message_id: &str| -> serde_json::Value {
+        let line = text
+            .lines()
+            .find(|l| l.contains("delivery failed") && l.contains(message_id))
+            .unwrap_or_else(|| panic!("no failure line for {message_id} in {text}"));
+        serde_json::from_str(line).expect("a JSON line")
+    };
+    let traced = failed_line("\"m-1\"");
+    assert_eq!(
+        traced["span"]["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736",
+        "{traced}"
+    );
+    assert_eq!(traced["span"]["message_id"], "m-1", "{traced}");
+    let untraced = failed_line("\"m-2\"");
+    assert!(untraced.get("span").is_none(), "{untraced}");
+}

@@ -4,23 +4,18 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use outboxd_connector::OutboxEvent;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::DeliveryFuture;
 
-use crate::observability::trace_context;
 use crate::sink::{FailureKind, Receipt, SinkFailure, SinkResult};
 
 /// A record handed to the producer; resolves to its outcome.
 ///
 /// A plain enum rather than an `async` block so the relay's per-record future stays the
-/// one allocation it was before the sink boundary existed.
-///
-/// A traced event's record holds its span ([`trace_context::send_span`]) until the broker
-/// answers: the span then covers the send and its acknowledgement, and ends with a debug
-/// line of the outcome.
+/// one allocation it was before the sink boundary existed. The event's tracing span is
+/// its caller's to hold (the relay's session, the claim worker, `recover`).
 #[must_use = "a delivery resolves to the record's outcome"]
-pub struct KafkaDelivery(State, Option<tracing::Span>, Transactional);
+pub struct KafkaDelivery(State, Transactional);
 
 /// Whether the record went out inside a Kafka transaction (exactly-once): a failure
 /// there makes the whole transaction fail, so it is the sink's, not the row's.
@@ -39,18 +34,18 @@ enum State {
 
 impl KafkaDelivery {
     pub(super) fn in_flight(future: DeliveryFuture) -> Self {
-        Self(State::InFlight(future), None, Transactional::No)
+        Self(State::InFlight(future), Transactional::No)
     }
 
     /// A record inside the open Kafka transaction: any failure is [`FailureKind::Fatal`],
     /// because the transaction can then only be aborted; its rows stay INIT and the next
     /// session sends them again (see `transaction.rs`).
     pub(super) fn in_transaction(future: DeliveryFuture) -> Self {
-        Self(State::InFlight(future), None, Transactional::Yes)
+        Self(State::InFlight(future), Transactional::Yes)
     }
 
     pub(super) fn failed(e: &KafkaError) -> Self {
-        Self(State::Done(Some(classify(e))), None, Transactional::No)
+        Self(State::Done(Some(classify(e))), Transactional::No)
     }
 
     /// Refused before it was queued, inside a Kafka transaction: a refusal of this record
@@ -61,7 +56,7 @@ impl KafkaDelivery {
         if failure.kind != FailureKind::Rejected {
             failure.kind = FailureKind::Fatal;
         }
-        Self(State::Done(Some(failure)), None, Transactional::No)
+        Self(State::Done(Some(failure)), Transactional::No)
     }
 
     /// Decided before it was queued, with the sink to blame.
@@ -70,14 +65,7 @@ impl KafkaDelivery {
             kind: FailureKind::Fatal,
             error,
         };
-        Self(State::Done(Some(failure)), None, Transactional::No)
-    }
-
-    /// Holds `event`'s span until the outcome, when it has a trace context and its caller
-    /// has not opened the span already.
-    pub(super) fn traced(mut self, event: &OutboxEvent) -> Self {
-        self.1 = trace_context::send_span(event);
-        self
+        Self(State::Done(Some(failure)), Transactional::No)
     }
 }
 
@@ -85,23 +73,7 @@ impl Future for KafkaDelivery {
     type Output = SinkResult;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<SinkResult> {
-        let this = self.get_mut();
-        let outcome = this.poll_outcome(cx);
-        if let Poll::Ready(result) = &outcome {
-            let Some(span) = this.1.take() else {
-                return outcome;
-            };
-            let _entered = span.enter();
-            match result {
-                Ok(receipt) => tracing::debug!(
-                    partition = receipt.partition,
-                    offset = receipt.offset,
-                    "acknowledged by Kafka"
-                ),
-                Err(failure) => tracing::debug!(error = %failure.error, "not delivered"),
-            }
-        }
-        outcome
+        self.get_mut().poll_outcome(cx)
     }
 }
 
@@ -119,7 +91,7 @@ impl KafkaDelivery {
                     partition: delivery.partition,
                     offset: delivery.offset,
                 }),
-                Ok(Err((e, _message))) if self.2 == Transactional::Yes => Err(SinkFailure {
+                Ok(Err((e, _message))) if self.1 == Transactional::Yes => Err(SinkFailure {
                     kind: FailureKind::Fatal,
                     error: format!(
                         "{}; the Kafka transaction holding it is aborted and its records \

@@ -189,9 +189,9 @@ impl Sink for KafkaSink {
         loop {
             match producer.send_result(record) {
                 Ok(future) if self.transactions.is_some() => {
-                    return KafkaDelivery::in_transaction(future).traced(event)
+                    return KafkaDelivery::in_transaction(future)
                 }
-                Ok(future) => return KafkaDelivery::in_flight(future).traced(event),
+                Ok(future) => return KafkaDelivery::in_flight(future),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
                     // librdkafka's queue is full: let it drain a little, then try again.
                     record = returned;
