@@ -175,8 +175,6 @@ pub async fn run<C: Connector, S: Sink>(
         }
         let store = connector.open_store().await?;
         let mut stream = connector.open_stream().await?;
-        tracing::info!(source = %connector.describe(), "streaming");
-        stats.streaming.store(true, Ordering::Relaxed);
         let wake = Arc::clone(&link.wake_worker);
         // A session start may be a takeover: the instance that held the log may have
         // left FAILED rows and PROCESSING claims that nothing here has been told of (its
@@ -194,6 +192,10 @@ pub async fn run<C: Connector, S: Sink>(
             session.load_delivered_through().await?;
             session.set_written_through(store.load_checkpoint().await?);
             session.load_committed_position().await?;
+            // Ready (`/readyz`) once the relay can send: under exactly-once, taking the
+            // transactions over (fencing, the committed position) comes first.
+            tracing::info!(source = %connector.describe(), "streaming");
+            stats.streaming.store(true, Ordering::Relaxed);
             session.run(&mut stream, link, &mut shutdown, backoff).await
         }
         .await;

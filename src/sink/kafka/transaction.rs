@@ -145,17 +145,41 @@ impl Transactions {
         self.begin(producer)?;
         let value = encode(committed);
         let record = FutureRecord::to(&self.topic).key(&self.id).payload(&value);
-        // Its acknowledgement is awaited by commit_transaction with every other record.
         let delivery = producer
             .send_result(record)
             .map_err(|(e, _)| format!("cannot record the position in {}: {e}", self.topic))?;
-        drop(delivery);
+        // The position record is acknowledged before the commit is asked for, and so is
+        // every other record (the relay commits only with every receipt in). The commit's
+        // own flush then finds nothing to wait for: rdkafka's flush, finding a record
+        // still out, blocks in `poll` for 100 ms while the producer's polling thread
+        // takes the acknowledgement, which made every commit last 100 ms.
+        // A record that failed is not the end of it: the commit below then fails, and
+        // says why (a fenced producer's records are purged, for one).
+        let record_failed = match tokio::time::timeout(CALL_TIMEOUT, delivery).await {
+            Ok(Ok(Ok(_))) => None,
+            Ok(Ok(Err((e, _)))) => {
+                Some(format!("cannot record the position in {}: {e}", self.topic))
+            }
+            Ok(Err(_)) | Err(_) => Some(format!(
+                "the position record in {} was not acknowledged",
+                self.topic
+            )),
+        };
+        if record_failed.is_none() {
+            wait_for_empty_queue(producer).await;
+        }
         self.open.store(false, Ordering::SeqCst);
         let committing = producer.clone();
         let result =
             tokio::task::spawn_blocking(move || committing.commit_transaction(CALL_TIMEOUT))
                 .await
                 .map_err(|e| format!("commit task failed: {e}"))?;
+        if let (Ok(()), Some(why)) = (&result, record_failed) {
+            // librdkafka fails a commit whose records failed; never report one as done.
+            return Err(format!(
+                "the Kafka transaction may not hold its position: {why}"
+            ));
+        }
         result.map_err(|e| {
             let fenced = matches!(
                 e.rdkafka_error_code(),
@@ -219,6 +243,17 @@ impl Transactions {
             }
         }
         Ok(())
+    }
+}
+
+/// Waits, briefly, until librdkafka has let go of every acknowledged record: a record's
+/// delivery resolves inside its delivery callback, a moment before librdkafka counts
+/// it done, and a flush that still counts it waits 100 ms (see [`Transactions::commit`]).
+async fn wait_for_empty_queue(producer: &FutureProducer) {
+    const BOUND: Duration = Duration::from_millis(50);
+    let started = Instant::now();
+    while producer.in_flight_count() > 0 && started.elapsed() < BOUND {
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
 
@@ -348,6 +383,10 @@ fn read_position(
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "true")
+        // The end of the partition is known from a fetch that finds nothing more, which
+        // the broker holds for fetch.wait.max.ms (500 ms by default) first: a session
+        // start (and the relay with it) would wait that long for nothing.
+        .set("fetch.wait.max.ms", "10")
         .create_with_context(PositionReader)
         .map_err(|e| format!("cannot create a Kafka consumer: {e}"))?;
     // The high watermark as a read_uncommitted client sees it: a read_committed one is
