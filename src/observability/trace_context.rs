@@ -185,32 +185,11 @@ mod tests {
         }
     }
 
-    /// A writer the test's subscriber logs into.
-    #[derive(Clone, Default)]
-    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Captured {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
     /// What is logged inside the span of an event with `traceparent`, in JSON as `run
     /// --log-format json` writes it.
     fn logged_inside_span(traceparent: &str) -> String {
-        let captured = Captured::default();
-        let writer = captured.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .json()
-            .with_writer(move || writer.clone())
-            .finish();
+        let captured = crate::testing::CapturedLog::default();
+        let subscriber = captured.subscriber();
         let mut event = event_with(vec![(
             "traceparent".into(),
             Bytes::from(traceparent.to_owned()),
@@ -220,8 +199,7 @@ mod tests {
             let _entered = event_span(&event).entered();
             tracing::warn!("delivery failed");
         });
-        let bytes = captured.0.lock().expect("log").clone();
-        String::from_utf8(bytes).expect("UTF-8 log")
+        captured.text()
     }
 
     #[test]

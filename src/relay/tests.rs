@@ -18,7 +18,7 @@ use crate::config::{DeliveryConfig, Ordering as KeyOrdering, RetryConfig};
 use crate::reconnect::{ReconnectBackoff, SessionError};
 use crate::sink::memory::MemorySink;
 use crate::sink::FailureKind;
-use crate::testing::{event, lsn, MemoryStore, MemoryStream, StreamLog};
+use crate::testing::{event, lsn, CapturedLog, MemoryStore, MemoryStream, StreamLog};
 
 struct Harness {
     store: Arc<MemoryStore>,
@@ -1064,24 +1064,6 @@ async fn exactly_once_gives_a_row_sent_again_its_new_position() {
     );
 }
 
-/// A writer a test's log subscriber writes into.
-#[derive(Clone, Default)]
-struct CapturedLog(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for CapturedLog {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// What the relay says about a traced event after its outcome (here: its delivery
 /// failed, the row becomes FAILED) is inside the event's span, so the line carries the
 /// trace id of the row's `traceparent`; an untraced event's line has no span.
@@ -1089,12 +1071,7 @@ impl std::io::Write for CapturedLog {
 async fn a_traced_events_failure_is_logged_inside_its_span() {
     const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let captured = CapturedLog::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .json()
-        .with_writer(move || writer.clone())
-        .finish();
-    let _logging = tracing::subscriber::set_default(subscriber);
+    let _logging = tracing::subscriber::set_default(captured.subscriber());
 
     let h = Harness::new(Duration::from_secs(2));
     let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
@@ -1120,7 +1097,7 @@ async fn a_traced_events_failure_is_logged_inside_its_span() {
     result.unwrap();
     assert_no_violations(&confirmed);
 
-    let text = String::from_utf8(captured.0.lock().expect("log").clone()).expect("UTF-8");
+    let text = captured.text();
     let failed_line = |message_id: &str| -> serde_json::Value {
         let line = text
             .lines()
