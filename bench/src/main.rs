@@ -6,6 +6,7 @@
 
 mod consume;
 mod daemon;
+mod exactly_once;
 mod faults;
 mod inbox;
 mod limits;
@@ -102,11 +103,11 @@ pub(crate) struct Args {
     /// `kill9`: seconds between two SIGKILLs of outboxd.
     #[arg(long, default_value_t = 2.0)]
     kill_every: f64,
-    /// Scenarios to run, comma-separated: rate,idle,limits,backlog,max,poll,mariadb,inbox;
+    /// Scenarios to run, comma-separated: rate,idle,limits,backlog,max,eos,poll,mariadb,inbox;
     /// the fault scenarios pgrestart and kill9 run only when named.
     #[arg(
         long,
-        default_value = "rate,idle,limits,backlog,max,poll,mariadb,inbox"
+        default_value = "rate,idle,limits,backlog,max,eos,poll,mariadb,inbox"
     )]
     scenarios: String,
     /// TOML appended to every generated outboxd config, e.g. "[delivery]\nmax_in_flight = 5000"
@@ -233,7 +234,20 @@ impl Bench {
         if self.args.wants("backlog") || self.args.wants("max") {
             self.log_backlog_and_max(report).await?;
         }
-        // 4. Poll mode.
+        // 4. Exactly-once on the fixed rate and a backlog.
+        if self.args.wants("eos") {
+            match self.exactly_once().await {
+                Ok(rows) => report.rows.extend(rows),
+                Err(e) => {
+                    eprintln!("exactly-once: {e:#}");
+                    report.rows.push(Row::unavailable(
+                        "log (PostgreSQL) exactly-once",
+                        &format!("not available: {}", last_line(&format!("{e:#}"))),
+                    ));
+                }
+            }
+        }
+        // 5. Poll mode.
         if self.args.wants("poll") {
             match self.poll_mode().await {
                 Ok(rows) => report.rows.extend(rows),
@@ -301,18 +315,22 @@ impl Bench {
 
     /// Creates the topic, writes the config, runs `outboxd init`.
     async fn pipeline(&mut self, scenario: &str, source: Source) -> anyhow::Result<BenchPipeline> {
+        let extra = self.args.config_extra.replace("\\n", "\n");
+        self.pipeline_with(scenario, source, &extra).await
+    }
+
+    /// [`Self::pipeline`] with `extra` appended to the config instead of `--config-extra`.
+    async fn pipeline_with(
+        &mut self,
+        scenario: &str,
+        source: Source,
+        extra: &str,
+    ) -> anyhow::Result<BenchPipeline> {
         let name = format!("bench_{}_{scenario}", self.run);
         let topic = format!("bench.{}.{scenario}", self.run);
         consume::create_topic(&self.services.kafka, &topic, self.args.partitions).await?;
         self.topics.push(topic.clone());
-        let p = BenchPipeline::write(
-            &self.dir,
-            &self.services,
-            &name,
-            &topic,
-            source,
-            &self.args.config_extra.replace("\\n", "\n"),
-        )?;
+        let p = BenchPipeline::write(&self.dir, &self.services, &name, &topic, source, extra)?;
         self.pipelines.push(p.clone());
         daemon::outboxd_once(&self.args.outboxd, "init", &p.config).await?;
         if source == Source::PgPoll {
@@ -351,12 +369,22 @@ impl Bench {
 
     async fn log_fixed_rate(&mut self) -> anyhow::Result<(Row, Daemon, BenchPipeline)> {
         let p = self.pipeline("rate", Source::PgLog).await?;
+        let label = format!("log (PostgreSQL) @{} ev/s", self.args.rate);
+        let (row, daemon) = self.fixed_rate(&p, &label, "r").await?;
+        Ok((row, daemon, p))
+    }
+
+    /// Writers at `--rate` for `--rate-seconds` with outboxd running on `p`; the row is
+    /// `label`, the records tagged with the run and `tag`. Returns outboxd still running.
+    async fn fixed_rate(
+        &mut self,
+        p: &BenchPipeline,
+        label: &str,
+        tag: &str,
+    ) -> anyhow::Result<(Row, Daemon)> {
         let events = (self.args.rate * self.args.rate_seconds) as usize;
-        let tag = format!("{}r", self.run);
-        eprintln!(
-            "log mode, {} events/s for {} s",
-            self.args.rate, self.args.rate_seconds
-        );
+        let tag = format!("{}{tag}", self.run);
+        eprintln!("{label}, for {} s", self.args.rate_seconds);
         let consumer = consume::spawn(
             &self.services.kafka,
             &p.topic,
@@ -364,26 +392,21 @@ impl Bench {
             events,
             Duration::from_secs_f64(self.args.rate_seconds + 120.0),
         );
-        let mut daemon = self.spawn(&p, "rate.log")?;
+        let mut daemon = self.spawn(p, &format!("{}.log", p.name))?;
         wait_ready(&mut daemon, p.metrics_port, Duration::from_secs(30)).await?;
         let cpu0 = daemon.sample().unwrap_or_default().cpu_seconds;
         let servers0 = CpuSnapshot::take();
         let lsn0 = current_lsn(&self.sql).await?;
-        let written = workload::run(&self.workload(&p, &tag, events, Some(self.args.rate))).await?;
+        let written = workload::run(&self.workload(p, &tag, events, Some(self.args.rate))).await?;
         let consumed = join(consumer, &mut daemon).await?;
         wait_all_sent(&self.sql, &p.table, Duration::from_secs(120)).await?;
         let lsn1 = current_lsn(&self.sql).await?;
         let sample = daemon.sample().unwrap_or_default();
-        let mut row = Row::from_live(
-            &format!("log (PostgreSQL) @{} ev/s", self.args.rate),
-            &tag,
-            &written,
-            &consumed,
-        );
+        let mut row = Row::from_live(label, &tag, &written, &consumed);
         row.set_process(sample, sample.cpu_seconds - cpu0, events);
         row.servers = Some(CpuSnapshot::take().per_million_since(&servers0, events));
         row.wal_per_event = Some((lsn1 - lsn0) as f64 / events as f64);
-        Ok((row, daemon, p))
+        Ok((row, daemon))
     }
 
     async fn kafka_limits(&mut self) -> anyhow::Result<Limits> {
@@ -491,33 +514,16 @@ impl Bench {
         self.slots.retain(|s| s != &recv_slot);
 
         eprintln!("outboxd draining the backlog");
-        let consumer = consume::spawn(
-            &self.services.kafka,
-            &p.topic,
-            self.args.partitions,
-            events + 1,
-            Duration::from_secs(600),
-        );
-        let start_us = now_micros();
-        let servers0 = CpuSnapshot::take();
-        let mut daemon = self.spawn(&p, "backlog.log")?;
-        let consumed = join(consumer, &mut daemon).await?;
-        wait_all_sent(&self.sql, &p.table, Duration::from_secs(300)).await?;
-        let lsn_sent = current_lsn(&self.sql).await?;
-        let sample = daemon.sample().unwrap_or_default();
-        let mut row = Row::named("log (PostgreSQL) backlog drain");
-        row.events = events;
-        row.duplicates = Some(consumed.duplicates);
-        let drained_us = (consumed.last_append_ms() * 1000) as u64;
-        row.events_per_s =
-            Some(events as f64 / (drained_us.saturating_sub(start_us) as f64 / 1e6).max(1e-3));
-        row.set_process(sample, sample.cpu_seconds, events);
-        row.servers = Some(CpuSnapshot::take().per_million_since(&servers0, events));
-        row.wal_per_event = Some((lsn_sent - lsn0) as f64 / events as f64);
-        row.note = format!(
-            "includes start-up; {} records missing",
-            (events + 1).saturating_sub(consumed.records.len())
-        );
+        // The marker is one more record.
+        let (mut row, mut daemon) = self
+            .drain(
+                &p,
+                events,
+                events + 1,
+                lsn0,
+                "log (PostgreSQL) backlog drain",
+            )
+            .await?;
         row.is_throughput_run = true;
         if self.args.wants("backlog") {
             report.rows.push(row);
@@ -561,6 +567,48 @@ impl Bench {
         let code = daemon.terminate(Duration::from_secs(60)).await?;
         anyhow::ensure!(code == 0, "outboxd exited with {code} on SIGTERM");
         Ok(())
+    }
+
+    /// outboxd started on `p`, whose backlog of `events` rows (`records` records with any
+    /// marker) was written since WAL position `lsn0`, until every record is in Kafka and
+    /// every row SUCCESS; events per second from the start of the process to the last
+    /// broker append. Returns outboxd still running.
+    async fn drain(
+        &mut self,
+        p: &BenchPipeline,
+        events: usize,
+        records: usize,
+        lsn0: u64,
+        label: &str,
+    ) -> anyhow::Result<(Row, Daemon)> {
+        let consumer = consume::spawn(
+            &self.services.kafka,
+            &p.topic,
+            self.args.partitions,
+            records,
+            Duration::from_secs(600),
+        );
+        let start_us = now_micros();
+        let servers0 = CpuSnapshot::take();
+        let mut daemon = self.spawn(p, &format!("{}.log", p.name))?;
+        let consumed = join(consumer, &mut daemon).await?;
+        wait_all_sent(&self.sql, &p.table, Duration::from_secs(300)).await?;
+        let lsn_sent = current_lsn(&self.sql).await?;
+        let sample = daemon.sample().unwrap_or_default();
+        let mut row = Row::named(label);
+        row.events = events;
+        row.duplicates = Some(consumed.duplicates);
+        let drained_us = (consumed.last_append_ms() * 1000) as u64;
+        row.events_per_s =
+            Some(events as f64 / (drained_us.saturating_sub(start_us) as f64 / 1e6).max(1e-3));
+        row.set_process(sample, sample.cpu_seconds, events);
+        row.servers = Some(CpuSnapshot::take().per_million_since(&servers0, events));
+        row.wal_per_event = Some((lsn_sent - lsn0) as f64 / events as f64);
+        row.note = format!(
+            "includes start-up; {} records missing",
+            records.saturating_sub(consumed.records.len())
+        );
+        Ok((row, daemon))
     }
 
     async fn poll_mode(&mut self) -> anyhow::Result<Vec<Row>> {
