@@ -236,29 +236,19 @@ impl Bench {
         }
         // 4. Exactly-once on the fixed rate and a backlog.
         if self.args.wants("eos") {
-            match self.exactly_once().await {
-                Ok(rows) => report.rows.extend(rows),
-                Err(e) => {
-                    eprintln!("exactly-once: {e:#}");
-                    report.rows.push(Row::unavailable(
-                        "log (PostgreSQL) exactly-once",
-                        &format!("not available: {}", last_line(&format!("{e:#}"))),
-                    ));
-                }
-            }
+            let rows = self.exactly_once().await;
+            report.rows.extend(rows_or_unavailable(
+                rows,
+                "exactly-once",
+                "log (PostgreSQL) exactly-once",
+            ));
         }
         // 5. Poll mode.
         if self.args.wants("poll") {
-            match self.poll_mode().await {
-                Ok(rows) => report.rows.extend(rows),
-                Err(e) => {
-                    eprintln!("poll mode: {e:#}");
-                    report.rows.push(Row::unavailable(
-                        "poll (PostgreSQL)",
-                        &format!("not available: {}", last_line(&format!("{e:#}"))),
-                    ));
-                }
-            }
+            let rows = self.poll_mode().await;
+            report
+                .rows
+                .extend(rows_or_unavailable(rows, "poll mode", "poll (PostgreSQL)"));
         }
         if self.args.wants("mariadb") {
             match self.mariadb().await {
@@ -276,16 +266,10 @@ impl Bench {
             }
         }
         if self.args.wants("inbox") {
-            match self.inbox().await {
-                Ok(rows) => report.rows.extend(rows),
-                Err(e) => {
-                    eprintln!("inbox: {e:#}");
-                    report.rows.push(Row::unavailable(
-                        "inbox (PostgreSQL)",
-                        &format!("not available: {}", last_line(&format!("{e:#}"))),
-                    ));
-                }
-            }
+            let rows = self.inbox().await;
+            report
+                .rows
+                .extend(rows_or_unavailable(rows, "inbox", "inbox (PostgreSQL)"));
         }
         for fault in ["pgrestart", "kill9"] {
             if !self.args.wants(fault) {
@@ -869,6 +853,18 @@ async fn wait_ready(daemon: &mut Daemon, port: u16, timeout: Duration) -> anyhow
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// A scenario's rows, or one row saying why it is not available (the error printed), so
+/// one scenario's failure does not cost the others.
+fn rows_or_unavailable(rows: anyhow::Result<Vec<Row>>, what: &str, label: &str) -> Vec<Row> {
+    rows.unwrap_or_else(|e| {
+        eprintln!("{what}: {e:#}");
+        vec![Row::unavailable(
+            label,
+            &format!("not available: {}", last_line(&format!("{e:#}"))),
+        )]
+    })
 }
 
 async fn current_lsn(sql: &Client) -> anyhow::Result<u64> {
