@@ -205,7 +205,21 @@ impl Daemon {
 }
 
 impl Drop for Daemon {
+    /// Kills the daemon; when the test is failing, prints the end of its log first, so a
+    /// failure in CI shows what the daemon did (its log file is in a temporary directory
+    /// gone with the machine).
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            let text = self.log_text();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(60)..];
+            eprintln!(
+                "--- the last {} lines of {} ---\n{}\n---",
+                tail.len(),
+                self.log.display(),
+                tail.join("\n")
+            );
+        }
         self.kill9();
     }
 }
@@ -345,13 +359,9 @@ pub fn java_partition(key: &str, partitions: i32) -> i32 {
     (java_murmur2(key.as_bytes()) & 0x7fff_ffff) % partitions
 }
 
-/// A loopback port nobody listens on right now, for a test's `[metrics] listen`.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
+/// A loopback port for a daemon's HTTP endpoint that no other test of this run is given
+/// (see `outboxd_conformance::ports` for why not `bind(0)`).
+pub use outboxd_conformance::ports::free_loopback_port as free_port;
 
 /// The `[metrics]` section that serves the endpoint on `127.0.0.1:<port>`.
 pub fn metrics_section(port: u16) -> String {

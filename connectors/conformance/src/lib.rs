@@ -17,6 +17,8 @@
 //! - [`inbox`]: the inbox store: deduplication, per-key claims, outcomes, SQL handler;
 //! - [`stream`]: the log tail.
 //!
+//! [`ports`] is test support every suite shares: loopback ports for the servers tests start.
+//!
 //! A new engine: implement [`Harness`] in its `tests/conformance.rs` and list every
 //! scenario in [`conformance_tests!`] (a test fails when one is missing). A scenario the
 //! engine fails is a connector bug: mark it `#[ignore = "…"]` with what goes wrong.
@@ -25,6 +27,7 @@ pub mod admin;
 pub mod claims;
 mod harness;
 pub mod inbox;
+pub mod ports;
 pub mod store;
 pub mod stream;
 mod support;

@@ -6,7 +6,6 @@
 
 mod support_store;
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -221,10 +220,7 @@ impl TempCluster {
     fn start(bin: &Path, settings: &[&str]) -> Self {
         let dir = std::env::temp_dir().join(unique("outboxd_pg"));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
+        let port = outboxd_conformance::ports::free_loopback_port();
         let cluster = Self {
             bin: bin.to_owned(),
             dir,

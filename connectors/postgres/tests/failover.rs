@@ -8,7 +8,6 @@
 
 mod support_store;
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -238,10 +237,7 @@ impl Cluster {
         if is_root() {
             run(Command::new("chown").arg("postgres:postgres").arg(&dir));
         }
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
+        let port = outboxd_conformance::ports::free_loopback_port();
         Self {
             bin: bin.to_owned(),
             dir,
