@@ -204,3 +204,73 @@ async fn write_back_waits_for_rows_of_a_commit_not_visible_yet() {
         .expect("write back of a missing row");
     assert!(started.elapsed() < Duration::from_secs(5));
 }
+
+/// A write-back whose future is dropped half-way (here: while it waits for a row that
+/// never shows up) commits nothing, and the store's next operations do not run inside its
+/// abandoned transaction: they see the checkpoint before it and commit their own.
+/// (Several worker threads: should a transaction stay open, the store's connection task
+/// must still run to close it while the fixture's cleanup blocks on its locks.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_back_dropped_half_way_commits_nothing_and_the_store_goes_on() {
+    let fx = initialised("st_dropped").await;
+    let ids = fx.insert_rows(1, 1).await;
+    let store = fx.connector.open_store().await.expect("open store");
+    let first = Lsn(0x3000).position();
+    store
+        .write_back(WriteBack {
+            checkpoint: Some(&first),
+            ..WriteBack::default()
+        })
+        .await
+        .expect("write back the first checkpoint");
+
+    let gone = [Delivered {
+        table: 0,
+        id: ids[0] + 1_000_000,
+        partition: 0,
+        offset: 1,
+    }];
+    let abandoned = Lsn(0x4000).position();
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(300),
+        store.write_back(WriteBack {
+            delivered: &gone,
+            checkpoint: Some(&abandoned),
+            ..WriteBack::default()
+        }),
+    )
+    .await;
+    assert!(
+        dropped.is_err(),
+        "the write-back should still be waiting for the missing row: {dropped:?}"
+    );
+    assert_eq!(
+        store.load_checkpoint().await.expect("load"),
+        Some(first),
+        "the dropped write-back's checkpoint must not be seen"
+    );
+
+    let delivered = [Delivered {
+        table: 0,
+        id: ids[0],
+        partition: 0,
+        offset: 2,
+    }];
+    let next = Lsn(0x5000).position();
+    store
+        .write_back(WriteBack {
+            delivered: &delivered,
+            checkpoint: Some(&next),
+            ..WriteBack::default()
+        })
+        .await
+        .expect("write back after the dropped one");
+    assert_eq!(fx.status(ids[0]).await, "SUCCESS");
+    drop(store);
+    let reopened = fx.connector.open_store().await.expect("reopen store");
+    assert_eq!(
+        reopened.load_checkpoint().await.expect("load"),
+        Some(next),
+        "the write-back after the dropped one is committed"
+    );
+}

@@ -71,6 +71,11 @@ pub(crate) struct Conn {
     load_checkpoint: Statement,
     /// One per outbox table, in the layout's order: an event's `table` indexes it.
     outboxes: Vec<OutboxConn>,
+    /// Set while a write-back's transaction is open. A write-back whose future is dropped
+    /// half-way (or whose `ROLLBACK` failed) leaves it set, and [`PgOutboxStore::lock`]
+    /// then replaces the connection instead of running the next operation inside that
+    /// transaction.
+    transaction_open: bool,
 }
 
 /// The statements of one outbox table.
@@ -193,7 +198,10 @@ impl PgOutboxStore {
     /// The connection for one operation, reconnecting when the previous one broke.
     pub(crate) async fn lock(&self) -> Result<Locked<'_>, ConnectorError> {
         let mut slot = self.conn.lock().await;
-        if slot.as_ref().is_some_and(|c| c.client.is_closed()) {
+        if slot
+            .as_ref()
+            .is_some_and(|c| c.client.is_closed() || c.transaction_open)
+        {
             *slot = None;
         }
         if slot.is_none() {
@@ -271,6 +279,7 @@ impl PgOutboxStore {
             checkpoint,
             load_checkpoint,
             outboxes,
+            transaction_open: false,
         })
     }
 
@@ -420,8 +429,16 @@ impl PgOutboxStore {
         })
     }
 
-    /// One write-back transaction: the rows' statuses (when the batch has any), then the
+    /// One write-back transaction: the rows' statuses (when the batch has any) and the
     /// checkpoint row.
+    ///
+    /// `BEGIN`, every table's status updates and the checkpoint upsert go to the server
+    /// together, in one round trip: tokio-postgres sends a request when its future is first
+    /// polled, and `try_join` polls `BEGIN` before the rest. Then, only when some row was not
+    /// updated, the visibility wait; then `COMMIT`. Writing the checkpoint before that wait
+    /// is safe: nothing of the transaction is visible before `COMMIT`, and the wait ends
+    /// (rows found, or taken as deleted) before it. Two round trips instead of four: the
+    /// write-back runs every `writeback_interval`, so each one costs CPU and latency.
     async fn write_back_on(
         conn: &mut Conn,
         batch: &WriteBack<'_>,
@@ -431,30 +448,64 @@ impl PgOutboxStore {
         let position = batch
             .checkpoint
             .map(|p| StoredCheckpoint::text(p, &conn.system));
-        let tx = conn.client.transaction().await?;
-        // Each table's rows in this one transaction (the caller checked the tables).
-        for part in parts {
-            let statements = conn.outboxes.get(usize::from(part.table));
-            if let Some(statements) = statements.and_then(|o| o.rows.as_ref()) {
-                Self::write_rows(&tx, statements, &part.rows()).await?;
+        // Each table's rows (the caller checked the tables).
+        let tables: Vec<(&RowStatements, WriteBackRows)> = parts
+            .iter()
+            .filter_map(|part| {
+                let statements = conn.outboxes.get(usize::from(part.table))?.rows.as_ref()?;
+                Some((statements, WriteBackRows::new(&part.rows())))
+            })
+            .collect();
+        conn.transaction_open = true;
+        let client = &conn.client;
+        let written = async {
+            let updates = futures_util::future::try_join_all(
+                tables
+                    .iter()
+                    .map(|(statements, rows)| rows.apply(client, statements.updates())),
+            );
+            let checkpoint = async {
+                match &position {
+                    Some(position) => client
+                        .execute(&conn.checkpoint, &[&pipeline, position])
+                        .await
+                        .map(drop),
+                    None => Ok(()),
+                }
+            };
+            let ((), (updated, ())) = futures_util::try_join!(
+                client.batch_execute("BEGIN"),
+                futures_util::future::try_join(updates, checkpoint),
+            )?;
+            for ((statements, rows), updated) in tables.iter().zip(updated) {
+                Self::await_visibility(client, statements, rows, &updated).await?;
+            }
+            client.batch_execute("COMMIT").await
+        };
+        match written.await {
+            Ok(()) => {
+                conn.transaction_open = false;
+                Ok(())
+            }
+            Err(e) => {
+                // A failed statement aborted the transaction; end it here so the
+                // connection stays usable (when this fails too, `lock` replaces it).
+                if conn.client.batch_execute("ROLLBACK").await.is_ok() {
+                    conn.transaction_open = false;
+                }
+                Err(e)
             }
         }
-        if let Some(position) = &position {
-            tx.execute(&conn.checkpoint, &[&pipeline, position]).await?;
-        }
-        tx.commit().await
     }
 
-    /// The statuses of a batch, in the write-back transaction `tx`.
-    async fn write_rows(
-        tx: &tokio_postgres::Transaction<'_>,
+    /// Waits, in the open write-back transaction, until the rows of `rows` that were not
+    /// `updated` are visible, and writes their statuses.
+    async fn await_visibility(
+        client: &Client,
         statements: &RowStatements,
-        batch: &WriteBack<'_>,
+        rows: &WriteBackRows,
+        updated: &HashSet<i64>,
     ) -> Result<(), tokio_postgres::Error> {
-        let rows = WriteBackRows::new(batch);
-        let row_statements = [&statements.success, &statements.failed, &statements.parked];
-        let updated = rows.apply(tx, row_statements).await?;
-
         // A row not updated is either past the status this batch writes (a replay after a
         // crash: fine) or not visible yet: PostgreSQL flushes a commit record, which the
         // walsender may decode and send at once, a moment before the committing session
@@ -476,21 +527,23 @@ impl PgOutboxStore {
         let mut pause = Duration::from_millis(2);
         let mut told = started;
         while !missing.is_empty() {
-            let found = tx.query(&statements.exists, &[&missing]).await?;
+            let found = client.query(&statements.exists, &[&missing]).await?;
             let found: HashSet<i64> = found
                 .iter()
                 .map(|row| row.try_get::<_, i64>(0))
                 .collect::<Result<_, _>>()?;
             if !found.is_empty() {
                 // Replayed rows match no status predicate: a no-op for them.
-                rows.only(&found).apply(tx, row_statements).await?;
+                rows.only(&found)
+                    .apply(client, statements.updates())
+                    .await?;
                 missing.retain(|id| !found.contains(id));
             }
             if missing.is_empty() {
                 break;
             }
             if Instant::now() >= deadline {
-                if !commit_waits_for_a_standby(tx).await? {
+                if !commit_waits_for_a_standby(client).await? {
                     break;
                 }
                 deadline = Instant::now() + VISIBILITY_WAIT;
@@ -894,12 +947,12 @@ const VISIBILITY_WAIT: Duration = Duration::from_secs(2);
 /// before, and later ones on a busy cluster must not keep the wait going. Needs
 /// `pg_monitor` (or superuser) to see other roles' sessions; without it, none is seen and
 /// a missing row is taken as deleted after [`VISIBILITY_WAIT`], as before.
-async fn commit_waits_for_a_standby(
-    tx: &tokio_postgres::Transaction<'_>,
-) -> Result<bool, tokio_postgres::Error> {
+async fn commit_waits_for_a_standby(client: &Client) -> Result<bool, tokio_postgres::Error> {
     // Inside a transaction pg_stat_activity is read once and kept: read it afresh.
-    tx.execute("SELECT pg_stat_clear_snapshot()", &[]).await?;
-    let row = tx
+    client
+        .execute("SELECT pg_stat_clear_snapshot()", &[])
+        .await?;
+    let row = client
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
              WHERE wait_event = 'SyncRep' AND query_start <= now())",
@@ -923,6 +976,13 @@ struct WriteBackRows {
     p_ids: Vec<i64>,
     p_reasons: Vec<String>,
     p_statuses: Vec<&'static str>,
+}
+
+impl RowStatements {
+    /// The SUCCESS, FAILED and parked updates, in the order [`WriteBackRows::apply`] runs them.
+    fn updates(&self) -> [&Statement; 3] {
+        [&self.success, &self.failed, &self.parked]
+    }
 }
 
 impl WriteBackRows {
@@ -988,7 +1048,7 @@ impl WriteBackRows {
     /// both delivered and failed in one batch ends SUCCESS); returns the ids updated.
     async fn apply(
         &self,
-        tx: &tokio_postgres::Transaction<'_>,
+        client: &Client,
         [success, failed, parked]: [&Statement; 3],
     ) -> Result<HashSet<i64>, tokio_postgres::Error> {
         let s = async {
@@ -996,24 +1056,27 @@ impl WriteBackRows {
                 return Ok(Vec::new());
             }
             let replace = &self.replace_positions;
-            tx.query(
-                success,
-                &[&self.d_ids, &self.d_parts, &self.d_offsets, replace],
-            )
-            .await
+            client
+                .query(
+                    success,
+                    &[&self.d_ids, &self.d_parts, &self.d_offsets, replace],
+                )
+                .await
         };
         let f = async {
             if self.f_ids.is_empty() {
                 return Ok(Vec::new());
             }
-            tx.query(failed, &[&self.f_ids, &self.f_errors, &self.f_delays])
+            client
+                .query(failed, &[&self.f_ids, &self.f_errors, &self.f_delays])
                 .await
         };
         let p = async {
             if self.p_ids.is_empty() {
                 return Ok(Vec::new());
             }
-            tx.query(parked, &[&self.p_ids, &self.p_reasons, &self.p_statuses])
+            client
+                .query(parked, &[&self.p_ids, &self.p_reasons, &self.p_statuses])
                 .await
         };
         let (s, f, p) = futures_util::try_join!(s, f, p)?;
