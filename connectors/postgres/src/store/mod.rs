@@ -232,9 +232,14 @@ impl PgOutboxStore {
         // committed write-back. Stronger settings (remote_apply, …) are kept.
         // DateStyle and TimeZone as on the replication connection, so a claimed row's
         // `created_at` reads exactly as the stream renders it.
+        // Custom plans: a generic plan cached while the outbox table is still small (a
+        // fresh table, before autovacuum's first ANALYZE) joins the write-back's `unnest`
+        // to a sequential scan, and is kept as the table grows: measured, PostgreSQL's CPU
+        // per event rose 2.5-fold for the whole run. Planning each statement for its
+        // arrays costs far less.
         let session = "DO $$ BEGIN IF current_setting('synchronous_commit') = 'off' THEN \
                        PERFORM set_config('synchronous_commit', 'on', false); END IF; END $$; \
-                       SET DateStyle = ISO; SET TimeZone = 'UTC'";
+                       SET DateStyle = ISO; SET TimeZone = 'UTC'; SET plan_cache_mode = force_custom_plan";
         client
             .batch_execute(session)
             .await
