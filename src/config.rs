@@ -206,8 +206,14 @@ pub enum RowsConfig {
     Deleted,
 }
 
-/// `[outbox.columns]`: each key overrides one column name of the layout (`rows =
-/// "deleted"` only: with kept rows the table is outboxd's own).
+/// The integer row id `init --add-columns` adds to Debezium's table for kept rows
+/// (`outbox.layout = "debezium"`, `outbox.rows = "kept"`), unless `outbox.columns.id`
+/// names another.
+pub const DEBEZIUM_ROW_ID: &str = "outboxd_seq";
+
+/// `[outbox.columns]`: each key overrides one column name of the layout. With kept rows
+/// (PostgreSQL) `id` must be an integer row id, and the status columns keep outboxd's
+/// names (`init --add-columns` adds them).
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ColumnsConfig {
@@ -276,9 +282,14 @@ impl OutboxConfig {
 
     /// The layout handed to connectors.
     pub fn layout(&self) -> OutboxLayout {
-        let base = match self.layout {
-            TableLayout::Outboxd => ColumnNames::default(),
-            TableLayout::Debezium => ColumnNames::debezium(),
+        let base = match (self.layout, self.rows()) {
+            (TableLayout::Outboxd, _) => ColumnNames::default(),
+            (TableLayout::Debezium, RowLifecycle::Deleted) => ColumnNames::debezium(),
+            // Debezium's table has no integer id: `init --add-columns` adds this one.
+            (TableLayout::Debezium, RowLifecycle::Kept) => ColumnNames {
+                id: Some(DEBEZIUM_ROW_ID.into()),
+                ..ColumnNames::debezium()
+            },
         };
         let columns = self.columns.apply(base);
         OutboxLayout {
@@ -298,22 +309,36 @@ impl OutboxConfig {
     }
 
     /// The combinations that cannot work, with what to change.
-    fn validate(&self, mode: SourceMode) -> Result<(), String> {
+    fn validate(&self, mode: SourceMode, postgres: bool) -> Result<(), String> {
         let deleted = self.rows() == RowLifecycle::Deleted;
-        if !deleted && !self.columns.is_empty() {
-            return Err(
-                "[outbox.columns] renames columns only with outbox.rows = \"deleted\": \
-                        rows that outboxd keeps and writes back have the columns of \
-                        schemas/*/outbox.sql (outbox.key_column may still name the key)"
-                    .into(),
-            );
-        }
-        if !deleted && self.layout == TableLayout::Debezium {
-            return Err(
-                "outbox.layout = \"debezium\" needs outbox.rows = \"deleted\": \
-                        Debezium's table has no status columns for outboxd to write back"
-                    .into(),
-            );
+        let mapped = !self.columns.is_empty() || self.layout == TableLayout::Debezium;
+        if !deleted && mapped {
+            // Kept rows on the application's own table (Debezium's, or renamed columns):
+            // the status columns are added to it (`init --add-columns`) and every
+            // statement names its columns as mapped.
+            if !postgres {
+                return Err(
+                    "outbox.rows = \"kept\" with outbox.layout = \"debezium\" or \
+                     [outbox.columns] works on PostgreSQL only for now: on MySQL and MariaDB \
+                     use outbox.rows = \"deleted\", or outboxd's own table \
+                     (schemas/mysql/outbox.sql)"
+                        .into(),
+                );
+            }
+            if mode == SourceMode::Poll {
+                return Err(
+                    "source.mode = \"poll\" reads outboxd's own table only: with \
+                     outbox.layout = \"debezium\" or [outbox.columns] use source.mode = \"log\""
+                        .into(),
+                );
+            }
+            if self.layout().columns.id.is_none() {
+                return Err(
+                    "outbox.rows = \"kept\" needs an integer row id column to address and \
+                     order rows: set outbox.columns.id (`outboxd init --add-columns` adds it)"
+                        .into(),
+                );
+            }
         }
         if !self.tables.is_empty() {
             if self.table != OutboxLayout::default().outbox_table() {
@@ -919,7 +944,10 @@ impl Config {
         }
         self.check_durations()?;
         self.outbox
-            .validate(self.source.mode)
+            .validate(
+                self.source.mode,
+                matches!(self.source.engine, SourceConfig::Postgres(_)),
+            )
             .map_err(ConfigError::Invalid)?;
         if d.exactly_once && self.source.mode == SourceMode::Poll {
             return Err(ConfigError::Invalid(
@@ -1409,10 +1437,27 @@ mod tests {
                 .unwrap_err()
                 .to_string()
         };
-        let err = invalid("[outbox.columns]\npayload = \"body\"\n");
-        assert!(err.contains("outbox.rows = \"deleted\""), "{err}");
-        let err = invalid("[outbox]\nlayout = \"debezium\"\nrows = \"kept\"\n");
-        assert!(err.contains("no status columns"), "{err}");
+        // Kept rows on a mapped table: PostgreSQL's log mode, with an integer id.
+        let kept = format!("{MINIMAL}\n[outbox]\nlayout = \"debezium\"\nrows = \"kept\"\n");
+        let config = Config::parse(&kept).unwrap();
+        config.validate().unwrap();
+        let layout = config.outbox.layout();
+        assert!(layout.tracks_status());
+        assert_eq!(layout.columns.id.as_deref(), Some(DEBEZIUM_ROW_ID));
+        assert_eq!(layout.key_column, "aggregateid");
+        let err = invalid(
+            "[outbox]\nlayout = \"debezium\"\nrows = \"kept\"\n[outbox.columns]\nid = \"\"\n",
+        );
+        assert!(err.contains("integer row id"), "{err}");
+        let renamed = format!("{MINIMAL}\n[outbox.columns]\npayload = \"body\"\n");
+        Config::parse(&renamed).unwrap().validate().unwrap();
+        let mysql = MINIMAL.replace("kind = \"postgres\"", "kind = \"mysql\"\nserver_id = 7");
+        let err = Config::parse(&format!("{mysql}\n[outbox.columns]\npayload = \"body\"\n"))
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("PostgreSQL only"), "{err}");
         let deleted = format!("{MINIMAL}\n[outbox]\nrows = \"deleted\"\n");
         Config::parse(&deleted).unwrap().validate().unwrap();
         let poll = MINIMAL.replace(

@@ -34,7 +34,7 @@ enum LogFormat {
 enum CliCommand {
     /// Create the outbox, inbox and checkpoint tables, the publication and the slot
     /// where missing; says what it created. Safe to run again.
-    Init(ConfigArg),
+    Init(InitArgs),
     /// Print the DDL `init` would run (schemas, tables, indexes, the publication) with the
     /// configured names, for teams that apply DDL through a migration tool. Connects to
     /// nothing; `init` and `check` accept what it creates.
@@ -222,6 +222,18 @@ fn admin_command(command: CliCommand) -> Option<(Command, PathBuf, Option<String
 }
 
 #[derive(clap::Args)]
+struct InitArgs {
+    #[command(flatten)]
+    config: ConfigArg,
+    /// Add the columns outboxd writes (an integer row id, status, retry_count, …) to an
+    /// application's outbox table whose rows it keeps (`outbox.layout = "debezium"` or
+    /// `[outbox.columns]` with `outbox.rows = "kept"`). Rows already there become SUCCESS:
+    /// they are not sent.
+    #[arg(long)]
+    add_columns: bool,
+}
+
+#[derive(clap::Args)]
 struct ConfigArg {
     /// Path of the TOML configuration file.
     #[arg(long, short, env = "OUTBOXD_CONFIG")]
@@ -231,7 +243,13 @@ struct ConfigArg {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let (command, path, table) = match cli.command {
-        CliCommand::Init(a) => (Command::Init, a.config, None),
+        CliCommand::Init(a) => (
+            Command::Init {
+                add_columns: a.add_columns,
+            },
+            a.config.config,
+            None,
+        ),
         CliCommand::Schema(a) => (Command::Schema, a.config, None),
         CliCommand::Check(a) => (Command::Check, a.config, None),
         CliCommand::Run(a) => (Command::Run, a.config, None),

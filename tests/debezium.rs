@@ -602,3 +602,245 @@ async fn several_outbox_tables_in_one_pipeline_each_row_to_its_tables_topic() {
         .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{tenant}\" CASCADE"))
         .await;
 }
+
+/// Inserts one Debezium outbox row and keeps it (no delete), in `status` when given (as
+/// an application or an operator may); returns its uuid.
+async fn insert_kept(
+    sql: &tokio_postgres::Client,
+    table: &str,
+    aggregate: &str,
+    key: &str,
+    seq: u32,
+    status: Option<&str>,
+) -> String {
+    let id: String = sql
+        .query_one("SELECT gen_random_uuid()::text", &[])
+        .await
+        .expect("uuid")
+        .get(0);
+    let payload = format!(r#"{{"key": "{key}", "seq": {seq}}}"#);
+    let insert = match status {
+        None => format!(
+            "INSERT INTO \"{table}\" (id, aggregatetype, aggregateid, type, payload) \
+             VALUES ($1::text::uuid, $2, $3, 'OrderCreated', $4::text::jsonb)"
+        ),
+        // A parked row: outboxd's invariant wants next_retry_time set with the status.
+        Some(_) => format!(
+            "INSERT INTO \"{table}\" (id, aggregatetype, aggregateid, type, payload, status, \
+             next_retry_time) VALUES ($1::text::uuid, $2, $3, 'OrderCreated', $4::text::jsonb, \
+             $5, now())"
+        ),
+    };
+    let status = status.unwrap_or("");
+    let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = match status.is_empty() {
+        true => vec![&id, &aggregate, &key, &payload],
+        false => vec![&id, &aggregate, &key, &payload, &status],
+    };
+    sql.execute(&insert, &params).await.expect("insert");
+    id
+}
+
+/// Issue 13, "`init` adds the state-machine columns to such a table when asked": kept rows
+/// on Debezium's own table. `check` and `init` name what is missing; `init --add-columns`
+/// adds an integer row id and the status columns, the rows already there becoming
+/// SUCCESS (not sent); then rows are published from the log with the Event Router's
+/// conventions and their status, partition and offset written back, and the retry worker
+/// and the operator's `retry` address rows by the added id and publish them the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_debezium_table_keeps_its_rows_once_init_adds_the_status_columns() {
+    let p = TestPipeline::new("dbzkept", 1, "").await;
+    let aggregate = format!("order_{}", p.name);
+    let topic = format!("outbox.event.{aggregate}");
+    let config = std::fs::read_to_string(&p.config_path).expect("read config");
+    let config = config
+        .replacen(
+            &format!("table = \"{}\"", p.table),
+            &format!(
+                "table = \"{}\"\nlayout = \"debezium\"\nrows = \"kept\"",
+                p.table
+            ),
+            1,
+        )
+        .replacen(&format!("topic_template = \"{}\"\n", p.topic), "", 1);
+    std::fs::write(&p.config_path, config).expect("write config");
+    let sql = p.sql().await;
+    sql.batch_execute(&format!(
+        "CREATE TABLE \"{table}\" (
+             id uuid NOT NULL PRIMARY KEY,
+             aggregatetype varchar(255) NOT NULL,
+             aggregateid varchar(255) NOT NULL,
+             type varchar(255) NOT NULL,
+             payload jsonb,
+             tracingspancontext varchar(256)
+         );
+         ALTER TABLE \"{table}\" OWNER TO \"{admin}\";",
+        table = p.table,
+        admin = p.services.admin_user
+    ))
+    .await
+    .expect("Debezium's table");
+    create_topic_with(&p.services.kafka, &topic, 1, &[]).await;
+    // A row from before the switch, kept by the application: not to be sent again.
+    let old = insert_kept(&sql, &p.table, &aggregate, "k-old", 0, None).await;
+
+    let text = |out: &std::process::Output| {
+        format!(
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    let init = p.outboxd(&["init"]);
+    assert!(!init.status.success(), "init without --add-columns");
+    let said = text(&init);
+    assert!(
+        said.contains("lacks column(s) outboxd_seq, status") && said.contains("--add-columns"),
+        "{said}"
+    );
+    let schema = text(&p.outboxd(&["schema"]));
+    assert!(
+        schema.contains("ADD COLUMN IF NOT EXISTS \"outboxd_seq\" bigint"),
+        "{schema}"
+    );
+    let init = p.outboxd(&["init", "--add-columns"]);
+    let said = text(&init);
+    assert!(init.status.success(), "{said}");
+    assert!(
+        said.contains("added column(s) outboxd_seq, status"),
+        "{said}"
+    );
+    let check = p.outboxd(&["check"]);
+    assert!(check.status.success(), "{}", text(&check));
+    let again = p.outboxd(&["init", "--add-columns"]);
+    assert!(
+        text(&again).contains("has every column outboxd writes"),
+        "{}",
+        text(&again)
+    );
+    let old_status: String = sql
+        .query_one(
+            &format!(
+                "SELECT status FROM \"{}\" WHERE id = $1::text::uuid",
+                p.table
+            ),
+            &[&old],
+        )
+        .await
+        .expect("old row")
+        .get(0);
+    assert_eq!(old_status, "SUCCESS", "a row from before is not sent");
+
+    let daemon = p.spawn_run("run.log");
+    let mut sent = Vec::new();
+    for seq in 1..=6 {
+        let key = format!("k{}", seq % 2);
+        let id = insert_kept(&sql, &p.table, &aggregate, &key, seq, None).await;
+        sent.push((key, id));
+    }
+    // A parked row, inserted so (the log path leaves rows not inserted as INIT alone),
+    // made due by the operator by its added id: the retry worker claims and sends it.
+    let parked = insert_kept(
+        &sql,
+        &p.table,
+        &aggregate,
+        "k-parked",
+        7,
+        Some("MANUAL_REQUIRED"),
+    )
+    .await;
+    let seq_id: i64 = sql
+        .query_one(
+            &format!(
+                "SELECT outboxd_seq FROM \"{}\" WHERE id = $1::text::uuid",
+                p.table
+            ),
+            &[&parked],
+        )
+        .await
+        .expect("added id")
+        .get(0);
+    let retry = p.outboxd(&["retry", "--id", &seq_id.to_string()]);
+    assert!(retry.status.success(), "{}", text(&retry));
+    sent.push(("k-parked".to_owned(), parked.clone()));
+
+    let records = consume_all(
+        &p.services.kafka,
+        &topic,
+        1,
+        sent.len(),
+        Duration::from_secs(60),
+    );
+    let seen = by_id(&records);
+    assert!(!seen.contains_key(&old), "the row from before was sent");
+    for (key, id) in &sent {
+        let copies = seen
+            .get(id)
+            .unwrap_or_else(|| panic!("row {id} was not sent: {}", daemon.log_text()));
+        assert_eq!(copies.len(), 1, "row {id} sent {} times", copies.len());
+        let r = copies[0];
+        assert_eq!(&r.key, key, "the record key is aggregateid");
+        assert_eq!(
+            r.headers.get("id"),
+            Some(id),
+            "the Event Router's header `id`"
+        );
+        assert_eq!(
+            r.headers.get("message_type").map(String::as_str),
+            Some("OrderCreated")
+        );
+    }
+    assert_eq!(records.len(), sent.len(), "nothing else on {topic}");
+    for key in ["k0", "k1"] {
+        let seqs: Vec<&str> = records
+            .iter()
+            .filter(|r| r.key == key)
+            .map(|r| r.payload.as_str())
+            .collect();
+        assert_eq!(seqs.len(), 3, "{key}");
+        let mut sorted = seqs.clone();
+        sorted.sort();
+        assert_eq!(seqs, sorted, "key {key} in commit order");
+    }
+
+    // Every row's status, partition and offset written back, in its own table.
+    let by_offset: BTreeMap<String, i64> = records
+        .iter()
+        .map(|r| (r.headers["id"].clone(), r.offset))
+        .collect();
+    let rows = wait_for(
+        "every sent row SUCCESS with its offset",
+        Duration::from_secs(30),
+        || async {
+            let rows = sql
+                .query(
+                    &format!(
+                        "SELECT id::text, status, kafka_offset, retry_count FROM \"{}\" \
+                         WHERE id <> $1::text::uuid",
+                        p.table
+                    ),
+                    &[&old],
+                )
+                .await
+                .expect("rows");
+            let done =
+                rows.len() == sent.len() && rows.iter().all(|r| r.get::<_, String>(1) == "SUCCESS");
+            done.then_some(rows)
+        },
+    )
+    .await;
+    for row in &rows {
+        let id: String = row.get(0);
+        assert_eq!(
+            row.get::<_, Option<i64>>(2),
+            by_offset.get(&id).copied(),
+            "row {id}'s offset is its record's"
+        );
+        assert_eq!(row.get::<_, i32>(3), 0, "row {id}: no attempt failed");
+    }
+    let status = p.outboxd(&["status"]);
+    assert!(status.status.success(), "{}", text(&status));
+    assert!(text(&status).contains("SUCCESS"), "{}", text(&status));
+
+    drop(daemon);
+    p.cleanup().await;
+}

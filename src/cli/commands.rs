@@ -25,8 +25,12 @@ use crate::sink::Sink;
 /// A command of the CLI.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
-    /// Create tables, publication and slot.
-    Init,
+    /// Create tables, publication and slot; with `add_columns`, first add the columns
+    /// outboxd writes to an application's outbox table (`init --add-columns`).
+    Init {
+        /// `--add-columns`.
+        add_columns: bool,
+    },
     /// Print the DDL `init` would run, for a migration tool; connects to nothing.
     Schema,
     /// Check every prerequisite of `run`.
@@ -103,7 +107,12 @@ async fn execute_with<C: Connector + Clone + 'static>(
     handlers: Handlers,
 ) -> anyhow::Result<i32> {
     match command {
-        Command::Init => {
+        Command::Init { add_columns } => {
+            if add_columns {
+                for line in connector.add_columns().await? {
+                    println!("{line}");
+                }
+            }
             for line in connector.init(read_mode(config)).await? {
                 println!("{line}");
             }

@@ -41,6 +41,17 @@ pub trait Connector: Send + Sync {
         mode: ReadMode,
     ) -> impl Future<Output = Result<Vec<String>, ConnectorError>> + Send;
 
+    /// `outboxd init --add-columns`: adds the columns outboxd writes (an integer row id and
+    /// the status columns) to an application's outbox table whose rows it keeps, before
+    /// `init`. One line per table. An engine without it says so (a definite error).
+    fn add_columns(&self) -> impl Future<Output = Result<Vec<String>, ConnectorError>> + Send {
+        async {
+            Err(ConnectorError::definite(
+                "init --add-columns: this engine keeps rows on outboxd's own table only",
+            ))
+        }
+    }
+
     /// The DDL `init` would run for `mode` (tables and indexes, and the publication or
     /// equivalent in `Log` mode), with the configured names, as one script, for teams that
     /// apply DDL through their migration tool; what is not DDL (the replication slot) is

@@ -94,8 +94,9 @@ pub enum RowLifecycle {
 /// without case on MySQL).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ColumnNames {
-    /// The integer primary key every write-back addresses; `None` for a table without
-    /// one, which only `rows = "deleted"` can read (the event's id is then 0).
+    /// The integer row id every write-back addresses and claims order by; `None` for a
+    /// table without one, which only `rows = "deleted"` can read (the event's id is then
+    /// 0). With kept rows on Debezium's table, the column `init --add-columns` added.
     pub id: Option<String>,
     /// The message id (the `message_id` header, CloudEvents `ce_id`).
     pub message_id: String,

@@ -29,7 +29,7 @@ pub fn outbox_columns_line(
     present: impl Fn(&str) -> bool,
 ) -> CheckLine {
     let required: Vec<&str> = match layout.tracks_status() {
-        true => columns::required_columns(&layout.key_column),
+        true => columns::required_columns(layout),
         false => columns::log_fields(layout)
             .into_iter()
             .filter(|(field, _)| !field.optional_in_log())
@@ -42,6 +42,14 @@ pub fn outbox_columns_line(
         CheckLine::ok(
             "outbox table",
             format!("{table}, all required columns present"),
+        )
+    } else if layout.tracks_status() && !columns::is_outboxd_table(layout) {
+        CheckLine::fail(
+            "outbox table",
+            format!("{table} lacks column(s) {}", missing.join(", ")),
+            "run `outboxd init --add-columns` (it adds the integer row id and the status \
+             columns to the application's table; `outboxd schema --add-columns` prints the \
+             statements), or name the table's own columns in [outbox.columns]",
         )
     } else if layout.tracks_status() {
         CheckLine::fail(

@@ -142,13 +142,91 @@ pub const OUTBOX_COLUMNS: &[OutboxColumn] = &[
     written("kafka_offset"),
 ];
 
-/// The columns `check` requires: every outbox column and the key column.
-pub fn required_columns(key_column: &str) -> Vec<&str> {
-    let mut required: Vec<&str> = OUTBOX_COLUMNS.iter().map(|c| c.name).collect();
-    if !required.contains(&key_column) {
-        required.push(key_column);
+/// The columns `check` requires of a table whose rows carry their status: every outbox
+/// column under the name `layout` gives it (a column the layout says the table lacks,
+/// like Debezium's `topic`, is not required), the key column, and the log path's extra
+/// columns (routing, trace, header columns). With outboxd's own layout: every column of
+/// `schemas/*/outbox.sql` and the key column.
+pub fn required_columns(layout: &OutboxLayout) -> Vec<&str> {
+    let mut required: Vec<&str> = Vec::new();
+    for column in OUTBOX_COLUMNS {
+        let name = match column.role {
+            Role::Read(field) => log_column(field, layout),
+            Role::Written => Some(column.name),
+        };
+        required.extend(name);
+    }
+    for (_, name) in log_fields(layout) {
+        if !required.contains(&name) {
+            required.push(name);
+        }
     }
     required
+}
+
+/// How `init --add-columns` adds a column outboxd writes to an application's table (kept
+/// rows on a mapped layout, e.g. Debezium's table): the integer row id or a status
+/// column, in the engine's dialect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateColumn {
+    /// The integer row id, filled in insertion order by the engine (identity,
+    /// auto-increment), for rows that exist already too.
+    RowId,
+    /// `status`: SUCCESS for the rows already there (sent before outboxd took over),
+    /// INIT for every row inserted afterwards.
+    Status,
+    /// `retry_count` (0).
+    RetryCount,
+    /// `max_retry_count` (10).
+    MaxRetryCount,
+    /// A nullable timestamp: `next_retry_time`, `claimed_at`, `updated_at`, `sent_at`.
+    Timestamp,
+    /// `claim_token`.
+    ClaimToken,
+    /// `last_error`.
+    LastError,
+    /// `kafka_partition`.
+    Partition,
+    /// `kafka_offset`.
+    Offset,
+}
+
+/// The columns `init --add-columns` adds to an application's outbox table when it lacks
+/// them, with their names under `layout`: the integer row id (`outbox.columns.id`) and
+/// every column the write-back, the claims and the operator write. Empty for a layout
+/// whose rows carry no status.
+pub fn state_columns(layout: &OutboxLayout) -> Vec<(&str, StateColumn)> {
+    if !layout.tracks_status() {
+        return Vec::new();
+    }
+    let mut columns: Vec<(&str, StateColumn)> = Vec::new();
+    columns.extend(
+        layout
+            .columns
+            .id
+            .as_deref()
+            .map(|id| (id, StateColumn::RowId)),
+    );
+    columns.extend([
+        ("status", StateColumn::Status),
+        ("retry_count", StateColumn::RetryCount),
+        ("max_retry_count", StateColumn::MaxRetryCount),
+        ("next_retry_time", StateColumn::Timestamp),
+        ("claimed_at", StateColumn::Timestamp),
+        ("claim_token", StateColumn::ClaimToken),
+        ("last_error", StateColumn::LastError),
+        ("updated_at", StateColumn::Timestamp),
+        ("sent_at", StateColumn::Timestamp),
+        ("kafka_partition", StateColumn::Partition),
+        ("kafka_offset", StateColumn::Offset),
+    ]);
+    columns
+}
+
+/// Whether the outbox is outboxd's own table (`schemas/*/outbox.sql`, created by `init`)
+/// rather than the application's, whose columns `outbox.columns` names.
+pub fn is_outboxd_table(layout: &OutboxLayout) -> bool {
+    layout.columns == outboxd_connector::ColumnNames::default()
 }
 
 /// The fields the log path reads from an inserted row: the claim's, then `status`.
@@ -243,7 +321,7 @@ impl ColumnMap {
                 Some(i) => at.push((field, i)),
                 None if field.optional_in_log() => {}
                 None => {
-                    let see = if layout.tracks_status() {
+                    let see = if layout.tracks_status() && is_outboxd_table(layout) {
                         format!("see {schema_file}")
                     } else {
                         "see outbox.columns".to_owned()
@@ -279,6 +357,32 @@ impl ColumnMap {
     }
 }
 
+/// The fields a claim (or a scan of rows) selects under `layout`, with their column
+/// names, in select-list order: the log path's fields but `status`, so a row read by SQL
+/// becomes the event the log would have made of it (routing, trace and header columns
+/// included). With outboxd's own layout these are [`CLAIM_FIELDS`].
+pub fn claim_fields(layout: &OutboxLayout) -> Vec<(Field, &str)> {
+    log_fields(layout)
+        .into_iter()
+        .filter(|(field, _)| *field != Field::Status)
+        .collect()
+}
+
+impl ColumnMap {
+    /// The map of a select list of `fields` ([`claim_fields`]): field `i` is column `i`.
+    pub fn in_select_order(fields: &[(Field, &str)], layout: &OutboxLayout) -> Self {
+        Self {
+            at: fields
+                .iter()
+                .enumerate()
+                .map(|(i, (f, _))| (*f, i))
+                .collect(),
+            header_names: layout.columns.header_columns.clone(),
+            tracks_status: layout.tracks_status(),
+        }
+    }
+}
+
 /// Where `field` is in a claim's result row (see [`CLAIM_FIELDS`]).
 pub fn position_in_claim(field: Field) -> Option<usize> {
     CLAIM_FIELDS.iter().position(|f| *f == field)
@@ -290,11 +394,69 @@ mod tests {
 
     #[test]
     fn check_requires_the_claim_columns_and_the_key() {
-        let required = required_columns("tenant");
+        let layout = OutboxLayout {
+            key_column: "tenant".into(),
+            ..OutboxLayout::default()
+        };
+        let required = required_columns(&layout);
         for name in ["claimed_at", "claim_token", "topic", "headers", "tenant"] {
             assert!(required.contains(&name), "{name}");
         }
-        assert_eq!(required_columns("biz_key").len(), OUTBOX_COLUMNS.len());
+        let outboxd: Vec<&str> = OUTBOX_COLUMNS.iter().map(|c| c.name).collect();
+        assert_eq!(required_columns(&OutboxLayout::default()), outboxd);
+        assert!(is_outboxd_table(&OutboxLayout::default()));
+    }
+
+    /// Debezium's table with kept rows: its own columns are read under their names, the
+    /// columns it lacks (topic, headers, created_at) are not required, and what `init
+    /// --add-columns` adds is exactly what is required beyond Debezium's columns.
+    fn debezium_kept() -> OutboxLayout {
+        let mut columns = outboxd_connector::ColumnNames::debezium();
+        columns.id = Some("outboxd_seq".into());
+        OutboxLayout {
+            key_column: "aggregateid".into(),
+            columns,
+            ..OutboxLayout::default()
+        }
+    }
+
+    #[test]
+    fn a_debezium_table_with_kept_rows_needs_the_state_columns_and_an_integer_id() {
+        let layout = debezium_kept();
+        assert!(!is_outboxd_table(&layout));
+        let required = required_columns(&layout);
+        let debezium = [
+            "id",
+            "aggregatetype",
+            "aggregateid",
+            "type",
+            "payload",
+            "tracingspancontext",
+        ];
+        let added: Vec<&str> = state_columns(&layout).iter().map(|(n, _)| *n).collect();
+        let mut expected: Vec<&str> = debezium.iter().chain(&added).copied().collect();
+        expected.sort_unstable();
+        let mut got = required.clone();
+        got.sort_unstable();
+        assert_eq!(got, expected);
+        assert_eq!(
+            state_columns(&layout)[0],
+            ("outboxd_seq", StateColumn::RowId)
+        );
+        let fields = claim_fields(&layout);
+        let map = ColumnMap::in_select_order(&fields, &layout);
+        assert_eq!(map.get(Field::Id), Some(0));
+        assert!(fields.contains(&(Field::Routing, "aggregatetype")));
+        assert!(fields.contains(&(Field::HeaderColumn(0), "id")));
+        assert_eq!(map.get(Field::Topic), None);
+        assert_eq!(map.get(Field::Status), None);
+    }
+
+    #[test]
+    fn outboxd_claims_select_the_claim_fields() {
+        let layout = OutboxLayout::default();
+        let fields: Vec<Field> = claim_fields(&layout).iter().map(|(f, _)| *f).collect();
+        assert_eq!(fields, CLAIM_FIELDS);
     }
 
     #[test]

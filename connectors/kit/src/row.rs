@@ -76,6 +76,22 @@ pub fn event_from_row(row: &impl RowSource, table: &str) -> Result<OutboxEvent, 
     .event_or_rejected()
 }
 
+/// A row read by SQL whose select list is [`crate::columns::claim_fields`] (`map` from
+/// [`ColumnMap::in_select_order`]): the event the log path makes of the same row under
+/// the same layout, routing, trace and header columns included, without a commit time.
+pub fn event_from_select(
+    row: &impl RowSource,
+    map: &ColumnMap,
+    table: &str,
+) -> Result<OutboxEvent, ConnectorError> {
+    Reader {
+        row,
+        table,
+        map: Some(map),
+    }
+    .event_or_rejected()
+}
+
 /// The W3C trace context a trace column holds, as the `traceparent` and `tracestate`
 /// headers: either a bare `traceparent` value, or lines of `name=value` (a Java properties
 /// text, as Debezium's `tracingspancontext` column stores the span context; `#` lines are

@@ -2,13 +2,23 @@
 
 use outboxd_connector::{ConnectorError, OutboxLayout};
 
-use crate::status;
+use crate::{columns, status};
 
-/// What `init` says of an outbox the application owns (`outbox.rows = "deleted"`, e.g.
-/// Debezium's table): it is left as it is, and must exist, since outboxd cannot know
-/// its columns' types.
-pub fn application_outbox(table: &str, exists: bool) -> Result<String, ConnectorError> {
-    if exists {
+/// What `init` says of an outbox the application owns (`outbox.rows = "deleted"`, or
+/// kept rows on a table `outbox.columns` maps, e.g. Debezium's table): it is left as it
+/// is (`init --add-columns` adds the status columns), and must exist, since outboxd
+/// cannot know its columns' types.
+pub fn application_outbox(
+    layout: &OutboxLayout,
+    table: &str,
+    exists: bool,
+) -> Result<String, ConnectorError> {
+    if exists && layout.tracks_status() {
+        Ok(format!(
+            "table {table}: the application's outbox (outbox.columns), its columns left as \
+             they are"
+        ))
+    } else if exists {
         Ok(format!(
             "table {table}: the application's outbox (outbox.rows = \"deleted\"), left as it is"
         ))
@@ -31,9 +41,26 @@ pub fn application_outboxes_comment(layout: &OutboxLayout) -> String {
 }
 
 /// Whether `outboxd init` and `outboxd schema` leave the table `table` alone: an outbox
-/// table the application owns (`outbox.rows = "deleted"`).
+/// table the application owns (`outbox.rows = "deleted"`, or columns mapped by
+/// `outbox.columns`; `init --add-columns` adds the status columns to the latter).
 pub fn is_application_outbox(layout: &OutboxLayout, table: &str) -> bool {
-    !layout.tracks_status() && layout.outbox_tables.iter().any(|t| t == table)
+    owns_no_outbox(layout) && layout.outbox_tables.iter().any(|t| t == table)
+}
+
+/// Whether the outbox tables are the application's, not outboxd's own.
+pub fn owns_no_outbox(layout: &OutboxLayout) -> bool {
+    !layout.tracks_status() || !columns::is_outboxd_table(layout)
+}
+
+/// The error of `init` when an application's table with kept rows lacks the columns
+/// outboxd writes (`missing`, by name).
+pub fn columns_to_add(table: &str, missing: &[&str]) -> ConnectorError {
+    ConnectorError::definite(format!(
+        "outbox table {table} lacks column(s) {}: run `outboxd init --add-columns` to add \
+         them (rows already there become SUCCESS: they are not sent), or add them by hand \
+         (`outboxd schema` prints the statements)",
+        missing.join(", ")
+    ))
 }
 
 /// Counts the outbox's INIT rows; `quoted_table` as the engine's SQL writes the name.

@@ -300,6 +300,10 @@ impl Connector for PostgresConnector {
         self.init_with(mode == ReadMode::Poll).await
     }
 
+    async fn add_columns(&self) -> Result<Vec<String>, ConnectorError> {
+        admin::add_columns(self).await
+    }
+
     fn schema(&self, mode: ReadMode) -> String {
         admin::schema_script(self, mode)
     }

@@ -51,7 +51,7 @@ pub(crate) async fn init(
     if !layout.tracks_status() {
         // The application's tables: looked at, never created.
         for (table, existed) in layout.outbox_tables.iter().zip(&outbox_existed) {
-            report.push(setup::application_outbox(table, *existed)?);
+            report.push(setup::application_outbox(layout, table, *existed)?);
         }
     }
     for ddl in schema::render_all(layout) {

@@ -59,10 +59,12 @@ pub(crate) async fn init(
     for table in &layout.outbox_tables {
         outbox_existed.push(relation_exists(&client, &qualified(table)).await?);
     }
-    if !layout.tracks_status() {
-        // The application's tables: looked at, never created.
+    if setup::owns_no_outbox(layout) {
+        // The application's tables: looked at, never created (`--add-columns` adds the
+        // status columns to them first, when asked).
+        add_columns::refuse_missing_columns(&client, layout).await?;
         for (table, existed) in layout.outbox_tables.iter().zip(&outbox_existed) {
-            report.push(setup::application_outbox(table, *existed)?);
+            report.push(setup::application_outbox(layout, table, *existed)?);
         }
     }
     for ddl in schema::render_all(layout) {

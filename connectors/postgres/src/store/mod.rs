@@ -27,8 +27,8 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::Bytes;
 use outboxd_connector::{
     last_error_text, ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack,
-    ConnectorError, OutboxEvent, OutboxStore, ParkedEvent, Position, ReapPolicy, ReapReport,
-    RetrySchedule, RowId, WriteBack,
+    ConnectorError, OutboxEvent, OutboxLayout, OutboxStore, ParkedEvent, Position, ReapPolicy,
+    ReapReport, RetrySchedule, RowId, WriteBack,
 };
 use tokio::sync::{Mutex, MutexGuard};
 use tokio_postgres::types::Type;
@@ -38,7 +38,7 @@ use crate::client::classify_pg_error;
 use crate::schema::{qualified, quote_ident};
 use outboxd_connector_kit::store as kit_store;
 use outboxd_connector_kit::tables;
-use outboxd_connector_kit::{columns, row, status, Field, RowSource, Value};
+use outboxd_connector_kit::{columns, row, status, ColumnMap, Field, RowSource, Value};
 
 use crate::log::decode::iso8601;
 use crate::log::identity::{StoredCheckpoint, SystemIdentity};
@@ -143,14 +143,26 @@ impl Conn {
 }
 
 impl OutboxConn {
-    /// The table as configured.
-    pub(crate) fn name(&self) -> &str {
-        &self.name
-    }
-
     /// `SELECT <event columns> FROM <table> o` (no WHERE), for the operator's scans.
     pub(crate) fn event_select(&self) -> &str {
         &self.sql.event_select
+    }
+
+    /// The columns the statements name (mapped by `outbox.columns`).
+    pub(crate) fn names(&self) -> &RowColumns {
+        &self.sql.names
+    }
+
+    /// One row of [`OutboxConn::event_select`] (or a claim's) as an event, exactly as the
+    /// replication stream builds it (without a commit time).
+    pub(crate) fn event(&self, row: &Row) -> Result<OutboxEvent, ConnectorError> {
+        let map = &self.sql.names.map;
+        let source = SqlRow {
+            row,
+            shape: self.shape,
+            map,
+        };
+        row::event_from_select(&source, map, &self.name)
     }
 
     /// The row statements, or the definite error of a store whose rows carry no status.
@@ -208,6 +220,11 @@ impl PgOutboxStore {
             *slot = Some(self.connect().await?);
         }
         Ok(Locked(slot))
+    }
+
+    /// The columns the operator's statements name (mapped by `outbox.columns`).
+    pub(crate) fn columns(&self) -> RowColumns {
+        RowColumns::of(&self.connector.layout, RowShape::default())
     }
 
     /// The outbox table as configured, for messages.
@@ -301,7 +318,8 @@ impl PgOutboxStore {
         let outbox = qualified(name);
         let key = quote_ident(&layout.key_column);
         let shape = if layout.tracks_status() {
-            let probe = format!("SELECT o.{key}, o.payload FROM {outbox} o WHERE false");
+            let payload = quote_ident(&layout.columns.payload);
+            let probe = format!("SELECT o.{key}, o.{payload} FROM {outbox} o WHERE false");
             let probe = self.prepare(client, "outbox columns", &probe, &[]).await?;
             let is_bytea =
                 |i: usize| probe.columns().get(i).map(|c| c.type_()) == Some(&Type::BYTEA);
@@ -312,7 +330,7 @@ impl PgOutboxStore {
         } else {
             RowShape::default()
         };
-        let sql = Sql::new(&outbox, checkpoint, &event_columns(&key, shape), version);
+        let sql = Sql::new(&outbox, checkpoint, RowColumns::of(layout, shape), version);
         let rows = match layout.tracks_status() {
             true => Some(self.prepare_rows(client, &sql).await?),
             false => None,
@@ -776,9 +794,9 @@ impl OutboxStore for PgOutboxStore {
                 .map_err(|e| self.error(&e, &format!("claiming rows of {}", outbox.name)))?;
             let mut part = Vec::with_capacity(rows.len());
             for row in &rows {
-                let mut event = event_from_row(row, outbox.shape, &outbox.name)?;
+                let mut event = outbox.event(row)?;
                 event.table = u16::try_from(index).unwrap_or(u16::MAX);
-                let token: String = get(row, EVENT_COLUMNS)?;
+                let token: String = get(row, outbox.sql.names.count())?;
                 part.push(ClaimedEvent {
                     event,
                     claim_token: ClaimToken(token),
@@ -900,10 +918,11 @@ impl OutboxStore for PgOutboxStore {
         let mut locked = self.lock().await?;
         let conn = locked.conn()?;
         let mut highest = None;
-        for table in &self.connector.layout.outbox_tables {
+        for outbox in &conn.outboxes {
+            let id = &outbox.names().id;
             let sql = format!(
-                "SELECT id FROM {} WHERE status = 'SUCCESS' ORDER BY id DESC LIMIT 1",
-                qualified(table)
+                "SELECT {id} FROM {} WHERE status = 'SUCCESS' ORDER BY {id} DESC LIMIT 1",
+                qualified(&outbox.name)
             );
             let row = conn
                 .client
@@ -923,9 +942,11 @@ impl OutboxStore for PgOutboxStore {
         let conn = locked.conn()?;
         let mut delivered = HashSet::new();
         for (table, ids) in tables::ids_by_table(rows) {
+            let outbox = conn.outbox(table)?;
+            let id = &outbox.sql.names.id;
             let sql = format!(
-                "SELECT id FROM {} WHERE id = ANY($1) AND status = 'SUCCESS'",
-                qualified(&conn.outbox(table)?.name)
+                "SELECT {id} FROM {} WHERE {id} = ANY($1) AND status = 'SUCCESS'",
+                qualified(&outbox.name)
             );
             let found = conn
                 .client
@@ -1096,6 +1117,8 @@ impl WriteBackRows {
 /// The statement texts for one outbox table.
 #[derive(Debug)]
 struct Sql {
+    /// The columns the statements name.
+    names: RowColumns,
     event_select: String,
     success: String,
     failed: String,
@@ -1113,42 +1136,74 @@ struct Sql {
     blocked_some: String,
 }
 
-/// How many columns [`event_columns`] selects; a claim's token follows them.
-const EVENT_COLUMNS: usize = columns::CLAIM_FIELDS.len();
-
-/// The columns an event is built from (the kit's claim fields), for table alias `o`, in
-/// the order [`event_from_row`] reads them. Text-like key and payload are read as their
-/// text output (what the replication stream sees), `bytea` ones as raw bytes.
-fn event_columns(key: &str, shape: RowShape) -> String {
-    columns::select_list(|field| match field {
-        Field::Key if shape.key_bytea => format!("o.{key}"),
-        Field::Key => format!("o.{key}::text"),
-        Field::Payload if shape.payload_bytea => "o.payload".to_owned(),
-        Field::Id => "o.id".to_owned(),
-        Field::RetryCount | Field::MaxRetryCount => format!("o.{}::int", field.column(key)),
-        other => format!("o.{}::text", other.column(key)),
-    })
+/// The outbox columns the statements name, quoted: outboxd's own (`schemas/postgres/
+/// outbox.sql`), or where `outbox.columns` puts them on the application's table (kept rows
+/// on Debezium's table: `id` is the integer row id `init --add-columns` added,
+/// `aggregateid` the key). The status columns always have outboxd's names.
+#[derive(Debug)]
+pub(crate) struct RowColumns {
+    /// The integer row id every write-back addresses and claims order by.
+    pub(crate) id: String,
+    /// The business key of strict ordering.
+    pub(crate) biz_key: String,
+    /// The message type (`status` counts by it).
+    pub(crate) message_type: String,
+    /// When the row was created, if the table says.
+    pub(crate) created_at: Option<String>,
+    /// The select list of the claim fields for alias `o` ([`RowColumns::select`]).
+    pub(crate) select: String,
+    /// Where each claim field is in a row of `select`.
+    pub(crate) map: ColumnMap,
+    select_len: usize,
 }
 
-/// One row of [`event_columns`] as an event, exactly as the replication stream builds
-/// it (without a commit time).
-pub(crate) fn event_from_row(
-    row: &Row,
-    shape: RowShape,
-    table: &str,
-) -> Result<OutboxEvent, ConnectorError> {
-    row::event_from_row(&SqlRow { row, shape }, table)
+impl RowColumns {
+    /// The columns under `layout`, the key and payload read as `shape` says: text-like
+    /// ones as their text output (what the replication stream sees), `bytea` as raw bytes.
+    pub(crate) fn of(layout: &OutboxLayout, shape: RowShape) -> Self {
+        let names = &layout.columns;
+        let fields = columns::claim_fields(layout);
+        let select = fields
+            .iter()
+            .map(|(field, name)| {
+                let column = format!("o.{}", quote_ident(name));
+                match field {
+                    Field::Key if shape.key_bytea => column,
+                    Field::Payload if shape.payload_bytea => column,
+                    Field::Id => column,
+                    Field::RetryCount | Field::MaxRetryCount => format!("{column}::int"),
+                    _ => format!("{column}::text"),
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        Self {
+            id: quote_ident(names.id.as_deref().unwrap_or("id")),
+            biz_key: quote_ident(&names.biz_key),
+            message_type: quote_ident(&names.message_type),
+            created_at: names.created_at.as_deref().map(quote_ident),
+            map: ColumnMap::in_select_order(&fields, layout),
+            select_len: fields.len(),
+            select,
+        }
+    }
+
+    /// How many columns [`RowColumns::select`] has; a claim's token follows them.
+    fn count(&self) -> usize {
+        self.select_len
+    }
 }
 
-/// An SQL result row of [`event_columns`] as the kit's row conversion reads it.
+/// An SQL result row of [`RowColumns::select`] as the kit's row conversion reads it.
 struct SqlRow<'a> {
     row: &'a Row,
     shape: RowShape,
+    map: &'a ColumnMap,
 }
 
 impl RowSource for SqlRow<'_> {
     fn value(&self, field: Field) -> Result<Value, ConnectorError> {
-        let Some(at) = columns::position_in_claim(field) else {
+        let Some(at) = self.map.get(field) else {
             return Ok(Value::Null);
         };
         let bytea = match field {
@@ -1173,17 +1228,23 @@ impl RowSource for SqlRow<'_> {
 
 impl Sql {
     /// `version` is `server_version_num`: `gen_random_uuid()` is built in from 13 on.
-    fn new(outbox: &str, checkpoint: &str, columns: &str, version: i32) -> Self {
+    fn new(outbox: &str, checkpoint: &str, names: RowColumns, version: i32) -> Self {
         let blocking = status::blocking_sql_list();
+        let RowColumns {
+            id,
+            biz_key,
+            select: columns,
+            ..
+        } = &names;
         let token = if version >= 130_000 {
-            "gen_random_uuid()"
+            "gen_random_uuid()".to_owned()
         } else {
-            "md5(random()::text || clock_timestamp()::text || o.id::text)::uuid"
+            format!("md5(random()::text || clock_timestamp()::text || o.{id}::text)::uuid")
         };
         let next_retry = |delay: &str| format!("now() + {delay} * interval '1 millisecond'");
         let failed_status = "CASE WHEN o.retry_count + 1 >= o.max_retry_count \
                              THEN 'MANUAL_REQUIRED' ELSE 'FAILED' END";
-        let claim = |poll: bool, strict: bool| claim_sql(outbox, columns, token, poll, strict);
+        let claim = |poll: bool, strict: bool| claim_sql(outbox, &names, &token, poll, strict);
         Self {
             event_select: format!("SELECT {columns} FROM {outbox} o"),
             // Leaves next_retry_time alone unless it is set (a FAILED row retried): for a
@@ -1193,15 +1254,15 @@ impl Sql {
                  kafka_partition = d.partition, kafka_offset = d.kafka_offset, \
                  last_error = NULL, next_retry_time = NULL \
                  FROM unnest($1::bigint[], $2::int[], $3::bigint[]) AS d(id, partition, kafka_offset) \
-                 WHERE o.id = d.id AND (o.status IN ('INIT', 'FAILED', 'MANUAL_REQUIRED') \
-                 OR ($4 AND o.status = 'SUCCESS')) RETURNING o.id"
+                 WHERE o.{id} = d.id AND (o.status IN ('INIT', 'FAILED', 'MANUAL_REQUIRED') \
+                 OR ($4 AND o.status = 'SUCCESS')) RETURNING o.{id}"
             ),
             failed: format!(
                 "UPDATE {outbox} AS o SET retry_count = o.retry_count + 1, \
                  next_retry_time = {}, last_error = f.error, updated_at = now(), \
                  status = {failed_status} \
                  FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS f(id, error, delay_ms) \
-                 WHERE o.id = f.id AND o.status = 'INIT' RETURNING o.id",
+                 WHERE o.{id} = f.id AND o.status = 'INIT' RETURNING o.{id}",
                 next_retry("f.delay_ms")
             ),
             // Parked rows (FAILED) and rejected ones (MANUAL_REQUIRED): due now, with the
@@ -1210,9 +1271,9 @@ impl Sql {
                 "UPDATE {outbox} AS o SET status = p.status, next_retry_time = now(), \
                  last_error = p.reason, updated_at = now() \
                  FROM unnest($1::bigint[], $2::text[], $3::text[]) AS p(id, reason, status) \
-                 WHERE o.id = p.id AND o.status = 'INIT' RETURNING o.id"
+                 WHERE o.{id} = p.id AND o.status = 'INIT' RETURNING o.{id}"
             ),
-            exists: format!("SELECT id FROM {outbox} WHERE id = ANY($1::bigint[])"),
+            exists: format!("SELECT {id} FROM {outbox} WHERE {id} = ANY($1::bigint[])"),
             // Never backward: LSNs compare as pg_lsn (text order is wrong for 9/… vs 10/…),
             // the LSN being what precedes the cluster's `;system=…`; other forms are
             // replaced as they come.
@@ -1236,7 +1297,7 @@ impl Sql {
                  last_error = NULL, next_retry_time = NULL, claimed_at = NULL, claim_token = NULL \
                  FROM unnest($1::bigint[], $2::int[], $3::bigint[], $4::text[]) \
                  AS d(id, partition, kafka_offset, token) \
-                 WHERE o.id = d.id AND o.claim_token = d.token::uuid AND o.status = 'PROCESSING'"
+                 WHERE o.{id} = d.id AND o.claim_token = d.token::uuid AND o.status = 'PROCESSING'"
             ),
             complete_failed: format!(
                 "UPDATE {outbox} AS o SET retry_count = o.retry_count + 1, \
@@ -1244,7 +1305,7 @@ impl Sql {
                  claimed_at = NULL, claim_token = NULL, status = {failed_status} \
                  FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[]) \
                  AS f(id, error, delay_ms, token) \
-                 WHERE o.id = f.id AND o.claim_token = f.token::uuid AND o.status = 'PROCESSING'",
+                 WHERE o.{id} = f.id AND o.claim_token = f.token::uuid AND o.status = 'PROCESSING'",
                 next_retry("f.delay_ms")
             ),
             // Released claims (FAILED) and rejected rows (MANUAL_REQUIRED): no attempt
@@ -1254,14 +1315,14 @@ impl Sql {
                  updated_at = now(), claimed_at = NULL, claim_token = NULL, status = r.status \
                  FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[]) \
                  AS r(id, reason, token, status) \
-                 WHERE o.id = r.id AND o.claim_token = r.token::uuid AND o.status = 'PROCESSING'"
+                 WHERE o.{id} = r.id AND o.claim_token = r.token::uuid AND o.status = 'PROCESSING'"
             ),
             // SKIP LOCKED: a row being written back by its worker right now is not stale.
             reap: format!(
                 "UPDATE {outbox} AS o SET retry_count = o.retry_count + 1, \
                  next_retry_time = {}, last_error = $3, updated_at = now(), \
                  claimed_at = NULL, claim_token = NULL, status = {failed_status} \
-                 WHERE o.id IN (SELECT e.id FROM {outbox} e WHERE e.next_retry_time IS NOT NULL \
+                 WHERE o.{id} IN (SELECT e.{id} FROM {outbox} e WHERE e.next_retry_time IS NOT NULL \
                  AND e.status = 'PROCESSING' AND e.claimed_at < now() - $1::bigint * interval '1 millisecond' \
                  FOR UPDATE OF e SKIP LOCKED) \
                  RETURNING o.status",
@@ -1274,14 +1335,15 @@ impl Sql {
                          WHERE next_retry_time IS NOT NULL AND status = 'PROCESSING')"
             ),
             blocked_all: format!(
-                "SELECT DISTINCT biz_key::text FROM {outbox} \
+                "SELECT DISTINCT {biz_key}::text FROM {outbox} \
                  WHERE next_retry_time IS NOT NULL AND status IN {blocking}"
             ),
             blocked_some: format!(
-                "SELECT DISTINCT biz_key::text FROM {outbox} \
+                "SELECT DISTINCT {biz_key}::text FROM {outbox} \
                  WHERE next_retry_time IS NOT NULL AND status IN {blocking} \
-                 AND biz_key = ANY($1::text[])"
+                 AND {biz_key} = ANY($1::text[])"
             ),
+            names,
         }
     }
 }
@@ -1302,37 +1364,45 @@ impl Sql {
 ///
 /// Claimed rows get `next_retry_time = COALESCE(next_retry_time, now())`, so a PROCESSING
 /// row claimed from INIT is in the partial indexes too.
-fn claim_sql(outbox: &str, columns: &str, token: &str, poll: bool, strict: bool) -> String {
+fn claim_sql(outbox: &str, names: &RowColumns, token: &str, poll: bool, strict: bool) -> String {
     let blocking = status::blocking_sql_list();
+    let RowColumns {
+        id,
+        biz_key,
+        select: columns,
+        ..
+    } = names;
     let not_blocked = if strict {
         format!(
-            "AND NOT EXISTS (SELECT 1 FROM {outbox} e WHERE e.biz_key = o.biz_key \
-             AND e.id < o.id AND e.next_retry_time IS NOT NULL AND e.status IN {blocking})"
+            "AND NOT EXISTS (SELECT 1 FROM {outbox} e WHERE e.{biz_key} = o.{biz_key} \
+             AND e.{id} < o.{id} AND e.next_retry_time IS NOT NULL AND e.status IN {blocking})"
         )
     } else {
         String::new()
     };
     let due_failed = "o.status = 'FAILED' AND o.next_retry_time <= now()";
-    let lock = "ORDER BY o.id LIMIT $1 FOR UPDATE OF o SKIP LOCKED";
+    let lock = format!("ORDER BY o.{id} LIMIT $1 FOR UPDATE OF o SKIP LOCKED");
     let ctes = match (poll, strict) {
         (false, _) => {
-            format!("c AS (SELECT o.id FROM {outbox} o WHERE {due_failed} {not_blocked} {lock})")
+            format!(
+                "c AS (SELECT o.{id} AS id FROM {outbox} o WHERE {due_failed} {not_blocked} {lock})"
+            )
         }
         (true, false) => format!(
-            "i AS (SELECT o.id FROM {outbox} o WHERE o.status = 'INIT' {lock}), \
-             f AS (SELECT o.id FROM {outbox} o WHERE {due_failed} {lock}), \
+            "i AS (SELECT o.{id} AS id FROM {outbox} o WHERE o.status = 'INIT' {lock}), \
+             f AS (SELECT o.{id} AS id FROM {outbox} o WHERE {due_failed} {lock}), \
              c AS (SELECT id FROM i UNION ALL SELECT id FROM f ORDER BY id LIMIT $1)"
         ),
         (true, true) => format!(
-            "w AS MATERIALIZED (SELECT o.id, o.biz_key FROM {outbox} o \
-               WHERE o.status = 'INIT' ORDER BY o.id LIMIT $2), \
+            "w AS MATERIALIZED (SELECT o.{id} AS id, o.{biz_key} AS biz_key FROM {outbox} o \
+               WHERE o.status = 'INIT' ORDER BY o.{id} LIMIT $2), \
              first AS (SELECT id FROM (SELECT id, row_number() OVER \
                (PARTITION BY biz_key ORDER BY id) AS n FROM w) r WHERE n = 1), \
-             i AS (SELECT o.id FROM {outbox} o WHERE o.id IN (SELECT id FROM first) \
+             i AS (SELECT o.{id} AS id FROM {outbox} o WHERE o.{id} IN (SELECT id FROM first) \
                AND o.status = 'INIT' {not_blocked} {lock}), \
-             f AS (SELECT o.id FROM {outbox} o WHERE {due_failed} {not_blocked} \
-               AND NOT EXISTS (SELECT 1 FROM {outbox} e WHERE e.biz_key = o.biz_key \
-               AND e.id < o.id AND e.status = 'INIT') {lock}), \
+             f AS (SELECT o.{id} AS id FROM {outbox} o WHERE {due_failed} {not_blocked} \
+               AND NOT EXISTS (SELECT 1 FROM {outbox} e WHERE e.{biz_key} = o.{biz_key} \
+               AND e.{id} < o.{id} AND e.status = 'INIT') {lock}), \
              c AS (SELECT id FROM i UNION ALL SELECT id FROM f ORDER BY id LIMIT $1)"
         ),
     };
@@ -1341,7 +1411,7 @@ fn claim_sql(outbox: &str, columns: &str, token: &str, poll: bool, strict: bool)
          UPDATE {outbox} AS o SET status = 'PROCESSING', claimed_at = now(), \
          claim_token = {token}, updated_at = now(), \
          next_retry_time = COALESCE(o.next_retry_time, now()) \
-         FROM c WHERE o.id = c.id \
+         FROM c WHERE o.{id} = c.id \
          RETURNING {columns}, o.claim_token::text"
     )
 }
@@ -1389,7 +1459,7 @@ mod tests {
 
     #[test]
     fn claim_statements_lock_only_the_outbox_rows_they_take() {
-        let cols = event_columns("\"biz_key\"", RowShape::default());
+        let cols = RowColumns::of(&OutboxLayout::default(), RowShape::default());
         for poll in [false, true] {
             for strict in [false, true] {
                 let sql = claim_sql("\"outbox\"", &cols, "gen_random_uuid()", poll, strict);
@@ -1400,5 +1470,49 @@ mod tests {
                 assert_eq!(sql.contains("$2"), poll && strict, "{sql}");
             }
         }
+    }
+
+    /// Kept rows on Debezium's table: every statement names the added integer id and
+    /// `aggregateid`, never a column of outboxd's own table the layout maps elsewhere.
+    #[test]
+    fn statements_name_the_mapped_columns() {
+        let layout = OutboxLayout {
+            key_column: "aggregateid".into(),
+            columns: outboxd_connector::ColumnNames {
+                id: Some("outboxd_seq".into()),
+                ..outboxd_connector::ColumnNames::debezium()
+            },
+            ..OutboxLayout::default()
+        };
+        let sql = Sql::new(
+            "\"outboxevent\"",
+            "\"outboxd_checkpoint\"",
+            RowColumns::of(&layout, RowShape::default()),
+            150_000,
+        );
+        let texts = [
+            &sql.success,
+            &sql.failed,
+            &sql.parked,
+            &sql.exists,
+            &sql.claim[0][1],
+            &sql.claim[1][1],
+            &sql.complete_success,
+            &sql.reap,
+        ];
+        for text in texts {
+            assert!(text.contains("\"outboxd_seq\""), "{text}");
+            for outboxd_only in ["o.id ", "o.id,", "e.id ", "biz_key =", "message_id"] {
+                assert!(!text.contains(outboxd_only), "{outboxd_only} in {text}");
+            }
+        }
+        assert!(sql.claim[0][1].contains("e.\"aggregateid\" = o.\"aggregateid\""));
+        assert!(sql.blocked_some.contains("\"aggregateid\" = ANY"));
+        assert!(sql.event_select.contains("o.\"aggregatetype\"::text"));
+        assert!(
+            sql.event_select.contains("o.\"id\"::text"),
+            "the uuid as header `id`"
+        );
+        assert!(!sql.event_select.contains("o.\"topic\""));
     }
 }

@@ -16,7 +16,7 @@ use outboxd_connector::{
 use outboxd_connector_kit::store::add_status_row;
 
 use crate::schema::qualified;
-use crate::store::{delay_ms, event_from_row, get, parse_checkpoint, PgOutboxStore};
+use crate::store::{delay_ms, get, parse_checkpoint, PgOutboxStore};
 
 /// PostgreSQL's longest identifier (NAMEDATALEN - 1), in bytes.
 const MAX_IDENTIFIER_BYTES: usize = 63;
@@ -74,9 +74,13 @@ impl OutboxAdmin for PgOutboxStore {
 
         // Every outbox table of the store (one, for an operator's command).
         let mut summary = StatusSummary::default();
+        let names = self.columns();
+        let message_type = &names.message_type;
+        // A table without a creation time (Debezium's) has no age to tell.
+        let created_at = names.created_at.as_deref().unwrap_or("NULL::timestamptz");
         for table in &self.connector.layout.outbox_tables {
             let counts = format!(
-                "SELECT status::text, message_type::text, count(*), min(created_at) FROM {} \
+                "SELECT status::text, {message_type}::text, count(*), min({created_at}) FROM {} \
                  GROUP BY 1, 2 ORDER BY 1, 2",
                 qualified(table)
             );
@@ -129,12 +133,14 @@ impl OutboxAdmin for PgOutboxStore {
     async fn retry_rows(&self, selector: &RetrySelector) -> Result<u64, ConnectorError> {
         selector.check()?;
         let outbox = qualified(self.table());
+        let names = self.columns();
         let set = "SET status = 'FAILED', next_retry_time = now(), retry_count = 0, \
                    claimed_at = NULL, claim_token = NULL, updated_at = now()";
         match selector {
             RetrySelector::Id(id) => {
                 let sql = format!(
-                    "UPDATE {outbox} {set} WHERE id = $1 AND status IN ('FAILED', 'MANUAL_REQUIRED')"
+                    "UPDATE {outbox} {set} WHERE {} = $1 AND status IN ('FAILED', 'MANUAL_REQUIRED')",
+                    names.id
                 );
                 let what = format!("making row {id} due again");
                 self.update_and_notify(&sql, &[id], Some("retry"), &what)
@@ -148,7 +154,8 @@ impl OutboxAdmin for PgOutboxStore {
                 // partial index find them.
                 let sql = format!(
                     "UPDATE {outbox} {set} WHERE next_retry_time IS NOT NULL AND status = $1 \
-                     AND ($2::text IS NULL OR message_type = $2)"
+                     AND ($2::text IS NULL OR {} = $2)",
+                    names.message_type
                 );
                 let what = format!("making {status} rows due again");
                 self.update_and_notify(&sql, &[status, message_type], Some("retry"), &what)
@@ -163,7 +170,8 @@ impl OutboxAdmin for PgOutboxStore {
             "UPDATE {outbox} SET status = 'MANUAL_REQUIRED', \
              next_retry_time = COALESCE(next_retry_time, now()), \
              last_error = $2, claimed_at = NULL, claim_token = NULL, updated_at = now() \
-             WHERE id = $1 AND status IN ('INIT', 'FAILED')"
+             WHERE {} = $1 AND status IN ('INIT', 'FAILED')",
+            self.columns().id
         );
         let note = parked_by_operator(reason);
         let what = format!("parking row {id}");
@@ -178,7 +186,8 @@ impl OutboxAdmin for PgOutboxStore {
         let sql = format!(
             "UPDATE {outbox} SET status = 'SUCCESS', sent_at = NULL, next_retry_time = NULL, \
              last_error = $2, claimed_at = NULL, claim_token = NULL, updated_at = now() \
-             WHERE id = $1 AND status <> 'SUCCESS'"
+             WHERE {} = $1 AND status <> 'SUCCESS'",
+            self.columns().id
         );
         let note = resolved_by_operator(reason);
         let what = format!("resolving row {id}");
@@ -201,17 +210,18 @@ impl OutboxAdmin for PgOutboxStore {
         let retention_ms = delay_ms(retention);
         let limit = i64::try_from(batch).unwrap_or(i64::MAX);
         // Rows resolved by an operator were never sent: they age from their update.
+        let id = self.columns().id;
         let old = format!(
-            "SELECT id FROM {outbox} WHERE status = 'SUCCESS' \
+            "SELECT {id} FROM {outbox} WHERE status = 'SUCCESS' \
              AND COALESCE(sent_at, updated_at) < now() - $1::bigint * interval '1 millisecond' \
-             ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED"
+             ORDER BY {id} LIMIT $2 FOR UPDATE SKIP LOCKED"
         );
         let mut locked = self.lock().await?;
         let conn = locked.conn()?;
         let client = &conn.client;
         let (sql, what) = match action {
             JanitorAction::Delete => (
-                format!("DELETE FROM {outbox} WHERE id IN ({old})"),
+                format!("DELETE FROM {outbox} WHERE {id} IN ({old})"),
                 "deleting old SUCCESS rows".to_owned(),
             ),
             JanitorAction::Archive(table) => {
@@ -229,7 +239,7 @@ impl OutboxAdmin for PgOutboxStore {
                 }
                 (
                     format!(
-                        "WITH moved AS (DELETE FROM {outbox} WHERE id IN ({old}) RETURNING *) \
+                        "WITH moved AS (DELETE FROM {outbox} WHERE {id} IN ({old}) RETURNING *) \
                          INSERT INTO {archive} SELECT * FROM moved"
                     ),
                     format!(
@@ -254,8 +264,9 @@ impl OutboxAdmin for PgOutboxStore {
         let mut locked = self.lock().await?;
         let conn = locked.conn()?;
         let outbox = conn.outbox(table)?;
+        let id = &outbox.names().id;
         let sql = format!(
-            "{} WHERE o.status = 'INIT' AND o.id > $1 ORDER BY o.id LIMIT $2",
+            "{} WHERE o.status = 'INIT' AND o.{id} > $1 ORDER BY o.{id} LIMIT $2",
             outbox.event_select()
         );
         let rows = conn
@@ -265,7 +276,7 @@ impl OutboxAdmin for PgOutboxStore {
             .map_err(|e| self.error(&e, "scanning INIT rows"))?;
         rows.iter()
             .map(|row| {
-                let mut event = event_from_row(row, outbox.shape, outbox.name())?;
+                let mut event = outbox.event(row)?;
                 event.table = table;
                 Ok(event)
             })
