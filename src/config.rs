@@ -309,22 +309,13 @@ impl OutboxConfig {
     }
 
     /// The combinations that cannot work, with what to change.
-    fn validate(&self, mode: SourceMode, postgres: bool) -> Result<(), String> {
+    fn validate(&self, mode: SourceMode) -> Result<(), String> {
         let deleted = self.rows() == RowLifecycle::Deleted;
         let mapped = !self.columns.is_empty() || self.layout == TableLayout::Debezium;
         if !deleted && mapped {
             // Kept rows on the application's own table (Debezium's, or renamed columns):
             // the status columns are added to it (`init --add-columns`) and every
             // statement names its columns as mapped.
-            if !postgres {
-                return Err(
-                    "outbox.rows = \"kept\" with outbox.layout = \"debezium\" or \
-                     [outbox.columns] works on PostgreSQL only for now: on MySQL and MariaDB \
-                     use outbox.rows = \"deleted\", or outboxd's own table \
-                     (schemas/mysql/outbox.sql)"
-                        .into(),
-                );
-            }
             if mode == SourceMode::Poll {
                 return Err(
                     "source.mode = \"poll\" reads outboxd's own table only: with \
@@ -944,10 +935,7 @@ impl Config {
         }
         self.check_durations()?;
         self.outbox
-            .validate(
-                self.source.mode,
-                matches!(self.source.engine, SourceConfig::Postgres(_)),
-            )
+            .validate(self.source.mode)
             .map_err(ConfigError::Invalid)?;
         if d.exactly_once && self.source.mode == SourceMode::Poll {
             return Err(ConfigError::Invalid(
@@ -1451,13 +1439,16 @@ mod tests {
         assert!(err.contains("integer row id"), "{err}");
         let renamed = format!("{MINIMAL}\n[outbox.columns]\npayload = \"body\"\n");
         Config::parse(&renamed).unwrap().validate().unwrap();
-        let mysql = MINIMAL.replace("kind = \"postgres\"", "kind = \"mysql\"\nserver_id = 7");
-        let err = Config::parse(&format!("{mysql}\n[outbox.columns]\npayload = \"body\"\n"))
+        let poll = MINIMAL.replace(
+            "kind = \"postgres\"",
+            "kind = \"postgres\"\nmode = \"poll\"",
+        );
+        let err = Config::parse(&format!("{poll}\n[outbox.columns]\npayload = \"body\"\n"))
             .unwrap()
             .validate()
             .unwrap_err()
             .to_string();
-        assert!(err.contains("PostgreSQL only"), "{err}");
+        assert!(err.contains("outboxd's own table only"), "{err}");
         let deleted = format!("{MINIMAL}\n[outbox]\nrows = \"deleted\"\n");
         Config::parse(&deleted).unwrap().validate().unwrap();
         let poll = MINIMAL.replace(

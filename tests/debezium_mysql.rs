@@ -604,3 +604,185 @@ async fn several_outbox_tables_in_one_pipeline_each_row_to_its_tables_topic() {
     let _ = conn.disconnect().await;
     p.cleanup().await;
 }
+
+/// Issue 13, "`init` adds the state-machine columns to such a table when asked", on
+/// MariaDB: kept rows on Debezium's own table. `init` names what is missing;
+/// `init --add-columns` adds an auto-increment row id and the status columns, the row
+/// already there becoming SUCCESS (not sent); then rows are published from the binlog with
+/// the Event Router's conventions and their status and offset written back, and the
+/// operator's `retry` and the retry worker address a row by the added id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_debezium_table_keeps_its_rows_once_init_adds_the_status_columns() {
+    let p = MysqlPipeline::new("dbzkept", 1, "").await;
+    debezium_config(&p, "");
+    let config = std::fs::read_to_string(&p.config_path).expect("read config");
+    let config = config.replace(
+        "layout = \"debezium\"\n",
+        "layout = \"debezium\"\nrows = \"kept\"\n",
+    );
+    std::fs::write(&p.config_path, config).expect("write config");
+    let aggregatetype = format!("order_{}", p.name);
+    let topic = format!("outbox.event.{aggregatetype}");
+    p.create_topic(&topic, 1).await;
+    create_debezium_table(&p, "CHAR(36)", "JSON").await;
+    let mut conn = p.sql().await;
+    // A row from before the switch, kept by the application: not to be sent again.
+    let old = DbzRow::new(&aggregatetype, "k-old", 0);
+    conn.query_drop(old.insert_sql(&p.table))
+        .await
+        .expect("old row");
+
+    let text = |out: &std::process::Output| {
+        format!(
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    let init = p.outboxd(&["init"]);
+    assert!(!init.status.success(), "init without --add-columns");
+    assert!(
+        text(&init).contains("lacks column(s) outboxd_seq, status")
+            && text(&init).contains("--add-columns"),
+        "{}",
+        text(&init)
+    );
+    let schema = text(&p.outboxd(&["schema"]));
+    assert!(
+        schema.contains("ADD COLUMN `outboxd_seq` BIGINT NOT NULL AUTO_INCREMENT"),
+        "{schema}"
+    );
+    let init = p.outboxd(&["init", "--add-columns"]);
+    assert!(init.status.success(), "{}", text(&init));
+    assert!(
+        text(&init).contains("added column(s) outboxd_seq, status"),
+        "{}",
+        text(&init)
+    );
+    let check = p.outboxd(&["check"]);
+    assert!(check.status.success(), "{}", text(&check));
+    let status_of = |id: &str| format!("SELECT status FROM `{}` WHERE id = '{id}'", p.table);
+    let old_status: Option<String> = conn.query_first(status_of(&old.id)).await.expect("old");
+    assert_eq!(
+        old_status.as_deref(),
+        Some("SUCCESS"),
+        "a row from before is not sent"
+    );
+
+    let daemon = p.spawn_run("run.log");
+    let mut sent: Vec<DbzRow> = Vec::new();
+    for seq in 1..=6 {
+        let row = DbzRow::new(&aggregatetype, &format!("k{}", seq % 2), seq);
+        conn.query_drop(row.insert_sql(&p.table))
+            .await
+            .expect("insert");
+        sent.push(row);
+    }
+    // A parked row, inserted so (the log path leaves rows not inserted as INIT alone),
+    // made due by the operator by its added id: the retry worker claims and sends it.
+    let parked = DbzRow::new(&aggregatetype, "k-parked", 7);
+    conn.query_drop(format!(
+        "{}; UPDATE `{}` SET status = 'MANUAL_REQUIRED', next_retry_time = NOW(6) \
+         WHERE id = '{}'",
+        parked.insert_sql(&p.table),
+        p.table,
+        parked.id
+    ))
+    .await
+    .expect("parked row");
+    let seq_id: Option<i64> = conn
+        .query_first(format!(
+            "SELECT outboxd_seq FROM `{}` WHERE id = '{}'",
+            p.table, parked.id
+        ))
+        .await
+        .expect("added id");
+    let seq_id = seq_id.expect("the row has an id").to_string();
+    let retry = p.outboxd(&["retry", "--id", &seq_id]);
+    assert!(retry.status.success(), "{}", text(&retry));
+    sent.push(parked);
+
+    let records = consume_all(
+        &p.services.kafka,
+        &topic,
+        1,
+        sent.len(),
+        Duration::from_secs(60),
+    );
+    let seen = by_id(&records);
+    assert!(!seen.contains_key(&old.id), "the row from before was sent");
+    for row in &sent {
+        let copies = seen
+            .get(&row.id)
+            .unwrap_or_else(|| panic!("row {} was not sent: {}", row.id, daemon.log_text()));
+        assert_eq!(
+            copies.len(),
+            1,
+            "row {} sent {} times",
+            row.id,
+            copies.len()
+        );
+        assert_eq!(
+            copies[0].key, row.aggregateid,
+            "the record key is aggregateid"
+        );
+        assert_eq!(
+            copies[0].headers.get("message_type"),
+            Some(&row.kind),
+            "the row's type"
+        );
+    }
+    assert_eq!(records.len(), sent.len(), "nothing else on {topic}");
+    for key in ["k0", "k1"] {
+        let seqs: Vec<&str> = records
+            .iter()
+            .filter(|r| r.key == key)
+            .map(|r| r.payload.as_str())
+            .collect();
+        let mut sorted = seqs.clone();
+        sorted.sort();
+        assert_eq!(seqs.len(), 3, "{key}");
+        assert_eq!(seqs, sorted, "key {key} in commit order");
+    }
+
+    // Every row's status and offset written back in its own table.
+    let offsets: BTreeMap<String, i64> = records
+        .iter()
+        .map(|r| (r.headers["id"].clone(), r.offset))
+        .collect();
+    let table = p.table.clone();
+    let old_id = old.id.clone();
+    let rows: Vec<(String, String, Option<i64>)> = wait_for(
+        "every sent row SUCCESS with its offset",
+        Duration::from_secs(30),
+        || {
+            let (table, old_id) = (table.clone(), old_id.clone());
+            let conn = p.sql();
+            async move {
+                let rows: Vec<(String, String, Option<i64>)> = conn
+                    .await
+                    .query(format!(
+                        "SELECT id, status, kafka_offset FROM `{table}` WHERE id <> '{old_id}'"
+                    ))
+                    .await
+                    .expect("rows");
+                let done = rows.len() == 7 && rows.iter().all(|r| r.1 == "SUCCESS");
+                done.then_some(rows)
+            }
+        },
+    )
+    .await;
+    for (id, _, offset) in &rows {
+        assert_eq!(
+            *offset,
+            offsets.get(id).copied(),
+            "row {id}'s offset is its record's"
+        );
+    }
+    let status = p.outboxd(&["status"]);
+    assert!(status.status.success(), "{}", text(&status));
+
+    drop(daemon);
+    let _ = conn.disconnect().await;
+    p.cleanup().await;
+}

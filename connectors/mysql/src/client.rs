@@ -319,6 +319,10 @@ impl Connector for MysqlConnector {
         admin::init(self, mode).await
     }
 
+    async fn add_columns(&self) -> Result<Vec<String>, ConnectorError> {
+        admin::add_columns(self).await
+    }
+
     fn schema(&self, mode: ReadMode) -> String {
         admin::schema_script(self, mode)
     }

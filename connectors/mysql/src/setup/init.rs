@@ -48,8 +48,10 @@ pub(crate) async fn init(
     for table in &layout.outbox_tables {
         outbox_existed.push(table_exists(&mut conn, c, table).await?);
     }
-    if !layout.tracks_status() {
-        // The application's tables: looked at, never created.
+    if setup::owns_no_outbox(layout) {
+        // The application's tables: looked at, never created (`--add-columns` adds the
+        // status columns to them first, when asked).
+        add_columns::refuse_missing_columns(&mut conn, c, layout).await?;
         for (table, existed) in layout.outbox_tables.iter().zip(&outbox_existed) {
             report.push(setup::application_outbox(layout, table, *existed)?);
         }

@@ -10,11 +10,13 @@
 //! `init.rs`, `check.rs` and `recover.rs` hold one command each; the catalog look-ups and
 //! query helpers they share live here.
 
+mod add_columns;
 mod check;
 mod init;
 mod recover;
 mod schema_script;
 
+pub(crate) use add_columns::add_columns;
 pub(crate) use check::check;
 pub(crate) use init::init;
 pub(crate) use recover::reset_log_position;

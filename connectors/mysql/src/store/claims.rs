@@ -23,35 +23,32 @@ use outboxd_connector::{
     OutboxEvent, ReapPolicy, ReapReport, RetrySchedule,
 };
 use outboxd_connector_kit::row::{self, RowSource, Value as Cell};
-use outboxd_connector_kit::{columns, status, tables, Field};
+use outboxd_connector_kit::{status, tables, ColumnMap, Field};
 
 use crate::client::{classify, int, query, text, text_or_empty};
-use crate::schema::{quote_ident, sql_string};
-use crate::store::{delay_ms, failure_cases, reason_case, MysqlOutboxStore};
+use crate::schema::sql_string;
+use crate::store::{delay_ms, failure_cases, reason_case, MysqlOutboxStore, OutboxTable};
 use crate::time::{sql_time_iso, system_time};
 
 /// Keys per `IN (…)` list.
 const KEYS_PER_STATEMENT: usize = 1000;
 
-/// `(id, …)` of the claimed or scanned rows (the kit's claim fields), in the order
-/// [`event_from_row`] reads them.
-pub(super) fn event_columns(key_column: &str) -> String {
-    columns::select_list(|field| format!("o.{}", quote_ident(field.column(key_column))))
+/// One row of [`OutboxTable::select`] as the stream would build it under the same
+/// layout (without a commit time); `table` names the table in messages.
+pub(super) fn event_from_row(
+    row: &Row,
+    outbox: &OutboxTable,
+    table: &str,
+) -> Result<OutboxEvent, ConnectorError> {
+    row::event_from_select(&SqlRow(row, &outbox.map), &outbox.map, table)
 }
 
-pub(super) const EVENT_COLUMNS: usize = columns::CLAIM_FIELDS.len();
-
-/// One row of [`event_columns`] as the stream would build it (without a commit time).
-pub(super) fn event_from_row(row: &Row, table: &str) -> Result<OutboxEvent, ConnectorError> {
-    row::event_from_row(&SqlRow(row), table)
-}
-
-/// An SQL result row of [`event_columns`] as the kit's row conversion reads it.
-struct SqlRow<'a>(&'a Row);
+/// An SQL result row of [`OutboxTable::select`] as the kit's row conversion reads it.
+struct SqlRow<'a>(&'a Row, &'a ColumnMap);
 
 impl RowSource for SqlRow<'_> {
     fn value(&self, field: Field) -> Result<Cell, ConnectorError> {
-        let Some(at) = columns::position_in_claim(field) else {
+        let Some(at) = self.1.get(field) else {
             return Ok(Cell::Null);
         };
         Ok(match self.0.as_ref(at) {
@@ -170,8 +167,9 @@ impl MysqlOutboxStore {
         if request.limit == 0 {
             return Ok(Vec::new());
         }
-        let outbox = self.outbox_at(table)?.to_owned();
-        let columns = event_columns(&self.connector.layout.key_column);
+        let outbox = self.outbox_at(table)?.clone();
+        let (id, biz_key) = (outbox.id.clone(), outbox.biz_key.clone());
+        let columns = outbox.select.clone();
         let limit = request.limit;
         let not_blocked = |also_init: bool| {
             if !request.strict_order {
@@ -193,19 +191,19 @@ impl MysqlOutboxStore {
                 "AND e.next_retry_time IS NOT NULL ".to_owned()
             };
             format!(
-                "AND NOT EXISTS (SELECT 1 FROM {outbox} e WHERE e.biz_key = o.biz_key \
-                 AND e.id < o.id {trouble}AND e.status IN {statuses})"
+                "AND NOT EXISTS (SELECT 1 FROM {outbox} e WHERE e.{biz_key} = o.{biz_key} \
+                 AND e.{id} < o.{id} {trouble}AND e.status IN {statuses})"
             )
         };
         let due = "o.status = 'FAILED' AND o.next_retry_time <= NOW(6)";
-        let lock = format!("ORDER BY o.id LIMIT {limit} FOR UPDATE SKIP LOCKED");
+        let lock = format!("ORDER BY o.{id} LIMIT {limit} FOR UPDATE SKIP LOCKED");
         let mut selects = vec![format!(
-            "SELECT o.id FROM {outbox} o WHERE {due} {} {lock}",
+            "SELECT o.{id} FROM {outbox} o WHERE {due} {} {lock}",
             not_blocked(request.scope == ClaimScope::NewAndDueFailed)
         )];
         if request.scope == ClaimScope::NewAndDueFailed {
             selects.push(format!(
-                "SELECT o.id FROM {outbox} o WHERE o.status = 'INIT' {} {lock}",
+                "SELECT o.{id} FROM {outbox} o WHERE o.status = 'INIT' {} {lock}",
                 not_blocked(true)
             ));
         }
@@ -225,25 +223,26 @@ impl MysqlOutboxStore {
                     conn.query_drop(format!(
                         "UPDATE {outbox} SET status = 'PROCESSING', claimed_at = NOW(6), \
                          claim_token = UUID(), updated_at = NOW(6), \
-                         next_retry_time = COALESCE(next_retry_time, NOW(6)) WHERE id IN ({ids})"
+                         next_retry_time = COALESCE(next_retry_time, NOW(6)) WHERE {id} IN ({ids})"
                     ))
                     .await?;
                     conn.query::<Row, _>(format!(
-                        "SELECT {columns}, o.claim_token FROM {outbox} o WHERE o.id IN ({ids}) \
-                         ORDER BY o.id"
+                        "SELECT {columns}, o.claim_token FROM {outbox} o WHERE o.{id} IN ({ids}) \
+                         ORDER BY o.{id}"
                     ))
                     .await
                 })
             })
             .await?;
         let name = self.table_name(table);
+        let outbox = self.outbox_at(table)?;
         rows.iter()
             .map(|row| {
-                let mut event = event_from_row(row, name)?;
+                let mut event = event_from_row(row, outbox, name)?;
                 event.table = table;
                 Ok(ClaimedEvent {
                     event,
-                    claim_token: ClaimToken(text_or_empty(row, EVENT_COLUMNS)?),
+                    claim_token: ClaimToken(text_or_empty(row, outbox.select_len)?),
                 })
             })
             .collect()
@@ -278,10 +277,11 @@ impl MysqlOutboxStore {
     /// Reaps the expired claims of the outbox table `outbox`.
     pub(crate) async fn reap_rows(
         &self,
-        outbox: &str,
+        outbox: &OutboxTable,
         policy: ReapPolicy,
     ) -> Result<ReapReport, ConnectorError> {
-        let outbox = outbox.to_owned();
+        let outbox = outbox.clone();
+        let id = outbox.id.clone();
         let reason = sql_string(&policy.reaped_reason());
         let timeout = delay_ms(policy.claim_timeout);
         let delay = delay_ms(policy.retry_delay);
@@ -290,7 +290,7 @@ impl MysqlOutboxStore {
                 // SKIP LOCKED: a row being written back by its worker right now is not stale.
                 let ids: Vec<i64> = conn
                     .query(format!(
-                        "SELECT id FROM {outbox} WHERE next_retry_time IS NOT NULL \
+                        "SELECT {id} FROM {outbox} WHERE next_retry_time IS NOT NULL \
                          AND status = 'PROCESSING' \
                          AND claimed_at < NOW(6) - INTERVAL {timeout} * 1000 MICROSECOND \
                          FOR UPDATE SKIP LOCKED"
@@ -303,13 +303,13 @@ impl MysqlOutboxStore {
                 conn.query_drop(format!(
                     "UPDATE {outbox} SET {FAILED_STATUS}, retry_count = retry_count + 1, \
                      next_retry_time = {}, last_error = {reason}, updated_at = NOW(6), \
-                     claimed_at = NULL, claim_token = NULL WHERE id IN ({ids})",
+                     claimed_at = NULL, claim_token = NULL WHERE {id} IN ({ids})",
                     next_retry(&delay.to_string())
                 ))
                 .await?;
                 let counts: Vec<(String, u64)> = conn
                     .query(format!(
-                        "SELECT status, COUNT(*) FROM {outbox} WHERE id IN ({ids}) GROUP BY status"
+                        "SELECT status, COUNT(*) FROM {outbox} WHERE {id} IN ({ids}) GROUP BY status"
                     ))
                     .await?;
                 let mut report = ReapReport::default();
@@ -327,7 +327,10 @@ impl MysqlOutboxStore {
     }
 
     /// The retry schedule of the outbox table `outbox`.
-    pub(crate) async fn schedule(&self, outbox: &str) -> Result<RetrySchedule, ConnectorError> {
+    pub(crate) async fn schedule(
+        &self,
+        outbox: &OutboxTable,
+    ) -> Result<RetrySchedule, ConnectorError> {
         let sql = format!(
             "SELECT (SELECT MIN(next_retry_time) FROM {outbox} \
                      WHERE next_retry_time IS NOT NULL AND status = 'FAILED'), \
@@ -347,12 +350,13 @@ impl MysqlOutboxStore {
     /// The keys held back by rows of the outbox table `outbox`.
     pub(crate) async fn blocked(
         &self,
-        outbox: &str,
+        outbox: &OutboxTable,
         keys: Option<&[String]>,
     ) -> Result<HashSet<String>, ConnectorError> {
         let blocking = status::blocking_sql_list();
+        let biz_key = &outbox.biz_key;
         let base = format!(
-            "SELECT DISTINCT biz_key FROM {outbox} WHERE next_retry_time IS NOT NULL \
+            "SELECT DISTINCT {biz_key} FROM {outbox} WHERE next_retry_time IS NOT NULL \
              AND status IN {blocking}"
         );
         let what = "reading the keys held back by failed rows";
@@ -366,7 +370,7 @@ impl MysqlOutboxStore {
             Some(keys) => {
                 for chunk in keys.chunks(KEYS_PER_STATEMENT) {
                     let list: Vec<String> = chunk.iter().map(|k| sql_string(k)).collect();
-                    let sql = format!("{base} AND biz_key IN ({})", list.join(", "));
+                    let sql = format!("{base} AND {biz_key} IN ({})", list.join(", "));
                     for row in self.rows(&sql, what).await? {
                         blocked.insert(text_or_empty(&row, 0)?);
                     }
@@ -379,12 +383,14 @@ impl MysqlOutboxStore {
     /// The highest SUCCESS id of the outbox table `outbox`.
     pub(crate) async fn highest_success_id(
         &self,
-        outbox: &str,
+        outbox: &OutboxTable,
     ) -> Result<Option<i64>, ConnectorError> {
         // The primary key read backward: the newest rows are SUCCESS (or a backlog of INIT
         // ones, scanned once per session).
-        let sql =
-            format!("SELECT id FROM {outbox} WHERE status = 'SUCCESS' ORDER BY id DESC LIMIT 1");
+        let id = &outbox.id;
+        let sql = format!(
+            "SELECT {id} FROM {outbox} WHERE status = 'SUCCESS' ORDER BY {id} DESC LIMIT 1"
+        );
         let rows = self
             .rows(&sql, "reading the highest delivered row id")
             .await?;
@@ -397,14 +403,15 @@ impl MysqlOutboxStore {
     /// Of `ids` in the outbox table `outbox`, the SUCCESS ones.
     pub(crate) async fn success_among(
         &self,
-        outbox: &str,
+        outbox: &OutboxTable,
         ids: &[i64],
     ) -> Result<HashSet<i64>, ConnectorError> {
+        let id = &outbox.id;
         let mut delivered = HashSet::new();
         for chunk in ids.chunks(KEYS_PER_STATEMENT) {
             let list: Vec<String> = chunk.iter().map(ToString::to_string).collect();
             let sql = format!(
-                "SELECT id FROM {outbox} WHERE id IN ({}) AND status = 'SUCCESS'",
+                "SELECT {id} FROM {outbox} WHERE {id} IN ({}) AND status = 'SUCCESS'",
                 list.join(", ")
             );
             for row in self
@@ -421,7 +428,12 @@ impl MysqlOutboxStore {
 }
 
 /// The claimed write-back statements of `batch`, whose rows are all in `outbox`.
-fn claimed_statements(statements: &mut Vec<String>, outbox: &str, batch: ClaimedWriteBack<'_>) {
+fn claimed_statements(
+    statements: &mut Vec<String>,
+    outbox: &OutboxTable,
+    batch: ClaimedWriteBack<'_>,
+) {
+    let id = &outbox.id;
     if !batch.delivered.is_empty() {
         let mut derived = String::new();
         for (i, (d, token)) in batch.delivered.iter().enumerate() {
@@ -446,7 +458,7 @@ fn claimed_statements(statements: &mut Vec<String>, outbox: &str, batch: Claimed
             }
         }
         statements.push(format!(
-            "UPDATE {outbox} AS o JOIN ({derived}) AS d ON o.id = d.id AND o.claim_token = d.tok \
+            "UPDATE {outbox} AS o JOIN ({derived}) AS d ON o.{id} = d.id AND o.claim_token = d.tok \
              SET o.status = 'SUCCESS', o.sent_at = NOW(6), o.updated_at = NOW(6), \
              o.kafka_partition = d.kp, o.kafka_offset = d.ko, o.last_error = NULL, \
              o.next_retry_time = NULL, o.claimed_at = NULL, o.claim_token = NULL \
@@ -454,8 +466,8 @@ fn claimed_statements(statements: &mut Vec<String>, outbox: &str, batch: Claimed
         ));
     }
     if !batch.failed.is_empty() {
-        let (errors, delays) = failure_cases(batch.failed.iter().map(|(f, _)| f));
-        let pairs = held_claims(batch.failed.iter().map(|(f, token)| (f.id, token)));
+        let (errors, delays) = failure_cases(id, batch.failed.iter().map(|(f, _)| f));
+        let pairs = held_claims(id, batch.failed.iter().map(|(f, token)| (f.id, token)));
         statements.push(format!(
             "UPDATE {outbox} SET {FAILED_STATUS}, retry_count = retry_count + 1, \
              last_error = {errors} END, next_retry_time = {}, updated_at = NOW(6), \
@@ -473,8 +485,8 @@ fn claimed_statements(statements: &mut Vec<String>, outbox: &str, batch: Claimed
         if rows.is_empty() {
             continue;
         }
-        let reasons = reason_case(rows.iter().map(|(r, _)| r));
-        let pairs = held_claims(rows.iter().map(|(r, token)| (r.id, token)));
+        let reasons = reason_case(id, rows.iter().map(|(r, _)| r));
+        let pairs = held_claims(id, rows.iter().map(|(r, token)| (r.id, token)));
         statements.push(format!(
             "UPDATE {outbox} SET status = '{status}', next_retry_time = NOW(6), \
              last_error = {reasons}, updated_at = NOW(6), \
@@ -485,8 +497,13 @@ fn claimed_statements(statements: &mut Vec<String>, outbox: &str, batch: Claimed
 }
 
 /// `(id = 1 AND claim_token = …) OR …`: the rows whose claim this worker still holds.
-fn held_claims<'a>(rows: impl Iterator<Item = (i64, &'a ClaimToken)>) -> String {
-    rows.map(|(id, token)| format!("(id = {id} AND claim_token = {})", sql_string(&token.0)))
-        .collect::<Vec<_>>()
-        .join(" OR ")
+fn held_claims<'a>(column: &str, rows: impl Iterator<Item = (i64, &'a ClaimToken)>) -> String {
+    rows.map(|(id, token)| {
+        format!(
+            "({column} = {id} AND claim_token = {})",
+            sql_string(&token.0)
+        )
+    })
+    .collect::<Vec<_>>()
+    .join(" OR ")
 }

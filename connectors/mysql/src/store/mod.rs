@@ -25,6 +25,7 @@
 mod claims;
 pub mod inbox;
 mod operator;
+mod table;
 
 use std::fmt::Write as _;
 
@@ -50,6 +51,7 @@ use crate::log::position::BinlogPosition;
 use crate::log::server;
 use crate::schema::{hex_literal, qualified, sql_string};
 use crate::MysqlConnector;
+pub(crate) use table::OutboxTable;
 
 /// Rows per statement at most: keeps each `CASE` short enough to evaluate quickly.
 const ROWS_PER_STATEMENT: usize = 5000;
@@ -68,11 +70,11 @@ const STATEMENT_OVERHEAD: usize = 600;
 #[derive(Debug)]
 pub struct MysqlOutboxStore {
     pub(crate) connector: MysqlConnector,
-    /// The first outbox table, quoted: the operator's, whose commands act on one table
+    /// The first outbox table: the operator's, whose commands act on one table
     /// (`OutboxLayout::for_table`).
-    pub(crate) outbox: String,
-    /// Every outbox table, quoted, in the layout's order: an event's `table` indexes it.
-    outboxes: Vec<String>,
+    pub(crate) outbox: OutboxTable,
+    /// Every outbox table, in the layout's order: an event's `table` indexes it.
+    outboxes: Vec<OutboxTable>,
     pub(crate) checkpoint: String,
     /// The server this store writes to, stored with every checkpoint. A store lives for
     /// one relay session: after a reconnect (perhaps to another server) a new one is
@@ -93,12 +95,12 @@ impl MysqlOutboxStore {
         let info = server::info(&mut conn).await?;
         let store = Self {
             connector: connector.clone(),
-            outbox: qualified(connector.layout.outbox_table()),
+            outbox: OutboxTable::new(connector.layout.outbox_table(), &connector.layout),
             outboxes: connector
                 .layout
                 .outbox_tables
                 .iter()
-                .map(|t| qualified(t))
+                .map(|t| OutboxTable::new(t, &connector.layout))
                 .collect(),
             checkpoint: qualified(&connector.layout.checkpoint_table),
             server: ServerIdentity::of(&mut conn, &info).await?,
@@ -115,9 +117,10 @@ impl MysqlOutboxStore {
             for outbox in &store.outboxes {
                 let _ = write!(
                     probe,
-                    "; SELECT id, status, retry_count, max_retry_count, next_retry_time, \
+                    "; SELECT {}, status, retry_count, max_retry_count, next_retry_time, \
                      last_error, sent_at, kafka_partition, kafka_offset, updated_at \
-                     FROM {outbox} LIMIT 0"
+                     FROM {outbox} LIMIT 0",
+                    outbox.id
                 );
             }
         }
@@ -126,11 +129,10 @@ impl MysqlOutboxStore {
         Ok(store)
     }
 
-    /// The quoted outbox table of index `table`.
-    pub(crate) fn outbox_at(&self, table: u16) -> Result<&str, ConnectorError> {
+    /// The outbox table of index `table`.
+    pub(crate) fn outbox_at(&self, table: u16) -> Result<&OutboxTable, ConnectorError> {
         self.outboxes
             .get(usize::from(table))
-            .map(String::as_str)
             .ok_or_else(|| tables::unknown_table(table, self.outboxes.len()))
     }
 
@@ -434,7 +436,7 @@ pub(crate) async fn load_checkpoint(
 /// with [`FENCE_ERROR`] when another connection holds that lock.
 fn write_back_texts(
     batch: &WriteBack<'_>,
-    outboxes: &[String],
+    outboxes: &[OutboxTable],
     checkpoint: &str,
     pipeline: &str,
     server: &ServerIdentity,
@@ -491,10 +493,15 @@ fn write_back_texts(
 
 /// The status statements of `batch`, whose rows are all in `outbox`, each under `limit`
 /// bytes where a row allows.
-fn row_statements(statements: &mut Vec<String>, batch: &WriteBack<'_>, outbox: &str, limit: usize) {
+fn row_statements(
+    statements: &mut Vec<String>,
+    batch: &WriteBack<'_>,
+    outbox: &OutboxTable,
+    limit: usize,
+) {
     // Every row's share of its statement is bounded from above, so a chunk whose bounds
     // fit the room fits itself.
-    let room = limit.saturating_sub(STATEMENT_OVERHEAD + 2 * outbox.len());
+    let room = limit.saturating_sub(STATEMENT_OVERHEAD + 2 * outbox.quoted.len());
     for chunk in size_chunks(batch.delivered, room, |_| 80) {
         let mut sql = String::new();
         success_sql(&mut sql, outbox, chunk, batch.replace_positions);
@@ -542,7 +549,12 @@ fn size_chunks<T>(rows: &[T], room: usize, cost: impl Fn(&T) -> usize) -> Vec<&[
 /// The SUCCESS update of `rows`: one multi-table UPDATE joined to a derived table. With
 /// `replace_positions` ([`WriteBack::replace_positions`]) SUCCESS rows take the new
 /// position too.
-fn success_sql(sql: &mut String, outbox: &str, rows: &[Delivered], replace_positions: bool) {
+fn success_sql(
+    sql: &mut String,
+    outbox: &OutboxTable,
+    rows: &[Delivered],
+    replace_positions: bool,
+) {
     if rows.is_empty() {
         return;
     }
@@ -564,11 +576,13 @@ fn success_sql(sql: &mut String, outbox: &str, rows: &[Delivered], replace_posit
     }
     // No column of this SET reads another, so the multi-table UPDATE's unspecified
     // assignment order does not matter.
-    sql.push_str(
-        ") AS d ON o.id = d.id SET o.status = 'SUCCESS', o.sent_at = NOW(6), \
+    let _ = write!(
+        sql,
+        ") AS d ON o.{} = d.id SET o.status = 'SUCCESS', o.sent_at = NOW(6), \
          o.updated_at = NOW(6), o.kafka_partition = d.kp, o.kafka_offset = d.ko, \
          o.last_error = NULL, o.next_retry_time = NULL \
          WHERE o.status IN ('INIT', 'FAILED', 'MANUAL_REQUIRED'",
+        outbox.id
     );
     sql.push_str(if replace_positions {
         ", 'SUCCESS');\n"
@@ -580,11 +594,11 @@ fn success_sql(sql: &mut String, outbox: &str, rows: &[Delivered], replace_posit
 /// The FAILED update of `rows`: a single-table UPDATE, whose assignments MySQL evaluates
 /// left to right, so `status` is computed from the `retry_count` before its increment
 /// (MariaDB's SIMULTANEOUS_ASSIGNMENT mode gives the same result).
-fn failed_sql(sql: &mut String, outbox: &str, rows: &[DeliveryFailure]) {
+fn failed_sql(sql: &mut String, outbox: &OutboxTable, rows: &[DeliveryFailure]) {
     if rows.is_empty() {
         return;
     }
-    let (mut errors, mut delays) = failure_cases(rows.iter());
+    let (mut errors, mut delays) = failure_cases(&outbox.id, rows.iter());
     let mut ids = String::new();
     for (i, f) in rows.iter().enumerate() {
         if i > 0 {
@@ -603,17 +617,19 @@ fn failed_sql(sql: &mut String, outbox: &str, rows: &[DeliveryFailure]) {
          next_retry_time = LEAST(NOW(6) + INTERVAL ({delays}) * 1000 MICROSECOND, \
          TIMESTAMP'2038-01-19 03:14:07'), \
          updated_at = NOW(6) \
-         WHERE id IN ({ids}) AND status = 'INIT';"
+         WHERE {} IN ({ids}) AND status = 'INIT';",
+        outbox.id
     );
 }
 
-/// `CASE id WHEN … THEN …` (without `END`) of each failure's `last_error` text and of its
-/// retry delay in milliseconds.
+/// `CASE <id> WHEN … THEN …` (without `END`) of each failure's `last_error` text and of its
+/// retry delay in milliseconds; `id` is the quoted row id column.
 pub(crate) fn failure_cases<'a>(
+    id: &str,
     failures: impl Iterator<Item = &'a DeliveryFailure>,
 ) -> (String, String) {
-    let mut errors = String::from("CASE id");
-    let mut delays = String::from("CASE id");
+    let mut errors = format!("CASE {id}");
+    let mut delays = format!("CASE {id}");
     for f in failures {
         let _ = write!(
             errors,
@@ -627,11 +643,11 @@ pub(crate) fn failure_cases<'a>(
 }
 
 /// Rows parked behind an earlier event of their key: FAILED, due now, `retry_count` kept.
-fn noted_sql(sql: &mut String, outbox: &str, rows: &[ParkedEvent], status: &str) {
+fn noted_sql(sql: &mut String, outbox: &OutboxTable, rows: &[ParkedEvent], status: &str) {
     if rows.is_empty() {
         return;
     }
-    let reasons = reason_case(rows.iter());
+    let reasons = reason_case(&outbox.id, rows.iter());
     let ids = rows
         .iter()
         .map(|p| p.id.to_string())
@@ -641,13 +657,15 @@ fn noted_sql(sql: &mut String, outbox: &str, rows: &[ParkedEvent], status: &str)
         sql,
         "UPDATE {outbox} SET status = '{status}', next_retry_time = NOW(6), \
          last_error = {reasons}, updated_at = NOW(6) \
-         WHERE id IN ({ids}) AND status = 'INIT';"
+         WHERE {} IN ({ids}) AND status = 'INIT';",
+        outbox.id
     );
 }
 
-/// `CASE id WHEN 1 THEN '<reason>' … END`: each row's reason for `last_error`.
-pub(crate) fn reason_case<'a>(rows: impl Iterator<Item = &'a ParkedEvent>) -> String {
-    let mut reasons = String::from("CASE id");
+/// `CASE <id> WHEN 1 THEN '<reason>' … END`: each row's reason for `last_error`; `id` is
+/// the quoted row id column.
+pub(crate) fn reason_case<'a>(id: &str, rows: impl Iterator<Item = &'a ParkedEvent>) -> String {
+    let mut reasons = format!("CASE {id}");
     for p in rows {
         let reason = sql_string(&last_error_text(&p.reason));
         let _ = write!(reasons, " WHEN {} THEN {reason}", p.id);
@@ -691,6 +709,11 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// outboxd's own table `name`.
+    fn table(name: &str) -> OutboxTable {
+        OutboxTable::new(name, &outboxd_connector::OutboxLayout::default())
+    }
+
     #[test]
     fn success_is_one_statement_for_the_batch() {
         let mut sql = String::new();
@@ -702,13 +725,13 @@ mod tests {
                 offset: id * 10,
             })
             .collect();
-        success_sql(&mut sql, "`outbox`", &rows, false);
+        success_sql(&mut sql, &table("outbox"), &rows, false);
         assert_eq!(sql.matches("UPDATE").count(), 1, "{sql}");
         assert!(sql.contains("SELECT 1 AS id, 0 AS kp, 10 AS ko UNION ALL SELECT 2, 0, 20"));
         assert!(sql.contains("WHERE o.status IN ('INIT', 'FAILED', 'MANUAL_REQUIRED');"));
         // Exactly-once's resent rows: SUCCESS ones take the new position too.
         let mut again = String::new();
-        success_sql(&mut again, "`outbox`", &rows, true);
+        success_sql(&mut again, &table("outbox"), &rows, true);
         assert!(
             again.contains("WHERE o.status IN ('INIT', 'FAILED', 'MANUAL_REQUIRED', 'SUCCESS');")
         );
@@ -723,10 +746,10 @@ mod tests {
             error: "it's broken; DROP TABLE x".into(),
             retry_delay: Duration::from_millis(1500),
         }];
-        failed_sql(&mut sql, "`outbox`", &rows);
+        failed_sql(&mut sql, &table("outbox"), &rows);
         assert!(!sql.contains("it's"), "{sql}");
         assert!(sql.contains("WHEN 7 THEN 1500"), "{sql}");
-        assert!(sql.contains("WHERE id IN (7) AND status = 'INIT'"));
+        assert!(sql.contains("WHERE `id` IN (7) AND status = 'INIT'"));
         // status before retry_count: evaluated left to right.
         assert!(
             sql.find("status = CASE").unwrap() < sql.find("retry_count = retry_count + 1").unwrap()
@@ -754,7 +777,7 @@ mod tests {
         };
         let texts = write_back_texts(
             &batch,
-            &["`outbox`".to_owned()],
+            &[table("outbox")],
             "`cp`",
             "p",
             &SERVER,
@@ -765,7 +788,7 @@ mod tests {
         assert_eq!(texts.len(), 1);
         assert!(texts[0].starts_with("START TRANSACTION;\n"));
         assert!(texts[0].ends_with("COMMIT"));
-        assert!(texts[0].contains("WHERE id IN (1, 2, 3) AND status = 'INIT'"));
+        assert!(texts[0].contains("WHERE `id` IN (1, 2, 3) AND status = 'INIT'"));
         // The lock fence is the last statement before COMMIT.
         let fence = texts[0].find("IS_USED_LOCK(").unwrap();
         assert!(fence > texts[0].find("INSERT INTO `cp`").unwrap());
@@ -806,7 +829,7 @@ mod tests {
             checkpoint: Some(&position),
             ..WriteBack::default()
         };
-        let tables = ["`a`.`outbox`".to_owned(), "`b`.`outbox`".to_owned()];
+        let tables = [table("a.outbox"), table("b.outbox")];
         let texts = write_back_texts(&batch, &tables, "`cp`", "p", &SERVER, None, 1 << 20).unwrap();
         assert_eq!(texts.len(), 1);
         let text = &texts[0];
@@ -859,7 +882,7 @@ mod tests {
         };
         let texts = write_back_texts(
             &batch,
-            &["`outbox`".to_owned()],
+            &[table("outbox")],
             "`cp`",
             "p",
             &SERVER,
@@ -898,16 +921,8 @@ mod tests {
         );
 
         // A single row's statement over the limit cannot be cut: definite, names the fix.
-        let err = write_back_texts(
-            &batch,
-            &["`outbox`".to_owned()],
-            "`cp`",
-            "p",
-            &SERVER,
-            None,
-            4096,
-        )
-        .unwrap_err();
+        let err = write_back_texts(&batch, &[table("outbox")], "`cp`", "p", &SERVER, None, 4096)
+            .unwrap_err();
         assert!(!err.is_transient());
         assert!(err.message().contains("raise max_allowed_packet"), "{err}");
     }

@@ -16,7 +16,7 @@ use crate::client::{int, text, text_or_empty};
 use crate::log::position::BinlogPosition;
 use crate::log::server;
 use crate::schema::{qualified, sql_string, table_ident};
-use crate::store::claims::{event_columns, event_from_row, id_list};
+use crate::store::claims::{event_from_row, id_list};
 use crate::store::{delay_ms, MysqlOutboxStore};
 use crate::time::system_time;
 
@@ -25,11 +25,14 @@ impl OutboxAdmin for MysqlOutboxStore {
         // Every outbox table of the store (one, for an operator's command).
         let mut summary = StatusSummary::default();
         for outbox in &self.outboxes {
+            let message_type = &outbox.message_type;
+            // A table without a creation time (Debezium's) has no age to tell.
+            let created_at = outbox.created_at.as_deref().unwrap_or("NULL");
             let rows = self
                 .rows(
                     &format!(
-                        "SELECT status, message_type, COUNT(*), MIN(created_at) FROM {outbox} \
-                         GROUP BY status, message_type ORDER BY status, message_type"
+                        "SELECT status, {message_type}, COUNT(*), MIN({created_at}) FROM {outbox} \
+                         GROUP BY status, {message_type} ORDER BY status, {message_type}"
                     ),
                     "counting outbox rows",
                 )
@@ -69,7 +72,8 @@ impl OutboxAdmin for MysqlOutboxStore {
         match selector {
             RetrySelector::Id(id) => {
                 let sql = format!(
-                    "UPDATE {outbox} {set} WHERE id = {id} AND status IN ('FAILED', 'MANUAL_REQUIRED')"
+                    "UPDATE {outbox} {set} WHERE {} = {id} AND status IN ('FAILED', 'MANUAL_REQUIRED')",
+                    outbox.id
                 );
                 self.update(&sql, &format!("making row {id} due again"))
                     .await
@@ -80,7 +84,7 @@ impl OutboxAdmin for MysqlOutboxStore {
             } => {
                 let of_type = message_type
                     .as_deref()
-                    .map(|t| format!(" AND message_type = {}", sql_string(t)))
+                    .map(|t| format!(" AND {} = {}", outbox.message_type, sql_string(t)))
                     .unwrap_or_default();
                 let sql = format!(
                     "UPDATE {outbox} {set} WHERE next_retry_time IS NOT NULL AND status = {}{of_type}",
@@ -98,8 +102,8 @@ impl OutboxAdmin for MysqlOutboxStore {
             "UPDATE {} SET status = 'MANUAL_REQUIRED', \
              next_retry_time = COALESCE(next_retry_time, NOW(6)), last_error = {note}, \
              claimed_at = NULL, claim_token = NULL, updated_at = NOW(6) \
-             WHERE id = {id} AND status IN ('INIT', 'FAILED')",
-            self.outbox
+             WHERE {} = {id} AND status IN ('INIT', 'FAILED')",
+            self.outbox, self.outbox.id
         );
         Ok(self.update(&sql, &format!("parking row {id}")).await? > 0)
     }
@@ -109,8 +113,8 @@ impl OutboxAdmin for MysqlOutboxStore {
         let sql = format!(
             "UPDATE {} SET status = 'SUCCESS', sent_at = NULL, next_retry_time = NULL, \
              last_error = {note}, claimed_at = NULL, claim_token = NULL, updated_at = NOW(6) \
-             WHERE id = {id} AND status <> 'SUCCESS'",
-            self.outbox
+             WHERE {} = {id} AND status <> 'SUCCESS'",
+            self.outbox, self.outbox.id
         );
         Ok(self.update(&sql, &format!("resolving row {id}")).await? > 0)
     }
@@ -125,6 +129,7 @@ impl OutboxAdmin for MysqlOutboxStore {
             return Ok(0);
         }
         let outbox = self.outbox.clone();
+        let id = outbox.id.clone();
         let retention_ms = delay_ms(retention);
         // Rows resolved by an operator were never sent: they age from their update.
         let old = format!(
@@ -133,7 +138,7 @@ impl OutboxAdmin for MysqlOutboxStore {
         );
         match action {
             JanitorAction::Delete => {
-                let sql = format!("DELETE FROM {outbox} WHERE {old} ORDER BY id LIMIT {batch}");
+                let sql = format!("DELETE FROM {outbox} WHERE {old} ORDER BY {id} LIMIT {batch}");
                 self.update(&sql, "deleting old SUCCESS rows").await
             }
             JanitorAction::Archive(table) => {
@@ -166,7 +171,7 @@ impl OutboxAdmin for MysqlOutboxStore {
                     Box::pin(async move {
                         let ids: Vec<i64> = conn
                             .query(format!(
-                                "SELECT id FROM {outbox} WHERE {old} ORDER BY id LIMIT {batch} \
+                                "SELECT {id} FROM {outbox} WHERE {old} ORDER BY {id} LIMIT {batch} \
                                  FOR UPDATE SKIP LOCKED"
                             ))
                             .await?;
@@ -175,10 +180,10 @@ impl OutboxAdmin for MysqlOutboxStore {
                         }
                         let ids = id_list(ids);
                         conn.query_drop(format!(
-                            "INSERT INTO {archive} SELECT * FROM {outbox} WHERE id IN ({ids})"
+                            "INSERT INTO {archive} SELECT * FROM {outbox} WHERE {id} IN ({ids})"
                         ))
                         .await?;
-                        conn.query_drop(format!("DELETE FROM {outbox} WHERE id IN ({ids})"))
+                        conn.query_drop(format!("DELETE FROM {outbox} WHERE {id} IN ({ids})"))
                             .await?;
                         Ok(conn.affected_rows())
                     })
@@ -194,18 +199,19 @@ impl OutboxAdmin for MysqlOutboxStore {
         after_id: i64,
         limit: usize,
     ) -> Result<Vec<OutboxEvent>, ConnectorError> {
+        let outbox = self.outbox_at(table)?;
+        let id = &outbox.id;
         let sql = format!(
-            "SELECT {} FROM {} o WHERE o.status = 'INIT' AND o.id > {after_id} ORDER BY o.id \
-             LIMIT {limit}",
-            event_columns(&self.connector.layout.key_column),
-            self.outbox_at(table)?
+            "SELECT {} FROM {outbox} o WHERE o.status = 'INIT' AND o.{id} > {after_id} \
+             ORDER BY o.{id} LIMIT {limit}",
+            outbox.select
         );
         let name = self.table_name(table);
         self.rows(&sql, "scanning INIT rows")
             .await?
             .iter()
             .map(|row| {
-                let mut event = event_from_row(row, name)?;
+                let mut event = event_from_row(row, outbox, name)?;
                 event.table = table;
                 Ok(event)
             })

@@ -1,0 +1,62 @@
+//! One outbox table as the MySQL statements name it: the table quoted, and the columns
+//! they address under the layout (outboxd's own, or where `outbox.columns` puts them on
+//! the application's table, e.g. Debezium's with the integer row id `init --add-columns`
+//! added). The status columns always have outboxd's names.
+
+use std::fmt;
+
+use outboxd_connector::OutboxLayout;
+use outboxd_connector_kit::{columns, ColumnMap};
+
+use crate::schema::{qualified, quote_ident};
+
+/// One outbox table and the names of its columns, quoted for MySQL. Displays as the
+/// quoted table name, so statements write `{outbox}` for it.
+#[derive(Clone, Debug)]
+pub(crate) struct OutboxTable {
+    /// The table, quoted (`` `app`.`outbox` ``).
+    pub(crate) quoted: String,
+    /// The integer row id every write-back addresses and claims order by.
+    pub(crate) id: String,
+    /// The business key of strict ordering.
+    pub(crate) biz_key: String,
+    /// The message type (`status` counts by it).
+    pub(crate) message_type: String,
+    /// When the row was created, if the table says.
+    pub(crate) created_at: Option<String>,
+    /// The select list of the claim fields for alias `o` ([`columns::claim_fields`]).
+    pub(crate) select: String,
+    /// Where each claim field is in a row of `select`; a claim's token follows them.
+    pub(crate) map: ColumnMap,
+    /// How many columns `select` has.
+    pub(crate) select_len: usize,
+}
+
+impl OutboxTable {
+    /// The table `name` (as configured) under `layout`.
+    pub(crate) fn new(name: &str, layout: &OutboxLayout) -> Self {
+        let names = &layout.columns;
+        let fields = columns::claim_fields(layout);
+        let select = fields
+            .iter()
+            .map(|(_, column)| format!("o.{}", quote_ident(column)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        Self {
+            quoted: qualified(name),
+            id: quote_ident(names.id.as_deref().unwrap_or("id")),
+            biz_key: quote_ident(&names.biz_key),
+            message_type: quote_ident(&names.message_type),
+            created_at: names.created_at.as_deref().map(quote_ident),
+            select,
+            map: ColumnMap::in_select_order(&fields, layout),
+            select_len: fields.len(),
+        }
+    }
+}
+
+impl fmt::Display for OutboxTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.quoted)
+    }
+}
