@@ -212,8 +212,8 @@ pub enum RowsConfig {
 pub const DEBEZIUM_ROW_ID: &str = "outboxd_seq";
 
 /// `[outbox.columns]`: each key overrides one column name of the layout. With kept rows
-/// (PostgreSQL) `id` must be an integer row id, and the status columns keep outboxd's
-/// names (`init --add-columns` adds them).
+/// `id` must be an integer row id, and the status columns keep outboxd's names (`init
+/// --add-columns` adds them).
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ColumnsConfig {

@@ -1,9 +1,10 @@
 //! The outbox column model: every column outboxd reads or writes, with its role.
 //!
-//! From this one list come `check`'s required columns ([`required_columns`]), the select
-//! list of the claim queries ([`CLAIM_FIELDS`], [`select_list`]) and the columns the row
-//! conversion reads ([`Field`], [`ColumnMap`]). An engine adds only its dialect: casts,
-//! quoting, how its log names a column.
+//! From this one list come `check`'s required columns ([`required_columns`]), the columns
+//! `init --add-columns` adds to an application's table ([`state_columns`]), the select list
+//! of the claim queries ([`claim_fields`]) and the columns the row conversion reads
+//! ([`Field`], [`ColumnMap`]), each under the layout's names (`outbox.columns`). An engine
+//! adds only its dialect: casts, quoting, how its log names a column.
 
 use outboxd_connector::{ConnectorError, ErrorReason, OutboxLayout};
 
@@ -245,20 +246,10 @@ pub const LOG_FIELDS: [Field; 12] = [
     Field::Status,
 ];
 
-/// The fields a claim (or a scan of rows) selects, in select-list order; the SQL result
-/// row's column `i` is `CLAIM_FIELDS[i]`. A claim's token follows them. A claim takes
-/// only rows it may publish, so it does not read `status`.
+/// The fields a claim (or a scan of rows) selects on outboxd's own table, in select-list
+/// order ([`claim_fields`] gives them for any layout). A claim takes only rows it may
+/// publish, so it does not read `status`.
 pub const CLAIM_FIELDS: &[Field] = LOG_FIELDS.split_at(LOG_FIELDS.len() - 1).0;
-
-/// The select list of [`CLAIM_FIELDS`], each rendered by the engine (alias, quoting,
-/// casts), joined with `, `.
-pub fn select_list(render: impl Fn(Field) -> String) -> String {
-    CLAIM_FIELDS
-        .iter()
-        .map(|f| render(*f))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
 
 /// The column `field` is read from in the log under `layout`, `None` when the table has
 /// none. With kept rows ([`OutboxLayout::tracks_status`]) these are the columns of
@@ -383,11 +374,6 @@ impl ColumnMap {
     }
 }
 
-/// Where `field` is in a claim's result row (see [`CLAIM_FIELDS`]).
-pub fn position_in_claim(field: Field) -> Option<usize> {
-    CLAIM_FIELDS.iter().position(|f| *f == field)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -492,12 +478,7 @@ mod tests {
         let map = ColumnMap::resolve(find, &layout, "outbox", "x.sql").unwrap();
         assert_eq!(map.get(Field::Key), Some(3));
         assert_eq!(map.get(Field::Topic), None);
-        assert_eq!(
-            select_list(|f| f.column("k").to_owned())
-                .split(", ")
-                .count(),
-            11
-        );
+        assert_eq!(claim_fields(&layout).len(), 11);
     }
 
     #[test]

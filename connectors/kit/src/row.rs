@@ -54,26 +54,11 @@ pub fn event_from_insert(
     map: &ColumnMap,
     table: &str,
 ) -> Result<Option<OutboxEvent>, ConnectorError> {
-    let read = Reader {
-        row,
-        table,
-        map: Some(map),
-    };
+    let read = Reader { row, table, map };
     if map.tracks_status() && read.text(Field::Status)?.as_deref() != Some(status::INIT) {
         return Ok(None);
     }
     read.event_or_rejected().map(Some)
-}
-
-/// A row read by SQL (a claim, a scan): as the log path would build it, without a commit
-/// time.
-pub fn event_from_row(row: &impl RowSource, table: &str) -> Result<OutboxEvent, ConnectorError> {
-    Reader {
-        row,
-        table,
-        map: None,
-    }
-    .event_or_rejected()
 }
 
 /// A row read by SQL whose select list is [`crate::columns::claim_fields`] (`map` from
@@ -84,12 +69,7 @@ pub fn event_from_select(
     map: &ColumnMap,
     table: &str,
 ) -> Result<OutboxEvent, ConnectorError> {
-    Reader {
-        row,
-        table,
-        map: Some(map),
-    }
-    .event_or_rejected()
+    Reader { row, table, map }.event_or_rejected()
 }
 
 /// The W3C trace context a trace column holds, as the `traceparent` and `tracestate`
@@ -140,14 +120,14 @@ pub fn row_headers(json: Option<&str>, table: &str) -> Vec<(String, Bytes)> {
 struct Reader<'a, R> {
     row: &'a R,
     table: &'a str,
-    /// The log path's columns; `None` for a row read by SQL (outboxd's own columns).
-    map: Option<&'a ColumnMap>,
+    /// Where each field is in the row (the log's columns, or a select list's).
+    map: &'a ColumnMap,
 }
 
 impl<R: RowSource> Reader<'_, R> {
-    /// Whether the row has `field`: always for a row read by SQL.
+    /// Whether the row has `field` (a column of the log, or of the select list).
     fn has(&self, field: Field) -> bool {
-        self.map.is_none_or(|map| map.get(field).is_some())
+        self.map.get(field).is_some()
     }
 
     /// The row's id; 0 for a table without one (rows deleted by the application: nothing
@@ -225,9 +205,7 @@ impl<R: RowSource> Reader<'_, R> {
     fn headers(&self) -> Result<Vec<(String, Bytes)>, ConnectorError> {
         let json = self.text(Field::Headers)?;
         let mut headers = row_headers(json.as_deref(), self.table);
-        let Some(map) = self.map else {
-            return Ok(headers);
-        };
+        let map = self.map;
         let mut more = Vec::new();
         if let Some(trace) = self.text(Field::Trace)? {
             more.extend(trace_headers(&trace));
@@ -327,6 +305,12 @@ mod tests {
         ColumnMap::resolve(|_| Some(0), &OutboxLayout::default(), "outbox", "x.sql").unwrap()
     }
 
+    /// A claim's select list on outboxd's own table.
+    fn selected() -> ColumnMap {
+        let layout = OutboxLayout::default();
+        ColumnMap::in_select_order(&crate::columns::claim_fields(&layout), &layout)
+    }
+
     fn row() -> Row {
         Row(HashMap::from([
             (Field::Id, Value::Int(7)),
@@ -345,7 +329,7 @@ mod tests {
 
     #[test]
     fn converts_a_row() {
-        let e = event_from_row(&row(), "outbox").unwrap();
+        let e = event_from_select(&row(), &selected(), "outbox").unwrap();
         assert_eq!((e.id, e.message_id.as_str()), (7, "m-7"));
         assert_eq!(e.topic, None);
         assert_eq!(e.headers, vec![("trace".to_owned(), Bytes::from("abc"))]);
@@ -368,9 +352,12 @@ mod tests {
     fn bad_headers_are_dropped_bad_values_reject_the_row_bad_ids_are_errors() {
         let mut r = row();
         r.0.insert(Field::Headers, text("[1]"));
-        assert!(event_from_row(&r, "outbox").unwrap().headers.is_empty());
+        assert!(event_from_select(&r, &selected(), "outbox")
+            .unwrap()
+            .headers
+            .is_empty());
         r.0.insert(Field::MessageId, Value::Null);
-        let e = event_from_row(&r, "outbox").unwrap();
+        let e = event_from_select(&r, &selected(), "outbox").unwrap();
         assert_eq!((e.id, e.biz_key.as_str()), (7, "o-7"));
         assert_eq!(
             e.rejected.as_deref(),
@@ -387,7 +374,7 @@ mod tests {
         assert!(e.rejected.unwrap().contains("`biz_key` is NULL"));
         // A row that cannot be addressed is a definite error.
         r.0.insert(Field::Id, Value::Null);
-        let err = event_from_row(&r, "outbox").unwrap_err();
+        let err = event_from_select(&r, &selected(), "outbox").unwrap_err();
         assert!(!err.is_transient());
         assert_eq!(err.message(), "outbox `outbox`: column `id` is NULL");
     }
