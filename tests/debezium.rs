@@ -603,14 +603,14 @@ async fn several_outbox_tables_in_one_pipeline_each_row_to_its_tables_topic() {
         .await;
 }
 
-/// Inserts one Debezium outbox row and keeps it (no delete), in `status` when given (as
-/// an application or an operator may); returns its uuid.
+/// Inserts one Debezium outbox row and keeps it (no delete), with the span context
+/// `trace` and in `status` when given (as an application or an operator may); returns its
+/// uuid.
 async fn insert_kept(
     sql: &tokio_postgres::Client,
     table: &str,
-    aggregate: &str,
-    key: &str,
-    seq: u32,
+    (aggregate, key, seq): (&str, &str, u32),
+    trace: Option<&str>,
     status: Option<&str>,
 ) -> String {
     let id: String = sql
@@ -621,20 +621,22 @@ async fn insert_kept(
     let payload = format!(r#"{{"key": "{key}", "seq": {seq}}}"#);
     let insert = match status {
         None => format!(
-            "INSERT INTO \"{table}\" (id, aggregatetype, aggregateid, type, payload) \
-             VALUES ($1::text::uuid, $2, $3, 'OrderCreated', $4::text::jsonb)"
+            "INSERT INTO \"{table}\" (id, aggregatetype, aggregateid, type, payload, \
+             tracingspancontext) VALUES ($1::text::uuid, $2, $3, 'OrderCreated', \
+             $4::text::jsonb, $5)"
         ),
         // A parked row: outboxd's invariant wants next_retry_time set with the status.
         Some(_) => format!(
-            "INSERT INTO \"{table}\" (id, aggregatetype, aggregateid, type, payload, status, \
-             next_retry_time) VALUES ($1::text::uuid, $2, $3, 'OrderCreated', $4::text::jsonb, \
-             $5, now())"
+            "INSERT INTO \"{table}\" (id, aggregatetype, aggregateid, type, payload, \
+             tracingspancontext, status, next_retry_time) VALUES ($1::text::uuid, $2, $3, \
+             'OrderCreated', $4::text::jsonb, $5, $6, now())"
         ),
     };
+    let trace = trace.map(|t| format!("traceparent={t}\n"));
     let status = status.unwrap_or("");
     let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = match status.is_empty() {
-        true => vec![&id, &aggregate, &key, &payload],
-        false => vec![&id, &aggregate, &key, &payload, &status],
+        true => vec![&id, &aggregate, &key, &payload, &trace],
+        false => vec![&id, &aggregate, &key, &payload, &trace, &status],
     };
     sql.execute(&insert, &params).await.expect("insert");
     id
@@ -681,7 +683,7 @@ async fn a_debezium_table_keeps_its_rows_once_init_adds_the_status_columns() {
     .expect("Debezium's table");
     create_topic_with(&p.services.kafka, &topic, 1, &[]).await;
     // A row from before the switch, kept by the application: not to be sent again.
-    let old = insert_kept(&sql, &p.table, &aggregate, "k-old", 0, None).await;
+    let old = insert_kept(&sql, &p.table, (&aggregate, "k-old", 0), None, None).await;
 
     let text = |out: &std::process::Output| {
         format!(
@@ -734,17 +736,19 @@ async fn a_debezium_table_keeps_its_rows_once_init_adds_the_status_columns() {
     let mut sent = Vec::new();
     for seq in 1..=6 {
         let key = format!("k{}", seq % 2);
-        let id = insert_kept(&sql, &p.table, &aggregate, &key, seq, None).await;
+        // Row 3 carries a span context: the log path reads it.
+        let trace = (seq == 3).then_some(TRACEPARENT);
+        let id = insert_kept(&sql, &p.table, (&aggregate, &key, seq), trace, None).await;
         sent.push((key, id));
     }
     // A parked row, inserted so (the log path leaves rows not inserted as INIT alone),
-    // made due by the operator by its added id: the retry worker claims and sends it.
+    // made due by the operator by its added id: the retry worker claims and sends it,
+    // reading its span context as the log path would.
     let parked = insert_kept(
         &sql,
         &p.table,
-        &aggregate,
-        "k-parked",
-        7,
+        (&aggregate, "k-parked", 7),
+        Some(TRACEPARENT),
         Some("MANUAL_REQUIRED"),
     )
     .await;
@@ -790,6 +794,17 @@ async fn a_debezium_table_keeps_its_rows_once_init_adds_the_status_columns() {
         );
     }
     assert_eq!(records.len(), sent.len(), "nothing else on {topic}");
+    let mut traced: Vec<&str> = records
+        .iter()
+        .filter(|r| r.headers.get("traceparent").map(String::as_str) == Some(TRACEPARENT))
+        .map(|r| r.key.as_str())
+        .collect();
+    traced.sort_unstable();
+    assert_eq!(
+        traced,
+        ["k-parked", "k1"],
+        "the span context of the logged row 3 and of the claimed row"
+    );
     for key in ["k0", "k1"] {
         let seqs: Vec<&str> = records
             .iter()
