@@ -224,6 +224,53 @@ pub fn state_columns(layout: &OutboxLayout) -> Vec<(&str, StateColumn)> {
     columns
 }
 
+/// The columns of [`state_columns`] a table lacks, given the names it has (`same` compares
+/// two names as the engine does).
+pub fn missing_state_columns<'a>(
+    layout: &'a OutboxLayout,
+    present: &[String],
+    same: impl Fn(&str, &str) -> bool,
+) -> Vec<&'a str> {
+    state_columns(layout)
+        .into_iter()
+        .map(|(name, _)| name)
+        .filter(|name| !present.iter().any(|p| same(p, name)))
+        .collect()
+}
+
+/// Whether `init --add-columns` has columns to add: kept rows on an application's table
+/// (`outbox.columns`, Debezium's layout), not outboxd's own.
+pub fn adds_state_columns(layout: &OutboxLayout) -> bool {
+    layout.tracks_status() && !is_outboxd_table(layout)
+}
+
+/// The outbox columns the store's statements name besides the status columns, quoted by
+/// the engine: outboxd's own names, or where `outbox.columns` puts them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowNames {
+    /// The integer row id every write-back addresses and claims order by.
+    pub id: String,
+    /// The business key of strict ordering.
+    pub biz_key: String,
+    /// The message type (`status` counts by it).
+    pub message_type: String,
+    /// When the row was created, if the table says.
+    pub created_at: Option<String>,
+}
+
+impl RowNames {
+    /// The names under `layout`, each through `quote` (the engine's identifier quoting).
+    pub fn quoted(layout: &OutboxLayout, quote: impl Fn(&str) -> String) -> Self {
+        let names = &layout.columns;
+        Self {
+            id: quote(names.id.as_deref().unwrap_or("id")),
+            biz_key: quote(&names.biz_key),
+            message_type: quote(&names.message_type),
+            created_at: names.created_at.as_deref().map(&quote),
+        }
+    }
+}
+
 /// Whether the outbox is outboxd's own table (`schemas/*/outbox.sql`, created by `init`)
 /// rather than the application's, whose columns `outbox.columns` names.
 pub fn is_outboxd_table(layout: &OutboxLayout) -> bool {

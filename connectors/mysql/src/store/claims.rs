@@ -168,7 +168,7 @@ impl MysqlOutboxStore {
             return Ok(Vec::new());
         }
         let outbox = self.outbox_at(table)?.clone();
-        let (id, biz_key) = (outbox.id.clone(), outbox.biz_key.clone());
+        let (id, biz_key) = (outbox.names.id.clone(), outbox.names.biz_key.clone());
         let columns = outbox.select.clone();
         let limit = request.limit;
         let not_blocked = |also_init: bool| {
@@ -281,7 +281,7 @@ impl MysqlOutboxStore {
         policy: ReapPolicy,
     ) -> Result<ReapReport, ConnectorError> {
         let outbox = outbox.clone();
-        let id = outbox.id.clone();
+        let id = outbox.names.id.clone();
         let reason = sql_string(&policy.reaped_reason());
         let timeout = delay_ms(policy.claim_timeout);
         let delay = delay_ms(policy.retry_delay);
@@ -354,7 +354,7 @@ impl MysqlOutboxStore {
         keys: Option<&[String]>,
     ) -> Result<HashSet<String>, ConnectorError> {
         let blocking = status::blocking_sql_list();
-        let biz_key = &outbox.biz_key;
+        let biz_key = &outbox.names.biz_key;
         let base = format!(
             "SELECT DISTINCT {biz_key} FROM {outbox} WHERE next_retry_time IS NOT NULL \
              AND status IN {blocking}"
@@ -387,7 +387,7 @@ impl MysqlOutboxStore {
     ) -> Result<Option<i64>, ConnectorError> {
         // The primary key read backward: the newest rows are SUCCESS (or a backlog of INIT
         // ones, scanned once per session).
-        let id = &outbox.id;
+        let id = &outbox.names.id;
         let sql = format!(
             "SELECT {id} FROM {outbox} WHERE status = 'SUCCESS' ORDER BY {id} DESC LIMIT 1"
         );
@@ -406,7 +406,7 @@ impl MysqlOutboxStore {
         outbox: &OutboxTable,
         ids: &[i64],
     ) -> Result<HashSet<i64>, ConnectorError> {
-        let id = &outbox.id;
+        let id = &outbox.names.id;
         let mut delivered = HashSet::new();
         for chunk in ids.chunks(KEYS_PER_STATEMENT) {
             let list: Vec<String> = chunk.iter().map(ToString::to_string).collect();
@@ -433,7 +433,7 @@ fn claimed_statements(
     outbox: &OutboxTable,
     batch: ClaimedWriteBack<'_>,
 ) {
-    let id = &outbox.id;
+    let id = &outbox.names.id;
     if !batch.delivered.is_empty() {
         let mut derived = String::new();
         for (i, (d, token)) in batch.delivered.iter().enumerate() {

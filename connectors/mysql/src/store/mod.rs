@@ -120,7 +120,7 @@ impl MysqlOutboxStore {
                     "; SELECT {}, status, retry_count, max_retry_count, next_retry_time, \
                      last_error, sent_at, kafka_partition, kafka_offset, updated_at \
                      FROM {outbox} LIMIT 0",
-                    outbox.id
+                    outbox.names.id
                 );
             }
         }
@@ -582,7 +582,7 @@ fn success_sql(
          o.updated_at = NOW(6), o.kafka_partition = d.kp, o.kafka_offset = d.ko, \
          o.last_error = NULL, o.next_retry_time = NULL \
          WHERE o.status IN ('INIT', 'FAILED', 'MANUAL_REQUIRED'",
-        outbox.id
+        outbox.names.id
     );
     sql.push_str(if replace_positions {
         ", 'SUCCESS');\n"
@@ -598,7 +598,7 @@ fn failed_sql(sql: &mut String, outbox: &OutboxTable, rows: &[DeliveryFailure]) 
     if rows.is_empty() {
         return;
     }
-    let (mut errors, mut delays) = failure_cases(&outbox.id, rows.iter());
+    let (mut errors, mut delays) = failure_cases(&outbox.names.id, rows.iter());
     let mut ids = String::new();
     for (i, f) in rows.iter().enumerate() {
         if i > 0 {
@@ -618,7 +618,7 @@ fn failed_sql(sql: &mut String, outbox: &OutboxTable, rows: &[DeliveryFailure]) 
          TIMESTAMP'2038-01-19 03:14:07'), \
          updated_at = NOW(6) \
          WHERE {} IN ({ids}) AND status = 'INIT';",
-        outbox.id
+        outbox.names.id
     );
 }
 
@@ -647,7 +647,7 @@ fn noted_sql(sql: &mut String, outbox: &OutboxTable, rows: &[ParkedEvent], statu
     if rows.is_empty() {
         return;
     }
-    let reasons = reason_case(&outbox.id, rows.iter());
+    let reasons = reason_case(&outbox.names.id, rows.iter());
     let ids = rows
         .iter()
         .map(|p| p.id.to_string())
@@ -658,7 +658,7 @@ fn noted_sql(sql: &mut String, outbox: &OutboxTable, rows: &[ParkedEvent], statu
         "UPDATE {outbox} SET status = '{status}', next_retry_time = NOW(6), \
          last_error = {reasons}, updated_at = NOW(6) \
          WHERE {} IN ({ids}) AND status = 'INIT';",
-        outbox.id
+        outbox.names.id
     );
 }
 

@@ -25,9 +25,9 @@ impl OutboxAdmin for MysqlOutboxStore {
         // Every outbox table of the store (one, for an operator's command).
         let mut summary = StatusSummary::default();
         for outbox in &self.outboxes {
-            let message_type = &outbox.message_type;
+            let message_type = &outbox.names.message_type;
             // A table without a creation time (Debezium's) has no age to tell.
-            let created_at = outbox.created_at.as_deref().unwrap_or("NULL");
+            let created_at = outbox.names.created_at.as_deref().unwrap_or("NULL");
             let rows = self
                 .rows(
                     &format!(
@@ -73,7 +73,7 @@ impl OutboxAdmin for MysqlOutboxStore {
             RetrySelector::Id(id) => {
                 let sql = format!(
                     "UPDATE {outbox} {set} WHERE {} = {id} AND status IN ('FAILED', 'MANUAL_REQUIRED')",
-                    outbox.id
+                    outbox.names.id
                 );
                 self.update(&sql, &format!("making row {id} due again"))
                     .await
@@ -84,7 +84,7 @@ impl OutboxAdmin for MysqlOutboxStore {
             } => {
                 let of_type = message_type
                     .as_deref()
-                    .map(|t| format!(" AND {} = {}", outbox.message_type, sql_string(t)))
+                    .map(|t| format!(" AND {} = {}", outbox.names.message_type, sql_string(t)))
                     .unwrap_or_default();
                 let sql = format!(
                     "UPDATE {outbox} {set} WHERE next_retry_time IS NOT NULL AND status = {}{of_type}",
@@ -103,7 +103,7 @@ impl OutboxAdmin for MysqlOutboxStore {
              next_retry_time = COALESCE(next_retry_time, NOW(6)), last_error = {note}, \
              claimed_at = NULL, claim_token = NULL, updated_at = NOW(6) \
              WHERE {} = {id} AND status IN ('INIT', 'FAILED')",
-            self.outbox, self.outbox.id
+            self.outbox, self.outbox.names.id
         );
         Ok(self.update(&sql, &format!("parking row {id}")).await? > 0)
     }
@@ -114,7 +114,7 @@ impl OutboxAdmin for MysqlOutboxStore {
             "UPDATE {} SET status = 'SUCCESS', sent_at = NULL, next_retry_time = NULL, \
              last_error = {note}, claimed_at = NULL, claim_token = NULL, updated_at = NOW(6) \
              WHERE {} = {id} AND status <> 'SUCCESS'",
-            self.outbox, self.outbox.id
+            self.outbox, self.outbox.names.id
         );
         Ok(self.update(&sql, &format!("resolving row {id}")).await? > 0)
     }
@@ -129,7 +129,7 @@ impl OutboxAdmin for MysqlOutboxStore {
             return Ok(0);
         }
         let outbox = self.outbox.clone();
-        let id = outbox.id.clone();
+        let id = outbox.names.id.clone();
         let retention_ms = delay_ms(retention);
         // Rows resolved by an operator were never sent: they age from their update.
         let old = format!(
@@ -200,7 +200,7 @@ impl OutboxAdmin for MysqlOutboxStore {
         limit: usize,
     ) -> Result<Vec<OutboxEvent>, ConnectorError> {
         let outbox = self.outbox_at(table)?;
-        let id = &outbox.id;
+        let id = &outbox.names.id;
         let sql = format!(
             "SELECT {} FROM {outbox} o WHERE o.status = 'INIT' AND o.{id} > {after_id} \
              ORDER BY o.{id} LIMIT {limit}",

@@ -6,7 +6,8 @@
 use std::fmt;
 
 use outboxd_connector::OutboxLayout;
-use outboxd_connector_kit::{columns, ColumnMap};
+use outboxd_connector_kit::columns::{self, RowNames};
+use outboxd_connector_kit::ColumnMap;
 
 use crate::schema::{qualified, quote_ident};
 
@@ -16,14 +17,8 @@ use crate::schema::{qualified, quote_ident};
 pub(crate) struct OutboxTable {
     /// The table, quoted (`` `app`.`outbox` ``).
     pub(crate) quoted: String,
-    /// The integer row id every write-back addresses and claims order by.
-    pub(crate) id: String,
-    /// The business key of strict ordering.
-    pub(crate) biz_key: String,
-    /// The message type (`status` counts by it).
-    pub(crate) message_type: String,
-    /// When the row was created, if the table says.
-    pub(crate) created_at: Option<String>,
+    /// The columns the statements name besides the status columns.
+    pub(crate) names: RowNames,
     /// The select list of the claim fields for alias `o` ([`columns::claim_fields`]).
     pub(crate) select: String,
     /// Where each claim field is in a row of `select`; a claim's token follows them.
@@ -35,7 +30,6 @@ pub(crate) struct OutboxTable {
 impl OutboxTable {
     /// The table `name` (as configured) under `layout`.
     pub(crate) fn new(name: &str, layout: &OutboxLayout) -> Self {
-        let names = &layout.columns;
         let fields = columns::claim_fields(layout);
         let select = fields
             .iter()
@@ -44,10 +38,7 @@ impl OutboxTable {
             .join(", ");
         Self {
             quoted: qualified(name),
-            id: quote_ident(names.id.as_deref().unwrap_or("id")),
-            biz_key: quote_ident(&names.biz_key),
-            message_type: quote_ident(&names.message_type),
-            created_at: names.created_at.as_deref().map(quote_ident),
+            names: RowNames::quoted(layout, quote_ident),
             select,
             map: ColumnMap::in_select_order(&fields, layout),
             select_len: fields.len(),

@@ -95,18 +95,16 @@ pub(super) async fn missing_state_columns<'a>(
     for row in &rows {
         present.push(get::<String>(row, 0)?);
     }
-    Ok(columns::state_columns(layout)
-        .into_iter()
-        .map(|(name, _)| name)
-        .filter(|name| !present.iter().any(|p| p == name))
-        .collect())
+    Ok(columns::missing_state_columns(layout, &present, |a, b| {
+        a == b
+    }))
 }
 
 /// `outboxd init --add-columns`: adds what each application's outbox table lacks. Returns
 /// one line per table.
 pub(crate) async fn add_columns(c: &PostgresConnector) -> Result<Vec<String>, ConnectorError> {
     let layout = c.layout();
-    if !layout.tracks_status() || columns::is_outboxd_table(layout) {
+    if !columns::adds_state_columns(layout) {
         return Ok(vec![
             "--add-columns: nothing to add (outboxd's own table is created whole by `init`; \
              deleted rows carry no status)"
@@ -151,7 +149,7 @@ pub(super) async fn refuse_missing_columns(
     client: &Client,
     layout: &OutboxLayout,
 ) -> Result<(), ConnectorError> {
-    if !layout.tracks_status() || columns::is_outboxd_table(layout) {
+    if !columns::adds_state_columns(layout) {
         return Ok(());
     }
     for table in &layout.outbox_tables {

@@ -36,6 +36,7 @@ use tokio_postgres::{Client, Row, Statement};
 
 use crate::client::classify_pg_error;
 use crate::schema::{qualified, quote_ident};
+use outboxd_connector_kit::columns::RowNames;
 use outboxd_connector_kit::store as kit_store;
 use outboxd_connector_kit::tables;
 use outboxd_connector_kit::{columns, row, status, ColumnMap, Field, RowSource, Value};
@@ -919,7 +920,7 @@ impl OutboxStore for PgOutboxStore {
         let conn = locked.conn()?;
         let mut highest = None;
         for outbox in &conn.outboxes {
-            let id = &outbox.names().id;
+            let id = &outbox.names().row.id;
             let sql = format!(
                 "SELECT {id} FROM {} WHERE status = 'SUCCESS' ORDER BY {id} DESC LIMIT 1",
                 qualified(&outbox.name)
@@ -943,7 +944,7 @@ impl OutboxStore for PgOutboxStore {
         let mut delivered = HashSet::new();
         for (table, ids) in tables::ids_by_table(rows) {
             let outbox = conn.outbox(table)?;
-            let id = &outbox.sql.names.id;
+            let id = &outbox.sql.names.row.id;
             let sql = format!(
                 "SELECT {id} FROM {} WHERE {id} = ANY($1) AND status = 'SUCCESS'",
                 qualified(&outbox.name)
@@ -1142,14 +1143,8 @@ struct Sql {
 /// `aggregateid` the key). The status columns always have outboxd's names.
 #[derive(Debug)]
 pub(crate) struct RowColumns {
-    /// The integer row id every write-back addresses and claims order by.
-    pub(crate) id: String,
-    /// The business key of strict ordering.
-    pub(crate) biz_key: String,
-    /// The message type (`status` counts by it).
-    pub(crate) message_type: String,
-    /// When the row was created, if the table says.
-    pub(crate) created_at: Option<String>,
+    /// The columns the statements name besides the status columns.
+    pub(crate) row: RowNames,
     /// The select list of the claim fields for alias `o` ([`RowColumns::select`]).
     pub(crate) select: String,
     /// Where each claim field is in a row of `select`.
@@ -1161,7 +1156,6 @@ impl RowColumns {
     /// The columns under `layout`, the key and payload read as `shape` says: text-like
     /// ones as their text output (what the replication stream sees), `bytea` as raw bytes.
     pub(crate) fn of(layout: &OutboxLayout, shape: RowShape) -> Self {
-        let names = &layout.columns;
         let fields = columns::claim_fields(layout);
         let select = fields
             .iter()
@@ -1178,10 +1172,7 @@ impl RowColumns {
             .collect::<Vec<_>>()
             .join(", ");
         Self {
-            id: quote_ident(names.id.as_deref().unwrap_or("id")),
-            biz_key: quote_ident(&names.biz_key),
-            message_type: quote_ident(&names.message_type),
-            created_at: names.created_at.as_deref().map(quote_ident),
+            row: RowNames::quoted(layout, quote_ident),
             map: ColumnMap::in_select_order(&fields, layout),
             select_len: fields.len(),
             select,
@@ -1231,8 +1222,7 @@ impl Sql {
     fn new(outbox: &str, checkpoint: &str, names: RowColumns, version: i32) -> Self {
         let blocking = status::blocking_sql_list();
         let RowColumns {
-            id,
-            biz_key,
+            row: RowNames { id, biz_key, .. },
             select: columns,
             ..
         } = &names;
@@ -1367,8 +1357,7 @@ impl Sql {
 fn claim_sql(outbox: &str, names: &RowColumns, token: &str, poll: bool, strict: bool) -> String {
     let blocking = status::blocking_sql_list();
     let RowColumns {
-        id,
-        biz_key,
+        row: RowNames { id, biz_key, .. },
         select: columns,
         ..
     } = names;
