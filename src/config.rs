@@ -238,10 +238,6 @@ pub struct ColumnsConfig {
 }
 
 impl ColumnsConfig {
-    fn is_empty(&self) -> bool {
-        *self == Self::default()
-    }
-
     /// `base` with these overrides; `""` means "the table has none".
     fn apply(&self, mut base: ColumnNames) -> ColumnNames {
         let optional = |value: &Option<String>, base: &mut Option<String>| {
@@ -311,7 +307,8 @@ impl OutboxConfig {
     /// The combinations that cannot work, with what to change.
     fn validate(&self, mode: SourceMode) -> Result<(), String> {
         let deleted = self.rows() == RowLifecycle::Deleted;
-        let mapped = !self.columns.is_empty() || self.layout == TableLayout::Debezium;
+        // Decided as the connectors decide it: the layout's names are not outboxd's own.
+        let mapped = self.layout().columns != ColumnNames::default();
         if !deleted && mapped {
             // Kept rows on the application's own table (Debezium's, or renamed columns):
             // the status columns are added to it (`init --add-columns`) and every

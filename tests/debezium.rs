@@ -719,18 +719,22 @@ async fn a_debezium_table_keeps_its_rows_once_init_adds_the_status_columns() {
         "{}",
         text(&again)
     );
-    let old_status: String = sql
+    let old_row = sql
         .query_one(
             &format!(
-                "SELECT status FROM \"{}\" WHERE id = $1::text::uuid",
+                "SELECT status, updated_at IS NOT NULL FROM \"{}\" WHERE id = $1::text::uuid",
                 p.table
             ),
             &[&old],
         )
         .await
-        .expect("old row")
-        .get(0);
-    assert_eq!(old_status, "SUCCESS", "a row from before is not sent");
+        .expect("old row");
+    assert_eq!(
+        old_row.get::<_, String>(0),
+        "SUCCESS",
+        "a row from before is not sent"
+    );
+    assert!(old_row.get::<_, bool>(1), "the janitor can age it");
 
     let daemon = p.spawn_run("run.log");
     let mut sent = Vec::new();

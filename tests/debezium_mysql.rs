@@ -661,6 +661,12 @@ async fn a_debezium_table_keeps_its_rows_once_init_adds_the_status_columns() {
     );
     let check = p.outboxd(&["check"]);
     assert!(check.status.success(), "{}", text(&check));
+    let again = p.outboxd(&["init", "--add-columns"]);
+    assert!(
+        text(&again).contains("has every column outboxd writes"),
+        "{}",
+        text(&again)
+    );
     let status_of = |id: &str| format!("SELECT status FROM `{}` WHERE id = '{id}'", p.table);
     let old_status: Option<String> = conn.query_first(status_of(&old.id)).await.expect("old");
     assert_eq!(

@@ -48,8 +48,8 @@ pub fn outbox_columns_line(
             "outbox table",
             format!("{table} lacks column(s) {}", missing.join(", ")),
             "run `outboxd init --add-columns` (it adds the integer row id and the status \
-             columns to the application's table; `outboxd schema --add-columns` prints the \
-             statements), or name the table's own columns in [outbox.columns]",
+             columns to the application's table; `outboxd schema` prints the statements), or \
+             name the table's own columns in [outbox.columns]",
         )
     } else if layout.tracks_status() {
         CheckLine::fail(

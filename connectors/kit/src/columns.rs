@@ -180,8 +180,11 @@ pub enum StateColumn {
     RetryCount,
     /// `max_retry_count` (10).
     MaxRetryCount,
-    /// A nullable timestamp: `next_retry_time`, `claimed_at`, `updated_at`, `sent_at`.
+    /// A nullable timestamp: `next_retry_time`, `claimed_at`, `sent_at`.
     Timestamp,
+    /// `updated_at`, set to the time of the change for the rows already there (the
+    /// janitor ages a SUCCESS row never sent from it).
+    UpdatedAt,
     /// `claim_token`.
     ClaimToken,
     /// `last_error`.
@@ -216,7 +219,7 @@ pub fn state_columns(layout: &OutboxLayout) -> Vec<(&str, StateColumn)> {
         ("claimed_at", StateColumn::Timestamp),
         ("claim_token", StateColumn::ClaimToken),
         ("last_error", StateColumn::LastError),
-        ("updated_at", StateColumn::Timestamp),
+        ("updated_at", StateColumn::UpdatedAt),
         ("sent_at", StateColumn::Timestamp),
         ("kafka_partition", StateColumn::Partition),
         ("kafka_offset", StateColumn::Offset),
@@ -359,10 +362,12 @@ impl ColumnMap {
                 Some(i) => at.push((field, i)),
                 None if field.optional_in_log() => {}
                 None => {
-                    let see = if layout.tracks_status() && is_outboxd_table(layout) {
+                    let see = if !layout.tracks_status() {
+                        "see outbox.columns".to_owned()
+                    } else if is_outboxd_table(layout) {
                         format!("see {schema_file}")
                     } else {
-                        "see outbox.columns".to_owned()
+                        "run `outboxd init --add-columns`, or see outbox.columns".to_owned()
                     };
                     return Err(ConnectorError::definite(format!(
                         "outbox table `{table}` has no column `{name}` ({see})"

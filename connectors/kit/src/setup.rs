@@ -47,6 +47,18 @@ pub fn is_application_outbox(layout: &OutboxLayout, table: &str) -> bool {
     owns_no_outbox(layout) && layout.outbox_tables.iter().any(|t| t == table)
 }
 
+/// What `check` says to do about a missing outbox table: outboxd's own is created by
+/// `init` (`create_own`, the engine's words); the application's is not.
+pub fn missing_outbox_fix(layout: &OutboxLayout, create_own: String) -> String {
+    if owns_no_outbox(layout) {
+        "it is the application's table (outbox.layout / outbox.columns), which outboxd does \
+         not create: create it, then run `outboxd init`"
+            .to_owned()
+    } else {
+        create_own
+    }
+}
+
 /// Whether the outbox tables are the application's, not outboxd's own.
 pub fn owns_no_outbox(layout: &OutboxLayout) -> bool {
     !layout.tracks_status() || !columns::is_outboxd_table(layout)

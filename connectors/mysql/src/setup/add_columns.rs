@@ -7,8 +7,10 @@
 //! the auto-increment row id fills the rows already there in table order). `status` is
 //! added with the default SUCCESS, so the rows already there (sent by whatever relayed
 //! them before) are not sent again; a second statement then makes INIT the default for
-//! every row inserted afterwards. MySQL's DDL is not transactional: should that second
-//! statement fail, `init --add-columns` says so and running it again sets the default.
+//! every row inserted afterwards. MySQL's DDL is not transactional: rows the application
+//! inserts between the two statements are SUCCESS, so run it before outboxd relays from
+//! the table (README says so). Should the second statement fail, `init` refuses to go on
+//! while `status` does not default to INIT, and `init --add-columns` sets it.
 
 use outboxd_connector::OutboxLayout;
 use outboxd_connector_kit::columns::{self, StateColumn};
@@ -16,25 +18,55 @@ use outboxd_connector_kit::setup as kit_setup;
 
 use super::*;
 
-/// The statements that add `missing` (names from [`columns::state_columns`]) to `table`
-/// and its two retry indexes, under the layout's names; empty when nothing is missing.
-pub(crate) fn add_columns_sql(layout: &OutboxLayout, table: &str, missing: &[&str]) -> Vec<String> {
+/// What a table has of outboxd's columns and indexes.
+#[derive(Debug, Default)]
+pub(crate) struct TableState {
+    /// The table's columns, with their `COLUMN_DEFAULT` as `information_schema` gives it.
+    pub(crate) columns: Vec<(String, Option<String>)>,
+    /// The names of its indexes.
+    pub(crate) indexes: Vec<String>,
+}
+
+impl TableState {
+    /// The columns of [`columns::state_columns`] it lacks (names compared without case, as
+    /// MySQL compares column names).
+    pub(crate) fn missing<'a>(&self, layout: &'a OutboxLayout) -> Vec<&'a str> {
+        let present: Vec<String> = self.columns.iter().map(|(n, _)| n.clone()).collect();
+        columns::missing_state_columns(layout, &present, |a, b| a.eq_ignore_ascii_case(b))
+    }
+
+    /// Whether it has a `status` column that does not default to INIT (new rows would
+    /// not be published).
+    fn status_default_is_not_init(&self) -> bool {
+        self.columns.iter().any(|(name, default)| {
+            name.eq_ignore_ascii_case("status")
+                && default.as_deref().map(|d| d.trim_matches('\'')) != Some("INIT")
+        })
+    }
+}
+
+/// The statements that give `table` what `state` lacks of outboxd's columns and of its
+/// two retry indexes, under the layout's names, and make INIT the default of `status`.
+/// Empty when nothing is missing. [`TableState::default`] gives the whole script.
+pub(crate) fn add_columns_sql(
+    layout: &OutboxLayout,
+    table: &str,
+    state: &TableState,
+) -> Vec<String> {
     let quoted = qualified(table);
+    let missing = state.missing(layout);
     let mut clauses = Vec::new();
-    let mut status_added = false;
     for (name, kind) in columns::state_columns(layout) {
         if !missing.contains(&name) {
             continue;
         }
         let definition = match kind {
             StateColumn::RowId => "BIGINT NOT NULL AUTO_INCREMENT UNIQUE",
-            StateColumn::Status => {
-                status_added = true;
-                "VARCHAR(16) NOT NULL DEFAULT 'SUCCESS'"
-            }
+            StateColumn::Status => "VARCHAR(16) NOT NULL DEFAULT 'SUCCESS'",
             StateColumn::RetryCount => "INT NOT NULL DEFAULT 0",
             StateColumn::MaxRetryCount => "INT NOT NULL DEFAULT 10",
             StateColumn::Timestamp => "TIMESTAMP(6) NULL DEFAULT NULL",
+            StateColumn::UpdatedAt => "TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)",
             StateColumn::ClaimToken => "CHAR(36) NULL",
             StateColumn::LastError => "TEXT NULL",
             StateColumn::Partition => "INT NULL",
@@ -42,23 +74,29 @@ pub(crate) fn add_columns_sql(layout: &OutboxLayout, table: &str, missing: &[&st
         };
         clauses.push(format!("ADD COLUMN {} {definition}", quote_ident(name)));
     }
-    if clauses.is_empty() {
-        return Vec::new();
-    }
     // The indexes of schemas/mysql/outbox.sql, on the mapped id and key.
     let id = quote_ident(layout.columns.id.as_deref().unwrap_or("id"));
     let key = quote_ident(&layout.columns.biz_key);
     let base = split_qualified(table).1;
-    clauses.push(format!(
-        "ADD INDEX {} (next_retry_time, {id})",
-        quote_ident(&format!("{base}_retry_due_idx"))
-    ));
-    clauses.push(format!(
-        "ADD INDEX {} ({key}, next_retry_time, {id})",
-        quote_ident(&format!("{base}_key_retry_idx"))
-    ));
-    let mut statements = vec![format!("ALTER TABLE {quoted} {}", clauses.join(", "))];
-    if status_added {
+    for (index, columns) in [
+        (
+            format!("{base}_retry_due_idx"),
+            format!("next_retry_time, {id}"),
+        ),
+        (
+            format!("{base}_key_retry_idx"),
+            format!("{key}, next_retry_time, {id}"),
+        ),
+    ] {
+        if !state.indexes.iter().any(|i| i.eq_ignore_ascii_case(&index)) {
+            clauses.push(format!("ADD INDEX {} ({columns})", quote_ident(&index)));
+        }
+    }
+    let mut statements = Vec::new();
+    if !clauses.is_empty() {
+        statements.push(format!("ALTER TABLE {quoted} {}", clauses.join(", ")));
+    }
+    if missing.contains(&"status") || state.status_default_is_not_init() {
         statements.push(format!(
             "ALTER TABLE {quoted} ALTER COLUMN status SET DEFAULT 'INIT'"
         ));
@@ -66,29 +104,32 @@ pub(crate) fn add_columns_sql(layout: &OutboxLayout, table: &str, missing: &[&st
     statements
 }
 
-/// The columns of [`columns::state_columns`] the table `table` lacks (names compared
-/// without case, as MySQL compares column names).
-pub(super) async fn missing_state_columns<'a>(
+/// The columns (with their defaults) and indexes of `table`.
+pub(super) async fn table_state(
     conn: &mut Conn,
     c: &MysqlConnector,
-    layout: &'a OutboxLayout,
     table: &str,
-) -> Result<Vec<&'a str>, ConnectorError> {
+) -> Result<TableState, ConnectorError> {
     let (db, name) = table_ident(table, &c.config().database);
-    let sql = format!(
-        "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = {} \
-         AND TABLE_NAME = {}",
+    let at = format!(
+        "TABLE_SCHEMA = {} AND TABLE_NAME = {}",
         sql_string(&db),
         sql_string(&name)
     );
-    let rows = query(conn, &sql, &format!("reading the columns of {table}")).await?;
-    let mut present = Vec::with_capacity(rows.len());
-    for row in &rows {
-        present.push(text_or_empty(row, 0)?);
+    let what = format!("reading the columns of {table}");
+    let sql =
+        format!("SELECT COLUMN_NAME, COLUMN_DEFAULT FROM information_schema.COLUMNS WHERE {at}");
+    let mut state = TableState::default();
+    for row in &query(conn, &sql, &what).await? {
+        let default = text_or_empty(row, 1)?;
+        let default = (!default.is_empty() && default != "NULL").then_some(default);
+        state.columns.push((text_or_empty(row, 0)?, default));
     }
-    Ok(columns::missing_state_columns(layout, &present, |a, b| {
-        a.eq_ignore_ascii_case(b)
-    }))
+    let sql = format!("SELECT DISTINCT INDEX_NAME FROM information_schema.STATISTICS WHERE {at}");
+    for row in &query(conn, &sql, &what).await? {
+        state.indexes.push(text_or_empty(row, 0)?);
+    }
+    Ok(state)
 }
 
 /// `outboxd init --add-columns`: adds what each application's outbox table lacks. Returns
@@ -111,12 +152,9 @@ pub(crate) async fn add_columns(c: &MysqlConnector) -> Result<Vec<String>, Conne
                  (outbox.columns), which outboxd does not create; create it first"
             )));
         }
-        let missing = missing_state_columns(&mut conn, c, layout, table).await?;
-        if missing.is_empty() {
-            report.push(format!("table {table}: has every column outboxd writes"));
-            continue;
-        }
-        for sql in add_columns_sql(layout, table, &missing) {
+        let state = table_state(&mut conn, c, table).await?;
+        let missing = state.missing(layout);
+        for sql in add_columns_sql(layout, table, &state) {
             execute(
                 &mut conn,
                 &sql,
@@ -124,17 +162,22 @@ pub(crate) async fn add_columns(c: &MysqlConnector) -> Result<Vec<String>, Conne
             )
             .await?;
         }
-        report.push(format!(
-            "added column(s) {} to table {table}, and its retry indexes (rows already there: \
-             SUCCESS, not sent)",
-            missing.join(", ")
-        ));
+        report.push(if missing.is_empty() {
+            format!("table {table}: has every column outboxd writes (and its retry indexes)")
+        } else {
+            format!(
+                "added column(s) {} to table {table}, and its retry indexes (rows already \
+                 there: SUCCESS, not sent)",
+                missing.join(", ")
+            )
+        });
     }
     Ok(report)
 }
 
 /// `init` without `--add-columns` on an application's table with kept rows: the definite
-/// error naming what is missing, before anything is created.
+/// error naming what is missing (or a `status` that does not default to INIT), before
+/// anything is created.
 pub(super) async fn refuse_missing_columns(
     conn: &mut Conn,
     c: &MysqlConnector,
@@ -147,9 +190,17 @@ pub(super) async fn refuse_missing_columns(
         if !table_exists(conn, c, table).await? {
             continue; // `application_outbox` says so
         }
-        let missing = missing_state_columns(conn, c, layout, table).await?;
+        let state = table_state(conn, c, table).await?;
+        let missing = state.missing(layout);
         if !missing.is_empty() {
             return Err(kit_setup::columns_to_add(table, &missing));
+        }
+        if state.status_default_is_not_init() {
+            return Err(ConnectorError::definite(format!(
+                "outbox table {table}: `status` does not default to INIT, so the \
+                 application's new rows would not be published: run `outboxd init \
+                 --add-columns` (it sets the default)"
+            )));
         }
     }
     Ok(())
@@ -171,14 +222,35 @@ mod tests {
             },
             ..OutboxLayout::default()
         };
-        let sql = add_columns_sql(&layout, "app.outboxevent", &["outboxd_seq", "status"]);
+        let state = TableState {
+            columns: ["id", "aggregatetype", "aggregateid", "type", "payload"]
+                .into_iter()
+                .chain(columns::state_columns(&layout).into_iter().map(|(n, _)| n))
+                .filter(|n| *n != "outboxd_seq" && *n != "status")
+                .map(|n| (n.to_owned(), None))
+                .collect(),
+            indexes: vec!["PRIMARY".into()],
+        };
+        let sql = add_columns_sql(&layout, "app.outboxevent", &state);
         assert_eq!(sql.len(), 2, "{sql:?}");
         assert!(sql[0].starts_with(
             "ALTER TABLE `app`.`outboxevent` ADD COLUMN `outboxd_seq` BIGINT NOT NULL \
-             AUTO_INCREMENT UNIQUE, ADD COLUMN `status` VARCHAR(16) NOT NULL DEFAULT 'SUCCESS'"
+             AUTO_INCREMENT UNIQUE, ADD COLUMN `status` VARCHAR(16) NOT NULL DEFAULT 'SUCCESS', \
+             ADD INDEX"
         ));
         assert!(sql[0].contains("(`aggregateid`, next_retry_time, `outboxd_seq`)"));
         assert!(sql[1].ends_with("SET DEFAULT 'INIT'"));
-        assert!(add_columns_sql(&layout, "app.outboxevent", &[]).is_empty());
+        // Everything there, status defaulting to INIT: nothing to do.
+        let mut done = state;
+        done.columns.push(("outboxd_seq".into(), None));
+        done.columns.push(("status".into(), Some("'INIT'".into())));
+        done.indexes.push("outboxevent_retry_due_idx".into());
+        done.indexes.push("outboxevent_key_retry_idx".into());
+        assert!(add_columns_sql(&layout, "app.outboxevent", &done).is_empty());
+        // A status left defaulting to SUCCESS by a half-done run: set to INIT.
+        done.columns.last_mut().unwrap().1 = Some("SUCCESS".into());
+        let repair = add_columns_sql(&layout, "app.outboxevent", &done);
+        assert_eq!(repair.len(), 1);
+        assert!(repair[0].ends_with("SET DEFAULT 'INIT'"));
     }
 }

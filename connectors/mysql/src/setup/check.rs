@@ -440,7 +440,10 @@ async fn check_outbox(
         return Ok(vec![CheckLine::fail(
             "outbox table",
             format!("{table} does not exist"),
-            "run `outboxd init`, or create it with schemas/mysql/outbox.sql",
+            outboxd_connector_kit::setup::missing_outbox_fix(
+                layout,
+                "run `outboxd init`, or create it with schemas/mysql/outbox.sql".to_owned(),
+            ),
         )]);
     }
     let mut columns = Vec::with_capacity(rows.len());

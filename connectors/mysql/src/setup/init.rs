@@ -24,6 +24,9 @@ pub(crate) async fn init(
     }
     let layout = c.layout();
     let mut report = Vec::new();
+    // An application's table with kept rows must have outboxd's columns (`--add-columns`
+    // runs before): refuse before anything is created.
+    add_columns::refuse_missing_columns(&mut conn, c, layout).await?;
 
     // Databases of qualified tables.
     for db in table_qualifiers(layout, |t| split_qualified(t).0) {
@@ -51,7 +54,6 @@ pub(crate) async fn init(
     if setup::owns_no_outbox(layout) {
         // The application's tables: looked at, never created (`--add-columns` adds the
         // status columns to them first, when asked).
-        add_columns::refuse_missing_columns(&mut conn, c, layout).await?;
         for (table, existed) in layout.outbox_tables.iter().zip(&outbox_existed) {
             report.push(setup::application_outbox(layout, table, *existed)?);
         }

@@ -6,8 +6,6 @@ use outboxd_connector::ReadMode;
 use outboxd_connector_kit::setup as kit_setup;
 use outboxd_connector_kit::store::table_qualifiers;
 
-use outboxd_connector_kit::columns;
-
 use super::add_columns::add_columns_sql;
 use crate::schema::{self, quote_ident, split_qualified};
 use crate::MysqlConnector;
@@ -35,12 +33,8 @@ pub(crate) fn schema_script(c: &MysqlConnector, mode: ReadMode) -> String {
         parts.push(kit_setup::application_outboxes_comment(layout));
     } else if kit_setup::owns_no_outbox(layout) {
         // Kept rows on the application's table: what `init --add-columns` adds to it.
-        let all: Vec<&str> = columns::state_columns(layout)
-            .into_iter()
-            .map(|(name, _)| name)
-            .collect();
         for table in &layout.outbox_tables {
-            let statements = add_columns_sql(layout, table, &all);
+            let statements = add_columns_sql(layout, table, &Default::default());
             parts.push(format!(
                 "-- The application's outbox table {table}: the columns outboxd writes, as \
                  `outboxd init --add-columns` adds them\n{};",

@@ -17,9 +17,10 @@ use outboxd_connector_kit::setup as kit_setup;
 
 use super::*;
 
-/// The `ALTER TABLE` script that adds `missing` (names from [`columns::state_columns`]) to
-/// `table`, and the indexes outboxd's own table has, under the layout's names. Every
-/// statement is idempotent; empty when nothing is missing.
+/// The script that adds `missing` (names from [`columns::state_columns`]) to `table`, and
+/// the indexes outboxd's own table has, under the layout's names (those whatever is
+/// missing: a table whose columns were added by hand gets them too). Every statement is
+/// idempotent.
 pub(crate) fn add_columns_sql(layout: &OutboxLayout, table: &str, missing: &[&str]) -> String {
     let quoted = qualified(table);
     let mut statements = Vec::new();
@@ -51,14 +52,12 @@ pub(crate) fn add_columns_sql(layout: &OutboxLayout, table: &str, missing: &[&st
             StateColumn::RetryCount => statements.push(add("integer NOT NULL DEFAULT 0")),
             StateColumn::MaxRetryCount => statements.push(add("integer NOT NULL DEFAULT 10")),
             StateColumn::Timestamp => statements.push(add("timestamptz")),
+            StateColumn::UpdatedAt => statements.push(add("timestamptz NOT NULL DEFAULT now()")),
             StateColumn::ClaimToken => statements.push(add("uuid")),
             StateColumn::LastError => statements.push(add("text")),
             StateColumn::Partition => statements.push(add("integer")),
             StateColumn::Offset => statements.push(add("bigint")),
         }
-    }
-    if statements.is_empty() {
-        return String::new();
     }
     // The partial indexes of schemas/postgres/outbox.sql, on the mapped id and key.
     let id = quote_ident(layout.columns.id.as_deref().unwrap_or("id"));
@@ -121,10 +120,6 @@ pub(crate) async fn add_columns(c: &PostgresConnector) -> Result<Vec<String>, Co
             )));
         }
         let missing = missing_state_columns(&client, layout, table).await?;
-        if missing.is_empty() {
-            report.push(format!("table {table}: has every column outboxd writes"));
-            continue;
-        }
         let sql = add_columns_sql(layout, table, &missing);
         let transaction = format!("BEGIN;\n{sql}\nCOMMIT;");
         if let Err(e) = client.batch_execute(&transaction).await {
@@ -134,11 +129,15 @@ pub(crate) async fn add_columns(c: &PostgresConnector) -> Result<Vec<String>, Co
                 &format!("adding outboxd's columns to {table}"),
             ));
         }
-        report.push(format!(
-            "added column(s) {} to table {table}, and its retry indexes (rows already there: \
-             SUCCESS, not sent)",
-            missing.join(", ")
-        ));
+        report.push(if missing.is_empty() {
+            format!("table {table}: has every column outboxd writes (and its retry indexes)")
+        } else {
+            format!(
+                "added column(s) {} to table {table}, and its retry indexes (rows already \
+                 there: SUCCESS, not sent)",
+                missing.join(", ")
+            )
+        });
     }
     Ok(report)
 }
@@ -196,6 +195,11 @@ mod tests {
         assert!(
             sql.contains("(\"aggregateid\", \"outboxd_seq\") WHERE next_retry_time IS NOT NULL")
         );
-        assert_eq!(add_columns_sql(&layout, "app.outboxevent", &[]), "");
+        let indexes_only = add_columns_sql(&layout, "app.outboxevent", &[]);
+        assert!(!indexes_only.contains("ADD COLUMN"), "{indexes_only}");
+        assert_eq!(
+            indexes_only.matches("CREATE INDEX IF NOT EXISTS").count(),
+            2
+        );
     }
 }

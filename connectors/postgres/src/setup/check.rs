@@ -376,8 +376,11 @@ async fn check_outbox(
         return Ok(vec![CheckLine::fail(
             "outbox table",
             format!("{table} does not exist"),
-            format!(
-                "run `outboxd init`, or psql -v outbox_table={name} -f schemas/postgres/outbox.sql"
+            outboxd_connector_kit::setup::missing_outbox_fix(
+                layout,
+                format!(
+                    "run `outboxd init`, or psql -v outbox_table={name} -f schemas/postgres/outbox.sql"
+                ),
             ),
         )]);
     }

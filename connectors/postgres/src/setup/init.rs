@@ -16,6 +16,9 @@ pub(crate) async fn init(
     let slot_name = c.slot();
     let publication = c.publication();
     let mut report = Vec::new();
+    // An application's table with kept rows must have outboxd's columns (`--add-columns`
+    // runs before): refuse before anything is created.
+    add_columns::refuse_missing_columns(&client, layout).await?;
 
     // Refuse before changing anything when the slot cannot be created anyway.
     let slot = if poll_mode {
@@ -62,7 +65,6 @@ pub(crate) async fn init(
     if setup::owns_no_outbox(layout) {
         // The application's tables: looked at, never created (`--add-columns` adds the
         // status columns to them first, when asked).
-        add_columns::refuse_missing_columns(&client, layout).await?;
         for (table, existed) in layout.outbox_tables.iter().zip(&outbox_existed) {
             report.push(setup::application_outbox(layout, table, *existed)?);
         }

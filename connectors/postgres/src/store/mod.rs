@@ -922,7 +922,7 @@ impl OutboxStore for PgOutboxStore {
         for outbox in &conn.outboxes {
             let id = &outbox.names().row.id;
             let sql = format!(
-                "SELECT {id} FROM {} WHERE status = 'SUCCESS' ORDER BY {id} DESC LIMIT 1",
+                "SELECT {id}::bigint FROM {} WHERE status = 'SUCCESS' ORDER BY {id} DESC LIMIT 1",
                 qualified(&outbox.name)
             );
             let row = conn
@@ -946,7 +946,7 @@ impl OutboxStore for PgOutboxStore {
             let outbox = conn.outbox(table)?;
             let id = &outbox.sql.names.row.id;
             let sql = format!(
-                "SELECT {id} FROM {} WHERE {id} = ANY($1) AND status = 'SUCCESS'",
+                "SELECT {id}::bigint FROM {} WHERE {id} = ANY($1::bigint[]) AND status = 'SUCCESS'",
                 qualified(&outbox.name)
             );
             let found = conn
@@ -1164,7 +1164,8 @@ impl RowColumns {
                 match field {
                     Field::Key if shape.key_bytea => column,
                     Field::Payload if shape.payload_bytea => column,
-                    Field::Id => column,
+                    // Any integer type: read as bigint.
+                    Field::Id => format!("{column}::bigint"),
                     Field::RetryCount | Field::MaxRetryCount => format!("{column}::int"),
                     _ => format!("{column}::text"),
                 }
@@ -1245,14 +1246,14 @@ impl Sql {
                  last_error = NULL, next_retry_time = NULL \
                  FROM unnest($1::bigint[], $2::int[], $3::bigint[]) AS d(id, partition, kafka_offset) \
                  WHERE o.{id} = d.id AND (o.status IN ('INIT', 'FAILED', 'MANUAL_REQUIRED') \
-                 OR ($4 AND o.status = 'SUCCESS')) RETURNING o.{id}"
+                 OR ($4 AND o.status = 'SUCCESS')) RETURNING o.{id}::bigint"
             ),
             failed: format!(
                 "UPDATE {outbox} AS o SET retry_count = o.retry_count + 1, \
                  next_retry_time = {}, last_error = f.error, updated_at = now(), \
                  status = {failed_status} \
                  FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS f(id, error, delay_ms) \
-                 WHERE o.{id} = f.id AND o.status = 'INIT' RETURNING o.{id}",
+                 WHERE o.{id} = f.id AND o.status = 'INIT' RETURNING o.{id}::bigint",
                 next_retry("f.delay_ms")
             ),
             // Parked rows (FAILED) and rejected ones (MANUAL_REQUIRED): due now, with the
@@ -1261,9 +1262,9 @@ impl Sql {
                 "UPDATE {outbox} AS o SET status = p.status, next_retry_time = now(), \
                  last_error = p.reason, updated_at = now() \
                  FROM unnest($1::bigint[], $2::text[], $3::text[]) AS p(id, reason, status) \
-                 WHERE o.{id} = p.id AND o.status = 'INIT' RETURNING o.{id}"
+                 WHERE o.{id} = p.id AND o.status = 'INIT' RETURNING o.{id}::bigint"
             ),
-            exists: format!("SELECT {id} FROM {outbox} WHERE {id} = ANY($1::bigint[])"),
+            exists: format!("SELECT {id}::bigint FROM {outbox} WHERE {id} = ANY($1::bigint[])"),
             // Never backward: LSNs compare as pg_lsn (text order is wrong for 9/… vs 10/…),
             // the LSN being what precedes the cluster's `;system=…`; other forms are
             // replaced as they come.
