@@ -47,6 +47,34 @@ pub fn is_application_outbox(layout: &OutboxLayout, table: &str) -> bool {
     owns_no_outbox(layout) && layout.outbox_tables.iter().any(|t| t == table)
 }
 
+/// What `init --add-columns` says when the layout has nothing to add to.
+pub fn nothing_to_add() -> String {
+    "--add-columns: nothing to add (outboxd's own table is created whole by `init`; deleted \
+     rows carry no status)"
+        .to_owned()
+}
+
+/// The error of `init --add-columns` for an application's table that does not exist.
+pub fn application_table_missing(table: &str) -> ConnectorError {
+    ConnectorError::definite(format!(
+        "outbox table {table} does not exist: it is the application's table (outbox.columns), \
+         which outboxd does not create; create it first"
+    ))
+}
+
+/// What `init --add-columns` did to `table`: added `missing` (by name), and the indexes.
+pub fn added_columns_line(table: &str, missing: &[&str]) -> String {
+    if missing.is_empty() {
+        format!("table {table}: has every column outboxd writes (and its retry indexes)")
+    } else {
+        format!(
+            "added column(s) {} to table {table}, and its retry indexes (rows already there: \
+             SUCCESS, not sent)",
+            missing.join(", ")
+        )
+    }
+}
+
 /// What `check` says to do about a missing outbox table: outboxd's own is created by
 /// `init` (`create_own`, the engine's words); the application's is not.
 pub fn missing_outbox_fix(layout: &OutboxLayout, create_own: String) -> String {

@@ -137,20 +137,13 @@ pub(super) async fn table_state(
 pub(crate) async fn add_columns(c: &MysqlConnector) -> Result<Vec<String>, ConnectorError> {
     let layout = c.layout();
     if !columns::adds_state_columns(layout) {
-        return Ok(vec![
-            "--add-columns: nothing to add (outboxd's own table is created whole by `init`; \
-             deleted rows carry no status)"
-                .to_owned(),
-        ]);
+        return Ok(vec![kit_setup::nothing_to_add()]);
     }
     let mut conn = c.sql_conn().await?;
     let mut report = Vec::new();
     for table in &layout.outbox_tables {
         if !table_exists(&mut conn, c, table).await? {
-            return Err(ConnectorError::definite(format!(
-                "outbox table {table} does not exist: it is the application's table \
-                 (outbox.columns), which outboxd does not create; create it first"
-            )));
+            return Err(kit_setup::application_table_missing(table));
         }
         let state = table_state(&mut conn, c, table).await?;
         let missing = state.missing(layout);
@@ -162,15 +155,7 @@ pub(crate) async fn add_columns(c: &MysqlConnector) -> Result<Vec<String>, Conne
             )
             .await?;
         }
-        report.push(if missing.is_empty() {
-            format!("table {table}: has every column outboxd writes (and its retry indexes)")
-        } else {
-            format!(
-                "added column(s) {} to table {table}, and its retry indexes (rows already \
-                 there: SUCCESS, not sent)",
-                missing.join(", ")
-            )
-        });
+        report.push(kit_setup::added_columns_line(table, &missing));
     }
     Ok(report)
 }
