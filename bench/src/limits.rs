@@ -107,7 +107,7 @@ pub(crate) async fn producer_performance(
             "acks=all",
             "enable.idempotence=true",
             "compression.type=lz4",
-            "linger.ms=5",
+            "linger.ms=10",
         ])
         .output()
         .await
@@ -134,7 +134,7 @@ pub(crate) async fn producer_performance(
     Ok((rate, summary))
 }
 
-/// An rdkafka producer with outboxd's settings (idempotent, acks=all, lz4, linger 5 ms,
+/// An rdkafka producer with outboxd's settings (idempotent, acks=all, lz4, linger 10 ms,
 /// murmur2), keyed over `keys` keys, with the four headers outboxd adds; records/s.
 pub(crate) async fn rdkafka_keyed(
     kafka: &str,
@@ -148,7 +148,7 @@ pub(crate) async fn rdkafka_keyed(
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("compression.type", "lz4")
-        .set("linger.ms", "5")
+        .set("linger.ms", "10")
         .set("partitioner", "murmur2_random")
         .create()?;
     let payload = format!(

@@ -224,7 +224,7 @@ impl Report {
             let mut row = Row::named("limit: Kafka ProducerPerformance");
             row.events_per_s = Some(rate);
             row.set_servers(self.limits.kafka_producer_performance_cpu);
-            row.note = "acks=all, idempotent, lz4, linger 5 ms; payload + 100 B".into();
+            row.note = "acks=all, idempotent, lz4, linger 10 ms; payload + 100 B".into();
             rows.push(row);
         }
         if let Some(rate) = self.limits.mysqlbinlog {
