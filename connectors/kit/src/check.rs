@@ -43,7 +43,7 @@ pub fn outbox_columns_line(
             "outbox table",
             format!("{table}, all required columns present"),
         )
-    } else if layout.tracks_status() && !columns::is_outboxd_table(layout) {
+    } else if columns::adds_state_columns(layout) {
         CheckLine::fail(
             "outbox table",
             format!("{table} lacks column(s) {}", missing.join(", ")),

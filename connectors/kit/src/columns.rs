@@ -227,17 +227,13 @@ pub fn state_columns(layout: &OutboxLayout) -> Vec<(&str, StateColumn)> {
     columns
 }
 
-/// The columns of [`state_columns`] a table lacks, given the names it has (`same` compares
-/// two names as the engine does).
-pub fn missing_state_columns<'a>(
-    layout: &'a OutboxLayout,
-    present: &[String],
-    same: impl Fn(&str, &str) -> bool,
-) -> Vec<&'a str> {
+/// The columns of [`state_columns`] a table lacks; `present` says whether it has a column
+/// of that name (each engine compares names as its SQL does).
+pub fn missing_state_columns(layout: &OutboxLayout, present: impl Fn(&str) -> bool) -> Vec<&str> {
     state_columns(layout)
         .into_iter()
         .map(|(name, _)| name)
-        .filter(|name| !present.iter().any(|p| same(p, name)))
+        .filter(|name| !present(name))
         .collect()
 }
 
@@ -383,6 +379,25 @@ impl ColumnMap {
         })
     }
 
+    /// The map of a select list of `fields` ([`claim_fields`]): field `i` is column `i`.
+    pub fn in_select_order(fields: &[(Field, &str)], layout: &OutboxLayout) -> Self {
+        Self {
+            at: fields
+                .iter()
+                .enumerate()
+                .map(|(i, (f, _))| (*f, i))
+                .collect(),
+            header_names: layout.columns.header_columns.clone(),
+            tracks_status: layout.tracks_status(),
+        }
+    }
+
+    /// How many fields it places: for a select list's map, its number of columns (what
+    /// follows them, like a claim's token, is at this index).
+    pub fn field_count(&self) -> usize {
+        self.at.len()
+    }
+
     /// The column index of `field`; `None` when the table has no such column (or it is
     /// not read under this layout).
     pub fn get(&self, field: Field) -> Option<usize> {
@@ -409,21 +424,6 @@ pub fn claim_fields(layout: &OutboxLayout) -> Vec<(Field, &str)> {
         .into_iter()
         .filter(|(field, _)| *field != Field::Status)
         .collect()
-}
-
-impl ColumnMap {
-    /// The map of a select list of `fields` ([`claim_fields`]): field `i` is column `i`.
-    pub fn in_select_order(fields: &[(Field, &str)], layout: &OutboxLayout) -> Self {
-        Self {
-            at: fields
-                .iter()
-                .enumerate()
-                .map(|(i, (f, _))| (*f, i))
-                .collect(),
-            header_names: layout.columns.header_columns.clone(),
-            tracks_status: layout.tracks_status(),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -31,8 +31,11 @@ impl TableState {
     /// The columns of [`columns::state_columns`] it lacks (names compared without case, as
     /// MySQL compares column names).
     pub(crate) fn missing<'a>(&self, layout: &'a OutboxLayout) -> Vec<&'a str> {
-        let present: Vec<String> = self.columns.iter().map(|(n, _)| n.clone()).collect();
-        columns::missing_state_columns(layout, &present, |a, b| a.eq_ignore_ascii_case(b))
+        columns::missing_state_columns(layout, |name| {
+            self.columns
+                .iter()
+                .any(|(p, _)| p.eq_ignore_ascii_case(name))
+        })
     }
 
     /// Whether it has a `status` column that does not default to INIT (new rows would

@@ -242,7 +242,7 @@ impl MysqlOutboxStore {
                 event.table = table;
                 Ok(ClaimedEvent {
                     event,
-                    claim_token: ClaimToken(text_or_empty(row, outbox.select_len)?),
+                    claim_token: ClaimToken(text_or_empty(row, outbox.map.field_count())?),
                 })
             })
             .collect()

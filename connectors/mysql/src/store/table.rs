@@ -21,10 +21,9 @@ pub(crate) struct OutboxTable {
     pub(crate) names: RowNames,
     /// The select list of the claim fields for alias `o` ([`columns::claim_fields`]).
     pub(crate) select: String,
-    /// Where each claim field is in a row of `select`; a claim's token follows them.
+    /// Where each claim field is in a row of `select`; a claim's token follows them
+    /// ([`ColumnMap::field_count`]).
     pub(crate) map: ColumnMap,
-    /// How many columns `select` has.
-    pub(crate) select_len: usize,
 }
 
 impl OutboxTable {
@@ -41,7 +40,6 @@ impl OutboxTable {
             names: RowNames::quoted(layout, quote_ident),
             select,
             map: ColumnMap::in_select_order(&fields, layout),
-            select_len: fields.len(),
         }
     }
 }

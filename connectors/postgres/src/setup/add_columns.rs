@@ -94,8 +94,8 @@ pub(super) async fn missing_state_columns<'a>(
     for row in &rows {
         present.push(get::<String>(row, 0)?);
     }
-    Ok(columns::missing_state_columns(layout, &present, |a, b| {
-        a == b
+    Ok(columns::missing_state_columns(layout, |name| {
+        present.iter().any(|p| p == name)
     }))
 }
 

@@ -224,8 +224,8 @@ impl PgOutboxStore {
     }
 
     /// The columns the operator's statements name (mapped by `outbox.columns`).
-    pub(crate) fn columns(&self) -> RowColumns {
-        RowColumns::of(&self.connector.layout, RowShape::default())
+    pub(crate) fn columns(&self) -> RowNames {
+        RowNames::quoted(&self.connector.layout, quote_ident)
     }
 
     /// The outbox table as configured, for messages.
@@ -797,7 +797,7 @@ impl OutboxStore for PgOutboxStore {
             for row in &rows {
                 let mut event = outbox.event(row)?;
                 event.table = u16::try_from(index).unwrap_or(u16::MAX);
-                let token: String = get(row, outbox.sql.names.count())?;
+                let token: String = get(row, outbox.sql.names.map.field_count())?;
                 part.push(ClaimedEvent {
                     event,
                     claim_token: ClaimToken(token),
@@ -1147,9 +1147,9 @@ pub(crate) struct RowColumns {
     pub(crate) row: RowNames,
     /// The select list of the claim fields for alias `o` ([`RowColumns::select`]).
     pub(crate) select: String,
-    /// Where each claim field is in a row of `select`.
+    /// Where each claim field is in a row of `select`; a claim's token follows them
+    /// ([`ColumnMap::field_count`]).
     pub(crate) map: ColumnMap,
-    select_len: usize,
 }
 
 impl RowColumns {
@@ -1175,14 +1175,8 @@ impl RowColumns {
         Self {
             row: RowNames::quoted(layout, quote_ident),
             map: ColumnMap::in_select_order(&fields, layout),
-            select_len: fields.len(),
             select,
         }
-    }
-
-    /// How many columns [`RowColumns::select`] has; a claim's token follows them.
-    fn count(&self) -> usize {
-        self.select_len
     }
 }
 

@@ -75,13 +75,9 @@ impl OutboxAdmin for PgOutboxStore {
         // Every outbox table of the store (one, for an operator's command).
         let mut summary = StatusSummary::default();
         let names = self.columns();
-        let message_type = &names.row.message_type;
+        let message_type = &names.message_type;
         // A table without a creation time (Debezium's) has no age to tell.
-        let created_at = names
-            .row
-            .created_at
-            .as_deref()
-            .unwrap_or("NULL::timestamptz");
+        let created_at = names.created_at.as_deref().unwrap_or("NULL::timestamptz");
         for table in &self.connector.layout.outbox_tables {
             let counts = format!(
                 "SELECT status::text, {message_type}::text, count(*), min({created_at}) FROM {} \
@@ -144,7 +140,7 @@ impl OutboxAdmin for PgOutboxStore {
             RetrySelector::Id(id) => {
                 let sql = format!(
                     "UPDATE {outbox} {set} WHERE {} = $1 AND status IN ('FAILED', 'MANUAL_REQUIRED')",
-                    names.row.id
+                    names.id
                 );
                 let what = format!("making row {id} due again");
                 self.update_and_notify(&sql, &[id], Some("retry"), &what)
@@ -159,7 +155,7 @@ impl OutboxAdmin for PgOutboxStore {
                 let sql = format!(
                     "UPDATE {outbox} {set} WHERE next_retry_time IS NOT NULL AND status = $1 \
                      AND ($2::text IS NULL OR {} = $2)",
-                    names.row.message_type
+                    names.message_type
                 );
                 let what = format!("making {status} rows due again");
                 self.update_and_notify(&sql, &[status, message_type], Some("retry"), &what)
@@ -175,7 +171,7 @@ impl OutboxAdmin for PgOutboxStore {
              next_retry_time = COALESCE(next_retry_time, now()), \
              last_error = $2, claimed_at = NULL, claim_token = NULL, updated_at = now() \
              WHERE {} = $1 AND status IN ('INIT', 'FAILED')",
-            self.columns().row.id
+            self.columns().id
         );
         let note = parked_by_operator(reason);
         let what = format!("parking row {id}");
@@ -191,7 +187,7 @@ impl OutboxAdmin for PgOutboxStore {
             "UPDATE {outbox} SET status = 'SUCCESS', sent_at = NULL, next_retry_time = NULL, \
              last_error = $2, claimed_at = NULL, claim_token = NULL, updated_at = now() \
              WHERE {} = $1 AND status <> 'SUCCESS'",
-            self.columns().row.id
+            self.columns().id
         );
         let note = resolved_by_operator(reason);
         let what = format!("resolving row {id}");
@@ -214,7 +210,7 @@ impl OutboxAdmin for PgOutboxStore {
         let retention_ms = delay_ms(retention);
         let limit = i64::try_from(batch).unwrap_or(i64::MAX);
         // Rows resolved by an operator were never sent: they age from their update.
-        let id = self.columns().row.id;
+        let id = self.columns().id;
         let old = format!(
             "SELECT {id} FROM {outbox} WHERE status = 'SUCCESS' \
              AND COALESCE(sent_at, updated_at) < now() - $1::bigint * interval '1 millisecond' \
