@@ -319,16 +319,36 @@ pub async fn checkpoint_commits_with_the_batch_and_never_moves_backward<H: Harne
     store
         .write_back(WriteBack {
             delivered: &delivered,
-            checkpoint: Some(&p2),
+            checkpoint: Some(&p1),
             ..WriteBack::default()
         })
         .await
         .expect("write back");
     assert_eq!(
         store.load_checkpoint().await.expect("load"),
-        Some(p2.clone())
+        Some(p1.clone())
     );
     assert_eq!(h.row(ids[0]).await.status, "SUCCESS");
+    // The same rows again (a transaction read again after a restart): no status to
+    // write, the first record's position kept, and the checkpoint still moves.
+    let again = [Delivered {
+        offset: 7,
+        ..delivered[0].clone()
+    }];
+    store
+        .write_back(WriteBack {
+            delivered: &again,
+            checkpoint: Some(&p2),
+            ..WriteBack::default()
+        })
+        .await
+        .expect("write back rows already SUCCESS");
+    assert_eq!(
+        store.load_checkpoint().await.expect("load"),
+        Some(p2.clone())
+    );
+    let row = h.row(ids[0]).await;
+    assert_eq!((row.status.as_str(), row.offset), ("SUCCESS", Some(1)));
 
     for older in [&p0, &p1] {
         store

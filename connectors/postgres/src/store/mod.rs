@@ -97,6 +97,8 @@ pub(crate) struct OutboxConn {
 #[derive(Debug)]
 struct RowStatements {
     success: Statement,
+    /// [`Sql::success_and_checkpoint`].
+    success_and_checkpoint: Statement,
     failed: Statement,
     parked: Statement,
     exists: Statement,
@@ -359,6 +361,18 @@ impl PgOutboxStore {
                 vec![int8s.clone(), Type::INT4_ARRAY, int8s.clone(), Type::BOOL],
             ),
             (
+                "SUCCESS write-back with checkpoint",
+                &sql.success_and_checkpoint,
+                vec![
+                    int8s.clone(),
+                    Type::INT4_ARRAY,
+                    int8s.clone(),
+                    Type::BOOL,
+                    Type::TEXT,
+                    Type::TEXT,
+                ],
+            ),
+            (
                 "FAILED write-back",
                 &sql.failed,
                 vec![int8s.clone(), texts.clone(), int8s.clone()],
@@ -412,11 +426,12 @@ impl PgOutboxStore {
                 .map(|(what, text, types)| self.prepare(client, what, text, types)),
         )
         .await?;
-        let [success, failed, parked, exists, claim_due, claim_due_strict, claim_poll, claim_poll_strict, complete_success, complete_failed, complete_released, reap, schedule, blocked_all, blocked_some] =
-            <[Statement; 15]>::try_from(prepared)
+        let [success, success_and_checkpoint, failed, parked, exists, claim_due, claim_due_strict, claim_poll, claim_poll_strict, complete_success, complete_failed, complete_released, reap, schedule, blocked_all, blocked_some] =
+            <[Statement; 16]>::try_from(prepared)
                 .map_err(|_| ConnectorError::definite("internal: statement count mismatch"))?;
         Ok(RowStatements {
             success,
+            success_and_checkpoint,
             failed,
             parked,
             exists,
@@ -480,6 +495,9 @@ impl PgOutboxStore {
                 Some((statements, WriteBackRows::new(&part.rows())))
             })
             .collect();
+        if Self::write_back_at_once(conn, &tables, position.as_deref(), pipeline).await? {
+            return Ok(());
+        }
         conn.transaction_open = true;
         let client = &conn.client;
         let written = async {
@@ -519,6 +537,49 @@ impl PgOutboxStore {
                 }
                 Err(e)
             }
+        }
+    }
+
+    /// The common write-backs in one statement that commits on its own, one round trip
+    /// instead of two: only a checkpoint, or one table's SUCCESS rows with the checkpoint
+    /// (written only when every row was updated). Returns whether it wrote the whole
+    /// batch; when not (other kinds of rows, several tables, or a row the statement did
+    /// not update), [`Self::write_back_on`]'s transaction writes it, the rows already
+    /// SUCCESS matching no status predicate there. At a steady rate the write-back runs
+    /// every `writeback_interval` and is mostly this case, so the round trip saved is a
+    /// round of wake-ups of the relay and of the server each time.
+    async fn write_back_at_once(
+        conn: &Conn,
+        tables: &[(&RowStatements, WriteBackRows)],
+        position: Option<&str>,
+        pipeline: &str,
+    ) -> Result<bool, tokio_postgres::Error> {
+        let Some(position) = position else {
+            return Ok(false);
+        };
+        match tables {
+            [] => {
+                conn.client
+                    .execute(&conn.checkpoint, &[&pipeline, &position])
+                    .await?;
+                Ok(true)
+            }
+            [(statements, rows)] if rows.only_delivered() => {
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [
+                    &rows.d_ids,
+                    &rows.d_parts,
+                    &rows.d_offsets,
+                    &rows.replace_positions,
+                    &pipeline,
+                    &position,
+                ];
+                let row = conn
+                    .client
+                    .query_one(&statements.success_and_checkpoint, &params)
+                    .await?;
+                row.try_get(0)
+            }
+            _ => Ok(false),
         }
     }
 
@@ -1033,6 +1094,11 @@ impl WriteBackRows {
         }
     }
 
+    /// Whether every row was delivered (none failed, parked or rejected).
+    fn only_delivered(&self) -> bool {
+        self.f_ids.is_empty() && self.p_ids.is_empty()
+    }
+
     fn ids(&self) -> impl Iterator<Item = i64> + '_ {
         self.d_ids
             .iter()
@@ -1122,6 +1188,9 @@ struct Sql {
     names: RowColumns,
     event_select: String,
     success: String,
+    /// `success` and `checkpoint` in one statement: the checkpoint is written only when
+    /// every row of the batch was updated (see [`PgOutboxStore::write_back_at_once`]).
+    success_and_checkpoint: String,
     failed: String,
     parked: String,
     exists: String,
@@ -1230,18 +1299,43 @@ impl Sql {
         let failed_status = "CASE WHEN o.retry_count + 1 >= o.max_retry_count \
                              THEN 'MANUAL_REQUIRED' ELSE 'FAILED' END";
         let claim = |poll: bool, strict: bool| claim_sql(outbox, &names, &token, poll, strict);
+        // Leaves next_retry_time alone unless it is set (a FAILED row retried): for a
+        // fresh row NULL → NULL is no change, which keeps the update HOT.
+        let success = format!(
+            "UPDATE {outbox} AS o SET status = 'SUCCESS', sent_at = now(), updated_at = now(), \
+             kafka_partition = d.partition, kafka_offset = d.kafka_offset, \
+             last_error = NULL, next_retry_time = NULL \
+             FROM unnest($1::bigint[], $2::int[], $3::bigint[]) AS d(id, partition, kafka_offset) \
+             WHERE o.{id} = d.id AND (o.status IN ('INIT', 'FAILED', 'MANUAL_REQUIRED') \
+             OR ($4 AND o.status = 'SUCCESS')) RETURNING o.{id}::bigint"
+        );
+        // Never backward: LSNs compare as pg_lsn (text order is wrong for 9/… vs 10/…),
+        // the LSN being what precedes the cluster's `;system=…`; other forms are replaced
+        // as they come. `rows` is what is upserted: `VALUES (…)` or a `SELECT`.
+        let checkpoint_upsert = |rows: &str| {
+            format!(
+                "INSERT INTO {checkpoint} AS t (pipeline, position, updated_at) {rows} \
+                 ON CONFLICT (pipeline) DO UPDATE SET position = EXCLUDED.position, updated_at = now() \
+                 WHERE CASE WHEN left(t.position, 4) = 'lsn:' AND left(EXCLUDED.position, 4) = 'lsn:' \
+                       THEN pg_lsn(split_part(substr(t.position, 5), ';', 1)) \
+                            <= pg_lsn(split_part(substr(EXCLUDED.position, 5), ';', 1)) \
+                       ELSE true END"
+            )
+        };
         Self {
             event_select: format!("SELECT {columns} FROM {outbox} o"),
-            // Leaves next_retry_time alone unless it is set (a FAILED row retried): for a
-            // fresh row NULL → NULL is no change, which keeps the update HOT.
-            success: format!(
-                "UPDATE {outbox} AS o SET status = 'SUCCESS', sent_at = now(), updated_at = now(), \
-                 kafka_partition = d.partition, kafka_offset = d.kafka_offset, \
-                 last_error = NULL, next_retry_time = NULL \
-                 FROM unnest($1::bigint[], $2::int[], $3::bigint[]) AS d(id, partition, kafka_offset) \
-                 WHERE o.{id} = d.id AND (o.status IN ('INIT', 'FAILED', 'MANUAL_REQUIRED') \
-                 OR ($4 AND o.status = 'SUCCESS')) RETURNING o.{id}::bigint"
+            // The checkpoint is upserted only when every row was updated: a row missing
+            // from the statement's snapshot (not visible yet, or deleted) or past SUCCESS's
+            // predicate (a replay) leaves it to the transaction of `write_back_on`.
+            success_and_checkpoint: format!(
+                "WITH s AS ({success}), \
+                 n AS (SELECT (SELECT count(*) FROM s) = \
+                       (SELECT count(DISTINCT i) FROM unnest($1::bigint[]) AS i) AS all_updated), \
+                 c AS ({}) \
+                 SELECT all_updated FROM n",
+                checkpoint_upsert("SELECT $5, $6, now() FROM n WHERE n.all_updated")
             ),
+            success,
             failed: format!(
                 "UPDATE {outbox} AS o SET retry_count = o.retry_count + 1, \
                  next_retry_time = {}, last_error = f.error, updated_at = now(), \
@@ -1259,18 +1353,7 @@ impl Sql {
                  WHERE o.{id} = p.id AND o.status = 'INIT' RETURNING o.{id}::bigint"
             ),
             exists: format!("SELECT {id}::bigint FROM {outbox} WHERE {id} = ANY($1::bigint[])"),
-            // Never backward: LSNs compare as pg_lsn (text order is wrong for 9/… vs 10/…),
-            // the LSN being what precedes the cluster's `;system=…`; other forms are
-            // replaced as they come.
-            checkpoint: format!(
-                "INSERT INTO {checkpoint} AS t (pipeline, position, updated_at) \
-                 VALUES ($1, $2, now()) \
-                 ON CONFLICT (pipeline) DO UPDATE SET position = EXCLUDED.position, updated_at = now() \
-                 WHERE CASE WHEN left(t.position, 4) = 'lsn:' AND left(EXCLUDED.position, 4) = 'lsn:' \
-                       THEN pg_lsn(split_part(substr(t.position, 5), ';', 1)) \
-                            <= pg_lsn(split_part(substr(EXCLUDED.position, 5), ';', 1)) \
-                       ELSE true END"
-            ),
+            checkpoint: checkpoint_upsert("VALUES ($1, $2, now())"),
             load_checkpoint: format!("SELECT position FROM {checkpoint} WHERE pipeline = $1"),
             claim: [
                 [claim(false, false), claim(false, true)],
