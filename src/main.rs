@@ -282,7 +282,15 @@ fn main() -> ExitCode {
     };
     // Held to the end: dropping it sends the spans still queued.
     let _otlp = init_logging(cli.log_format, config.otlp.as_ref());
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    // One thread runs every task (the log stream, the session, the store's connections,
+    // the HTTP endpoints); librdkafka has its own threads and blocking calls go to tokio's
+    // blocking pool. outboxd's own work is a fraction of a core even when draining (the
+    // database decodes and writes back, the broker stores), and a task handing events to
+    // another on a different thread paid a futex wake-up each time: measured on the 2-core
+    // bench, the multi-threaded runtime cost more CPU per event at a fixed rate and 10–15
+    // MB more peak memory in a drain (glibc's per-thread arenas). BENCHMARKS.md, "One
+    // runtime thread".
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
