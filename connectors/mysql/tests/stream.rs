@@ -198,6 +198,37 @@ async fn columns_added_mid_stream_keep_working() {
     f.cleanup().await;
 }
 
+/// An online schema change (gh-ost, pt-online-schema-change, or MariaDB's own ALTER)
+/// swaps the outbox table by renaming it: for that moment information_schema lists no
+/// column of it. A stream that reads the table's columns then waits for it to come back
+/// instead of taking "no columns" for a table altered out of recognition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_table_renamed_away_for_a_moment_is_waited_for() {
+    let f = Fixture::least_privilege("st_swap");
+    f.init().await.expect("init");
+    let mut sql = f.sql().await;
+    sql.query_drop(f.insert_sql("k", 1, "a"))
+        .await
+        .expect("insert");
+    let (table, away) = (f.table.clone(), format!("{}_away", f.table));
+    sql.query_drop(format!("RENAME TABLE `{table}` TO `{away}`"))
+        .await
+        .expect("rename away");
+    // Opened now, the stream reads the row while the table is away.
+    let mut stream = f.connector.open_stream().await.expect("stream");
+    let back = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        sql.query_drop(format!("RENAME TABLE `{away}` TO `{table}`"))
+            .await
+            .expect("rename back");
+    });
+    let one = next_transaction(&mut stream, Duration::from_secs(15)).await;
+    assert_eq!(one.events[0].message_id, "a-k-1");
+    back.await.expect("renamed back");
+    drop(stream);
+    f.cleanup().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn confirmed_progress_reaches_the_checkpoint_row() {
     let f = Fixture::least_privilege("st_progress");

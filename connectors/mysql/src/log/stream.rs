@@ -317,6 +317,48 @@ fn stream_error(e: &mysql_async::Error, at: &BinlogPosition, pipeline: &str) -> 
     classify(e, &format!("reading the binlog of pipeline `{pipeline}`"))
 }
 
+/// How long a stream waits for an outbox table that information_schema does not list
+/// before it gives up (with a transient error: the pipeline retries).
+const TABLE_AWAY_WAIT: Duration = Duration::from_secs(30);
+
+/// The outbox's columns, once information_schema lists the table.
+///
+/// The binlog holds rows of the table, so it existed when they were written; listing
+/// none of its columns now means it is away for a moment: an online schema change (gh-ost,
+/// pt-online-schema-change) swaps tables by renaming them, and MariaDB's own `ALTER TABLE`
+/// renames the rebuilt copy into place. Taken as it is, an empty list would read as a
+/// table altered out of recognition (a definite error that stops the pipeline).
+async fn load_listed_columns(
+    conn: &mut Conn,
+    db: &str,
+    table: &str,
+) -> Result<Vec<(String, String)>, ConnectorError> {
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(20);
+    loop {
+        let columns = load_columns(conn, db, table).await?;
+        if !columns.is_empty() {
+            return Ok(columns);
+        }
+        let waited = started.elapsed();
+        if waited >= TABLE_AWAY_WAIT {
+            return Err(ConnectorError::transient(format!(
+                "the outbox table {db}.{table} has rows in the binlog, but information_schema                  has listed none of its columns for {}s: was it renamed or dropped? outboxd                  reads its rows once the table is back under this name",
+                waited.as_secs()
+            )));
+        }
+        if pause == Duration::from_millis(20) {
+            tracing::warn!(
+                table = %format!("{db}.{table}"),
+                "the outbox table is not in information_schema (renamed away by a schema \
+                 change?); its rows in the binlog wait until it is back"
+            );
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(1));
+    }
+}
+
 /// The outbox's `(COLUMN_NAME, DATA_TYPE)` in ordinal order.
 async fn load_columns(
     conn: &mut Conn,
@@ -517,7 +559,7 @@ impl Task {
                 Decoded::NeedColumns => {
                     let (db, table) = self.decoder.outbox();
                     let (db, table) = (db.to_owned(), table.to_owned());
-                    let names = load_columns(&mut self.checkpoint.lock, &db, &table).await?;
+                    let names = load_listed_columns(&mut self.checkpoint.lock, &db, &table).await?;
                     tracing::debug!(outbox = %self.decoder.table_name(), columns = names.len(), "outbox columns read from information_schema");
                     self.decoder.provide_columns(names);
                 }
