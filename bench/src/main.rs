@@ -447,6 +447,17 @@ impl Bench {
             .await
             .context("creating the pg_recvlogical slot")?;
         self.slots.push(recv_slot.clone());
+        // A second slot from the same start, read after outboxd's drain: the backlog's WAL
+        // and the drain's write-back, as outboxd's walsender decodes them.
+        let recv_all_slot = format!("bench_recv_all_{}", self.run);
+        self.sql
+            .execute(
+                "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+                &[&recv_all_slot],
+            )
+            .await
+            .context("creating the second pg_recvlogical slot")?;
+        self.slots.push(recv_all_slot.clone());
 
         eprintln!("backlog: {events} events written with outboxd stopped");
         let tag = format!("{}b", self.run);
@@ -509,6 +520,8 @@ impl Bench {
             )
             .await?;
         row.is_throughput_run = true;
+        self.recvlogical_with_write_back(report, &p, &recv_all_slot, &tag, events)
+            .await?;
         if self.args.wants("backlog") {
             report.rows.push(row);
             report.rows.push(writers);
@@ -550,6 +563,53 @@ impl Bench {
         }
         let code = daemon.terminate(Duration::from_secs(60)).await?;
         anyhow::ensure!(code == 0, "outboxd exited with {code} on SIGTERM");
+        Ok(())
+    }
+
+    /// `pg_recvlogical` on `slot` (made before the backlog) to the WAL's end now, once
+    /// outboxd has drained the backlog: the inserts and the write-back's updates, which the
+    /// walsender decodes and pgoutput drops (the publication publishes inserts only).
+    async fn recvlogical_with_write_back(
+        &mut self,
+        report: &mut Report,
+        p: &BenchPipeline,
+        slot: &str,
+        tag: &str,
+        events: usize,
+    ) -> anyhow::Result<()> {
+        let endpos: String = self
+            .sql
+            .query_one("SELECT pg_current_wal_lsn()::text", &[])
+            .await?
+            .get(0);
+        // As for the first read: a record past endpos ends it (outboxd relays it too).
+        self.sql
+            .execute(
+                &format!(
+                    "INSERT INTO \"{}\" (message_id, message_type, biz_key, payload) \
+                     VALUES ($1, 'bench.marker', 'marker-after', '{{}}')",
+                    p.table
+                ),
+                &[&format!("{tag}-marker-after")],
+            )
+            .await?;
+        eprintln!("pg_recvlogical reading the backlog and the write-back");
+        let before = CpuSnapshot::take();
+        let elapsed = limits::pg_recvlogical(
+            &self.services,
+            slot,
+            &format!("outboxd_{}", p.name),
+            &endpos,
+        )
+        .await?;
+        report.limits.pg_recvlogical_with_write_back =
+            Some(events as f64 / elapsed.as_secs_f64());
+        report.limits.pg_recvlogical_with_write_back_cpu =
+            Some(CpuSnapshot::take().per_million_since(&before, events));
+        self.sql
+            .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+            .await?;
+        self.slots.retain(|s| s != slot);
         Ok(())
     }
 

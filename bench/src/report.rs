@@ -115,6 +115,12 @@ impl Row {
 pub(crate) struct Limits {
     pub(crate) pg_recvlogical: Option<f64>,
     pub(crate) pg_recvlogical_cpu: Option<CpuSnapshot>,
+    /// `pg_recvlogical` reading, from the same start, the backlog's WAL and what outboxd's
+    /// drain wrote after it (the SUCCESS write-back, the checkpoint): what outboxd's own
+    /// walsender decodes. Its inserts only are `pg_recvlogical`; the difference is the
+    /// server's cost of decoding the write-back, which pgoutput then drops.
+    pub(crate) pg_recvlogical_with_write_back: Option<f64>,
+    pub(crate) pg_recvlogical_with_write_back_cpu: Option<CpuSnapshot>,
     pub(crate) kafka_producer_performance: Option<f64>,
     pub(crate) kafka_producer_performance_cpu: Option<CpuSnapshot>,
     pub(crate) kafka_producer_performance_summary: String,
@@ -218,6 +224,18 @@ impl Report {
             row.events_per_s = Some(rate);
             row.set_servers(self.limits.pg_recvlogical_cpu);
             row.note = "same backlog, same publication".into();
+            rows.push(row);
+        }
+        if let Some(rate) = self.limits.pg_recvlogical_with_write_back {
+            let mut row = Row::named("info: pg_recvlogical, backlog + write-back");
+            row.events_per_s = Some(rate);
+            row.set_servers(self.limits.pg_recvlogical_with_write_back_cpu);
+            let share = self
+                .limits
+                .pg_recvlogical
+                .map(|alone| format!("{:.2} of the limit; ", rate / alone))
+                .unwrap_or_default();
+            row.note = format!("{share}the backlog's WAL and the drain's updates");
             rows.push(row);
         }
         if let Some(rate) = self.limits.kafka_producer_performance {
@@ -453,6 +471,7 @@ impl Report {
             "rows": rows,
             "limits": {
                 "pg_recvlogical_events_per_s": self.limits.pg_recvlogical,
+                "pg_recvlogical_with_write_back_events_per_s": self.limits.pg_recvlogical_with_write_back,
                 "kafka_producer_performance_events_per_s": self.limits.kafka_producer_performance,
                 "kafka_producer_performance_summary": self.limits.kafka_producer_performance_summary,
                 "kafka_rdkafka_keyed_events_per_s": self.limits.kafka_rdkafka_keyed,
