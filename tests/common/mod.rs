@@ -202,6 +202,16 @@ impl Daemon {
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// The process's peak resident memory so far (`VmHWM`), in KiB; `None` once stopped.
+    pub fn peak_rss_kib(&self) -> Option<u64> {
+        let pid = self.child.as_ref()?.id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+    }
 }
 
 impl Drop for Daemon {
