@@ -438,49 +438,18 @@ impl Bench {
     async fn log_backlog_and_max(&mut self, report: &mut Report) -> anyhow::Result<()> {
         let p = self.pipeline("backlog", Source::PgLog).await?;
         let events = self.args.backlog_events;
-        let recv_slot = format!("bench_recv_{}", self.run);
-        self.sql
-            .execute(
-                "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
-                &[&recv_slot],
-            )
-            .await
-            .context("creating the pg_recvlogical slot")?;
-        self.slots.push(recv_slot.clone());
-        // A second slot from the same start, read after outboxd's drain: the backlog's WAL
-        // and the drain's write-back, as outboxd's walsender decodes them.
-        let recv_all_slot = format!("bench_recv_all_{}", self.run);
-        self.sql
-            .execute(
-                "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
-                &[&recv_all_slot],
-            )
-            .await
-            .context("creating the second pg_recvlogical slot")?;
-        self.slots.push(recv_all_slot.clone());
+        // Two slots from the same start: one read before outboxd drains (the backlog), one
+        // after (the backlog and the drain's write-back, as outboxd's walsender decodes them).
+        let recv_slot = self.create_slot(&format!("bench_recv_{}", self.run)).await?;
+        let recv_all_slot = self
+            .create_slot(&format!("bench_recv_all_{}", self.run))
+            .await?;
 
         eprintln!("backlog: {events} events written with outboxd stopped");
         let tag = format!("{}b", self.run);
         let lsn0 = current_lsn(&self.sql).await?;
         let written = workload::run(&self.workload(&p, &tag, events, None)).await?;
-        let endpos: String = self
-            .sql
-            .query_one("SELECT pg_current_wal_lsn()::text", &[])
-            .await?
-            .get(0);
-        // One more transaction on the outbox: the first record past endpos, which is where
-        // pg_recvlogical stops.
-        let marker = format!("{tag}-marker");
-        self.sql
-            .execute(
-                &format!(
-                    "INSERT INTO \"{}\" (message_id, message_type, biz_key, payload) \
-                     VALUES ($1, 'bench.marker', 'marker', '{{}}')",
-                    p.table
-                ),
-                &[&marker],
-            )
-            .await?;
+        let endpos = self.mark_end(&p, &format!("{tag}-marker")).await?;
         let lsn_inserted = current_lsn(&self.sql).await?;
         let mut writers = Row::named("writers only (PostgreSQL inserts)");
         writers.events = events;
@@ -492,21 +461,9 @@ impl Bench {
         );
 
         eprintln!("pg_recvlogical draining the backlog");
-        let before = CpuSnapshot::take();
-        let elapsed = limits::pg_recvlogical(
-            &self.services,
-            &recv_slot,
-            &format!("outboxd_{}", p.name),
-            &endpos,
-        )
-        .await?;
-        report.limits.pg_recvlogical = Some(events as f64 / elapsed.as_secs_f64());
-        report.limits.pg_recvlogical_cpu =
-            Some(CpuSnapshot::take().per_million_since(&before, events));
-        self.sql
-            .execute("SELECT pg_drop_replication_slot($1)", &[&recv_slot])
-            .await?;
-        self.slots.retain(|s| s != &recv_slot);
+        let (rate, cpu) = self.read_slot(&p, &recv_slot, &endpos, events).await?;
+        report.limits.pg_recvlogical = Some(rate);
+        report.limits.pg_recvlogical_cpu = Some(cpu);
 
         eprintln!("outboxd draining the backlog");
         // The marker is one more record.
@@ -577,40 +534,72 @@ impl Bench {
         tag: &str,
         events: usize,
     ) -> anyhow::Result<()> {
+        // outboxd, still running, relays this marker too.
+        let endpos = self.mark_end(p, &format!("{tag}-marker-after")).await?;
+        eprintln!("pg_recvlogical reading the backlog and the write-back");
+        let (rate, cpu) = self.read_slot(p, slot, &endpos, events).await?;
+        report.limits.pg_recvlogical_with_write_back = Some(rate);
+        report.limits.pg_recvlogical_with_write_back_cpu = Some(cpu);
+        Ok(())
+    }
+
+    /// A logical slot (pgoutput) named `name`, dropped at the end of the run if not before.
+    async fn create_slot(&mut self, name: &str) -> anyhow::Result<String> {
+        self.sql
+            .execute(
+                "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+                &[&name],
+            )
+            .await
+            .with_context(|| format!("creating the slot {name}"))?;
+        self.slots.push(name.to_owned());
+        Ok(name.to_owned())
+    }
+
+    /// The WAL's end now, then one more transaction on the outbox (`message_id`): the
+    /// first record past it, where `pg_recvlogical --endpos` stops.
+    async fn mark_end(&self, p: &BenchPipeline, message_id: &str) -> anyhow::Result<String> {
         let endpos: String = self
             .sql
             .query_one("SELECT pg_current_wal_lsn()::text", &[])
             .await?
             .get(0);
-        // As for the first read: a record past endpos ends it (outboxd relays it too).
         self.sql
             .execute(
                 &format!(
                     "INSERT INTO \"{}\" (message_id, message_type, biz_key, payload) \
-                     VALUES ($1, 'bench.marker', 'marker-after', '{{}}')",
+                     VALUES ($1, 'bench.marker', $1, '{{}}')",
                     p.table
                 ),
-                &[&format!("{tag}-marker-after")],
+                &[&message_id],
             )
             .await?;
-        eprintln!("pg_recvlogical reading the backlog and the write-back");
+        Ok(endpos)
+    }
+
+    /// `pg_recvlogical` reading `slot` to `endpos`, then the slot dropped: `events` per
+    /// second, and the servers' CPU per million of them.
+    async fn read_slot(
+        &mut self,
+        p: &BenchPipeline,
+        slot: &str,
+        endpos: &str,
+        events: usize,
+    ) -> anyhow::Result<(f64, CpuSnapshot)> {
         let before = CpuSnapshot::take();
         let elapsed = limits::pg_recvlogical(
             &self.services,
             slot,
             &format!("outboxd_{}", p.name),
-            &endpos,
+            endpos,
         )
         .await?;
-        report.limits.pg_recvlogical_with_write_back =
-            Some(events as f64 / elapsed.as_secs_f64());
-        report.limits.pg_recvlogical_with_write_back_cpu =
-            Some(CpuSnapshot::take().per_million_since(&before, events));
+        let cpu = CpuSnapshot::take().per_million_since(&before, events);
         self.sql
             .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
             .await?;
         self.slots.retain(|s| s != slot);
-        Ok(())
+        Ok((events as f64 / elapsed.as_secs_f64(), cpu))
     }
 
     /// outboxd started on `p`, whose backlog of `events` rows (`records` records with any
