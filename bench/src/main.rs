@@ -440,7 +440,9 @@ impl Bench {
         let events = self.args.backlog_events;
         // Two slots from the same start: one read before outboxd drains (the backlog), one
         // after (the backlog and the drain's write-back, as outboxd's walsender decodes them).
-        let recv_slot = self.create_slot(&format!("bench_recv_{}", self.run)).await?;
+        let recv_slot = self
+            .create_slot(&format!("bench_recv_{}", self.run))
+            .await?;
         let recv_all_slot = self
             .create_slot(&format!("bench_recv_all_{}", self.run))
             .await?;
@@ -587,13 +589,9 @@ impl Bench {
         events: usize,
     ) -> anyhow::Result<(f64, CpuSnapshot)> {
         let before = CpuSnapshot::take();
-        let elapsed = limits::pg_recvlogical(
-            &self.services,
-            slot,
-            &format!("outboxd_{}", p.name),
-            endpos,
-        )
-        .await?;
+        let elapsed =
+            limits::pg_recvlogical(&self.services, slot, &format!("outboxd_{}", p.name), endpos)
+                .await?;
         let cpu = CpuSnapshot::take().per_million_since(&before, events);
         self.sql
             .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
