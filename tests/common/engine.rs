@@ -13,7 +13,7 @@ use rand::Rng;
 
 use super::{
     alter_topic, block_on_thread, consume_all, create_topic_with, run_outboxd, spawn_outboxd,
-    Daemon, Record,
+    topic_exists, Daemon, Record,
 };
 
 /// One outbox row a test writes: `(biz_key, seq)`. Written as message `{tag}-{key}-{seq}`
@@ -144,8 +144,15 @@ impl<E: Engine> Pipeline<E> {
 
     /// As [`Pipeline::new`] on the given server.
     pub async fn on(services: E, prefix: &str, partitions: i32, extra: &str) -> Self {
-        let suffix: u32 = rand::thread_rng().gen_range(100_000..999_999);
-        let name = format!("{}{prefix}_{suffix}", E::NAME_PREFIX);
+        // Kafka's data outlives the services between runs on one machine: a topic an
+        // earlier run left may carry the same random name, so draw again until it is new.
+        let name = loop {
+            let suffix: u32 = rand::thread_rng().gen_range(100_000..999_999);
+            let name = format!("{}{prefix}_{suffix}", E::NAME_PREFIX);
+            if !topic_exists(services.kafka(), &format!("it.{name}")) {
+                break name;
+            }
+        };
         let table = format!("outbox_{name}");
         let topic = format!("it.{name}");
         let dir = std::env::temp_dir().join(format!("outboxd-it-{name}"));
