@@ -168,6 +168,20 @@ fn the_systemd_unit_runs_outboxd_with_the_config_and_credential_it_ships() {
     assert!(stop > config.delivery.shutdown_deadline.as_secs());
     // A config error (exit 2, see src/main.rs) must not restart in a loop.
     assert_eq!(line_after(&unit, "RestartPreventExitStatus="), "2");
+    // The sandbox (README, "Running under systemd and Kubernetes").
+    for (key, value) in [
+        ("NoNewPrivileges=", "yes"),
+        ("ProtectSystem=", "strict"),
+        ("CapabilityBoundingSet=", ""),
+        ("SystemCallFilter=", "@system-service"),
+        ("SystemCallArchitectures=", "native"),
+        ("RestrictSUIDSGID=", "yes"),
+        ("ProtectClock=", "yes"),
+        ("ProtectKernelLogs=", "yes"),
+        ("UMask=", "0077"),
+    ] {
+        assert_eq!(line_after(&unit, key), value, "{key}");
+    }
 }
 
 #[test]
@@ -205,4 +219,74 @@ fn the_kubernetes_manifests_probe_mount_and_run_what_the_config_says() {
         .expect("seconds");
     assert!(grace > config.delivery.shutdown_deadline.as_secs());
     assert!(deployment.contains("replicas: 2"));
+    // outboxd never calls the Kubernetes API: the pod gets no service account token.
+    assert_eq!(
+        line_after(&deployment, "automountServiceAccountToken:"),
+        "false"
+    );
+}
+
+/// The `port:` values of `text`'s lines (comments aside), as written.
+fn ports(text: &str) -> Vec<&str> {
+    text.lines()
+        .map(|l| l.trim().trim_start_matches("- ").trim())
+        .filter_map(|l| l.strip_prefix("port:"))
+        .map(str::trim)
+        .collect()
+}
+
+#[test]
+fn the_network_policy_admits_the_endpoint_and_reaches_the_database_kafka_and_dns_only() {
+    let deployment = read("deploy/kubernetes/deployment.yaml");
+    let policy = read("deploy/kubernetes/networkpolicy.yaml");
+    let (config, table) = shipped_config("deploy/kubernetes/outboxd.toml");
+    assert!(read("deploy/kubernetes/kustomization.yaml").contains("- networkpolicy.yaml"));
+    assert_eq!(line_after(&policy, "kind:"), "NetworkPolicy");
+    // It selects the Deployment's pods.
+    for label in [
+        "app.kubernetes.io/name: outboxd",
+        "app.kubernetes.io/instance: orders",
+    ] {
+        assert!(
+            deployment.contains(label) && policy.contains(label),
+            "{label}"
+        );
+    }
+    // Both directions are closed but for the rules below.
+    let types = policy
+        .split_once("policyTypes:")
+        .expect("policyTypes")
+        .1
+        .split_once("ingress:")
+        .expect("ingress after policyTypes")
+        .0;
+    assert!(types.contains("- Ingress") && types.contains("- Egress"));
+    let (ingress, egress) = policy
+        .split_once("\n  ingress:")
+        .expect("ingress")
+        .1
+        .split_once("\n  egress:")
+        .expect("egress after ingress");
+    // In: the endpoint's port only (metrics, health, the inbox over HTTP).
+    let metrics = config.metrics.as_ref().expect("[metrics]");
+    assert_eq!(ports(ingress), [metrics.listen.port().to_string()]);
+    // Out: the database, Kafka's bootstrap port, DNS over UDP and TCP; nothing else.
+    let source = table["source"]["port"].as_integer().expect("source.port");
+    let kafka = string_at(&table, "kafka", "bootstrap_servers")
+        .rsplit_once(':')
+        .expect("host:port")
+        .1;
+    let mut out = ports(egress);
+    out.sort_unstable();
+    let mut want = vec![
+        source.to_string(),
+        kafka.to_owned(),
+        "53".into(),
+        "53".into(),
+    ];
+    want.sort_unstable();
+    assert_eq!(out, want);
+    assert_eq!(egress.matches("protocol: UDP").count(), 1, "DNS over UDP");
+    assert_eq!(egress.matches("protocol: TCP").count(), 3);
+    assert_eq!(egress.matches("- to:").count(), 3, "three destinations");
 }
