@@ -73,7 +73,7 @@ pub(crate) async fn run<C: Connector>(
         }
         let messages: Vec<InboxMessage> = records
             .iter()
-            .map(|record| to_message(record, config, json))
+            .map(|record| to_message(&Record::of(record), config, json))
             .collect();
         ingest.store(&messages, "kafka").await?;
         backoff.reset();
@@ -134,46 +134,66 @@ fn next_offsets(records: &[BorrowedMessage<'_>]) -> Result<TopicPartitionList, C
     Ok(list)
 }
 
+/// A consumed record as [`to_message`] reads it: the parts of an rdkafka message, so
+/// that the conversion is a pure function of plain values (unit tests, the
+/// `inbox_kafka_record` fuzz target).
+pub(crate) struct Record<'a> {
+    pub(crate) topic: &'a str,
+    pub(crate) partition: i32,
+    pub(crate) offset: i64,
+    /// `None`: a null key.
+    pub(crate) key: Option<&'a [u8]>,
+    /// `None`: a null value (a tombstone).
+    pub(crate) payload: Option<&'a [u8]>,
+    /// In the record's order, repeats included; `None`: a header without a value.
+    pub(crate) headers: Vec<(&'a str, Option<&'a [u8]>)>,
+}
+
+impl<'a> Record<'a> {
+    /// The parts of `record`.
+    pub(crate) fn of<M: Message>(record: &'a M) -> Self {
+        Record {
+            topic: record.topic(),
+            partition: record.partition(),
+            offset: record.offset(),
+            key: record.key(),
+            payload: record.payload(),
+            headers: record
+                .headers()
+                .map(|list| list.iter().map(|h| (h.key, h.value)).collect())
+                .unwrap_or_default(),
+        }
+    }
+}
+
 /// One record as an inbox message (rejected when it lacks what the inbox needs).
-fn to_message(
-    record: &BorrowedMessage<'_>,
+pub(crate) fn to_message(
+    record: &Record<'_>,
     config: &KafkaIngressConfig,
     json: bool,
 ) -> InboxMessage {
-    let coordinates = format!(
-        "{}/{}/{}",
-        record.topic(),
-        record.partition(),
-        record.offset()
-    );
+    let coordinates = format!("{}/{}/{}", record.topic, record.partition, record.offset);
     let mut message_id = None;
     let mut message_type = None;
     let mut biz_key = None;
     let mut headers = Vec::new();
-    if let Some(list) = record.headers() {
-        for header in list.iter() {
-            let value = header
-                .value
-                .map(|v| String::from_utf8_lossy(v).into_owned())
-                .unwrap_or_default();
-            let name = header.key;
-            if name == config.message_id_header {
-                message_id = Some(value);
-            } else if name == config.message_type_header {
-                message_type = Some(value);
-            } else if name == config.biz_key_header {
-                biz_key = Some(value);
-            } else {
-                headers.push((name.to_owned(), value));
-            }
+    for (name, value) in &record.headers {
+        let value = value
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or_default();
+        let name = *name;
+        if name == config.message_id_header {
+            message_id = Some(value);
+        } else if name == config.message_type_header {
+            message_type = Some(value);
+        } else if name == config.biz_key_header {
+            biz_key = Some(value);
+        } else {
+            headers.push((name.to_owned(), value));
         }
     }
-    let key = biz_key.or_else(|| {
-        record
-            .key()
-            .map(|k| String::from_utf8_lossy(k).into_owned())
-    });
-    let payload = record.payload().unwrap_or_default().to_vec();
+    let key = biz_key.or_else(|| record.key.map(|k| String::from_utf8_lossy(k).into_owned()));
+    let payload = record.payload.unwrap_or_default().to_vec();
     let mut problems = Vec::new();
     let message_id = match message_id.filter(|id| !id.is_empty()) {
         Some(id) => id,
@@ -207,12 +227,227 @@ fn to_message(
         source: config
             .source
             .clone()
-            .unwrap_or_else(|| record.topic().to_owned()),
+            .unwrap_or_else(|| record.topic.to_owned()),
         message_id,
         message_type,
         biz_key,
         payload,
         headers,
         rejected,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rdkafka::message::{Header, OwnedHeaders, OwnedMessage, Timestamp};
+
+    use super::*;
+
+    fn config(source: Option<&str>, derive_message_id: bool) -> KafkaIngressConfig {
+        let mut config: KafkaIngressConfig =
+            toml::from_str("topics = [\"orders\"]\ngroup_id = \"g\"").unwrap();
+        config.source = source.map(str::to_owned);
+        config.derive_message_id = derive_message_id;
+        config
+    }
+
+    fn record(
+        key: Option<&[u8]>,
+        payload: Option<&[u8]>,
+        headers: &[(&str, Option<&[u8]>)],
+    ) -> OwnedMessage {
+        let list = (!headers.is_empty()).then(|| {
+            headers
+                .iter()
+                .fold(OwnedHeaders::new(), |list, (key, value)| {
+                    list.insert(Header {
+                        key: *key,
+                        value: *value,
+                    })
+                })
+        });
+        OwnedMessage::new(
+            payload.map(<[u8]>::to_vec),
+            key.map(<[u8]>::to_vec),
+            "orders".into(),
+            Timestamp::NotAvailable,
+            3,
+            42,
+            list,
+        )
+    }
+
+    /// The conversion as it was written inline against rdkafka's message before
+    /// [`Record`] took the parts out (generic here only so an `OwnedMessage` can be given).
+    fn inline_to_message<M: Message>(
+        record: &M,
+        config: &KafkaIngressConfig,
+        json: bool,
+    ) -> InboxMessage {
+        let coordinates = format!(
+            "{}/{}/{}",
+            record.topic(),
+            record.partition(),
+            record.offset()
+        );
+        let mut message_id = None;
+        let mut message_type = None;
+        let mut biz_key = None;
+        let mut headers = Vec::new();
+        if let Some(list) = record.headers() {
+            for header in list.iter() {
+                let value = header
+                    .value
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+                    .unwrap_or_default();
+                let name = header.key;
+                if name == config.message_id_header {
+                    message_id = Some(value);
+                } else if name == config.message_type_header {
+                    message_type = Some(value);
+                } else if name == config.biz_key_header {
+                    biz_key = Some(value);
+                } else {
+                    headers.push((name.to_owned(), value));
+                }
+            }
+        }
+        let key = biz_key.or_else(|| {
+            record
+                .key()
+                .map(|k| String::from_utf8_lossy(k).into_owned())
+        });
+        let payload = record.payload().unwrap_or_default().to_vec();
+        let mut problems = Vec::new();
+        let message_id = match message_id.filter(|id| !id.is_empty()) {
+            Some(id) => id,
+            None if config.derive_message_id => coordinates.clone(),
+            None => {
+                problems.push(format!("no `{}` header", config.message_id_header));
+                coordinates.clone()
+            }
+        };
+        let message_type = message_type.filter(|t| !t.is_empty()).unwrap_or_else(|| {
+            problems.push(format!("no `{}` header", config.message_type_header));
+            format!("unknown:{coordinates}")
+        });
+        let biz_key = key.filter(|k| !k.is_empty()).unwrap_or_else(|| {
+            problems.push(format!(
+                "no `{}` header and no record key",
+                config.biz_key_header
+            ));
+            coordinates.clone()
+        });
+        if json && serde_json::from_slice::<serde::de::IgnoredAny>(&payload).is_err() {
+            problems.push("the value is not JSON (the inbox's payload column is)".into());
+        }
+        let rejected = (!problems.is_empty()).then(|| {
+            format!(
+                "record {coordinates} cannot be handled: {}",
+                problems.join("; ")
+            )
+        });
+        InboxMessage {
+            source: config
+                .source
+                .clone()
+                .unwrap_or_else(|| record.topic().to_owned()),
+            message_id,
+            message_type,
+            biz_key,
+            payload,
+            headers,
+            rejected,
+        }
+    }
+
+    /// The pure conversion gives what the inline one gave, over records with and without
+    /// each header, key and value (null and empty), repeats and non-UTF-8 bytes.
+    #[test]
+    fn the_pure_conversion_keeps_the_inline_ones_behaviour() {
+        let json_value: &[u8] = br#"{"total": 12}"#;
+        let keys: [Option<&[u8]>; 4] = [None, Some(b""), Some(b"order-7"), Some(b"k\xff")];
+        let payloads: [Option<&[u8]>; 4] = [None, Some(b""), Some(json_value), Some(b"not json")];
+        let header_sets: [&[(&str, Option<&[u8]>)]; 6] = [
+            &[],
+            &[
+                ("message_id", Some(b"m-1")),
+                ("message_type", Some(b"order.created")),
+                ("biz_key", Some(b"order-1")),
+                ("traceparent", Some(b"00-abc-def-01")),
+            ],
+            &[
+                ("message_id", Some(b"")),
+                ("message_type", None),
+                ("biz_key", Some(b"")),
+            ],
+            &[
+                ("message_id", Some(b"a")),
+                ("message_id", Some(b"b")),
+                ("x", None),
+                ("x", Some(b"\xfe\xff")),
+            ],
+            &[("message_type", Some(b"t")), ("Message_Id", Some(b"case"))],
+            &[("biz_key", None), ("message_id", Some(b"m\xff"))],
+        ];
+        let mut compared = 0;
+        for source in [None, Some("billing")] {
+            for derive in [false, true] {
+                let config = config(source, derive);
+                for key in keys {
+                    for payload in payloads {
+                        for headers in header_sets {
+                            let message = record(key, payload, headers);
+                            for json in [false, true] {
+                                assert_eq!(
+                                    to_message(&Record::of(&message), &config, json),
+                                    inline_to_message(&message, &config, json),
+                                    "{key:?} {payload:?} {headers:?} {json}"
+                                );
+                                compared += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(compared, 4 * 4 * 4 * 6 * 2);
+    }
+
+    #[test]
+    fn a_record_becomes_a_message_or_a_rejected_one_with_the_reasons() {
+        let headers: &[(&str, Option<&[u8]>)] = &[
+            ("message_id", Some(b"m-1")),
+            ("message_type", Some(b"order.created")),
+            ("traceparent", Some(b"00-abc-def-01")),
+        ];
+        let message = record(Some(b"order-7"), Some(b"{}"), headers);
+        let got = to_message(&Record::of(&message), &config(None, false), true);
+        assert_eq!(
+            got,
+            InboxMessage {
+                source: "orders".into(),
+                message_id: "m-1".into(),
+                message_type: "order.created".into(),
+                biz_key: "order-7".into(),
+                payload: b"{}".to_vec(),
+                headers: vec![("traceparent".into(), "00-abc-def-01".into())],
+                rejected: None,
+            }
+        );
+        let bare = record(None, Some(b"nope"), &[]);
+        let got = to_message(&Record::of(&bare), &config(Some("s"), false), true);
+        assert_eq!(got.message_id, "orders/3/42");
+        assert_eq!(got.message_type, "unknown:orders/3/42");
+        assert_eq!(got.biz_key, "orders/3/42");
+        assert_eq!(got.source, "s");
+        assert_eq!(
+            got.rejected.as_deref(),
+            Some(
+                "record orders/3/42 cannot be handled: no `message_id` header; no \
+                 `message_type` header; no `biz_key` header and no record key; the value is \
+                 not JSON (the inbox's payload column is)"
+            )
+        );
     }
 }
