@@ -386,7 +386,9 @@ pub struct KafkaConfig {
     #[serde(default)]
     pub options: BTreeMap<String, String>,
     /// Topics a row may be sent to: exact names and `*` patterns. Empty (the default):
-    /// any. A row routed elsewhere is never sent; it becomes MANUAL_REQUIRED.
+    /// any. A row routed elsewhere is never sent; it becomes MANUAL_REQUIRED. Positions
+    /// topics (`outboxd-positions-*`, `positions_topic`) and Kafka's internal topics
+    /// (`__*`) are refused whatever the list says.
     #[serde(default)]
     pub allowed_topics: Vec<String>,
     /// File holding the librdkafka option `sasl.password`, read at load into `options`.
@@ -894,7 +896,7 @@ impl Config {
                 "kafka.bootstrap_servers is empty".into(),
             ));
         }
-        crate::sink::kafka::TopicTemplate::parse(&self.kafka.topic_template)
+        let template = crate::sink::kafka::TopicTemplate::parse(&self.kafka.topic_template)
             .and_then(|t| t.with_tables(&self.outbox.layout().outbox_tables))
             .map_err(ConfigError::Invalid)?;
         crate::sink::kafka::validate_options(&self.kafka.options).map_err(ConfigError::Invalid)?;
@@ -905,6 +907,13 @@ impl Config {
                 .map_err(ConfigError::Invalid)?;
         }
         crate::sink::kafka::AllowedTopics::parse(&self.kafka.allowed_topics)
+            .map_err(ConfigError::Invalid)?;
+        // Positions and internal topics are refused row by row whatever the list says; a
+        // list entry or a template that can only name them is a mistake to report now.
+        let reserved = crate::sink::kafka::ReservedTopics::new(self.kafka.positions_topic(name));
+        reserved
+            .check_allowed_topics(&self.kafka.allowed_topics)
+            .and_then(|()| reserved.check_template(&template, name))
             .map_err(ConfigError::Invalid)?;
         if let Some(cloudevents) = &self.kafka.cloudevents {
             cloudevents.validate().map_err(ConfigError::Invalid)?;
@@ -1328,6 +1337,71 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("{nope}"), "{err}");
+    }
+
+    /// A configuration that can only route rows into a positions topic or a Kafka
+    /// internal topic is refused at load, naming the key.
+    #[test]
+    fn reserved_topics_cannot_be_configured_as_destinations() {
+        for (kafka, key, named) in [
+            (
+                "allowed_topics = [\"orders\", \"__consumer_offsets\"]",
+                "kafka.allowed_topics",
+                "__consumer_offsets",
+            ),
+            ("allowed_topics = [\"__*\"]", "kafka.allowed_topics", "__*"),
+            (
+                "allowed_topics = [\"outboxd-positions-*\"]",
+                "kafka.allowed_topics",
+                "outboxd-positions-*",
+            ),
+            (
+                "positions_topic = \"it.positions\"\nallowed_topics = [\"it.positions\"]",
+                "kafka.allowed_topics",
+                "it.positions",
+            ),
+            (
+                "topic_template = \"__transaction_state\"",
+                "kafka.topic_template",
+                "__transaction_state",
+            ),
+            (
+                "topic_template = \"__{message_type}\"",
+                "kafka.topic_template",
+                "__{message_type}",
+            ),
+            (
+                "topic_template = \"outboxd-positions-{pipeline}\"",
+                "kafka.topic_template",
+                "outboxd-positions-{pipeline}",
+            ),
+            (
+                "positions_topic = \"it.positions\"\ntopic_template = \"it.positions\"",
+                "kafka.topic_template",
+                "it.positions",
+            ),
+        ] {
+            let text = MINIMAL.replace("[kafka]", &format!("[kafka]\n{kafka}"));
+            let err = Config::parse(&text)
+                .unwrap()
+                .validate()
+                .expect_err(kafka)
+                .to_string();
+            assert!(
+                err.contains(key) && err.contains(&format!("`{named}`")),
+                "{kafka}: {err}"
+            );
+        }
+        // Patterns that also match other topics stay: the sink refuses the reserved ones
+        // row by row.
+        for kafka in [
+            "allowed_topics = [\"*\", \"outboxd-*\", \"_x*\"]",
+            "topic_template = \"_{message_type}\"",
+            "topic_template = \"outboxd-{pipeline}\"",
+        ] {
+            let text = MINIMAL.replace("[kafka]", &format!("[kafka]\n{kafka}"));
+            Config::parse(&text).unwrap().validate().expect(kafka);
+        }
     }
 
     #[test]

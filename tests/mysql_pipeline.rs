@@ -364,6 +364,11 @@ async fn a_topic_outside_the_allowed_list_is_never_written() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserved_topics_are_never_written() {
+    scenarios::reserved_topics_are_never_written::<MysqlServices>().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_schema_command_prints_what_init_and_check_expect() {
     scenarios::the_schema_command_prints_what_init_and_check_expect::<MysqlServices>().await;
 }

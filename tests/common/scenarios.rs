@@ -649,6 +649,90 @@ pub async fn a_topic_outside_the_allowed_list_is_never_written<E: Engine>() {
     p.cleanup().await;
 }
 
+/// The positions topics (`outboxd-positions-*`) and Kafka's internal topics (`__*`) are
+/// never a row's destination, whatever `kafka.allowed_topics` allows (here `*`): under
+/// exactly-once, where a record in a positions topic or a refused write to an internal
+/// topic would break the pipeline's transactions, the two rows routed there become
+/// MANUAL_REQUIRED with the reason and are never sent; the rows around them are delivered
+/// and the relay keeps streaming.
+pub async fn reserved_topics_are_never_written<E: Engine>() {
+    let extra = "[delivery]\nexactly_once = true\ntransaction_interval = \"50ms\"\n";
+    let p = Pipeline::<E>::new("reserved", 1, extra).await;
+    let config = std::fs::read_to_string(&p.config_path).expect("read config");
+    let config = config.replace(
+        "message_timeout = \"10s\"",
+        "message_timeout = \"10s\"\nallowed_topics = [\"*\"]",
+    );
+    std::fs::write(&p.config_path, config).expect("write config");
+    p.init();
+    let daemon = p.spawn_run("run.log");
+    // Named after the pipeline so that the topic's absence below means this run wrote
+    // nothing there (Kafka's data outlives the services between runs).
+    let positions = format!("outboxd-positions-x_{}", p.name);
+    let internal = "__consumer_offsets";
+    let mut writer = p.writer().await;
+    writer.commit(&event("good", 1), "reserved").await;
+    writer
+        .insert_padded("reserved-pos-1", "pos", 1, &positions, 10)
+        .await;
+    writer
+        .insert_padded("reserved-int-1", "int", 1, internal, 10)
+        .await;
+    writer.commit(&event("good", 2), "reserved").await;
+
+    let refused_and_delivered = || async {
+        let rows = p.rows().await;
+        let delivered = ["reserved-good-1", "reserved-good-2"]
+            .iter()
+            .all(|id| rows.get(*id).is_some_and(|r| r.status == "SUCCESS"));
+        let decided = ["reserved-pos-1", "reserved-int-1"]
+            .iter()
+            .all(|id| rows.get(*id).is_some_and(|r| r.status != "INIT"));
+        (delivered && decided).then_some(())
+    };
+    wait_for(
+        "the good rows delivered and the reserved ones decided",
+        Duration::from_secs(60),
+        refused_and_delivered,
+    )
+    .await;
+    let rows = p.rows().await;
+    for (id, topic) in [
+        ("reserved-pos-1", positions.as_str()),
+        ("reserved-int-1", internal),
+    ] {
+        let row = &rows[id];
+        let why = row.last_error.clone().unwrap_or_default();
+        assert_eq!(row.status, "MANUAL_REQUIRED", "{id}: {why}");
+        assert!(
+            why.contains(&format!("`{topic}`")) && why.contains("never sent"),
+            "{id}: the reason names the topic: {why}"
+        );
+    }
+    assert!(
+        !topic_exists(p.services.kafka(), &positions),
+        "no topic was created for the row routed to {positions}"
+    );
+
+    // The relay streams on: a later row is delivered, and a read_committed consumer sees
+    // exactly the good rows, committed.
+    writer.commit(&event("good", 3), "reserved").await;
+    wait_for(
+        "the later row delivered",
+        Duration::from_secs(60),
+        || async {
+            let rows = p.rows().await;
+            (rows.get("reserved-good-3")?.status == "SUCCESS").then_some(())
+        },
+    )
+    .await;
+    let records = p.consume(3, Duration::from_secs(30));
+    assert_eq!(seqs_by_key(&records)["good"], [1, 2, 3], "{records:?}");
+    assert_eq!(records.len(), 3, "only the good rows reach the topic");
+    drop(daemon);
+    p.cleanup().await;
+}
+
 /// Issue 13: `outboxd schema` prints the DDL `init` runs; applied by hand (as a migration
 /// tool would), it is exactly what `init` and `check` expect: `init` then finds every
 /// table, index (and on PostgreSQL the publication) in place, and `check` passes.

@@ -33,7 +33,7 @@ mod structured;
 mod topic;
 mod transaction;
 
-pub use allowed::AllowedTopics;
+pub use allowed::{AllowedTopics, ReservedTopics};
 pub use delivery::KafkaDelivery;
 pub(crate) use options::{security_line, validate_options};
 pub use topic::TopicTemplate;
@@ -52,6 +52,8 @@ pub struct KafkaSink {
     client: ClientConfig,
     template: TopicTemplate,
     allowed: AllowedTopics,
+    /// Refused whatever `allowed` says: positions and internal topics.
+    reserved: ReservedTopics,
     headers: RecordHeaders,
     pipeline: String,
     /// Exactly-once: the relay's records go out in Kafka transactions (`transaction.rs`).
@@ -73,6 +75,7 @@ impl KafkaSink {
         validate_options(&config.options)?;
         let template = TopicTemplate::parse(&config.topic_template)?;
         let allowed = AllowedTopics::parse(&config.allowed_topics)?;
+        let reserved = ReservedTopics::new(config.positions_topic(pipeline));
         let mut client = ClientConfig::new();
         // Java's default partitioner hashes keys with murmur2: records keyed by the same
         // biz_key land where a Java producer would put them.
@@ -111,6 +114,7 @@ impl KafkaSink {
             client,
             template,
             allowed,
+            reserved,
             headers: RecordHeaders::new(config, pipeline),
             pipeline: pipeline.to_owned(),
             transactions: None,
@@ -226,8 +230,11 @@ impl Sink for KafkaSink {
                     .into(),
             );
         }
-        self.allowed
-            .refusal(&self.topic_for(event))
+        let topic = self.topic_for(event);
+        // Reserved first: its reason is the one to act on even when the list refuses too.
+        self.reserved
+            .refusal(&topic)
+            .or_else(|| self.allowed.refusal(&topic))
             .or_else(|| self.headers.refusal(event))
     }
 
@@ -348,6 +355,53 @@ mod tests {
         let sink = KafkaSink::new(&config, "p", false, 64 << 20).expect("producer");
         assert!(sink.producer().client().fatal_error().is_none());
         assert_eq!(sink.recover().await, Ok(false));
+    }
+
+    /// The positions topics and Kafka's internal topics are never a row's destination,
+    /// whatever `kafka.allowed_topics` says: `*` (or no list) would otherwise let a row
+    /// write into the positions outboxd reads at every exactly-once start, or into the
+    /// broker's own bookkeeping.
+    #[test]
+    fn reserved_topics_are_refused_whatever_allowed_topics_says() {
+        for allowed in [Vec::new(), vec!["*".to_owned()]] {
+            let config = KafkaConfig {
+                bootstrap_servers: "127.0.0.1:1".into(),
+                topic_template: "{message_type}".into(),
+                message_timeout: Duration::from_secs(1),
+                options: BTreeMap::new(),
+                allowed_topics: allowed.clone(),
+                sasl_password_file: None,
+                ssl_key_password_file: None,
+                transactional_id: None,
+                positions_topic: Some("it.positions".into()),
+                cloudevents: None,
+            };
+            let sink = KafkaSink::new(&config, "p", false, 64 << 20).expect("producer");
+            let row = |topic: Option<&str>, message_type: &str| {
+                let mut event = crate::testing::event(1, "k");
+                event.topic = topic.map(Into::into);
+                event.message_type = message_type.into();
+                event
+            };
+            for topic in [
+                "outboxd-positions-x",
+                "outboxd-positions-p",
+                "__consumer_offsets",
+                "__transaction_state",
+                "it.positions",
+            ] {
+                for event in [row(Some(topic), "m"), row(None, topic)] {
+                    let why = sink
+                        .refusal(&event)
+                        .unwrap_or_else(|| panic!("{topic} with allowed_topics {allowed:?}"));
+                    assert!(why.contains(&format!("`{topic}`")), "{why}");
+                    assert!(why.contains("never sent"), "{why}");
+                }
+            }
+            for topic in ["orders", "outboxd-positions", "_private", "it.positions.x"] {
+                assert_eq!(sink.refusal(&row(Some(topic), "m")), None, "{topic}");
+            }
+        }
     }
 
     /// librdkafka must be built with what production clusters use: TLS, SASL PLAIN and

@@ -7,6 +7,8 @@ use outboxd_connector::OutboxEvent;
 /// outbox table the row is in, as `outbox.table` or `outbox.tables` names it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TopicTemplate {
+    /// The template as configured, for messages.
+    text: String,
     parts: Vec<TemplatePart>,
     /// `(schema, table)` of each outbox table, by [`OutboxEvent::table`]; the schema is
     /// empty for an unqualified name.
@@ -58,9 +60,33 @@ impl TopicTemplate {
             return Err("kafka.topic_template is empty".into());
         }
         Ok(Self {
+            text: template.to_owned(),
             parts,
             tables: vec![(String::new(), String::new())],
         })
+    }
+
+    /// The template as configured.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// What every topic of `pipeline` starts with: the template up to its first
+    /// placeholder that depends on the row (or its outbox table), `{pipeline}` rendered.
+    /// `true` when that is the whole topic (no such placeholder).
+    pub fn fixed_prefix(&self, pipeline: &str) -> (String, bool) {
+        let mut fixed = String::new();
+        for part in &self.parts {
+            match part {
+                TemplatePart::Literal(s) => fixed.push_str(s),
+                TemplatePart::Pipeline => fixed.push_str(pipeline),
+                TemplatePart::MessageType
+                | TemplatePart::Routing
+                | TemplatePart::Schema
+                | TemplatePart::Table => return (fixed, false),
+            }
+        }
+        (fixed, true)
     }
 
     /// The template for a pipeline reading `tables` (`outbox.table` or `outbox.tables`, in
