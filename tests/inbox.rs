@@ -8,237 +8,12 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::engine::Engine;
-use common::postgres::{runtime_grants, PgServices};
-use common::{free_port, metrics_section, spawn_outboxd, wait_for, Daemon};
+use common::inbox::{ident, kafka, pg, post, Inbox};
+use common::wait_for;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-fn kafka() -> String {
-    PgServices::from_env().kafka
-}
-
-/// One test's inbox on PostgreSQL: its own schema (the application's, holding its effects
-/// table and outboxd's tables), topic, consumer group and config.
-struct Inbox {
-    services: PgServices,
-    schema: String,
-    topic: String,
-    port: u16,
-    dir: std::path::PathBuf,
-    /// The runtime role's config: `run` and the operator commands.
-    config: std::path::PathBuf,
-}
-
-/// The test's own (superuser) connection: the application's and the administrator's set-up,
-/// and reading what outboxd wrote.
-async fn pg() -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(
-        &PgServices::from_env().pg_conn_string(),
-        tokio_postgres::NoTls,
-    )
-    .await
-    .expect("connect to the test PostgreSQL (scripts/services start)");
-    tokio::spawn(connection);
-    client
-}
-
-/// `name` as a PostgreSQL identifier.
-fn ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
-impl Inbox {
-    /// Writes the config (`[inbox]` and handlers in `inbox_toml`), runs `init` as the admin
-    /// role and gives the runtime role its grants: `schemas/postgres/grants.sql` on
-    /// outboxd's tables, and INSERT on the effects table (with USAGE on its `bigserial`
-    /// sequence) for the SQL handler, as the application would.
-    async fn new(prefix: &str, inbox_toml: &str) -> Self {
-        let services = PgServices::from_env();
-        let suffix: u32 = rand::random::<u32>() % 900_000 + 100_000;
-        let name = format!("{prefix}_{suffix}");
-        let schema = format!("ib_{name}");
-        let topic = format!("inbox.{name}");
-        let port = free_port();
-        let dir = std::env::temp_dir().join(format!("outboxd-inbox-{name}"));
-        std::fs::create_dir_all(&dir).expect("test dir");
-        let (admin, run) = (ident(&services.admin_user), ident(&services.run_user));
-        let sql = pg().await;
-        // The application's schema and table; the admin may create outboxd's tables there.
-        sql.batch_execute(&format!(
-            "CREATE SCHEMA {schema}; \
-             GRANT USAGE, CREATE ON SCHEMA {schema} TO {admin}; \
-             CREATE TABLE {schema}.effects (n bigserial PRIMARY KEY, message_id text, biz_key text, payload jsonb)"
-        ))
-        .await
-        .expect("schema");
-        common::create_topic_with(&kafka(), &topic, 2, &[]).await;
-        let inbox_toml = inbox_toml
-            .replace("{schema}", &schema)
-            .replace("{topic}", &topic)
-            .replace("{name}", &name);
-        let config = format!(
-            r#"
-[pipeline]
-name = "{name}"
-
-{source}
-mode = "poll"
-
-[outbox]
-table = "{schema}.outbox"
-inbox_table = "{schema}.inbox"
-checkpoint_table = "{schema}.outboxd_checkpoint"
-relay = false
-
-[kafka]
-bootstrap_servers = "{kafka}"
-topic_template = "unused"
-
-[retry]
-base = "300ms"
-cap = "2s"
-jitter = "0ms"
-{metrics}
-{inbox_toml}
-"#,
-            source = services.source_section(),
-            kafka = kafka(),
-            metrics = metrics_section(port),
-        );
-        let path = dir.join("outboxd.toml");
-        std::fs::write(&path, &config).expect("config");
-        let admin_path = dir.join("outboxd-admin.toml");
-        std::fs::write(&admin_path, services.as_admin(&config)).expect("admin config");
-        common::init_outboxd(&admin_path);
-        let grants = runtime_grants(
-            &services.run_user,
-            &schema,
-            "outbox",
-            "inbox",
-            "outboxd_checkpoint",
-        );
-        sql.batch_execute(&grants).await.expect(&grants);
-        sql.batch_execute(&format!(
-            "GRANT INSERT ON {schema}.effects TO {run}; \
-             GRANT USAGE ON SEQUENCE {schema}.effects_n_seq TO {run}"
-        ))
-        .await
-        .expect("the SQL handler's grants");
-        Self {
-            services,
-            schema,
-            topic,
-            port,
-            dir,
-            config: path,
-        }
-    }
-
-    fn run(&self, log: &str) -> Daemon {
-        spawn_outboxd(&self.config, &self.dir.join(log), "info,outboxd=debug")
-    }
-
-    /// `(message_id, status, retry_count)` of every inbox row, in id order.
-    async fn rows(&self) -> Vec<(String, String, i32)> {
-        let sql = format!(
-            "SELECT message_id, status, retry_count FROM {}.inbox ORDER BY id",
-            self.schema
-        );
-        let rows = pg().await.query(&sql, &[]).await.expect("inbox rows");
-        rows.iter()
-            .map(|r| (r.get(0), r.get(1), r.get(2)))
-            .collect()
-    }
-
-    /// `message_id` of every effect of the SQL handler, in order.
-    async fn effects(&self) -> Vec<String> {
-        let sql = format!("SELECT message_id FROM {}.effects ORDER BY n", self.schema);
-        let rows = pg().await.query(&sql, &[]).await.expect("effects");
-        rows.iter().map(|r| r.get(0)).collect()
-    }
-
-    /// Waits until outboxd answers HTTP.
-    async fn wait_ready(&self) {
-        let port = self.port;
-        wait_for("the endpoint", Duration::from_secs(30), || async move {
-            common::http_get(port, "/healthz").await.map(|_| ())
-        })
-        .await;
-    }
-
-    /// Runs `sql` as the admin role (the owner of outboxd's tables).
-    async fn as_admin(&self, sql: &str) {
-        let admin = ident(&self.services.admin_user);
-        let script = format!("SET ROLE {admin};\n{sql};\nRESET ROLE;");
-        pg().await.batch_execute(&script).await.expect(sql);
-    }
-
-    /// Waits until `n` inbox rows are DONE and older than `dedupe_retention` (1 s), then
-    /// runs `outboxd janitor --inbox --older-than 1s --json` with `args` as the runtime
-    /// role: its report.
-    async fn janitor(&self, n: i64, args: &[&str]) -> serde_json::Value {
-        let old = format!(
-            "SELECT count(*) FROM {}.inbox WHERE status = 'DONE' \
-             AND processed_at < now() - interval '1 second' \
-             AND created_at < now() - interval '1 second'",
-            self.schema
-        );
-        wait_for("rows past the window", Duration::from_secs(30), || async {
-            let row = pg().await.query_one(&old, &[]).await.expect("old rows");
-            (row.get::<_, i64>(0) == n).then_some(())
-        })
-        .await;
-        let mut command = vec!["janitor", "--inbox", "--older-than", "1s", "--json"];
-        command.extend_from_slice(args);
-        let out = common::run_outboxd(&self.config, &command);
-        assert!(
-            out.status.success(),
-            "{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("janitor JSON")
-    }
-
-    async fn cleanup(&self) {
-        let _ = pg()
-            .await
-            .batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema))
-            .await;
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// `POST path` with `headers` and `body`: (status, body).
-async fn post(port: u16, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("connect");
-    let mut request = format!(
-        "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
-    }
-    request.push_str("\r\n");
-    stream.write_all(request.as_bytes()).await.expect("write");
-    // A server refusing early may close before the whole body is written.
-    let _ = stream.write_all(body).await;
-    let mut reply = Vec::new();
-    let _ = stream.read_to_end(&mut reply).await;
-    let reply = String::from_utf8_lossy(&reply).into_owned();
-    let status = reply
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = reply.split_once("\r\n\r\n").map(|(_, b)| b.to_owned());
-    (status, body.unwrap_or_default())
-}
 
 fn producer() -> FutureProducer {
     ClientConfig::new()
@@ -305,6 +80,15 @@ topics = ["{topic}"]
 group_id = "it-{name}"
 
 [inbox.http]
+
+[inbox.http.sources.shop]
+auth = "none"
+[inbox.http.sources.app]
+auth = "none"
+[inbox.http.sources.plain]
+auth = "none"
+[inbox.http.sources.web]
+auth = "none"
 
 [inbox.handlers.default]
 kind = "sql"
@@ -482,7 +266,9 @@ async fn the_sql_handler_has_only_the_grants_the_application_gave() {
 async fn http_ingress_refuses_bad_requests_and_stores_nothing() {
     let secret = "whsec_c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0";
     let toml = format!("{SQL_HANDLER}\n[inbox.http.secrets]\nsigned = [\"{secret}\"]\n",)
-        .replace("[inbox.http]\n", "[inbox.http]\nmax_body_bytes = 1024\n");
+        .replace("[inbox.http]\n", "[inbox.http]\nmax_body_bytes = 1024\n")
+        // Signed requests replayed within the timestamp tolerance must still find their row.
+        .replace("dedupe_retention = \"1s\"", "dedupe_retention = \"1h\"");
     let inbox = Inbox::new("refuse", &toml).await;
     let mut daemon = inbox.run("run.log");
     inbox.wait_ready().await;
@@ -640,9 +426,9 @@ async fn webhook_service(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhook_answers_decide_done_retry_or_manual() {
     let script = [
-        ("retry-key".to_owned(), vec![500, 200]),
-        ("bad-key".to_owned(), vec![400]),
-        ("hang-key".to_owned(), vec![0, 200]),
+        ("hooks:retry-key".to_owned(), vec![500, 200]),
+        ("hooks:bad-key".to_owned(), vec![400]),
+        ("hooks:hang-key".to_owned(), vec![0, 200]),
     ]
     .into_iter()
     .collect();
@@ -653,6 +439,9 @@ async fn webhook_answers_decide_done_retry_or_manual() {
 claim_timeout = "10s"
 
 [inbox.http]
+
+[inbox.http.sources.hooks]
+auth = "none"
 
 [inbox.handlers.default]
 kind = "webhook"
@@ -697,7 +486,7 @@ timeout = "2s"
     let calls = seen.lock().unwrap().clone();
     let retry: Vec<Instant> = calls
         .iter()
-        .filter(|c| c.0 == "retry-key")
+        .filter(|c| c.0 == "hooks:retry-key")
         .map(|c| c.1)
         .collect();
     assert_eq!(retry.len(), 2, "{calls:?}");
@@ -718,7 +507,7 @@ timeout = "2s"
         "b-2 waits behind its key's MANUAL_REQUIRED message"
     );
     assert_eq!(
-        calls.iter().filter(|c| c.0 == "bad-key").count(),
+        calls.iter().filter(|c| c.0 == "hooks:bad-key").count(),
         1,
         "the 400 is not retried"
     );
@@ -766,7 +555,7 @@ timeout = "2s"
     .await;
     let calls = seen.lock().unwrap().clone();
     let bad: Vec<&str> = (calls.iter())
-        .filter(|c| c.0 == "bad-key")
+        .filter(|c| c.0 == "hooks:bad-key")
         .map(|c| c.2.as_str())
         .collect();
     assert_eq!(bad, ["b-1", "b-2"], "in order, once each");
@@ -892,7 +681,7 @@ async fn kill_9_loses_nothing_and_the_sql_handler_applies_each_effect_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_mid_webhook_redelivers_with_the_same_idempotency_key() {
     let (service, seen) = webhook_service(
-        [("slow-key".to_owned(), vec![0, 200])]
+        [("hooks:slow-key".to_owned(), vec![0, 200])]
             .into_iter()
             .collect(),
     )
@@ -904,6 +693,9 @@ claim_timeout = "3s"
 idle_check = "500ms"
 
 [inbox.http]
+
+[inbox.http.sources.hooks]
+auth = "none"
 
 [inbox.handlers.default]
 kind = "webhook"
@@ -1002,6 +794,26 @@ async fn values_the_database_refuses_are_kept_for_an_operator() {
     let headers = [("Message-Id", "h-nul"), ("Message-Type", "t")];
     let (status, body) = post(inbox.port, "/v1/inbox/web", &headers, br#"{"a": "\u0000"}"#).await;
     assert_eq!(status, 400, "{body}");
+    // The answer says what is wrong with the request, not what the database said: that
+    // stays in the log, under the answer's request id.
+    let answer: serde_json::Value = serde_json::from_str(&body).expect("a JSON answer");
+    let request_id = answer["request_id"].as_str().expect("a request id");
+    for internal in [
+        "Unicode",
+        "SQLSTATE",
+        "22P05",
+        "jsonb",
+        "127.0.0.1",
+        "postgres",
+    ] {
+        assert!(!body.contains(internal), "{internal} in {body}");
+    }
+    let log = daemon.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains(request_id) && l.contains("Unicode")),
+        "the log has the database's words under {request_id}"
+    );
     assert_eq!(inbox.rows().await.len(), 3, "nothing stored from HTTP");
     assert!(daemon.terminate().success());
     inbox.cleanup().await;

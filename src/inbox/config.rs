@@ -111,6 +111,87 @@ pub struct HttpIngressConfig {
     /// load into `secrets`; a source is in `secrets` or here, not both.
     #[serde(default)]
     pub secret_files: BTreeMap<String, PathBuf>,
+    /// `[inbox.http.sources.<source>]`: how a source's requests are taken. A source with
+    /// secrets needs no entry here; a source with neither is refused (401).
+    #[serde(default)]
+    pub sources: BTreeMap<String, HttpSourceConfig>,
+}
+
+/// `[inbox.http.sources.<source>]`
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSourceConfig {
+    /// `"signature"` (default): Standard Webhooks signatures with the source's secrets;
+    /// `"none"`: unsigned requests accepted on purpose (a warning at start says so).
+    #[serde(default)]
+    pub auth: SourceAuth,
+    /// The member of the JSON body that holds the business key, as a dotted path
+    /// (`"data.order_id"`); on a signed source the only way to give messages a key (and
+    /// so an order). Without it: `Biz-Key` on unsigned sources, else the message id.
+    #[serde(default)]
+    pub key_field: Option<String>,
+}
+
+/// How an HTTP source's requests are authenticated.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceAuth {
+    /// Standard Webhooks signatures.
+    #[default]
+    Signature,
+    /// None: anyone who reaches the endpoint may post as this source.
+    None,
+}
+
+impl HttpIngressConfig {
+    /// The sources requests are taken from: those with secrets (or secret files) and those
+    /// unsigned on purpose.
+    pub(crate) fn source_names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = (self.secrets.keys().chain(self.secret_files.keys()))
+            .map(String::as_str)
+            .collect();
+        for (name, source) in &self.sources {
+            if source.auth == SourceAuth::None {
+                names.push(name);
+            }
+        }
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
+
+    /// Each `[inbox.http.sources.<source>]` consistent with the secrets.
+    fn check_sources(&self) -> Result<(), String> {
+        for (name, source) in &self.sources {
+            let has_secrets =
+                self.secrets.contains_key(name) || self.secret_files.contains_key(name);
+            match source.auth {
+                SourceAuth::None if has_secrets => {
+                    return Err(format!(
+                        "inbox.http.sources.{name}.auth = \"none\" but the source has signing \
+                         secrets: remove one or the other"
+                    ))
+                }
+                SourceAuth::Signature if !has_secrets => {
+                    return Err(format!(
+                        "inbox.http.sources.{name} requires signatures but has no secrets: add \
+                         inbox.http.secrets.{name} (or secret_files.{name}), or set auth = \
+                         \"none\" to take its requests unsigned"
+                    ))
+                }
+                _ => {}
+            }
+            if let Some(field) = &source.key_field {
+                if field.split('.').any(|part| part.trim().is_empty()) {
+                    return Err(format!(
+                        "inbox.http.sources.{name}.key_field `{field}` must be member names \
+                         joined by dots, e.g. \"data.order_id\""
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl HttpIngressConfig {
@@ -159,13 +240,33 @@ pub enum HandlerConfig {
         /// 4xx statuses retried like 5xx (408 and 429 always are).
         #[serde(default)]
         retryable_statuses: Vec<u16>,
+        /// Message headers copied onto the request besides the trace context
+        /// (`traceparent`, `tracestate`); a name ending in `*` is a prefix. Credentials,
+        /// proxy and hop-by-hop headers are never copied.
+        #[serde(default)]
+        forward_headers: Vec<String>,
+        /// Only messages from these sources; empty: any source.
+        #[serde(default)]
+        sources: Vec<String>,
     },
     /// A statement run in the transaction that marks the message DONE.
     Sql {
         /// SQL naming `:id`, `:source`, `:message_id`, `:message_type`, `:biz_key`,
         /// `:payload`, `:headers`.
         statement: String,
+        /// Only messages from these sources; empty: any source.
+        #[serde(default)]
+        sources: Vec<String>,
     },
+}
+
+impl HandlerConfig {
+    /// The sources the handler is bound to; empty: any.
+    pub fn sources(&self) -> &[String] {
+        match self {
+            HandlerConfig::Webhook { sources, .. } | HandlerConfig::Sql { sources, .. } => sources,
+        }
+    }
 }
 
 fn default_workers() -> usize {
@@ -288,7 +389,17 @@ impl InboxConfig {
         }
         for (message_type, handler) in &self.handlers {
             match handler {
-                HandlerConfig::Webhook { url, timeout, .. } => {
+                HandlerConfig::Webhook {
+                    url,
+                    timeout,
+                    forward_headers,
+                    ..
+                } => {
+                    for name in forward_headers {
+                        super::handler::check_forwardable(name).map_err(|e| {
+                            format!("inbox.handlers.{message_type}.forward_headers: {e}")
+                        })?;
+                    }
                     if !url.starts_with("http://") && !url.starts_with("https://") {
                         return Err(format!(
                             "inbox.handlers.{message_type}.url `{url}` must be an http:// or \
@@ -311,7 +422,7 @@ impl InboxConfig {
                         ));
                     }
                 }
-                HandlerConfig::Sql { statement } => {
+                HandlerConfig::Sql { statement, .. } => {
                     if statement.trim().is_empty() {
                         return Err(format!("inbox.handlers.{message_type}.statement is empty"));
                     }
@@ -348,6 +459,46 @@ impl InboxConfig {
                 for secret in secrets {
                     super::signature::Secret::parse(secret.expose())
                         .map_err(|e| format!("inbox.http.secrets.{source}: {e}"))?;
+                }
+            }
+            http.check_sources()?;
+            // A signed request may be replayed while its timestamp is within the
+            // tolerance; its row must still be there to make the replay a duplicate.
+            let signed = !http.secrets.is_empty() || !http.secret_files.is_empty();
+            if signed && self.dedupe_retention < http.timestamp_tolerance {
+                return Err(format!(
+                    "inbox.dedupe_retention ({:?}) is shorter than \
+                     inbox.http.timestamp_tolerance ({:?}): a signed request replayed after \
+                     its row was deleted would be stored again; make the retention longer",
+                    self.dedupe_retention, http.timestamp_tolerance
+                ));
+            }
+        }
+        self.check_handler_sources()?;
+        Ok(())
+    }
+
+    /// Every source a handler is bound to is one an ingress receives from: a misspelt
+    /// name would leave the handler unused and its messages MANUAL_REQUIRED.
+    fn check_handler_sources(&self) -> Result<(), String> {
+        let mut known: Vec<&str> = Vec::new();
+        if let Some(http) = &self.http {
+            known.extend(http.source_names());
+        }
+        if let Some(kafka) = &self.kafka {
+            match &kafka.source {
+                Some(source) => known.push(source),
+                None => known.extend(kafka.topics.iter().map(String::as_str)),
+            }
+        }
+        for (message_type, handler) in &self.handlers {
+            for source in handler.sources() {
+                if !known.contains(&source.as_str()) {
+                    return Err(format!(
+                        "inbox.handlers.{message_type}.sources names `{source}`, which no \
+                         ingress receives from (known: {})",
+                        known.join(", ")
+                    ));
                 }
             }
         }

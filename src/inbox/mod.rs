@@ -10,13 +10,15 @@
 //! - `config.rs`: the `[inbox]` section;
 //! - `ingest.rs`: the one path into the table, shared by both ingresses;
 //! - `signature.rs`: Standard Webhooks signatures of HTTP ingress;
+//! - `body_fields.rs`: the few fields HTTP ingress reads from a JSON body, in one pass;
 //! - `stats.rs`: counters for logs and `/metrics`.
 
+mod body_fields;
 pub mod config;
 pub mod handler;
 pub(crate) mod http;
 mod ingest;
-mod kafka;
+pub(crate) mod kafka;
 pub mod signature;
 mod stats;
 mod worker;
@@ -25,7 +27,7 @@ use outboxd_connector::{Connector, ConnectorError};
 use tokio::sync::watch;
 
 pub use config::InboxConfig;
-pub use handler::{Handled, Handler, Handlers};
+pub use handler::{Handled, Handler, Handlers, NoHandler};
 pub use ingest::Ingest;
 pub use stats::InboxStats;
 

@@ -1,7 +1,14 @@
 //! Standard Webhooks signatures: `webhook-signature` carries `v1,<base64>` entries, each
 //! an HMAC-SHA256 over `<webhook-id>.<webhook-timestamp>.<body>` with the source's
 //! secret. Several secrets may be configured at once (rotation); a request passes when
-//! any entry matches any secret. Comparison is constant-time (`Mac::verify_slice`).
+//! any entry matches any secret. Comparison is constant-time.
+//!
+//! Our own code rather than the `standardwebhooks` crate: that verifier (one per secret)
+//! signs once and compares every entry the header lists; ours also bounds the entries
+//! looked at and skips malformed ones before any work (see [`verify`]), checks all of a
+//! source's secrets in one pass, and needs nothing beyond `hmac` and `sha2`, which outboxd
+//! already uses. Both follow the same specification: signatures made by any Standard
+//! Webhooks library verify here (`sign` is checked against the specification's example).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -53,7 +60,20 @@ pub(crate) enum SignatureError {
     Mismatch,
 }
 
+/// Entries of `webhook-signature` looked at, at most: a sender lists one per secret it
+/// signs with (two or three while rotating); the rest of a longer list costs nothing.
+pub(crate) const MAX_SIGNATURE_ENTRIES: usize = 8;
+/// Length of a `v1` entry's base64 text: an HMAC-SHA256 tag is 32 bytes, 44 characters.
+/// An entry of any other length cannot match and is skipped without being decoded.
+const TAG_BASE64_LEN: usize = 44;
+
 /// Checks a request's signature headers against `secrets`.
+///
+/// Cost is bounded whatever the request holds: the timestamp is checked first (no MAC for
+/// a stale request), at most [`MAX_SIGNATURE_ENTRIES`] entries are looked at, only those
+/// that decode to 32 bytes are kept, and the MAC over the body is computed once per
+/// secret (none when no entry could match), then compared with each entry in constant
+/// time.
 pub(crate) fn verify(
     secrets: &[Secret],
     id: Option<&str>,
@@ -76,26 +96,40 @@ pub(crate) fn verify(
         return Err(SignatureError::Stale(skew));
     }
     let candidates: Vec<Vec<u8>> = signature
-        .split_whitespace()
+        .split_ascii_whitespace()
+        .take(MAX_SIGNATURE_ENTRIES)
         .filter_map(|entry| entry.strip_prefix("v1,"))
+        .filter(|b64| b64.len() == TAG_BASE64_LEN)
         .filter_map(|b64| STANDARD.decode(b64).ok())
+        .filter(|tag| tag.len() == 32)
         .collect();
+    if candidates.is_empty() {
+        return Err(SignatureError::Mismatch);
+    }
     for secret in secrets {
-        for candidate in &candidates {
-            let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(&secret.0) else {
-                continue;
-            };
-            mac.update(id.as_bytes());
-            mac.update(b".");
-            mac.update(timestamp.as_bytes());
-            mac.update(b".");
-            mac.update(body);
-            if mac.verify_slice(candidate).is_ok() {
-                return Ok(());
-            }
+        let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(&secret.0) else {
+            continue;
+        };
+        mac.update(id.as_bytes());
+        mac.update(b".");
+        mac.update(timestamp.as_bytes());
+        mac.update(b".");
+        mac.update(body);
+        let tag = mac.finalize().into_bytes();
+        // Every entry is compared (no early exit), each in constant time.
+        let matched = candidates.iter().fold(false, |found, candidate| {
+            found | same_bytes(candidate, &tag)
+        });
+        if matched {
+            return Ok(());
         }
     }
     Err(SignatureError::Mismatch)
+}
+
+/// Equal, in time that depends on the length only.
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
 }
 
 /// `v1,<base64>` for `body`, as a sender signs it (tests, and the demo's sender).
@@ -138,6 +172,55 @@ mod tests {
             at(1_700_000_100),
         );
         assert_eq!(ok, Ok(()));
+    }
+
+    /// The example of the Standard Webhooks specification signs and verifies as it says.
+    #[test]
+    fn the_specification_example_verifies() {
+        let body = br#"{"test": 2432232314}"#;
+        let sig = sign(SECRET, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1_614_265_330, body).unwrap();
+        assert_eq!(sig, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
+        let ok = verify(
+            &[Secret::parse(SECRET).unwrap()],
+            Some("msg_p5jXN8AQM9LWM0D4loKWxJek"),
+            Some("1614265330"),
+            Some(&sig),
+            body,
+            Duration::from_secs(300),
+            at(1_614_265_330),
+        );
+        assert_eq!(ok, Ok(()));
+    }
+
+    /// Only the first [`MAX_SIGNATURE_ENTRIES`] entries count: a request padded with
+    /// hundreds of entries gets no more work than that, and a genuine entry hidden behind
+    /// them is not found.
+    #[test]
+    fn only_the_first_entries_are_looked_at() {
+        let secrets = [Secret::parse(SECRET).unwrap()];
+        let sig = sign(SECRET, "msg_1", 1_700_000_000, b"body").unwrap();
+        let check = |header: &str| {
+            verify(
+                &secrets,
+                Some("msg_1"),
+                Some("1700000000"),
+                Some(header),
+                b"body",
+                Duration::from_secs(300),
+                at(1_700_000_000),
+            )
+        };
+        let padding = |n: usize| vec!["v1,"; n].join(" ");
+        let last_counted = format!("{} {sig}", padding(MAX_SIGNATURE_ENTRIES - 1));
+        assert_eq!(check(&last_counted), Ok(()));
+        let past_the_bound = format!("{} {sig}", padding(MAX_SIGNATURE_ENTRIES));
+        assert_eq!(check(&past_the_bound), Err(SignatureError::Mismatch));
+        let flood = format!("{sig} {}", padding(1_500));
+        assert_eq!(check(&flood), Ok(()), "a genuine first entry still passes");
+        // Entries that cannot be a 32-byte tag are skipped (short, long, not base64).
+        let odd = format!("v1,AAAA v1,{} v1,{} {sig}", "A".repeat(88), "!".repeat(44));
+        assert_eq!(check(&odd), Ok(()));
+        assert_eq!(check(&padding(1_500)), Err(SignatureError::Mismatch));
     }
 
     #[test]

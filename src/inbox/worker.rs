@@ -23,7 +23,7 @@ use outboxd_connector::{
 };
 use tokio::sync::{watch, Notify};
 
-use super::handler::{Handled, Handlers};
+use super::handler::{Handled, Handlers, NoHandler};
 use super::InboxStats;
 use crate::claims::next_retry_delay;
 use crate::config::RetryConfig;
@@ -182,6 +182,22 @@ async fn until_next<I: InboxStore>(
     }))
 }
 
+/// Why `message` has no handler, with the config that would give it one.
+fn no_handler_reason(message: &ClaimedMessage, missing: &NoHandler) -> String {
+    let kind = &message.message_type;
+    match missing {
+        NoHandler::ForType => format!(
+            "no handler for message type `{kind}`: add [inbox.handlers.{kind}] or \
+             [inbox.handlers.default]"
+        ),
+        NoHandler::ForSource { bound_to } => format!(
+            "no handler for message type `{kind}` from source `{}`: its handler takes only \
+             sources {bound_to:?} (inbox.handlers.*.sources)",
+            message.source
+        ),
+    }
+}
+
 /// Runs the handler of one claimed message and writes its outcome.
 async fn process<I: InboxStore>(
     store: &I,
@@ -191,19 +207,18 @@ async fn process<I: InboxStore>(
     stats: &InboxStats,
 ) -> Result<(), ConnectorError> {
     let started = std::time::Instant::now();
-    let Some(handler) = handlers.for_type(&message.message_type) else {
-        let reason = format!(
-            "no handler for message type `{}`: add [inbox.handlers.{}] or \
-             [inbox.handlers.default]",
-            message.message_type, message.message_type
-        );
-        return write(
-            store,
-            &message,
-            InboxOutcome::ManualRequired { reason: &reason },
-            stats,
-        )
-        .await;
+    let handler = match handlers.for_message(&message.source, &message.message_type) {
+        Ok(handler) => handler,
+        Err(missing) => {
+            let reason = no_handler_reason(&message, &missing);
+            return write(
+                store,
+                &message,
+                InboxOutcome::ManualRequired { reason: &reason },
+                stats,
+            )
+            .await;
+        }
     };
     let handled = match tokio::time::timeout(handler.timeout(), handler.handle(&message)).await {
         Ok(handled) => handled,

@@ -10,10 +10,13 @@
 //! [`MAX_HEAD`] read within [`IO_TIMEOUT`], at most [`MAX_CONNECTIONS`] at once, one
 //! request per connection (`Connection: close`, which simple probes rely on to read to
 //! the end), and every connection dropped with the server instead of left in spawned
-//! tasks after the pipeline has stopped.
+//! tasks after the pipeline has stopped. Probes never starve: past [`MAX_CONNECTIONS`]
+//! (or [`MAX_CONNECTIONS_PER_CLIENT`] from one address) a reserved budget of connections
+//! answers `/healthz` and `/readyz` only, at once.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,10 +46,14 @@ const IO_TIMEOUT: Duration = Duration::from_secs(5);
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Connections served at once by the full router.
 const MAX_CONNECTIONS: usize = 16;
-/// Connections beyond [`MAX_CONNECTIONS`] still accepted, answered by [`busy_router`]:
-/// `/healthz` at once, anything else 503. A liveness probe never waits behind slow
-/// scrapes or ingress requests; past both limits, connections wait in the backlog.
-const MAX_BUSY_CONNECTIONS: usize = 16;
+/// Of those, at most this many from one client address: one flooding client cannot take
+/// every connection from the others (a scraper, another sender).
+const MAX_CONNECTIONS_PER_CLIENT: usize = 8;
+/// Connections beyond those still accepted, answered by the probes-only router: `/healthz`
+/// and `/readyz` at once, anything else 503. A probe never waits behind slow scrapes or an
+/// ingress flood: these connections read a head (within [`IO_TIMEOUT`]), answer without
+/// reading any body, and close. Past this many too, connections wait in the backlog.
+const MAX_BUSY_CONNECTIONS: usize = 256;
 
 /// Binds `addr` for [`serve_until`], with an error that names the config key.
 pub(crate) async fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
@@ -183,39 +190,65 @@ pub(crate) async fn serve_until(
     let mut shutdown = pin!(shutdown);
     let mut connections = FuturesUnordered::new();
     let mut busy_connections = FuturesUnordered::new();
-    let busy = busy_router();
-    let room = |full: usize, busy: usize| full < MAX_CONNECTIONS || busy < MAX_BUSY_CONNECTIONS;
+    let mut per_client: HashMap<IpAddr, usize> = HashMap::new();
+    let busy = probes_only(router.clone());
     loop {
+        let room = busy_connections.len() < MAX_BUSY_CONNECTIONS;
         tokio::select! {
             () = &mut shutdown => return,
-            accepted = listener.accept(), if room(connections.len(), busy_connections.len()) => match accepted {
-                Ok((stream, _peer)) if connections.len() < MAX_CONNECTIONS => {
-                    connections.push(serve_connection(stream, router.clone()));
+            accepted = listener.accept(), if room => match accepted {
+                Ok((stream, peer)) => {
+                    let client = peer.ip();
+                    let theirs = per_client.get(&client).copied().unwrap_or(0);
+                    if connections.len() < MAX_CONNECTIONS && theirs < MAX_CONNECTIONS_PER_CLIENT {
+                        *per_client.entry(client).or_default() += 1;
+                        let served = serve_connection(stream, router.clone());
+                        connections.push(async move {
+                            served.await;
+                            client
+                        });
+                    } else {
+                        busy_connections.push(serve_connection(stream, busy.clone()));
+                    }
                 }
-                Ok((stream, _peer)) => busy_connections.push(serve_connection(stream, busy.clone())),
                 Err(e) => {
                     // Out of file descriptors and the like: back off instead of spinning.
                     tracing::warn!(error = %e, "metrics listener: accept failed");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             },
-            Some(()) = connections.next(), if !connections.is_empty() => {}
+            Some(client) = connections.next(), if !connections.is_empty() => {
+                if let Some(count) = per_client.get_mut(&client) {
+                    *count -= 1;
+                    if *count == 0 {
+                        per_client.remove(&client);
+                    }
+                }
+            }
             Some(()) = busy_connections.next(), if !busy_connections.is_empty() => {}
         }
     }
 }
 
-/// What answers while every connection of the full router is taken: liveness only.
-fn busy_router() -> Router {
-    Router::new()
-        .route("/healthz", get(alive).fallback(method_not_allowed))
-        .fallback(|| async {
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                [(header::RETRY_AFTER, "1")],
-                "busy: every connection is taken; try again\n",
-            )
-        })
+/// What answers while the full router's connections are taken (or the client holds its
+/// share): the probes only, through the same router (so `/readyz` keeps its bearer token),
+/// and 503 for anything else without reading its body.
+fn probes_only(router: Router) -> Router {
+    router.layer(axum::middleware::from_fn(
+        |request: axum::extract::Request, next: axum::middleware::Next| async move {
+            let path = request.uri().path();
+            if path == "/healthz" || path == "/readyz" {
+                next.run(request).await
+            } else {
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    [(header::RETRY_AFTER, "1")],
+                    "busy: every connection is taken; try again\n",
+                )
+                    .into_response()
+            }
+        },
+    ))
 }
 
 /// One request on one connection, then close.
@@ -284,6 +317,58 @@ mod tests {
             assert!(started.elapsed() < Duration::from_secs(2));
             let reply = exchange(addr, b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n").await;
             assert!(reply.starts_with("HTTP/1.1 503 "), "{reply}");
+            drop(held);
+        };
+        tokio::select! {
+            () = serve_until(listener, router, std::future::pending()) => unreachable!(),
+            () = client => {}
+        }
+    }
+
+    /// Sends `request` raw from `from` (a loopback address of the client's choosing).
+    async fn exchange_from(from: &str, addr: SocketAddr, request: &[u8]) -> String {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+        let mut stream = socket.connect(addr).await.unwrap();
+        stream.write_all(request).await.unwrap();
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).await.unwrap();
+        reply
+    }
+
+    /// One client holding its share of connections gets only the probes on more; another
+    /// client is still served in full, and the probes answer everyone.
+    #[tokio::test]
+    async fn one_client_cannot_take_every_connection() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let router = routes()
+            .route("/slow", get(std::future::pending::<&'static str>))
+            .route("/readyz", get(|| async { "ready\n" }));
+        let client = async {
+            let mut held = Vec::new();
+            for _ in 0..MAX_CONNECTIONS_PER_CLIENT {
+                let mut stream = TcpStream::connect(addr).await.unwrap();
+                stream
+                    .write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+                    .await
+                    .unwrap();
+                held.push(stream);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let echo = b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n";
+            let reply = exchange_from("127.0.0.1", addr, echo).await;
+            assert!(reply.starts_with("HTTP/1.1 503 "), "{reply}");
+            for probe in ["/healthz", "/readyz"] {
+                let request = format!("GET {probe} HTTP/1.1\r\nHost: x\r\n\r\n");
+                let reply = exchange_from("127.0.0.1", addr, request.as_bytes()).await;
+                assert!(reply.starts_with("HTTP/1.1 200 OK\r\n"), "{probe}: {reply}");
+            }
+            let reply = exchange_from("127.0.0.2", addr, echo).await;
+            assert!(
+                reply.starts_with("HTTP/1.1 200 OK\r\n"),
+                "another client: {reply}"
+            );
             drop(held);
         };
         tokio::select! {

@@ -6,6 +6,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod engine;
+pub mod inbox;
 pub mod mysql;
 pub mod postgres;
 pub mod scenarios;

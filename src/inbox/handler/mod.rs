@@ -19,6 +19,7 @@ use futures_util::future::BoxFuture;
 use outboxd_connector::ClaimedMessage;
 
 pub use sql::SqlHandler;
+pub(crate) use webhook::check_forwardable;
 pub use webhook::WebhookHandler;
 
 use super::config::HandlerConfig;
@@ -65,11 +66,38 @@ pub trait Handler: Send + Sync + 'static {
     }
 }
 
+/// A handler and the sources it takes messages from (empty: any).
+#[derive(Clone)]
+struct Bound {
+    handler: Arc<dyn Handler>,
+    sources: Vec<String>,
+}
+
+impl Bound {
+    fn takes(&self, source: &str) -> bool {
+        self.sources.is_empty() || self.sources.iter().any(|s| s == source)
+    }
+}
+
+/// Why a message has no handler (it becomes MANUAL_REQUIRED with this reason).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NoHandler {
+    /// Neither its type nor `default` has one.
+    ForType,
+    /// Its type's handler (or, for a type without one, the default) is bound to other
+    /// sources. The message does not fall through to the default: a type that one
+    /// source may send must not reach a handler by way of another source.
+    ForSource {
+        /// The sources the handler takes.
+        bound_to: Vec<String>,
+    },
+}
+
 /// The handler of each message type, and the default.
 #[derive(Clone, Default)]
 pub struct Handlers {
-    by_type: BTreeMap<String, Arc<dyn Handler>>,
-    default: Option<Arc<dyn Handler>>,
+    by_type: BTreeMap<String, Bound>,
+    default: Option<Bound>,
 }
 
 impl Handlers {
@@ -82,20 +110,40 @@ impl Handlers {
                     url,
                     timeout,
                     retryable_statuses,
-                } => Arc::new(WebhookHandler::new(url, *timeout, retryable_statuses)?),
-                HandlerConfig::Sql { statement } => Arc::new(SqlHandler::new(statement)),
+                    forward_headers,
+                    ..
+                } => Arc::new(
+                    WebhookHandler::new(url, *timeout, retryable_statuses)?
+                        .forwarding(forward_headers)?,
+                ),
+                HandlerConfig::Sql { statement, .. } => Arc::new(SqlHandler::new(statement)),
             };
-            handlers = handlers.with(message_type, built);
+            handlers = handlers.bound(message_type, built, handler.sources());
         }
         Ok(handlers)
     }
 
-    /// Adds `handler` for `message_type` (`"default"`: every other type).
-    pub fn with(mut self, message_type: &str, handler: Arc<dyn Handler>) -> Self {
+    /// Adds `handler` for `message_type` (`"default"`: every other type), from any source.
+    pub fn with(self, message_type: &str, handler: Arc<dyn Handler>) -> Self {
+        self.bound(message_type, handler, &[])
+    }
+
+    /// Adds `handler` for `message_type` (`"default"`: every other type) of messages from
+    /// `sources` only (empty: any source).
+    pub fn bound(
+        mut self,
+        message_type: &str,
+        handler: Arc<dyn Handler>,
+        sources: &[String],
+    ) -> Self {
+        let bound = Bound {
+            handler,
+            sources: sources.to_vec(),
+        };
         if message_type == "default" {
-            self.default = Some(handler);
+            self.default = Some(bound);
         } else {
-            self.by_type.insert(message_type.to_owned(), handler);
+            self.by_type.insert(message_type.to_owned(), bound);
         }
         self
     }
@@ -114,16 +162,85 @@ impl Handlers {
         self.by_type.is_empty() && self.default.is_none()
     }
 
-    /// The handler of `message_type`.
+    /// The handler of `message_type`, whatever the source.
     pub fn for_type(&self, message_type: &str) -> Option<&Arc<dyn Handler>> {
-        self.by_type.get(message_type).or(self.default.as_ref())
+        (self.by_type.get(message_type).or(self.default.as_ref())).map(|b| &b.handler)
+    }
+
+    /// The handler of a message of `message_type` from `source`: its type's, else the
+    /// default; either only when bound to that source (or to none).
+    pub fn for_message(
+        &self,
+        source: &str,
+        message_type: &str,
+    ) -> Result<&Arc<dyn Handler>, NoHandler> {
+        let bound =
+            (self.by_type.get(message_type).or(self.default.as_ref())).ok_or(NoHandler::ForType)?;
+        if bound.takes(source) {
+            Ok(&bound.handler)
+        } else {
+            Err(NoHandler::ForSource {
+                bound_to: bound.sources.clone(),
+            })
+        }
     }
 
     /// The longest handler timeout (the claim must outlast it).
     pub fn longest_timeout(&self) -> Duration {
         (self.by_type.values().chain(self.default.iter()))
-            .map(|h| h.timeout())
+            .map(|b| b.handler.timeout())
             .max()
             .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Named(&'static str);
+
+    impl Handler for Named {
+        fn handle<'a>(&'a self, _: &'a ClaimedMessage) -> BoxFuture<'a, Handled> {
+            Box::pin(async { Handled::Done })
+        }
+        fn statement(&self) -> Option<&str> {
+            Some(self.0)
+        }
+    }
+
+    fn name(found: Result<&Arc<dyn Handler>, NoHandler>) -> Result<&str, NoHandler> {
+        found.map(|h| h.statement().unwrap_or_default())
+    }
+
+    /// A type bound to one source never reaches its handler (nor the default) from
+    /// another source; unbound handlers take every source.
+    #[test]
+    fn handlers_bound_to_sources_take_only_those() {
+        let shop = vec!["shop".to_owned()];
+        let handlers = Handlers::default()
+            .bound("order.paid", Arc::new(Named("paid")), &shop)
+            .with("audit", Arc::new(Named("audit")))
+            .with("default", Arc::new(Named("default")));
+        assert_eq!(name(handlers.for_message("shop", "order.paid")), Ok("paid"));
+        assert_eq!(
+            name(handlers.for_message("evil", "order.paid")),
+            Err(NoHandler::ForSource {
+                bound_to: shop.clone()
+            })
+        );
+        assert_eq!(name(handlers.for_message("evil", "audit")), Ok("audit"));
+        assert_eq!(name(handlers.for_message("evil", "other")), Ok("default"));
+
+        let only_shop = Handlers::default().bound("default", Arc::new(Named("d")), &shop);
+        assert_eq!(name(only_shop.for_message("shop", "x")), Ok("d"));
+        assert!(matches!(
+            only_shop.for_message("web", "x"),
+            Err(NoHandler::ForSource { .. })
+        ));
+        assert_eq!(
+            name(Handlers::default().for_message("shop", "x")),
+            Err(NoHandler::ForType)
+        );
     }
 }

@@ -26,16 +26,28 @@ use outboxd_connector::ClaimedMessage;
 
 use super::{Handled, Handler};
 
-/// Header names of a message that are not copied onto the request: hop-by-hop and framing
-/// headers, which describe a connection or a body, not the message, and the ones outboxd
-/// sets itself.
-const RESERVED: [&str; 15] = [
+/// Message headers copied onto every request: the trace context. Others only when the
+/// handler's `forward_headers` names them: a message's headers come from outside (a Kafka
+/// record's producer, an HTTP sender) and must not set what the user's service trusts.
+const FORWARDED: [&str; 2] = ["traceparent", "tracestate"];
+
+/// Headers never copied from a message, whatever `forward_headers` says: credentials and
+/// what proxies and servers trust about the client, hop-by-hop and framing headers (they
+/// describe a connection or a body, not the message), and the ones outboxd sets itself.
+const NEVER_FORWARDED: [&str; 22] = [
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "set-cookie",
     "host",
+    "forwarded",
+    "x-real-ip",
     "content-length",
     "content-type",
     "transfer-encoding",
     "connection",
     "keep-alive",
+    "proxy-connection",
     "upgrade",
     "te",
     "trailer",
@@ -47,6 +59,65 @@ const RESERVED: [&str; 15] = [
     "inbox-source",
 ];
 
+/// Header name prefixes never copied (`X-Forwarded-For`, `-Host`, `-Proto`, …).
+const NEVER_FORWARDED_PREFIXES: [&str; 2] = ["x-forwarded-", "inbox-"];
+
+/// Whether `name` may be listed in `forward_headers` (a name, or a prefix ending in `*`).
+pub(crate) fn check_forwardable(name: &str) -> Result<(), String> {
+    let lower = name.to_ascii_lowercase();
+    let stem = lower.strip_suffix('*').unwrap_or(&lower);
+    if stem.is_empty() || HeaderName::from_bytes(stem.as_bytes()).is_err() {
+        return Err(format!(
+            "`{name}` is not a header name (or a prefix ending in *)"
+        ));
+    }
+    let prefix = lower.ends_with('*');
+    // The name, or any name the prefix covers, is never forwarded.
+    let covers = |header: &str| header == stem || (prefix && header.starts_with(stem));
+    let never = NEVER_FORWARDED.iter().any(|n| covers(n))
+        || NEVER_FORWARDED_PREFIXES
+            .iter()
+            .any(|p| stem.starts_with(p) || (prefix && p.starts_with(stem)));
+    if never {
+        return Err(format!(
+            "`{name}` covers a header outboxd never copies from a message (credentials, \
+             proxy, hop-by-hop or its own headers)"
+        ));
+    }
+    Ok(())
+}
+
+/// Whether a message header may go onto the request, given the handler's list.
+fn forwarded(name: &str, extra: &[String]) -> bool {
+    let never = NEVER_FORWARDED.contains(&name)
+        || NEVER_FORWARDED_PREFIXES.iter().any(|p| name.starts_with(p));
+    !never
+        && (FORWARDED.contains(&name)
+            || extra.iter().any(|e| match e.strip_suffix('*') {
+                Some(prefix) => name.starts_with(prefix),
+                None => name == e,
+            }))
+}
+
+/// `url` with only what identifies the service: scheme, host and port. Its path, query
+/// and credentials often carry a secret (a token in the path, `?key=`): they never reach
+/// the log or `last_error`, which operators and the console show.
+pub(crate) fn redacted(url: &Uri) -> String {
+    let scheme = url.scheme_str().unwrap_or("http");
+    let host = url.host().unwrap_or("?");
+    let port = url.port_u16().map(|p| format!(":{p}")).unwrap_or_default();
+    let path = if url.path_and_query().is_some_and(|p| p.as_str() != "/") {
+        "/…"
+    } else {
+        ""
+    };
+    format!("{scheme}://{host}{port}{path}")
+}
+
+/// Of the answer's body, at most this many bytes are read (for `last_error`); the rest is
+/// never received, whatever the service sends.
+const ERROR_BODY_BYTES: usize = 4 * 1024;
+
 /// Of the answer's body, at most this much goes into `last_error`.
 const ERROR_BODY_CHARS: usize = 200;
 
@@ -54,6 +125,9 @@ const ERROR_BODY_CHARS: usize = 200;
 #[derive(Clone, Debug)]
 pub struct WebhookHandler {
     url: Uri,
+    /// `url` as logs and `last_error` show it ([`redacted`]).
+    shown: String,
+    forward: Vec<String>,
     timeout: Duration,
     retryable: Vec<u16>,
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
@@ -78,11 +152,22 @@ impl WebhookHandler {
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);
         Ok(Self {
+            shown: redacted(&url),
             url,
+            forward: Vec::new(),
             timeout,
             retryable: retryable.to_vec(),
             client,
         })
+    }
+
+    /// Also copies the message headers `names` lists (see [`check_forwardable`]).
+    pub fn forwarding(mut self, names: &[String]) -> Result<Self, String> {
+        for name in names {
+            check_forwardable(name)?;
+        }
+        self.forward = names.iter().map(|n| n.to_ascii_lowercase()).collect();
+        Ok(self)
     }
 
     fn request(&self, message: &ClaimedMessage) -> Result<Request<Full<Bytes>>, String> {
@@ -92,8 +177,7 @@ impl WebhookHandler {
             .body(Full::new(Bytes::from(message.payload.clone())))
             .map_err(|e| e.to_string())?;
         let headers = request.headers_mut();
-        // The message's own headers, except those that describe this request rather than
-        // the message (the connection, the body's framing) and those outboxd sets below.
+        // Of the message's own headers, the trace context and those the handler lists.
         for (name, value) in &message.headers {
             let (Ok(name), Ok(value)) = (
                 HeaderName::from_bytes(name.as_bytes()),
@@ -101,7 +185,7 @@ impl WebhookHandler {
             ) else {
                 continue;
             };
-            if !RESERVED.contains(&name.as_str()) {
+            if forwarded(name.as_str(), &self.forward) {
                 headers.append(name, value);
             }
         }
@@ -133,13 +217,16 @@ impl WebhookHandler {
         {
             Err(_) => {
                 return Handled::Retry {
-                    error: format!("webhook {}: no answer within {:?}", self.url, self.timeout),
+                    error: format!(
+                        "webhook {}: no answer within {:?}",
+                        self.shown, self.timeout
+                    ),
                     after: None,
                 }
             }
             Ok(Err(e)) => {
                 return Handled::Retry {
-                    error: format!("webhook {}: {}", self.url, with_causes(&e)),
+                    error: format!("webhook {}: {}", self.shown, with_causes(&e)),
                     after: None,
                 }
             }
@@ -153,17 +240,34 @@ impl WebhookHandler {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
-        let body = match tokio::time::timeout(self.timeout, response.into_body().collect()).await {
-            Ok(Ok(collected)) => collected.to_bytes(),
-            _ => Bytes::new(),
-        };
+        let body = tokio::time::timeout(self.timeout, first_bytes(response.into_body()))
+            .await
+            .unwrap_or_default();
         let snippet: String = String::from_utf8_lossy(&body)
             .chars()
             .take(ERROR_BODY_CHARS)
             .collect();
-        let error = format!("webhook {} answered {status}: {snippet}", self.url);
+        let error = format!("webhook {} answered {status}: {snippet}", self.shown);
         classify(status, &self.retryable, error, retry_after)
     }
+}
+
+/// The first [`ERROR_BODY_BYTES`] of `body` (fewer if it ends or fails first); the
+/// connection is dropped with the rest unread.
+async fn first_bytes(mut body: hyper::body::Incoming) -> Vec<u8> {
+    let mut kept = Vec::new();
+    while kept.len() < ERROR_BODY_BYTES {
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    let room = ERROR_BODY_BYTES - kept.len();
+                    kept.extend_from_slice(&data[..data.len().min(room)]);
+                }
+            }
+            _ => break,
+        }
+    }
+    kept
 }
 
 /// `e` and its causes, `a: b: c`: hyper's client errors say only "client error
@@ -216,6 +320,58 @@ impl Handler for WebhookHandler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only the trace context and the listed headers reach the user's service; never
+    /// credentials, proxy or hop-by-hop headers, whatever the message or the list says.
+    #[test]
+    fn only_allowed_headers_are_forwarded() {
+        let listed = vec!["x-shop-*".to_owned(), "ce-id".to_owned()];
+        for name in ["traceparent", "tracestate", "x-shop-tenant", "ce-id"] {
+            assert!(forwarded(name, &listed), "{name}");
+        }
+        for name in [
+            "authorization",
+            "cookie",
+            "host",
+            "x-forwarded-for",
+            "x-forwarded-host",
+            "connection",
+            "transfer-encoding",
+            "biz-key",
+            "user-agent",
+            "ce-source",
+        ] {
+            assert!(!forwarded(name, &listed), "{name}");
+        }
+        for ok in ["x-shop-*", "ce-id", "X-Tenant"] {
+            assert_eq!(check_forwardable(ok), Ok(()), "{ok}");
+        }
+        for refused in [
+            "Authorization",
+            "cookie",
+            "x-forwarded-for",
+            "x-forwarded-*",
+            "x-*",
+            "*",
+            "",
+            "a b",
+            "inbox-attempt",
+        ] {
+            assert!(check_forwardable(refused).is_err(), "{refused}");
+        }
+    }
+
+    /// A webhook URL's path, query and credentials never reach the log or `last_error`.
+    #[test]
+    fn urls_are_shown_without_their_secrets() {
+        let shown = |url: &str| redacted(&url.parse().unwrap());
+        assert_eq!(
+            shown("https://user:pw@hooks.example.com:8443/T000/B000/XXXXSECRET?token=abc"),
+            "https://hooks.example.com:8443/…"
+        );
+        assert_eq!(shown("http://127.0.0.1:9000/"), "http://127.0.0.1:9000");
+        assert_eq!(shown("http://svc"), "http://svc");
+    }
 
     #[test]
     fn answers_map_to_outcomes() {
