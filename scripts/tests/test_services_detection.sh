@@ -31,6 +31,7 @@ echo "postgres13: stopped  (127.0.0.1:25413, data=/x/postgres13/data)"
 echo "postgres18: running  pid=102  127.0.0.1:25418  data=/x/postgres18/data  log=/x/pg18.log"
 echo "mariadb:  running  pid=103  127.0.0.1:23306  data=/x/mariadb/data  log=/x/mariadb.log"
 echo "kafka:    stopped  (127.0.0.1:29092, data=/x/kafka/data)"
+echo "toxiproxy: running  pid=104  127.0.0.1:28474  version=v2.12.0  log=/x/toxiproxy.log"
 FAKE
 chmod +x "$fake"
 
@@ -41,10 +42,10 @@ if "$fake" status | grep -q "^postgres: *running"; then
 fi
 
 # The detection scripts/test uses.
-got="$(services_not_running "$fake" postgres mariadb kafka postgres18 postgres13)" \
+got="$(services_not_running "$fake" postgres mariadb kafka toxiproxy postgres18 postgres13)" \
     || fail "services_not_running failed"
 [ "$got" = "kafka postgres13" ] \
-    || fail "services_not_running: '$got', want 'kafka postgres13' (postgres, mariadb and postgres18 run)"
+    || fail "services_not_running: '$got', want 'kafka postgres13' (postgres, mariadb, toxiproxy and postgres18 run)"
 
 # All running: nothing printed.
 got="$(services_not_running "$fake" postgres mariadb)" || fail "services_not_running failed"
@@ -64,6 +65,7 @@ service_running_in "$status" postgres || fail "postgres is running"
 service_running_in "$status" postgres18 || fail "postgres18 is running"
 ! service_running_in "$status" postgres13 || fail "postgres13 is stopped"
 ! service_running_in "$status" kafka || fail "kafka is stopped"
+service_running_in "$status" toxiproxy || fail "toxiproxy is running (its name is wider than the column)"
 ! service_running_in "$status" postgres1 || fail "postgres1 is no service"
 ! service_running_in "$status" "" || fail "the empty name is no service"
 
