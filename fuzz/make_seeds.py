@@ -134,3 +134,67 @@ write("inbox_http", "signed-bad", request("signed", [("webhook-id", "m"), ("webh
 write("inbox_http", "unsigned-headers", request("orders", [("message-id", "m-1"), ("message-type", "order.created"), ("biz-key", "order-1"), ("traceparent", "00-abc-def-01")], b"not json"))
 write("inbox_http", "unsigned-body-type", request("orders", [("webhook-id", "w-1")], body))
 write("inbox_http", "missing-id", request("orders", [("message-type", "x")], b"{}"))
+
+# --- inbox_kafka_record: flags, then `key\nname: value\n…\n\nvalue` -------------------------
+# flags: 1 JSON payload column, 2 derive_message_id, 4 source "billing", 8 null key, 16 null value
+def record(flags, key, headers, value):
+    lines = b"".join(b"\n" + (n if v is None else n + b": " + v) for n, v in headers)
+    return bytes([flags]) + key + lines + b"\n\n" + value
+
+ids = [(b"message_id", b"m-1"), (b"message_type", b"order.created")]
+trace = (b"traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+write("inbox_kafka_record", "json", record(1, b"order-7", ids + [trace], body))
+write("inbox_kafka_record", "text-biz-key-header", record(0, b"ignored", ids + [(b"biz_key", b"order-9")], b"plain text"))
+write("inbox_kafka_record", "derived-id", record(3, b"order-7", ids[1:], b'{"a": [1, 2.5e3, "\\u00e9", null, true]}'))
+write("inbox_kafka_record", "not-json", record(1, b"order-7", ids, b"{not json"))
+write("inbox_kafka_record", "bare-null", bytes([1 | 8 | 16]))
+write("inbox_kafka_record", "repeats-and-nulls", record(5, b"k\xff", ids + [(b"x", None), (b"x", b"\xfe\xff"), (b"message_id", b""), (b"Message_Id", b"case")], b'"\\ud83d\\ude00"'))
+write("inbox_kafka_record", "empty-fields", record(1, b"", [(b"message_id", b""), (b"message_type", None), (b"biz_key", b"")], b"[]"))
+
+# --- headers_from_json: an outbox row's `headers` column as text --------------------------
+for i, t in enumerate([
+    '{"z": "1", "a": 2, "m": {"x": null}, "n": null}',
+    "{}",
+    "[1]",
+    "not json",
+    '{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": "vendor=a,other=b"}',
+    '{"a": "1", "a": "2", "b": "3", "a": 4}',
+    '{"n": 1.5e3, "big": 12345678901234567890, "neg": -0, "f": 0.1, "t": true, "l": [1, "2", [3]]}',
+    '{"k\\u00e9\\n": "\\ud83d\\ude00", "tab\\t": "\\"quoted\\""}',
+    '{"content-type": "application/json", "ce_tenant": "acme"}  \n',
+    '"a string"',
+]):
+    write("headers_from_json", f"text-{i}", t.encode())
+
+# --- sql_binder: the inbox SQL handler's statement ----------------------------------------
+for i, t in enumerate([
+    "INSERT INTO t(k, p, s) VALUES (:biz_key, :payload::jsonb, ':id')",
+    "CALL f(:id, :id)",
+    "SELECT :nope",
+    "UPDATE orders SET status = 'paid', meta = :headers::jsonb WHERE id = :biz_key AND \"col:x\" = `:y`",
+    "INSERT INTO copy VALUES (:id, :source, :message_id, :message_type, :biz_key, :payload, :headers)",
+    "SELECT ':id",
+    "SELECT :::id, a:b, ?, $1, 'it''s :id'",
+    "SELECT :_x",
+    "SELECT :id -- :payload\n, :payload::json->>'a'",
+    "SELECT :idé, :é",
+]):
+    write("sql_binder", f"statement-{i}", t.encode())
+
+# --- cloudevents_structured: flags, then `id\ntype\nbiz_key\ncreated_at\nheaders\npayload` --
+# flags: 1 source "urn:example:orders", 2 content_type "application/protobuf"
+def event(flags, headers, payload, message_id="m-1", message_type="order.created",
+          biz_key="order-42", created_at="2026-05-09T07:30:00.123+00"):
+    head = "\n".join([message_id, message_type, biz_key, created_at, headers]) + "\n"
+    return bytes([flags]) + head.encode() + payload
+
+tp = '"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"'
+write("cloudevents_structured", "json", event(0, "{" + tp + ', "ce_tenant": "acme"}', b'{"total": 12, "items": [1,2]}'))
+write("cloudevents_structured", "protobuf", event(3, "{}", b"\x08\x96\x01\x12\x00"))
+write("cloudevents_structured", "row-content-type", event(2, '{"Content-Type": "application/vnd.orders+json; charset=utf-8", "seq": 1}', b"[1]"))
+write("cloudevents_structured", "text", event(0, '{"content-type": "text/plain"}', b"hello"))
+write("cloudevents_structured", "unparsable-json", event(0, "{}", b"{not json"))
+write("cloudevents_structured", "no-optional", event(1, "{}", b"", biz_key="", created_at="infinity"))
+write("cloudevents_structured", "reserved-names", event(0, '{"ce_type": "forged", "CE_DataContentType": "x", "message_id": "y", "ce_region2": "eu", "ce_Bad": "z", "ce_data_base64": "w"}', b"{}"))
+write("cloudevents_structured", "mysql-time", event(0, "not json", b"null", created_at="2026-05-09T07:30:00.123456+00:00"))
+write("cloudevents_structured", "refused", event(0, "{}", b"{}", message_id="", message_type=""))

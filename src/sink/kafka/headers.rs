@@ -50,7 +50,7 @@ const CONTENT_TYPE: &str = "content-type";
 /// How a pipeline's records are headed: outboxd's own headers, and CloudEvents when
 /// configured.
 #[derive(Clone, Debug, Default)]
-pub(super) struct RecordHeaders {
+pub(crate) struct RecordHeaders {
     cloudevents: Option<CloudEvents>,
 }
 
@@ -63,7 +63,7 @@ struct CloudEvents {
 }
 
 impl RecordHeaders {
-    pub(super) fn new(config: &KafkaConfig, pipeline: &str) -> Self {
+    pub(crate) fn new(config: &KafkaConfig, pipeline: &str) -> Self {
         Self {
             cloudevents: config.cloudevents.as_ref().map(|ce| CloudEvents {
                 source: ce.source(pipeline),
@@ -75,7 +75,7 @@ impl RecordHeaders {
 
     /// Why `event` cannot be sent as configured: with CloudEvents, an empty message id or
     /// type (`ce_id` and `ce_type` must be non-empty). Retrying cannot help.
-    pub(super) fn refusal(&self, event: &OutboxEvent) -> Option<String> {
+    pub(crate) fn refusal(&self, event: &OutboxEvent) -> Option<String> {
         self.cloudevents.as_ref()?;
         let empty = if event.message_id.is_empty() {
             "message_id"
@@ -92,7 +92,7 @@ impl RecordHeaders {
     }
 
     /// The record headers of `event`, in the order of the module doc.
-    pub(super) fn build(&self, event: &OutboxEvent) -> OwnedHeaders {
+    pub(crate) fn build(&self, event: &OutboxEvent) -> OwnedHeaders {
         let pairs = self.pairs(event);
         pairs.iter().fold(
             OwnedHeaders::new_with_capacity(pairs.len()),
@@ -107,7 +107,7 @@ impl RecordHeaders {
 
     /// The record value of `event`: its payload as stored, or in the structured mode the
     /// whole CloudEvent as JSON.
-    pub(super) fn value<'e>(&self, event: &'e OutboxEvent) -> Cow<'e, [u8]> {
+    pub(crate) fn value<'e>(&self, event: &'e OutboxEvent) -> Cow<'e, [u8]> {
         let Some(ce) = self.structured() else {
             return Cow::Borrowed(event.payload.as_ref());
         };

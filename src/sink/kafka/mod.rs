@@ -39,7 +39,7 @@ pub(crate) use options::{security_line, validate_options};
 pub use topic::TopicTemplate;
 pub(crate) use transaction::check_line as exactly_once_line;
 
-use headers::RecordHeaders;
+pub(crate) use headers::RecordHeaders;
 use options::SAFE_DEFAULTS;
 use transaction::Transactions;
 
