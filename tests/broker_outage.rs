@@ -3,8 +3,12 @@
 //! rows became FAILED and were retried later) and delivered the younger ones of the same
 //! keys when the broker came back: a permanent reorder.
 //!
-//! This binary holds this one test on purpose: it pauses the shared broker (SIGSTOP), and
-//! `cargo test` runs test binaries one at a time, so no other test sees the pause.
+//! Issue 26: a broker frozen for longer than `message_timeout` under load, again and
+//! again, once came back fenced and left the producer waiting forever (no wedge may stay).
+//!
+//! This binary holds these tests alone on purpose: they pause the shared broker (SIGSTOP),
+//! and `cargo test` runs test binaries one at a time, so no other test sees the pause; the
+//! tests here take turns ([`BROKER`]).
 
 mod common;
 
@@ -14,6 +18,10 @@ use common::engine::{Event, Writer};
 use common::postgres::TestPipeline;
 use common::scenarios::{assert_every_event_in_key_order, FAST_FAILURES};
 use common::wait_for;
+
+/// Held by each test while it may pause the broker: the tests of this binary run one at a
+/// time.
+static BROKER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The shared broker, paused until this guard is dropped (a failing test resumes it too).
 struct PausedBroker {
@@ -52,6 +60,7 @@ const PER_KEY: u32 = 60;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_outage_longer_than_the_message_timeout_keeps_every_key_in_order() {
+    let _turn = BROKER.lock().await;
     let p = TestPipeline::new("outage", 2, FAST_FAILURES).await;
     // A short producer timeout, so the outage below outlasts it three times over.
     let config = std::fs::read_to_string(&p.config_path).expect("read config");
@@ -95,6 +104,86 @@ async fn a_broker_outage_longer_than_the_message_timeout_keeps_every_key_in_orde
     let records = p.consume(total, Duration::from_secs(60));
     let duplicates = assert_every_event_in_key_order(&records, KEYS, PER_KEY);
     println!("{duplicates} duplicates after the outage");
+    drop(daemon);
+    p.cleanup().await;
+}
+
+/// The broker frozen (SIGSTOP) for 10–12 s, `OUTBOXD_FREEZE_REPEATS` times (2 here; the
+/// bench's figure is 20), under about 150 events/s on 6 keys, strict ordering,
+/// `message_timeout` 5 s. After each freeze every row written so far becomes SUCCESS
+/// within the freeze's length plus a minute, with no restart: a producer left stuck by
+/// the broker's return is noticed (no acknowledgement for 3 × `message_timeout` while a
+/// fresh client reaches the broker) and rebuilt. At the end every event is in Kafka, each
+/// key in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_broker_freezes_leave_no_wedge() {
+    let _turn = BROKER.lock().await;
+    let repeats: usize = std::env::var("OUTBOXD_FREEZE_REPEATS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    const FREEZE_KEYS: usize = 6;
+    let p = TestPipeline::new("freeze", 2, FAST_FAILURES).await;
+    let config = std::fs::read_to_string(&p.config_path).expect("read config");
+    let config = config.replace("message_timeout = \"10s\"", "message_timeout = \"5s\"");
+    std::fs::write(&p.config_path, config).expect("write config");
+    p.init();
+    let daemon = p.spawn_run("run.log");
+
+    // Writers: one event per key per round, about 150 events/s, until told to stop at the
+    // end of a round (so every key has as many events).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let written = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let mut writer = p.writer().await;
+    let writing = tokio::spawn({
+        let (stop, written) = (stop.clone(), written.clone());
+        async move {
+            let mut seq = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                seq += 1;
+                for k in 0..FREEZE_KEYS {
+                    let event: Event = (format!("key-{k}"), seq);
+                    writer.commit(&[event], "freeze").await;
+                }
+                written.store(seq, std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(40)).await;
+            }
+            seq
+        }
+    });
+    for repeat in 0..repeats {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let freeze = Duration::from_millis(10_000 + 500 * (repeat as u64 % 5));
+        let paused = PausedBroker::pause();
+        tokio::time::sleep(freeze).await;
+        drop(paused);
+        let so_far = written.load(std::sync::atomic::Ordering::Relaxed) as i64;
+        let expected = so_far * FREEZE_KEYS as i64;
+        wait_for(
+            &format!("freeze {}: the {expected} rows written so far SUCCESS", repeat + 1),
+            freeze + Duration::from_secs(60),
+            || async {
+                let counts = p.status_counts().await;
+                (counts.get("SUCCESS").copied().unwrap_or(0) >= expected).then_some(())
+            },
+        )
+        .await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let per_key = writing.await.expect("writer");
+    let total = FREEZE_KEYS * per_key as usize;
+    wait_for("every row SUCCESS", Duration::from_secs(120), || async {
+        let counts = p.status_counts().await;
+        (counts.get("SUCCESS").copied().unwrap_or(0) == total as i64).then_some(())
+    })
+    .await;
+    let records = p.consume(total, Duration::from_secs(60));
+    let duplicates = assert_every_event_in_key_order(&records, FREEZE_KEYS, per_key);
+    let log = daemon.log_text();
+    let rebuilds = log.matches("the producer was stuck and has been rebuilt").count();
+    println!(
+        "{repeats} freezes, {total} events: {duplicates} duplicates, {rebuilds} producer rebuilds"
+    );
     drop(daemon);
     p.cleanup().await;
 }

@@ -297,6 +297,7 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
                     retry: config.retry.clone(),
                     ordering: config.pipeline.ordering,
                     stall_warning: config.kafka.message_timeout,
+                    stuck_after: (config.kafka.message_timeout * 3).max(Duration::from_secs(10)),
                     rows: config.outbox.rows(),
                 };
                 let worker_settings = WorkerSettings {

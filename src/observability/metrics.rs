@@ -320,6 +320,12 @@ fn registry(stats: &PipelineStats, inputs: &ScrapeInputs<'_>) -> Registry {
         retries,
     );
     r.register(
+        "outboxd_kafka_producer_rebuilds",
+        "Kafka producers replaced because records waited with no acknowledgement while a \
+         fresh client reached the brokers (a stuck producer)",
+        ConstCounter::new(load(&stats.producer_rebuilds)),
+    );
+    r.register(
         "outboxd_rows_reaped",
         "Rows returned from an abandoned PROCESSING claim by the reaper",
         ConstCounter::new(load(&stats.reaped)),

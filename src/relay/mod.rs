@@ -50,6 +50,8 @@ pub struct PipelineStats {
     pub retry_failed: AtomicU64,
     /// Rows the reaper returned from an abandoned PROCESSING claim.
     pub reaped: AtomicU64,
+    /// Stuck Kafka producers replaced while the brokers answered.
+    pub producer_rebuilds: AtomicU64,
     /// Rows of transactions read again (reconnect, restart, takeover) that the table
     /// already showed SUCCESS, and so were not sent again.
     pub skipped_delivered: AtomicU64,
@@ -76,6 +78,10 @@ pub struct PipelineSettings {
     /// the session says so. Under strict ordering records wait for the sink without
     /// limit, so this warning is what an operator sees of a broker outage.
     pub stall_warning: Duration,
+    /// After this long without an outcome while records wait (3 × `kafka.message_timeout`,
+    /// at least 10 s), the session probes the destination with a fresh client and rebuilds
+    /// a producer that is stuck while the brokers answer ([`Sink::rebuild_if_reachable`]).
+    pub stuck_after: Duration,
     /// `outbox.rows`: with `Deleted` there is no row to write a status to, so nothing is
     /// written back but the checkpoint, and a record that is not delivered holds the log
     /// position and is read and sent again (or, when it can never be sent, stops the

@@ -209,6 +209,10 @@ pub(super) struct Session<'a, O, S> {
     /// When `blocked` last took in the table's view, and how long until it looks again:
     /// an operator's `park` of a row this session has not read yet is seen there.
     blocked_refreshed: Instant,
+    /// The last outcome, or the first send after none was waiting (the stall warning does
+    /// not move it): records waiting `stuck_after` since make the session ask whether the
+    /// producer is stuck ([`Self::rebuild_if_stuck`]).
+    waiting_since: tokio::time::Instant,
     blocked_refresh_every: Duration,
     /// Sequence numbers of the slots the batch's rows belong to, one per row.
     batch_seqs: Vec<u64>,
@@ -283,6 +287,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             blocked: HashSet::new(),
             maybe_released: HashSet::new(),
             blocked_refreshed: Instant::now(),
+            waiting_since: tokio::time::Instant::now(),
             blocked_refresh_every: MIN_BLOCKED_REFRESH,
             batch_seqs: Vec::new(),
             flush_wanted: false,
@@ -500,8 +505,10 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         let mut stream_error: Option<ConnectorError> = None;
         let far_future = Instant::now() + Duration::from_secs(86_400 * 365);
         // The last outcome, or the first send after none was waiting: a broker outage
-        // shows as records waiting with no outcome for `stall_warning`.
-        let mut last_progress = Instant::now();
+        // shows as records waiting with no outcome for `stall_warning`. Tokio's clock, so
+        // that tests can advance it.
+        let mut last_progress = tokio::time::Instant::now();
+        self.waiting_since = tokio::time::Instant::now();
         // The two timers of the busy path live across iterations and are moved, not made
         // anew: a fresh `Sleep` per iteration registers a timer entry each time (6 % of
         // outboxd's CPU in a drain, BENCHMARKS.md).
@@ -522,8 +529,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             reset_timer(flush_timer.as_mut(), flush_at);
             // Progress moves the stall deadline at every outcome: the timer is only moved
             // once it went off or would go off too late; going off early costs a look.
-            let stall_at =
-                tokio::time::Instant::from_std(last_progress + self.settings.stall_warning);
+            let stall_at = last_progress + self.settings.stall_warning;
             if stall_timer.is_elapsed() || stall_timer.deadline() > stall_at {
                 stall_timer.as_mut().reset(stall_at);
             }
@@ -546,7 +552,8 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                     }
                 }
                 Some(done) = deliveries.next(), if !deliveries.is_empty() => {
-                    last_progress = Instant::now();
+                    last_progress = tokio::time::Instant::now();
+                    self.waiting_since = last_progress;
                     self.complete(done);
                     // Every other outcome already in: one turn of the loop for all of
                     // them, not one each (bounded, so reading is not starved).
@@ -589,7 +596,10 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                              ordering they are kept and sent in order once the brokers answer \
                              (their rows stay INIT and the log position is held)"
                         );
-                        last_progress = Instant::now();
+                        last_progress = tokio::time::Instant::now();
+                    }
+                    if self.waiting_since.elapsed() >= self.settings.stuck_after {
+                        self.rebuild_if_stuck(deliveries.len()).await;
                     }
                 }
                 Some(key) = link.delivered_keys.recv() => {
@@ -1091,6 +1101,38 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         self.written_through.as_ref().is_some_and(|w| begins < w)
     }
 
+    /// Records have waited `stuck_after` with no outcome: if a fresh client reaches the
+    /// destination, the producer is stuck (the brokers answer, it does not notice) and is
+    /// rebuilt; its deliveries then fail Fatal, the rows stay INIT, and the session ends
+    /// so that the next one reads them again and sends them in order. Otherwise the
+    /// destination is really away: keep waiting (strict ordering) and ask again later.
+    async fn rebuild_if_stuck(&mut self, waiting: usize) {
+        let waited = self.waiting_since.elapsed();
+        let probe_timeout = self.settings.stall_warning.clamp(
+            Duration::from_secs(1),
+            Duration::from_secs(10),
+        );
+        match self.sink.rebuild_if_reachable(probe_timeout).await {
+            Ok(true) => {
+                self.stats.producer_rebuilds.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    waiting,
+                    for_at_least = ?waited,
+                    "records waited for Kafka with no acknowledgement while a fresh client \
+                     reaches the brokers: the producer was stuck and has been rebuilt; its \
+                     records are read again from the log and sent again in order \
+                     (outboxd_kafka_producer_rebuilds_total)"
+                );
+            }
+            Ok(false) => tracing::debug!(
+                waiting,
+                "records still wait for Kafka, and a fresh client does not reach it either"
+            ),
+            Err(e) => tracing::warn!(error = %e, "cannot probe Kafka for a stuck producer"),
+        }
+        self.waiting_since = tokio::time::Instant::now();
+    }
+
     /// What reading events to send does besides sending them: the lag measure when
     /// nothing was in flight, the stall clock, and strict ordering's look at the table.
     /// `store_free`: no write-back holds the store's connection (its look at the table
@@ -1099,14 +1141,15 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         &mut self,
         commit_time: Option<SystemTime>,
         nothing_waiting: bool,
-        last_progress: &mut Instant,
+        last_progress: &mut tokio::time::Instant,
         store_free: bool,
     ) -> Result<(), ConnectorError> {
         if self.in_flight_bytes == 0 {
             self.stats.metrics.read_while_idle(commit_time);
         }
         if nothing_waiting {
-            *last_progress = Instant::now();
+            *last_progress = tokio::time::Instant::now();
+            self.waiting_since = *last_progress;
         }
         match store_free {
             true => self.refresh_blocked_keys().await,

@@ -55,6 +55,7 @@ impl Harness {
                 retry: RetryConfig::default(),
                 ordering: KeyOrdering::Strict,
                 stall_warning: Duration::from_secs(30),
+                stuck_after: Duration::from_secs(90),
                 rows: outboxd_connector::RowLifecycle::Kept,
             },
             stats: PipelineStats::default(),
@@ -1113,4 +1114,59 @@ async fn a_traced_events_failure_is_logged_inside_its_span() {
     assert_eq!(traced["span"]["message_id"], "m-1", "{traced}");
     let untraced = failed_line("\"m-2\"");
     assert!(untraced.get("span").is_none(), "{untraced}");
+}
+
+/// Records wait with no acknowledgement (a producer stuck after a broker came back
+/// fenced): while a fresh client cannot reach the destination either, the session keeps
+/// waiting (strict ordering); once it can, the producer is rebuilt after `stuck_after`,
+/// its records fail Fatal (rows INIT, no attempt counted, the position held), the session
+/// ends, and the next one sends them again in order. Tokio's paused clock: no real waits.
+#[tokio::test(start_paused = true)]
+async fn a_stuck_producer_is_rebuilt_once_a_fresh_client_reaches_the_brokers() {
+    let h = Harness::new(Duration::from_secs(5));
+    let (mut link, _keys) = link();
+    h.store.insert(&[(1, "K"), (2, "K"), (3, "L")]);
+    h.sink.hold();
+    h.sink.set_unreachable(true);
+
+    let (_stop, shutdown) = watch::channel(false);
+    let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
+    let driver = async {
+        log.commit(10, vec![event(1, "K")]);
+        log.commit(20, vec![event(2, "K"), event(3, "L")]);
+        wait_until("three in flight", || h.sink.held() == [1, 2, 3]).await;
+        // Twice `stuck_after` with the brokers away too: nothing is rebuilt.
+        tokio::time::sleep(h.settings.stuck_after * 2).await;
+        assert_eq!(h.sink.rebuilds(), 0, "the destination is away: keep waiting");
+        assert_eq!(h.sink.held(), [1, 2, 3], "still waiting, in order");
+        // The brokers answer a fresh client; the producer still acknowledges nothing.
+        h.sink.set_unreachable(false);
+        tokio::time::sleep(h.settings.stuck_after * 2).await;
+    };
+    let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
+    match result {
+        Err(e @ PipelineError::SinkFailed(_)) => assert!(e.is_transient(), "{e}"),
+        other => panic!("expected SinkFailed after the rebuild, got {other:?}"),
+    }
+    assert_eq!(h.sink.rebuilds(), 1);
+    assert_eq!(h.stats.producer_rebuilds.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!([1, 2, 3].map(|id| h.store.status(id)), ["INIT"; 3]);
+    assert_eq!(h.store.row(1).unwrap().retry_count, 0, "no attempt counted");
+    assert_eq!(h.store.checkpoint(), None, "the position is held");
+    assert_no_violations(&confirmed);
+
+    // The next session reads them again and sends them, in order.
+    let (stop, shutdown) = watch::channel(false);
+    let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
+    let driver = async {
+        log.commit(10, vec![event(1, "K")]);
+        log.commit(20, vec![event(2, "K"), event(3, "L")]);
+        wait_until("20 confirmed", || last_confirmed(&confirmed) == Some(lsn(20))).await;
+        stop.send_replace(true);
+    };
+    let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
+    result.unwrap();
+    let sent = h.sink.sent_ids();
+    assert_eq!(&sent[3..], [1, 2, 3], "sent again in order");
+    assert_eq!([1, 2, 3].map(|id| h.store.status(id)), ["SUCCESS"; 3]);
 }

@@ -42,6 +42,9 @@ struct State {
     commits: Vec<Position>,
     /// Commits fail (the transaction coordinator is away) while set.
     fail_commits: bool,
+    /// A fresh client reaches the destination ([`Sink::rebuild_if_reachable`]).
+    unreachable: bool,
+    rebuilds: usize,
 }
 
 impl MemorySink {
@@ -108,6 +111,17 @@ impl MemorySink {
     /// error, until the sink is recovered.
     pub(crate) fn turn_fatal(&self) {
         self.state().fatal = true;
+    }
+
+    /// A fresh client cannot reach the destination while set: see
+    /// [`Sink::rebuild_if_reachable`].
+    pub(crate) fn set_unreachable(&self, unreachable: bool) {
+        self.state().unreachable = unreachable;
+    }
+
+    /// How often [`Sink::rebuild_if_reachable`] rebuilt the sink.
+    pub(crate) fn rebuilds(&self) -> usize {
+        self.state().rebuilds
     }
 
     /// How often [`Sink::recover`] rebuilt the sink.
@@ -235,6 +249,24 @@ impl Sink for MemorySink {
 
     fn queue_depth(&self) -> i64 {
         self.state().held.len() as i64
+    }
+
+    /// As a purged librdkafka producer: every held delivery fails Fatal, and deliveries
+    /// resolve at once again.
+    async fn rebuild_if_reachable(&self, _timeout: Duration) -> Result<bool, String> {
+        let mut state = self.state();
+        if state.unreachable {
+            return Ok(false);
+        }
+        state.rebuilds += 1;
+        state.hold = false;
+        for (_, (tx, _)) in std::mem::take(&mut state.held) {
+            let _ = tx.send(Err(SinkFailure {
+                kind: FailureKind::Fatal,
+                error: "memory sink: rebuilt before the record was acknowledged".into(),
+            }));
+        }
+        Ok(true)
     }
 
     async fn recover(&self) -> Result<bool, String> {

@@ -177,6 +177,16 @@ pub trait Sink: Send + Sync {
         async {}
     }
 
+    /// Replaces the producer when records have waited long past their timeout while a
+    /// fresh client of the destination answers within `timeout` (the brokers are back, the
+    /// producer did not notice): the old producer's deliveries then fail
+    /// [`FailureKind::Fatal`], so their rows stay INIT and the relay reads and sends them
+    /// again, in order. `Ok(false)`: the destination does not answer either; keep waiting.
+    fn rebuild_if_reachable(
+        &self,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<bool, String>> + Send;
+
     /// After a [`FailureKind::Fatal`] failure, makes the sink usable again (for Kafka: a
     /// fresh producer replaces the one librdkafka declared fatal). `Ok(true)` when it
     /// replaced something, `Ok(false)` when the sink was healthy; `Err` when it cannot

@@ -146,7 +146,7 @@ impl WebhookHandler {
         // Lets https:// through the inner connector; plain http:// URLs stay plain.
         http.enforce_http(false);
         let tls = native_tls::TlsConnector::new()
-            .map_err(|e| format!("cannot set up TLS for webhook url `{url}`: {e}"))?;
+            .map_err(|e| format!("cannot set up TLS for webhook url {}: {e}", redacted(&url)))?;
         let connector = HttpsConnector::from((http, tls.into()));
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))

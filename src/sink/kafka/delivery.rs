@@ -99,6 +99,20 @@ impl KafkaDelivery {
                         classify(&e).error
                     ),
                 }),
+                // Purged: outboxd replaced a stuck producer (`rebuild_if_reachable`).
+                Ok(Err((e, _message)))
+                    if matches!(
+                        e.rdkafka_error_code(),
+                        Some(RDKafkaErrorCode::PurgeQueue | RDKafkaErrorCode::PurgeInflight)
+                    ) =>
+                {
+                    Err(SinkFailure {
+                        kind: FailureKind::Fatal,
+                        error: "the Kafka producer was rebuilt before the record was \
+                                acknowledged; it is read again from the log and sent again"
+                            .into(),
+                    })
+                }
                 Ok(Err((e, _message))) => Err(classify(&e)),
                 Err(_canceled) => Err(SinkFailure {
                     kind: FailureKind::Fatal,

@@ -311,6 +311,35 @@ impl Sink for KafkaSink {
         }
     }
 
+    /// A wedged producer (records unacknowledged long past `message_timeout`, seen once
+    /// after a broker came back fenced: librdkafka lost the partition leaders and never
+    /// asked again) is replaced when a fresh client can fetch the cluster's metadata. The
+    /// fresh client is a separate producer without `transactional.id` (it must not fence
+    /// anything); dropping the stuck one purges its queue, and its deliveries fail Fatal.
+    async fn rebuild_if_reachable(&self, timeout: Duration) -> Result<bool, String> {
+        let mut probe_config = self.client.clone();
+        probe_config.remove("transactional.id");
+        let probe: rdkafka::producer::BaseProducer = probe_config
+            .create()
+            .map_err(|e| format!("cannot create a Kafka client to probe the brokers: {e}"))?;
+        let answered = tokio::task::spawn_blocking(move || {
+            let brokers = probe
+                .client()
+                .fetch_metadata(None, timeout)
+                .map(|metadata| metadata.brokers().len());
+            drop(probe);
+            brokers
+        })
+        .await;
+        match answered {
+            Ok(Ok(brokers)) if brokers > 0 => {
+                drop(self.replace_producer().await?);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
     /// Replaces the producer when librdkafka has declared it fatal (an idempotent
     /// producer that lost its guarantee: `fatal_error()` is set and every send fails).
     async fn recover(&self) -> Result<bool, String> {
