@@ -20,7 +20,7 @@ use tokio::sync::Mutex;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row};
 
-use super::{delay_ms, get};
+use super::{delay_ms, get, DURABLE_COMMITS};
 use crate::client::classify_pg_error;
 use crate::schema::qualified;
 use crate::PostgresConnector;
@@ -130,11 +130,18 @@ impl PgInboxStore {
     }
 }
 
-/// A connection with the session settings the statements rely on: timestamps in UTC.
+/// A connection with the session settings the statements rely on: durable commits and
+/// timestamps in UTC.
+///
+/// Kafka ingress stores a record's offset, and HTTP ingress answers 200, once the insert
+/// returns: with a server, database or role default of `synchronous_commit = off`, a
+/// crash of PostgreSQL right after could lose a message its sender was told is stored.
+/// So the session commits durably ([`DURABLE_COMMITS`], as the outbox store's); only the
+/// claim opts out, for its own transaction (see [`InboxStore::claim`]).
 async fn connect(connector: &PostgresConnector) -> Result<Client, ConnectorError> {
     let client = connector.sql_client().await?;
     client
-        .batch_execute("SET TimeZone = 'UTC'")
+        .batch_execute(&format!("{DURABLE_COMMITS}; SET TimeZone = 'UTC'"))
         .await
         .map_err(|e| classify_pg_error(&e, "setting up the inbox connection"))?;
     Ok(client)
@@ -271,6 +278,8 @@ impl InboxStore for PgInboxStore {
         let params: [&(dyn ToSql + Sync); 8] = [
             &sources, &ids, &types, &keys, &headers, payload, &statuses, &reasons,
         ];
+        // One autocommit statement, durable when it returns (the session's
+        // synchronous_commit, `connect`): ingress acknowledges the messages after it.
         let rows = self
             .with_client(async |client| {
                 client
@@ -309,7 +318,10 @@ impl InboxStore for PgInboxStore {
         // A claim is bookkeeping: lost in a server crash, the row is PENDING again and is
         // claimed anew (the late outcome of the old claim is refused by its token), which
         // is the at-least-once a crash means anyway. So it does not wait for its WAL flush,
-        // which would otherwise add a disk flush to every message's latency. The three
+        // which would otherwise add a disk flush to every message's latency. `SET LOCAL`
+        // lowers only this transaction below the session's durable setting (`connect`),
+        // and the claim's WAL is flushed at the latest with the next durable commit after
+        // it (the outcome's), so a durable outcome never rests on a lost claim. The three
         // requests go out together.
         let rows = self
             .with_client(async |client| {

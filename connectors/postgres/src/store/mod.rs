@@ -257,11 +257,12 @@ impl PgOutboxStore {
         // to a sequential scan, and is kept as the table grows: measured, PostgreSQL's CPU
         // per event rose 2.5-fold for the whole run. Planning each statement for its
         // arrays costs far less.
-        let session = "DO $$ BEGIN IF current_setting('synchronous_commit') = 'off' THEN \
-                       PERFORM set_config('synchronous_commit', 'on', false); END IF; END $$; \
-                       SET DateStyle = ISO; SET TimeZone = 'UTC'; SET plan_cache_mode = force_custom_plan";
+        let session = format!(
+            "{DURABLE_COMMITS}; SET DateStyle = ISO; SET TimeZone = 'UTC'; \
+             SET plan_cache_mode = force_custom_plan"
+        );
         client
-            .batch_execute(session)
+            .batch_execute(&session)
             .await
             .map_err(|e| classify_pg_error(&e, "setting synchronous_commit for the write-back"))?;
         let row = client
@@ -1506,6 +1507,15 @@ pub(crate) fn parse_stored_checkpoint(
         .with_source(e)
     })
 }
+
+/// The session setup of both stores' connections (outbox and inbox): a commit returns
+/// only once it is durable. A server, database or role default of
+/// `synchronous_commit = off` is raised to `on` for the session; the stronger settings
+/// (`local`, `remote_write`, `on`, `remote_apply`) are the administrator's and are kept.
+/// A transaction's `SET LOCAL` still overrides it for that transaction alone.
+pub(crate) const DURABLE_COMMITS: &str =
+    "DO $$ BEGIN IF current_setting('synchronous_commit') = 'off' THEN \
+     PERFORM set_config('synchronous_commit', 'on', false); END IF; END $$";
 
 /// A column of a row we selected ourselves; a mismatch is a definite error.
 pub(crate) fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
