@@ -198,3 +198,5 @@ write("cloudevents_structured", "no-optional", event(1, "{}", b"", biz_key="", c
 write("cloudevents_structured", "reserved-names", event(0, '{"ce_type": "forged", "CE_DataContentType": "x", "message_id": "y", "ce_region2": "eu", "ce_Bad": "z", "ce_data_base64": "w"}', b"{}"))
 write("cloudevents_structured", "mysql-time", event(0, "not json", b"null", created_at="2026-05-09T07:30:00.123456+00:00"))
 write("cloudevents_structured", "refused", event(0, "{}", b"{}", message_id="", message_type=""))
+# Found by the target: a JSON string holding a byte that is not UTF-8 was taken as JSON.
+write("inbox_kafka_record", "found-not-utf8", record(7, b"i", [(b"message_type", b"c")], b'"\xf6"'))

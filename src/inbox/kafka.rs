@@ -214,7 +214,7 @@ pub(crate) fn to_message(
         ));
         coordinates.clone()
     });
-    if json && serde_json::from_slice::<serde::de::IgnoredAny>(&payload).is_err() {
+    if json && !is_json_text(&payload) {
         problems.push("the value is not JSON (the inbox's payload column is)".into());
     }
     let rejected = (!problems.is_empty()).then(|| {
@@ -235,6 +235,13 @@ pub(crate) fn to_message(
         headers,
         rejected,
     }
+}
+
+/// Whether `payload` is JSON text: UTF-8 (serde_json's `from_slice` checks that only in
+/// the strings it keeps, not in those it skips), one JSON value.
+fn is_json_text(payload: &[u8]) -> bool {
+    std::str::from_utf8(payload)
+        .is_ok_and(|text| serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok())
 }
 
 #[cfg(test)]
@@ -279,6 +286,8 @@ mod tests {
 
     /// The conversion as it was written inline against rdkafka's message before
     /// [`Record`] took the parts out (generic here only so an `OwnedMessage` can be given).
+    /// Since then a value that is not UTF-8 is not JSON
+    /// (`a_value_that_is_not_utf8_is_not_json`); the values compared are UTF-8.
     fn inline_to_message<M: Message>(
         record: &M,
         config: &KafkaIngressConfig,
@@ -412,6 +421,29 @@ mod tests {
             }
         }
         assert_eq!(compared, 4 * 4 * 4 * 6 * 2);
+    }
+
+    /// Found by the `inbox_kafka_record` fuzz target: a value that is JSON but for a
+    /// byte that is not UTF-8 inside a string (`"\xf6"`) was taken as JSON (serde_json
+    /// checks UTF-8 only when it keeps a string, not when it skips one), and the store wrote
+    /// it with U+FFFD in place of the byte: a message stored other than received, not
+    /// rejected. JSON text is UTF-8, as the HTTP ingress already requires.
+    #[test]
+    fn a_value_that_is_not_utf8_is_not_json() {
+        let headers: &[(&str, Option<&[u8]>)] = &[("message_type", Some(b"c"))];
+        for value in [&b"\"\xf6\""[..], b"{\"a\": \"\xff\xfe\"}", b"[\"\xc3\"]"] {
+            let message = record(Some(b"i"), Some(value), headers);
+            let got = to_message(&Record::of(&message), &config(Some("s"), true), true);
+            let why = got.rejected.expect("rejected");
+            assert!(why.contains("the value is not JSON"), "{why}");
+            assert_eq!(got.payload, value, "kept as received");
+            // A text payload column takes any bytes.
+            let text = to_message(&Record::of(&message), &config(Some("s"), true), false);
+            assert_eq!(text.rejected, None);
+        }
+        let message = record(Some(b"i"), Some("\"é\"".as_bytes()), headers);
+        let got = to_message(&Record::of(&message), &config(Some("s"), true), true);
+        assert_eq!(got.rejected, None);
     }
 
     #[test]
