@@ -762,12 +762,23 @@ impl Config {
     }
 
     /// Fills the secrets from the environment (which wins) or their `*_file` keys, and
-    /// applies the environment's other overrides. `var` reads one variable.
+    /// applies the environment's other overrides. `var` reads one variable. A file read
+    /// that others may read adds a [`Config::warnings`] entry, as the config file does.
     pub fn resolve_secrets(
         &mut self,
         var: impl Fn(&str) -> Option<String>,
     ) -> Result<(), ConfigError> {
-        self.source.engine.resolve_secrets(&var)?;
+        // Every `*_file` key, the engines' and the inbox's too, is read with
+        // `outboxd_connector::secret::read_file`, which notes the files others may read.
+        let (resolved, readable) =
+            outboxd_connector::secret::check_file_modes(|| self.read_secrets(&var));
+        self.warnings
+            .extend(readable.iter().map(crate::secrets::secret_file_warning));
+        resolved
+    }
+
+    fn read_secrets(&mut self, var: &impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        self.source.engine.resolve_secrets(var)?;
         for (option, file_key, file, env) in [
             (
                 "sasl.password",

@@ -1,6 +1,7 @@
 //! Secrets in the configuration file: which keys hold one, a warning when the file that
-//! holds one is readable by others, TOML errors that do not echo a secret's line, and a
-//! `Debug` of librdkafka options that hides secret values.
+//! holds one is readable by others (and the same for every file a secret is read from),
+//! TOML errors that do not echo a secret's line, and a `Debug` of librdkafka options that
+//! hides secret values.
 //!
 //! The values themselves are [`outboxd_connector::Secret`]s where the config has a typed
 //! key (`source.password`, `inbox.http.secrets`); librdkafka options stay strings (they
@@ -9,6 +10,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
+
+use outboxd_connector::secret::ReadableSecretFile;
 
 /// Whether a config key or librdkafka option name names a secret: `password`,
 /// `sasl.password`, `ssl.key.password`, `ssl.keystore.password`,
@@ -144,11 +147,7 @@ pub(crate) fn permission_warning(path: &Path, keys: &[String]) -> Option<ConfigW
         message: format!(
             "{file} holds secrets ({}) and is readable by {} (mode {:o})",
             keys.join(", "),
-            if mode & 0o004 != 0 {
-                "everyone"
-            } else {
-                "its group"
-            },
+            readers(mode),
             mode & 0o777
         ),
         fix: format!(
@@ -157,6 +156,34 @@ pub(crate) fn permission_warning(path: &Path, keys: &[String]) -> Option<ConfigW
              kafka.ssl_key_password_file, inbox.http.secret_files"
         ),
     })
+}
+
+/// The warning for a file a secret was read from (`source.password_file`,
+/// `kafka.sasl_password_file`, `inbox.http.secret_files.*`, …) that others may read: the
+/// secret is as exposed as in a readable config file, so it is said the same way.
+pub(crate) fn secret_file_warning(file: &ReadableSecretFile) -> ConfigWarning {
+    let path = file.path.display();
+    ConfigWarning {
+        message: format!(
+            "{path} ({}) holds a secret and is readable by {} (mode {:o})",
+            file.file_key,
+            readers(file.mode),
+            file.mode & 0o777
+        ),
+        fix: format!(
+            "chmod 600 {path}, owned by the user outboxd runs as (a Kubernetes secret volume: \
+             defaultMode 0440 with the pod's fsGroup)"
+        ),
+    }
+}
+
+/// Who, besides the owner, may read a file of `mode` (group or others readable).
+fn readers(mode: u32) -> &'static str {
+    if mode & 0o004 != 0 {
+        "everyone"
+    } else {
+        "its group"
+    }
 }
 
 #[cfg(unix)]
@@ -539,5 +566,121 @@ mod config_tests {
             }
             assert!(!err.contains("x-Secret"), "{err}");
         }
+    }
+
+    /// Every file a secret is read from gets the config file's check: readable by the
+    /// group or everyone, a warning naming the key, the file and `chmod 600 <file>`.
+    #[cfg(unix)]
+    #[test]
+    fn a_secret_file_others_may_read_gets_a_warning_with_the_fix() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = dir().join("modes");
+        std::fs::create_dir_all(&dir).unwrap();
+        let files = [
+            ("source.password_file", dir.join("pw")),
+            ("kafka.sasl_password_file", dir.join("sasl")),
+            ("kafka.ssl_key_password_file", dir.join("key")),
+            ("metrics.bearer_token_file", dir.join("token")),
+            ("inbox.http.secret_files.hooks", dir.join("hooks")),
+        ];
+        for (_, path) in &files {
+            std::fs::write(path, "mode-Secret-0123456789\n").unwrap();
+        }
+        let path = |i: usize| files[i].1.display().to_string();
+        let text =
+            BASE.replace(
+                "database = \"d\"",
+                &format!("database = \"d\"\npassword_file = \"{}\"", path(0)),
+            )
+            .replace(
+                "bootstrap_servers = \"h:1\"",
+                &format!(
+                    "bootstrap_servers = \"h:1\"\nsasl_password_file = \"{}\"\n\
+                     ssl_key_password_file = \"{}\"",
+                    path(1),
+                    path(2)
+                ),
+            ) + &format!(
+                "[metrics]\nbearer_token_file = \"{}\"\n[inbox]\n[inbox.http]\n\
+                 [inbox.http.secret_files]\nhooks = \"{}\"\n",
+                path(3),
+                path(4)
+            );
+        for (mode, readers) in [(0o644, "everyone"), (0o640, "its group")] {
+            for (_, path) in &files {
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+            }
+            let config = resolved(&text, &[]).unwrap();
+            for (key, path) in &files {
+                let path = path.display().to_string();
+                let warning = config
+                    .warnings
+                    .iter()
+                    .find(|w| w.message.contains(key))
+                    .unwrap_or_else(|| panic!("{key} at {mode:o}: {:?}", config.warnings));
+                assert!(
+                    warning.message.contains(&path)
+                        && warning.message.contains(readers)
+                        && warning.message.contains(&format!("mode {mode:o}")),
+                    "{warning:?}"
+                );
+                assert!(
+                    warning.fix.contains(&format!("chmod 600 {path}")),
+                    "{warning:?}"
+                );
+                assert!(
+                    !format!("{warning:?}").contains("mode-Secret"),
+                    "{warning:?}"
+                );
+            }
+        }
+        for (_, path) in &files {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        let config = resolved(&text, &[]).unwrap();
+        assert_eq!(config.warnings, [], "0600 files are fine");
+        // A file the environment overrides is not read, so not checked either.
+        std::fs::set_permissions(&files[1].1, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let config = resolved(&text, &[(ENV_KAFKA_SASL_PASSWORD, "from-env")]).unwrap();
+        assert_eq!(config.warnings, [], "{:?}", config.warnings);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Secret-looking librdkafka options written in the config file, in `[kafka.options]`
+    /// and `[inbox.kafka.options]`, count as secrets the file holds.
+    #[cfg(unix)]
+    #[test]
+    fn secret_kafka_options_in_a_readable_config_file_get_a_warning() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = dir().join("options");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("outboxd.toml");
+        let text = format!(
+            "{BASE}[kafka.options]\n\"sasl.password\" = \"opt-Secret-1\"\n\
+             [inbox]\n[inbox.kafka]\ntopics = [\"t\"]\ngroup_id = \"g\"\n\
+             [inbox.kafka.options]\n\"ssl.keystore.password\" = \"opt-Secret-2\"\n\
+             \"ssl.key.password\" = \"opt-Secret-3\"\n\"sasl.password\" = \"opt-Secret-4\"\n"
+        );
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let config = Config::load(&path).unwrap();
+        let message = config
+            .warnings
+            .iter()
+            .map(|w| w.message.as_str())
+            .collect::<Vec<_>>()
+            .join("\n");
+        for key in [
+            "kafka.options.\"sasl.password\"",
+            "inbox.kafka.options.\"ssl.keystore.password\"",
+            "inbox.kafka.options.\"ssl.key.password\"",
+            "inbox.kafka.options.\"sasl.password\"",
+        ] {
+            assert!(message.contains(key), "{key} in {message}");
+        }
+        assert!(!message.contains("opt-Secret"), "{message}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(Config::load(&path).unwrap().warnings, []);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

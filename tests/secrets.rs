@@ -193,6 +193,18 @@ async fn no_secret_reaches_any_output() {
     let text = printed.output("check (secrets from files)", &out);
     assert!(out.status.success(), "{text}");
     assert!(!text.contains("chmod 600"), "{text}");
+    // A secret file others may read is warned about like the config file (a warning:
+    // check still passes), naming the key, the file and the fix.
+    chmod(&pw_file, 0o644);
+    let out = outboxd(&files_config, &["check"]);
+    let text = printed.output("check (a readable password file)", &out);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("source.password_file")
+            && text.contains(&format!("chmod 600 {}", pw_file.display())),
+        "{text}"
+    );
+    chmod(&pw_file, 0o600);
 
     // The password from the environment instead: the file names none, check passes.
     let pw_line = format!("password_file = \"{}\"\n", pw_file.display());
