@@ -196,8 +196,11 @@ pub async fn run<C: Connector, S: Sink>(
             }
             session.load_blocked_keys().await?;
             session.load_delivered_through().await?;
+            // Exactly-once: fence the instance that held the transactions before reading
+            // the checkpoint, which that instance may still have been writing.
+            let committed = session.take_over_transactions().await?;
             session.set_written_through(store.load_checkpoint().await?);
-            session.load_committed_position().await?;
+            session.start_from_committed(committed);
             // Ready (`/readyz`) once the relay can send: under exactly-once, taking the
             // transactions over (fencing, the committed position) comes first.
             tracing::info!(source = %connector.describe(), "streaming");

@@ -325,18 +325,31 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
     }
 
     /// Exactly-once: takes over the pipeline's Kafka transactions (after the session
-    /// holds the log) and starts from the position the last committed one reached:
-    /// transactions up to it are in Kafka and are not sent again. Runs after
-    /// [`Self::set_written_through`].
-    pub(super) async fn load_committed_position(&mut self) -> Result<(), PipelineError> {
+    /// holds the log): `init_transactions` fences the instance that held them, then the
+    /// last committed position is read. Runs **before** the checkpoint is read (see
+    /// [`Self::start_from_committed`]): read earlier, the checkpoint could miss what a
+    /// fenced instance wrote in between, and the session would send again transactions
+    /// already committed.
+    pub(super) async fn take_over_transactions(
+        &mut self,
+    ) -> Result<Option<CommittedPosition>, PipelineError> {
         if !self.exactly_once {
-            return Ok(());
+            return Ok(None);
         }
-        let record = self
-            .sink
+        self.sink
             .committed_position()
             .await
-            .map_err(|f| PipelineError::SinkFailed(f.error))?;
+            .map_err(|f| PipelineError::SinkFailed(f.error))
+    }
+
+    /// Exactly-once: starts from the position the last committed transaction reached
+    /// (`record`, from [`Self::take_over_transactions`]) when it follows the checkpoint:
+    /// transactions up to it are in Kafka and are not sent again. Runs after
+    /// [`Self::set_written_through`].
+    pub(super) fn start_from_committed(&mut self, record: Option<CommittedPosition>) {
+        if !self.exactly_once {
+            return;
+        }
         let checkpoint = self.written_through.clone();
         self.checkpoint_written.clone_from(&checkpoint);
         // The record belongs to this checkpoint row when the row shows what the record
@@ -375,7 +388,6 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                 self.kafka_committed = checkpoint;
             }
         }
-        Ok(())
     }
 
     /// Whether reading `events` queries the store before they are sent: a look-up of rows
@@ -1108,10 +1120,10 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
     /// destination is really away: keep waiting (strict ordering) and ask again later.
     async fn rebuild_if_stuck(&mut self, waiting: usize) {
         let waited = self.waiting_since.elapsed();
-        let probe_timeout = self.settings.stall_warning.clamp(
-            Duration::from_secs(1),
-            Duration::from_secs(10),
-        );
+        let probe_timeout = self
+            .settings
+            .stall_warning
+            .clamp(Duration::from_secs(1), Duration::from_secs(10));
         match self.sink.rebuild_if_reachable(probe_timeout).await {
             Ok(true) => {
                 self.stats.producer_rebuilds.fetch_add(1, Ordering::Relaxed);
@@ -1339,7 +1351,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         };
 
         // Exactly-once writes the checkpoint row at every commit, rows or not: a commit
-        // records what the row shows (see `load_committed_position`).
+        // records what the row shows (see `start_from_committed`).
         let checkpoint_moves = self.exactly_once
             && written_checkpoint.is_some()
             && written_checkpoint != self.checkpoint_written;

@@ -17,7 +17,7 @@ use super::{PipelineError, PipelineSettings, PipelineStats, RetryLink};
 use crate::config::{DeliveryConfig, Ordering as KeyOrdering, RetryConfig};
 use crate::reconnect::{ReconnectBackoff, SessionError};
 use crate::sink::memory::MemorySink;
-use crate::sink::FailureKind;
+use crate::sink::{CommittedPosition, FailureKind};
 use crate::testing::{event, lsn, CapturedLog, MemoryStore, MemoryStream, StreamLog};
 
 struct Harness {
@@ -95,8 +95,11 @@ impl Harness {
             session.write_unwritten(carried).await?;
             session.load_blocked_keys().await?;
             session.load_delivered_through().await?;
+            // Exactly-once: fence the instance that held the transactions before reading
+            // the checkpoint, which that instance may still have been writing.
+            let committed = session.take_over_transactions().await?;
             session.set_written_through(self.store.load_checkpoint().await?);
-            session.load_committed_position().await?;
+            session.start_from_committed(committed);
             let mut backoff = ReconnectBackoff::new();
             session.run(stream, link, &mut shutdown, &mut backoff).await
         }
@@ -1137,7 +1140,11 @@ async fn a_stuck_producer_is_rebuilt_once_a_fresh_client_reaches_the_brokers() {
         wait_until("three in flight", || h.sink.held() == [1, 2, 3]).await;
         // Twice `stuck_after` with the brokers away too: nothing is rebuilt.
         tokio::time::sleep(h.settings.stuck_after * 2).await;
-        assert_eq!(h.sink.rebuilds(), 0, "the destination is away: keep waiting");
+        assert_eq!(
+            h.sink.rebuilds(),
+            0,
+            "the destination is away: keep waiting"
+        );
         assert_eq!(h.sink.held(), [1, 2, 3], "still waiting, in order");
         // The brokers answer a fresh client; the producer still acknowledges nothing.
         h.sink.set_unreachable(false);
@@ -1149,7 +1156,12 @@ async fn a_stuck_producer_is_rebuilt_once_a_fresh_client_reaches_the_brokers() {
         other => panic!("expected SinkFailed after the rebuild, got {other:?}"),
     }
     assert_eq!(h.sink.rebuilds(), 1);
-    assert_eq!(h.stats.producer_rebuilds.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(
+        h.stats
+            .producer_rebuilds
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
     assert_eq!([1, 2, 3].map(|id| h.store.status(id)), ["INIT"; 3]);
     assert_eq!(h.store.row(1).unwrap().retry_count, 0, "no attempt counted");
     assert_eq!(h.store.checkpoint(), None, "the position is held");
@@ -1161,7 +1173,10 @@ async fn a_stuck_producer_is_rebuilt_once_a_fresh_client_reaches_the_brokers() {
     let driver = async {
         log.commit(10, vec![event(1, "K")]);
         log.commit(20, vec![event(2, "K"), event(3, "L")]);
-        wait_until("20 confirmed", || last_confirmed(&confirmed) == Some(lsn(20))).await;
+        wait_until("20 confirmed", || {
+            last_confirmed(&confirmed) == Some(lsn(20))
+        })
+        .await;
         stop.send_replace(true);
     };
     let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
@@ -1169,4 +1184,53 @@ async fn a_stuck_producer_is_rebuilt_once_a_fresh_client_reaches_the_brokers() {
     let sent = h.sink.sent_ids();
     assert_eq!(&sent[3..], [1, 2, 3], "sent again in order");
     assert_eq!([1, 2, 3].map(|id| h.store.status(id)), ["SUCCESS"; 3]);
+}
+
+/// Exactly-once take-over: the old instance, not fenced yet, commits its last window and
+/// writes the checkpoint row after this session opened the log. The new session fences
+/// before it reads the checkpoint, so it sees that window and sends nothing of it again
+/// (read first, the stale checkpoint would not match the record, and every transaction
+/// after it would be sent again: duplicates for a `read_committed` consumer).
+#[tokio::test]
+async fn exactly_once_fences_the_old_instance_before_reading_the_checkpoint() {
+    let h = Harness::exactly_once();
+    let (mut link, _keys) = link();
+    h.store.insert(&[(1, "A"), (2, "B"), (3, "C"), (4, "D")]);
+    // Both instances saw transactions through 10 committed and checkpointed. Then the
+    // old one, not fenced yet, committed two more windows (20, then 30) in Kafka and
+    // moved the checkpoint row to 30: the row moves at the fencing, the record was last
+    // written by the old instance's commit of 30.
+    h.store.reset_checkpoint(Some(lsn(10)));
+    h.sink.set_committed_position(CommittedPosition {
+        position: lsn(30),
+        checkpoint: Some(lsn(20)),
+    });
+    let store = Arc::clone(&h.store);
+    h.sink.before_fencing(move || {
+        store.set_status(2, "SUCCESS");
+        store.set_status(3, "SUCCESS");
+        store.reset_checkpoint(Some(lsn(30)));
+    });
+    let (stop, shutdown) = watch::channel(false);
+    let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
+    let driver = async {
+        // The log from the slot's confirmed position (10): the old instance's windows
+        // come again, then a new transaction.
+        log.commit(20, vec![event(2, "B")]);
+        log.commit(30, vec![event(3, "C")]);
+        log.commit(40, vec![event(4, "D")]);
+        wait_until("40 committed", || {
+            h.sink.last_committed_position() == Some(lsn(40))
+        })
+        .await;
+        stop.send_replace(true);
+    };
+    let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
+    result.unwrap();
+    assert_eq!(
+        h.sink.committed_ids(),
+        [4],
+        "the old instance's committed windows are not sent again"
+    );
+    assert_no_violations(&confirmed);
 }

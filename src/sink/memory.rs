@@ -45,6 +45,9 @@ struct State {
     /// A fresh client reaches the destination ([`Sink::rebuild_if_reachable`]).
     unreachable: bool,
     rebuilds: usize,
+    /// Runs once, at the next take-over, before this sink's instance fences the old one:
+    /// what that instance still did in between.
+    before_fencing: Option<Box<dyn FnOnce() + Send>>,
 }
 
 impl MemorySink {
@@ -117,6 +120,17 @@ impl MemorySink {
     /// [`Sink::rebuild_if_reachable`].
     pub(crate) fn set_unreachable(&self, unreachable: bool) {
         self.state().unreachable = unreachable;
+    }
+
+    /// Exactly-once: `last_words` runs at the next [`Sink::committed_position`], before
+    /// the fencing, as the commit a fenced instance still made in between.
+    pub(crate) fn before_fencing(&self, last_words: impl FnOnce() + Send + 'static) {
+        self.state().before_fencing = Some(Box::new(last_words));
+    }
+
+    /// Exactly-once: the transaction a (fenced) instance committed last.
+    pub(crate) fn set_committed_position(&self, committed: CommittedPosition) {
+        self.state().committed_position = Some(committed);
     }
 
     /// How often [`Sink::rebuild_if_reachable`] rebuilt the sink.
@@ -221,6 +235,10 @@ impl Sink for MemorySink {
     }
 
     async fn committed_position(&self) -> Result<Option<CommittedPosition>, SinkFailure> {
+        let last_words = self.state().before_fencing.take();
+        if let Some(last_words) = last_words {
+            last_words();
+        }
         let mut state = self.state();
         state.uncommitted.clear();
         Ok(state.committed_position.clone())
