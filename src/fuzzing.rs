@@ -7,7 +7,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::config::Config;
-use crate::inbox::http::{checked_headers, to_message};
+use crate::inbox::http::{to_message, Source};
 use crate::inbox::signature::Secret;
 
 /// The signing secret of the source `signed` (the seeds are signed with it).
@@ -38,9 +38,8 @@ pub fn config_loader(data: &[u8]) {
 
 /// `inbox_http`: a request to `POST /v1/inbox/{source}` as the handler sees it, in the
 /// form `source\nname: value\n…\n\nbody` (header lines hyper would refuse are dropped).
-/// The headers are checked (the signature too, when the source is `signed`, against
-/// [`SECRET`] at [`NOW`]) and the body becomes the stored message, for a text and a JSON
-/// payload column alike.
+/// The request becomes the stored message (the signature checked when the source is
+/// `signed`, against [`SECRET`] at [`NOW`]), for a text and a JSON payload column alike.
 pub fn inbox_http(data: &[u8]) {
     let (head, body) = match data.windows(2).position(|w| w == b"\n\n") {
         Some(at) => (&data[..at], &data[at + 2..]),
@@ -61,13 +60,35 @@ pub fn inbox_http(data: &[u8]) {
         }
     }
     let _ = Secret::parse(&source);
-    let secrets = [Secret::parse(SECRET).unwrap_or_else(|e| panic!("{e}"))];
-    let signed = (source == "signed").then_some(&secrets[..]);
+    let secrets = vec![Secret::parse(SECRET).unwrap_or_else(|e| panic!("{e}"))];
+    // `signed` checks signatures, `keyed` is unsigned with a key field, any other name
+    // is unsigned on purpose.
+    let known = match source.as_str() {
+        "signed" => Source {
+            secrets: Some(secrets),
+            key_path: Some(vec!["data".into(), "order_id".into()]),
+        },
+        "keyed" => Source {
+            secrets: None,
+            key_path: Some(vec!["key".into()]),
+        },
+        _ => Source {
+            secrets: None,
+            key_path: None,
+        },
+    };
     let now = UNIX_EPOCH + Duration::from_secs(NOW);
     let tolerance = Duration::from_secs(300);
-    if let Ok(fields) = checked_headers(&headers, body, signed, tolerance, now) {
-        let _ = to_message(source.clone(), fields.clone(), &headers, body, false);
-        let _ = to_message(source, fields, &headers, body, true);
+    for json_body in [false, true] {
+        let _ = to_message(
+            source.clone(),
+            &known,
+            &headers,
+            body,
+            json_body,
+            tolerance,
+            now,
+        );
     }
 }
 

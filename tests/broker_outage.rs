@@ -160,7 +160,10 @@ async fn repeated_broker_freezes_leave_no_wedge() {
         let so_far = written.load(std::sync::atomic::Ordering::Relaxed) as i64;
         let expected = so_far * FREEZE_KEYS as i64;
         wait_for(
-            &format!("freeze {}: the {expected} rows written so far SUCCESS", repeat + 1),
+            &format!(
+                "freeze {}: the {expected} rows written so far SUCCESS",
+                repeat + 1
+            ),
             freeze + Duration::from_secs(60),
             || async {
                 let counts = p.status_counts().await;
@@ -180,7 +183,9 @@ async fn repeated_broker_freezes_leave_no_wedge() {
     let records = p.consume(total, Duration::from_secs(60));
     let duplicates = assert_every_event_in_key_order(&records, FREEZE_KEYS, per_key);
     let log = daemon.log_text();
-    let rebuilds = log.matches("the producer was stuck and has been rebuilt").count();
+    let rebuilds = log
+        .matches("the producer was stuck and has been rebuilt")
+        .count();
     println!(
         "{repeats} freezes, {total} events: {duplicates} duplicates, {rebuilds} producer rebuilds"
     );

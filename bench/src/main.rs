@@ -9,6 +9,7 @@ mod daemon;
 mod exactly_once;
 mod faults;
 mod inbox;
+mod ingress_flood;
 mod limits;
 mod report;
 mod workload;
@@ -103,8 +104,14 @@ pub(crate) struct Args {
     /// `kill9`: seconds between two SIGKILLs of outboxd.
     #[arg(long, default_value_t = 2.0)]
     kill_every: f64,
+    /// `ingress-flood`: the relay's fixed rate, events per second, quiet and flooded.
+    #[arg(long, default_value_t = 1000.0)]
+    flood_rate: f64,
+    /// `ingress-flood`: clients sending costly requests to the inbox's HTTP door at once.
+    #[arg(long, default_value_t = 50)]
+    flood_clients: usize,
     /// Scenarios to run, comma-separated: rate,idle,limits,backlog,max,eos,poll,mariadb,inbox;
-    /// the fault scenarios pgrestart and kill9 run only when named.
+    /// the fault scenarios pgrestart and kill9, and ingress-flood, run only when named.
     #[arg(
         long,
         default_value = "rate,idle,limits,backlog,max,eos,poll,mariadb,inbox"
@@ -271,6 +278,14 @@ impl Bench {
                 .rows
                 .extend(rows_or_unavailable(rows, "inbox", "inbox (PostgreSQL)"));
         }
+        if self.args.wants("ingress-flood") {
+            let rows = self.ingress_flood().await;
+            report.rows.extend(rows_or_unavailable(
+                rows,
+                "ingress flood",
+                "inbox HTTP: ingress flood",
+            ));
+        }
         for fault in ["pgrestart", "kill9"] {
             if !self.args.wants(fault) {
                 continue;
@@ -366,7 +381,18 @@ impl Bench {
         label: &str,
         tag: &str,
     ) -> anyhow::Result<(Row, Daemon)> {
-        let events = (self.args.rate * self.args.rate_seconds) as usize;
+        self.fixed_rate_at(p, label, tag, self.args.rate).await
+    }
+
+    /// [`Self::fixed_rate`] at `rate` events per second.
+    async fn fixed_rate_at(
+        &mut self,
+        p: &BenchPipeline,
+        label: &str,
+        tag: &str,
+        rate: f64,
+    ) -> anyhow::Result<(Row, Daemon)> {
+        let events = (rate * self.args.rate_seconds) as usize;
         let tag = format!("{}{tag}", self.run);
         eprintln!("{label}, for {} s", self.args.rate_seconds);
         let consumer = consume::spawn(
@@ -381,7 +407,7 @@ impl Bench {
         let cpu0 = daemon.sample().unwrap_or_default().cpu_seconds;
         let servers0 = CpuSnapshot::take();
         let lsn0 = current_lsn(&self.sql).await?;
-        let written = workload::run(&self.workload(p, &tag, events, Some(self.args.rate))).await?;
+        let written = workload::run(&self.workload(p, &tag, events, Some(rate))).await?;
         let consumed = join(consumer, &mut daemon).await?;
         wait_all_sent(&self.sql, &p.table, Duration::from_secs(120)).await?;
         let lsn1 = current_lsn(&self.sql).await?;

@@ -27,6 +27,11 @@ pub(crate) enum BodyFieldsError {
 /// The values at `paths` in the JSON object `body`, in order; `None` where absent. Validates
 /// the whole body.
 pub(crate) fn read(body: &[u8], paths: &[&[&str]]) -> Result<Vec<Option<String>>, BodyFieldsError> {
+    // serde_json checks UTF-8 only in the strings it keeps, not in those it skips: a body
+    // with a stray byte in a skipped member would pass as JSON that is not.
+    if let Err(e) = std::str::from_utf8(body) {
+        return Err(BodyFieldsError::NotJson(format!("not UTF-8: {e}")));
+    }
     let mut found = vec![None; paths.len()];
     let wanted: Vec<(usize, &[&str])> = paths.iter().copied().enumerate().collect();
     let mut de = serde_json::Deserializer::from_slice(body);
@@ -255,6 +260,8 @@ mod tests {
             Err(BodyFieldsError::NotJson(_))
         ));
         assert!(matches!(bad(b""), Err(BodyFieldsError::NotJson(_))));
+        // A byte that is not UTF-8 in a member nobody reads is still not JSON.
+        assert!(matches!(bad(b"{\"pad\": \"\xf6\"}"), Err(BodyFieldsError::NotJson(_))));
     }
 
     /// Deep nesting is refused by serde_json's recursion limit, not a stack overflow.
