@@ -10,6 +10,7 @@ pub mod inbox;
 pub mod mysql;
 pub mod postgres;
 pub mod scenarios;
+pub mod toxiproxy;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
