@@ -4,6 +4,7 @@ use std::sync::Arc;
 use mysql_async::prelude::Queryable;
 use mysql_async::{ClientIdentity, Conn, Opts, OptsBuilder, Row, SslOpts, Value};
 use openssl::pkcs12::Pkcs12;
+use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
 use openssl::stack::Stack;
 use outboxd_connector::{
     CheckReport, Connector, ConnectorError, Engine, ErrorReason, OutboxLayout, ReadMode,
@@ -12,6 +13,7 @@ use outboxd_connector::{
 use outboxd_connector_kit::tls::{self, read_file, root_certificates, Roots, TlsUse, Verification};
 use outboxd_connector_kit::TlsPolicy;
 
+use crate::guard::{Channel, Guard, GuardError, GuardTls, Target};
 use crate::log::stream::MysqlChangeStream;
 use crate::schema::{split_qualified, table_ident};
 use crate::store::inbox::MysqlInboxStore;
@@ -37,23 +39,52 @@ pub struct MysqlConnector {
 #[derive(Clone)]
 pub(crate) struct MysqlTls {
     pub(crate) policy: TlsPolicy,
+    /// `source.allow_insecure_password`: no password guard.
+    allow_insecure_password: bool,
     /// PEM of `sslrootcert`.
     roots: Option<Vec<u8>>,
     /// `sslcert` + `sslkey` as the PKCS#12 archive native-tls takes (no password).
     identity: Option<Vec<u8>>,
+    /// The OpenSSL settings of the password guard's TLS (unverified TLS with the guard:
+    /// see [`crate::guard`]); built once, as loading them reads the system's CA bundle.
+    guard_tls: Option<SslConnector>,
 }
 
 impl std::fmt::Debug for MysqlTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MysqlTls")
             .field("policy", &self.policy)
+            .field("allow_insecure_password", &self.allow_insecure_password)
             .finish_non_exhaustive()
     }
+}
+
+/// How one connection attempt reaches the server.
+#[derive(Clone, Debug)]
+enum Route {
+    /// mysql_async connects itself, with these TLS options (none: plain TCP), and may
+    /// send the password whichever way the server asks: the server is verified, or the
+    /// config allows it.
+    Direct {
+        ssl: Option<SslOpts>,
+        cleartext: bool,
+    },
+    /// Through the password guard (the channel is not verified).
+    Guarded(GuardTls),
 }
 
 impl MysqlTls {
     fn new(config: &MysqlConfig) -> Result<Self, ConnectorError> {
         let policy = TlsPolicy::from_options(config.tls_options())?;
+        let allow_insecure_password = config.allow_insecure_password;
+        let guard_tls = if !allow_insecure_password
+            && policy.verify == Verification::None
+            && policy.tls != TlsUse::Off
+        {
+            Some(guard_connector(&policy)?)
+        } else {
+            None
+        };
         let roots = match &policy.roots {
             Roots::File(path) if policy.verify != Verification::None => {
                 // Checked here, with errors that name the key; the driver reads the file.
@@ -89,9 +120,37 @@ impl MysqlTls {
         };
         Ok(Self {
             policy,
+            allow_insecure_password,
             roots,
             identity,
+            guard_tls,
         })
+    }
+
+    /// The route of a connection without TLS.
+    fn plain_route(&self) -> Route {
+        if self.allow_insecure_password {
+            Route::Direct {
+                ssl: None,
+                cleartext: true,
+            }
+        } else {
+            Route::Guarded(GuardTls::Off)
+        }
+    }
+
+    /// The route of a connection with TLS (`tls`: required, or if offered).
+    fn tls_route(&self, tls: GuardTls) -> Route {
+        if self.allow_insecure_password || self.policy.verify != Verification::None {
+            // mysql_async verifies the certificate, or the config allows what it sends:
+            // any plugin, the cleartext one too (PAM, LDAP).
+            Route::Direct {
+                ssl: Some(self.ssl_opts()),
+                cleartext: true,
+            }
+        } else {
+            Route::Guarded(tls)
+        }
     }
 
     /// mysql_async's TLS options for this policy (native-tls, the system OpenSSL).
@@ -114,6 +173,25 @@ impl MysqlTls {
             Verification::ChainAndHost => opts,
         }
     }
+}
+
+/// The OpenSSL settings of the guard's TLS: nothing verified (the guard serves only
+/// unverified TLS), the client certificate presented.
+fn guard_connector(policy: &TlsPolicy) -> Result<SslConnector, ConnectorError> {
+    let openssl = |e: openssl::error::ErrorStack| {
+        ConnectorError::definite("cannot initialise OpenSSL").with_source(e)
+    };
+    let mut builder = SslConnector::builder(SslMethod::tls_client()).map_err(openssl)?;
+    builder.set_verify(SslVerifyMode::NONE);
+    if let Some(client) = &policy.client {
+        let identity = tls::ClientIdentity::load(client)?;
+        builder.set_certificate(&identity.leaf).map_err(openssl)?;
+        for extra in identity.chain {
+            builder.add_extra_chain_cert(extra).map_err(openssl)?;
+        }
+        builder.set_private_key(&identity.key).map_err(openssl)?;
+    }
+    Ok(builder.build())
 }
 
 impl MysqlConnector {
@@ -211,64 +289,145 @@ impl MysqlConnector {
     }
 
     /// An ordinary SQL connection in UTC with utf8mb4, TLS per the config's TLS keys. The
-    /// binlog stream and the pipeline lock are opened through it too.
+    /// binlog stream and the pipeline lock are opened through it too. Over a channel
+    /// whose server is not verified it goes through the password guard (`guard`), unless
+    /// `source.allow_insecure_password`.
     pub async fn sql_conn(&self) -> Result<Conn, ConnectorError> {
-        let tls = || Some(self.tls.ssl_opts());
         match self.tls.policy.tls {
-            TlsUse::Off => self.connect(None).await,
-            TlsUse::Required => self.connect(tls()).await.map_err(|e| {
-                if e.reason() != ErrorReason::TlsUnavailable {
-                    e
-                } else if e.is_transient() {
-                    // The handshake failed: under a verifying mode, the certificate.
-                    if self.tls.policy.verify == Verification::None {
+            TlsUse::Off => self.connect(self.tls.plain_route()).await,
+            TlsUse::Required => self
+                .connect(self.tls.tls_route(GuardTls::Required))
+                .await
+                .map_err(|e| {
+                    if e.reason() != ErrorReason::TlsUnavailable {
                         e
+                    } else if e.is_transient() {
+                        // The handshake failed: under a verifying mode, the certificate.
+                        if self.tls.policy.verify == Verification::None {
+                            e
+                        } else {
+                            let context = format!("connecting to MySQL at {}", self.endpoint());
+                            let cause = e.to_string();
+                            let cause = cause
+                                .strip_prefix(&format!("{context}: "))
+                                .unwrap_or(&cause);
+                            self.tls.policy.verification_failed(&context, cause)
+                        }
                     } else {
-                        let context = format!("connecting to MySQL at {}", self.endpoint());
-                        let cause = e.to_string();
-                        let cause = cause
-                            .strip_prefix(&format!("{context}: "))
-                            .unwrap_or(&cause);
-                        self.tls.policy.verification_failed(&context, cause)
+                        self.tls.policy.downgrade_refused(&format!(
+                            "connecting to MySQL at {}",
+                            self.endpoint()
+                        ))
                     }
-                } else {
-                    self.tls
-                        .policy
-                        .downgrade_refused(&format!("connecting to MySQL at {}", self.endpoint()))
-                }
-            }),
+                }),
             // libpq's `prefer`: TLS when the server offers it (and the handshake works),
             // plain TCP otherwise.
-            TlsUse::IfOffered => match self.connect(tls()).await {
-                Err(e) if e.reason() == ErrorReason::TlsUnavailable => {
-                    tracing::debug!(error = %e, "server offers no TLS; connecting without");
-                    self.connect(None).await
+            TlsUse::IfOffered => {
+                match self.connect(self.tls.tls_route(GuardTls::IfOffered)).await {
+                    Err(e) if e.reason() == ErrorReason::TlsUnavailable => {
+                        tracing::debug!(error = %e, "server offers no TLS; connecting without");
+                        self.connect(self.tls.plain_route()).await
+                    }
+                    other => other,
                 }
-                other => other,
-            },
+            }
         }
     }
 
-    async fn connect(&self, ssl: Option<SslOpts>) -> Result<Conn, ConnectorError> {
+    async fn connect(&self, route: Route) -> Result<Conn, ConnectorError> {
         let context = format!("connecting to MySQL at {}", self.endpoint());
-        let opts: Opts = OptsBuilder::default()
-            .ip_or_hostname(self.config.host.clone())
-            .tcp_port(self.config.port)
+        let builder = OptsBuilder::default()
             .user(Some(self.config.user.clone()))
             .pass(self.config.password.as_ref().map(|p| p.expose().to_owned()))
             .db_name(Some(self.config.database.clone()))
             .prefer_socket(false)
             .tcp_nodelay(true)
             .stmt_cache_size(Some(32))
-            .ssl_opts(ssl)
-            .setup(vec!["SET NAMES utf8mb4, time_zone = '+00:00'"])
-            .into();
-        match tokio::time::timeout(self.config.connect_timeout, Conn::new(opts)).await {
-            Ok(result) => result.map_err(|e| classify(&e, &context)),
-            Err(_) => Err(ConnectorError::transient(format!(
+            // mysql_old_password's hash is as good as the password: never (the default,
+            // stated).
+            .secure_auth(true)
+            .setup(vec!["SET NAMES utf8mb4, time_zone = '+00:00'"]);
+        let (builder, guard) = match route {
+            Route::Direct { ssl, cleartext } => (
+                builder
+                    .ip_or_hostname(self.config.host.clone())
+                    .tcp_port(self.config.port)
+                    .ssl_opts(ssl)
+                    .enable_cleartext_plugin(cleartext),
+                None,
+            ),
+            Route::Guarded(tls) => {
+                let guard = Guard::start(Target {
+                    host: self.config.host.clone(),
+                    port: self.config.port,
+                    tls,
+                    connector: self.tls.guard_tls.clone(),
+                })
+                .await
+                .map_err(|e| self.guard_error(e, &context))?;
+                let builder = builder
+                    .ip_or_hostname(guard.address())
+                    .tcp_port(guard.port())
+                    .connect_attributes(guard.attributes())
+                    // Plain TCP to the guard, which does the TLS; cleartext never.
+                    .ssl_opts(None)
+                    .enable_cleartext_plugin(false);
+                (builder, Some(guard))
+            }
+        };
+        let opts: Opts = builder.into();
+        let result = tokio::time::timeout(self.config.connect_timeout, Conn::new(opts)).await;
+        let error = match result {
+            // The guard, if any, relays the connection for its life.
+            Ok(Ok(conn)) => return Ok(conn),
+            Ok(Err(e)) => classify(&e, &context),
+            Err(_) => ConnectorError::transient(format!(
                 "{context}: timed out after {:?}",
                 self.config.connect_timeout
-            ))),
+            )),
+        };
+        // The guard's reason, when it ended the connection, says more than the client's
+        // "connection closed".
+        match guard.and_then(Guard::failed) {
+            Some(e) => Err(self.guard_error(e, &context)),
+            None => Err(error),
+        }
+    }
+
+    /// The error of a guarded connection, as the rest of the connector classifies them.
+    fn guard_error(&self, e: GuardError, context: &str) -> ConnectorError {
+        let policy = &self.tls.policy;
+        match e {
+            GuardError::Refused { exposing, channel } => {
+                let channel = match channel {
+                    Channel::Plain => "a connection without TLS".to_owned(),
+                    Channel::UnverifiedTls => format!(
+                        "TLS whose certificate is not verified (sslmode={})",
+                        policy.mode
+                    ),
+                };
+                ConnectorError::definite(format!(
+                    "{context}: the server asks to authenticate with {}, {}, over {channel}; \
+                     refused, since whoever poses as the server would learn the password. \
+                     Verify the server (source.sslmode = \"verify-full\", or \"verify-ca\" with \
+                     source.sslrootcert), or give the user mysql_native_password or a client \
+                     certificate (source.sslcert), or set source.allow_insecure_password = \
+                     true to send it anyway",
+                    exposing.plugin(),
+                    exposing.how(),
+                ))
+            }
+            GuardError::NoTls => policy.downgrade_refused(context),
+            // As a failed handshake of mysql_async's: `prefer` connects without TLS.
+            GuardError::Handshake(cause) => {
+                ConnectorError::transient(format!("{context}: TLS handshake failed"))
+                    .with_reason(ErrorReason::TlsUnavailable)
+                    .with_source(cause)
+            }
+            GuardError::Server(cause) => ConnectorError::transient(context).with_source(cause),
+            other @ (GuardError::Malformed(_) | GuardError::Stranger | GuardError::Local(_)) => {
+                ConnectorError::transient(format!("{context}: {other}"))
+            }
         }
     }
 

@@ -47,6 +47,14 @@ pub struct MysqlConfig {
     /// PEM file of the client certificate's private key (unencrypted).
     #[serde(default)]
     pub sslkey: Option<PathBuf>,
+    /// Authenticate with caching_sha2_password or mysql_clear_password over a channel
+    /// whose certificate is not verified (or without TLS). Off: such a server is refused
+    /// before the password is sent, since whoever poses as it would learn the password
+    /// (caching_sha2_password's full authentication sends it in clear inside TLS, or
+    /// encrypted with a key the server supplies). mysql_native_password never reveals it
+    /// and is always allowed. The PostgreSQL key of the same name is the model.
+    #[serde(default)]
+    pub allow_insecure_password: bool,
     /// Time allowed to establish a connection.
     #[serde(
         default = "outboxd_connector_kit::config::default_connect_timeout",

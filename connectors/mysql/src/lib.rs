@@ -4,8 +4,11 @@
 //! engines share lives in `outboxd-connector-kit`:
 //!
 //! - `config`: [`MysqlConfig`], the `[source]` section.
-//! - `client`: [`MysqlConnector`], SQL connections (TLS through native-tls) and the
-//!   classification of server errors into transient and definite ones.
+//! - `client`: [`MysqlConnector`], SQL connections (verified TLS through native-tls) and
+//!   the classification of server errors into transient and definite ones.
+//! - `guard`: the password guard, between mysql_async and a server that is not verified
+//!   (no TLS, or TLS it holds itself): refuses caching_sha2_password and the cleartext
+//!   plugin there, before the client could send the password.
 //! - `setup/`: `init` (tables, starting checkpoint; poll mode: its index), `check`, and
 //!   the checkpoint reset of `recover`.
 //! - `log/`: the log tail. `log::position` is the binlog coordinate ([`BinlogPosition`])
@@ -31,6 +34,7 @@ mod config;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
+mod guard;
 mod log;
 mod schema;
 mod setup;

@@ -29,6 +29,7 @@ pub fn config() -> MysqlConfig {
         sslrootcert: None,
         sslcert: None,
         sslkey: None,
+        allow_insecure_password: false,
         connect_timeout: Duration::from_secs(10),
         heartbeat: Duration::from_secs(1),
     }
