@@ -6,6 +6,9 @@
 //!   not yet show.)
 //! - A zombie: a second producer with the pipeline's `transactional.id` fences the first;
 //!   the first's open transaction is aborted (never seen) and its commit fails.
+//! - Issue 26: a positions topic shared with another pipeline whose transaction stays open
+//!   on it: a session start does not wait for that transaction, except for its own record
+//!   past it.
 
 mod common;
 
@@ -195,6 +198,103 @@ async fn a_zombie_is_fenced_and_its_open_transaction_is_never_seen() {
         sink().committed_position().await.expect("start"),
         Some(position(20))
     );
+}
+
+/// Issue 26: pipelines may share one `kafka.positions_topic`. Another pipeline's open
+/// transaction there (one record written, no commit: a producer that died mid-commit, or
+/// simply a busy one) holds the partition's last stable offset below its high watermark
+/// until that transaction ends, up to its `transaction.timeout.ms`. A session start finds
+/// its own position without waiting for it, unless its own last record lies past that
+/// transaction: then it waits for it (a `read_committed` read cannot see the record yet,
+/// and stopping short would take an older position and send committed records again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_positions_topic_does_not_wait_for_another_pipelines_transaction() {
+    use rdkafka::config::ClientConfig;
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    use std::time::Instant;
+
+    let suffix: u32 = rand_suffix();
+    let positions = format!("it.positions_shared_{suffix}");
+    let config = KafkaConfig {
+        bootstrap_servers: kafka(),
+        topic_template: format!("it.shared_{suffix}"),
+        message_timeout: Duration::from_secs(10),
+        options: BTreeMap::new(),
+        allowed_topics: Vec::new(),
+        sasl_password_file: None,
+        ssl_key_password_file: None,
+        cloudevents: None,
+        transactional_id: Some(format!("it-shared-{suffix}")),
+        positions_topic: Some(positions.clone()),
+    };
+    let sink = || {
+        KafkaSink::new(&config, "shared", true, 64 << 20)
+            .and_then(|s| s.transactional(&config))
+            .expect("transactional sink")
+    };
+    let position = |n: u128| CommittedPosition {
+        position: Position::new(n, format!("lsn:0/{n:X}")),
+        checkpoint: None,
+    };
+
+    // This pipeline commits a position (its first start creates the positions topic).
+    let first = sink();
+    assert_eq!(first.committed_position().await.expect("start"), None);
+    first.commit(&position(10)).await.expect("commit");
+
+    // Another pipeline, sharing the topic, leaves a transaction open on it for 120 s.
+    let other_id = format!("it-shared-other-{suffix}");
+    let other: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", kafka())
+        .set("transactional.id", &other_id)
+        .set("transaction.timeout.ms", "120000")
+        .create()
+        .expect("other pipeline's producer");
+    other
+        .init_transactions(Duration::from_secs(30))
+        .expect("init_transactions");
+    other.begin_transaction().expect("begin");
+    other
+        .send(
+            BaseRecord::to(&positions)
+                .key(&other_id)
+                .payload(r#"{"position":{"ordinal":"7","text":"lsn:0/7"},"checkpoint":null}"#),
+        )
+        .map_err(|(e, _)| e)
+        .expect("send");
+    other.flush(Duration::from_secs(30)).expect("flush");
+
+    // A session start of this pipeline finds its position promptly.
+    let second = sink();
+    let started = Instant::now();
+    let found = tokio::time::timeout(Duration::from_secs(10), second.committed_position())
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the session start still waits after {:?} for the other pipeline's open \
+                 transaction",
+                started.elapsed()
+            )
+        })
+        .expect("start");
+    assert_eq!(found, Some(position(10)));
+
+    // This pipeline's next position lies past the other's open transaction: a start must
+    // not stop short of it (position 10 would send committed records again); it waits
+    // until that transaction ends (here aborted after 3 s).
+    second.commit(&position(20)).await.expect("commit");
+    let ender = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(3));
+        other
+            .abort_transaction(Duration::from_secs(30))
+            .expect("abort");
+    });
+    let found = tokio::time::timeout(Duration::from_secs(25), sink().committed_position())
+        .await
+        .expect("a start once the other transaction is over")
+        .expect("start");
+    assert_eq!(found, Some(position(20)));
+    ender.join().expect("abort thread");
 }
 
 fn rand_suffix() -> u32 {

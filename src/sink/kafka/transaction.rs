@@ -18,6 +18,17 @@
 //!   producer whose `init_transactions` fences any older one with the same id (an
 //!   instance that lost the log but still runs: its commit fails) and aborts what that one
 //!   left open.
+//! - Pipelines may share one positions topic (each reads only its own key). A
+//!   `read_committed` read stops at the last stable offset, which another pipeline's open
+//!   transaction holds back, up to that pipeline's `transaction.timeout.ms` when it died
+//!   between its position record and its commit. Waiting for the high watermark would
+//!   stall every session start that long (issue 26); stopping at the stable offset alone
+//!   is not sound either: this pipeline's last record may lie past that transaction,
+//!   committed but not yet visible, and an older position would send committed records
+//!   again. So after `init_transactions` (no record of this pipeline is undecided, and
+//!   none is added until the session sends) the reader looks past the stable offset with
+//!   `read_uncommitted`: without a record of its own there, what it read is complete;
+//!   with one, it waits until the stable offset passes it (see [`read_position`]).
 //!
 //! Retries of FAILED rows (the claim worker) and `recover` use an ordinary producer: their
 //! records are at least once.
@@ -370,8 +381,9 @@ fn decode(value: &[u8]) -> Option<CommittedPosition> {
     })
 }
 
-/// The last position committed under `key`: every partition of `topic` read to its end
-/// with `read_committed` (records of aborted transactions are never seen).
+/// The last position committed under `key`: every partition of `topic` read with
+/// `read_committed` (records of aborted transactions are never seen) to its last stable
+/// offset, or further when a record under `key` lies past it (see the module doc).
 fn read_position(
     reader: &ClientConfig,
     topic: &str,
@@ -389,12 +401,16 @@ fn read_position(
         .set("fetch.wait.max.ms", "10")
         .create_with_context(PositionReader)
         .map_err(|e| format!("cannot create a Kafka consumer: {e}"))?;
-    // The high watermark as a read_uncommitted client sees it: a read_committed one is
-    // told the last stable offset instead, which an open transaction holds back.
+    // Reads past the last stable offset, which an open transaction holds back: records
+    // of open and aborted transactions included, up to the high watermark.
     let probe: BaseConsumer<PositionReader> = reader
         .clone()
         .set("group.id", format!("{key}.position-reader"))
+        .set("enable.auto.commit", "false")
         .set("isolation.level", "read_uncommitted")
+        .set("enable.partition.eof", "true")
+        .set("auto.offset.reset", "earliest")
+        .set("fetch.wait.max.ms", "10")
         .create_with_context(PositionReader)
         .map_err(|e| format!("cannot create a Kafka consumer: {e}"))?;
     let metadata = consumer
@@ -417,12 +433,18 @@ fn read_position(
     consumer.assign(&assignment).map_err(|e| e.to_string())?;
     let deadline = Instant::now() + CALL_TIMEOUT;
     let mut at_end = std::collections::HashSet::new();
+    // Per partition: one past this pipeline's last record, committed or not.
+    let mut own_end = std::collections::HashMap::new();
     let mut last: Option<(i64, CommittedPosition)> = None;
     while at_end.len() < partitions {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(format!(
-                "reading the positions topic {topic} did not reach its end within {CALL_TIMEOUT:?}"
+                "reading the positions topic {topic} did not reach its end within \
+                 {CALL_TIMEOUT:?}; when this pipeline's last record lies past a Kafka \
+                 transaction still open on the topic (another producer's, sharing it), it \
+                 is read once that transaction ends (the broker aborts it after that \
+                 producer's transaction.timeout.ms)"
             ));
         }
         match consumer.poll(left.min(Duration::from_millis(500))) {
@@ -447,21 +469,32 @@ fn read_position(
             Some(Err(KafkaError::PartitionEOF(p))) => {
                 // read_committed stops at the last stable offset: a transaction still
                 // open on this partition (another pipeline's, when the topic is shared)
-                // hides what follows it. The end counts once the stable offset is the
-                // high watermark; until then, keep reading.
-                let (low, high) = probe
-                    .fetch_watermarks(topic, p, Duration::from_secs(5))
-                    .map_err(|e| format!("reading the watermarks of {topic}/{p}: {e}"))?;
+                // hides what follows it. Past it, only this pipeline's own records matter
+                // (see the module doc): the end counts once the stable offset has passed
+                // the last of them, found once with read_uncommitted.
                 // Nothing fetched yet (an empty partition): the position is not an offset.
-                let stable = match consumer
+                let stable = consumer
                     .position()
                     .ok()
-                    .and_then(|list| list.find_partition(topic, p).map(|tp| tp.offset()))
-                {
+                    .and_then(|list| list.find_partition(topic, p).map(|tp| tp.offset()));
+                let stable = match stable {
                     Some(Offset::Offset(n)) => n,
-                    _ => low,
+                    _ => {
+                        probe
+                            .fetch_watermarks(topic, p, Duration::from_secs(5))
+                            .map_err(|e| format!("reading the watermarks of {topic}/{p}: {e}"))?
+                            .0
+                    }
                 };
-                if stable >= high {
+                let end = match own_end.get(&p) {
+                    Some(end) => *end,
+                    None => {
+                        let end = own_records_end(&probe, topic, p, stable, key, deadline)?;
+                        own_end.insert(p, end);
+                        end
+                    }
+                };
+                if stable >= end {
                     at_end.insert(p);
                 } else {
                     std::thread::sleep(Duration::from_millis(50));
@@ -472,6 +505,57 @@ fn read_position(
         }
     }
     Ok(last.map(|(_, committed)| committed))
+}
+
+/// One past the offset of the last record keyed `key` in `topic`/`partition` at or after
+/// `from` (`from` itself when there is none), read with `read_uncommitted`: records of
+/// transactions still open or aborted included. Called after `init_transactions`, when no
+/// record under `key` is added, so the partition's end at this read bounds them all.
+fn own_records_end(
+    probe: &BaseConsumer<PositionReader>,
+    topic: &str,
+    partition: i32,
+    from: i64,
+    key: &str,
+    deadline: Instant,
+) -> Result<i64, String> {
+    let (_, high) = probe
+        .fetch_watermarks(topic, partition, Duration::from_secs(5))
+        .map_err(|e| format!("reading the watermarks of {topic}/{partition}: {e}"))?;
+    if from >= high {
+        return Ok(from);
+    }
+    let mut assignment = TopicPartitionList::new();
+    assignment
+        .add_partition_offset(topic, partition, Offset::Offset(from))
+        .map_err(|e| e.to_string())?;
+    probe.assign(&assignment).map_err(|e| e.to_string())?;
+    let mut end = from;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!(
+                "reading the positions topic {topic} past its last stable offset did not \
+                 reach its end within {CALL_TIMEOUT:?}"
+            ));
+        }
+        match probe.poll(left.min(Duration::from_millis(500))) {
+            Some(Ok(message)) => {
+                if message.key() == Some(key.as_bytes()) {
+                    end = end.max(message.offset() + 1);
+                }
+                if message.offset() + 1 >= high {
+                    break;
+                }
+            }
+            // The end, past `high` or at it (a transaction marker is the last offset).
+            Some(Err(KafkaError::PartitionEOF(_))) => break,
+            Some(Err(e)) => return Err(format!("reading the positions topic {topic}: {e}")),
+            None => {}
+        }
+    }
+    probe.unassign().map_err(|e| e.to_string())?;
+    Ok(end)
 }
 
 #[cfg(test)]
