@@ -103,7 +103,8 @@ struct StoreState {
 }
 
 /// An outbox table and checkpoint row in memory, with the write-back rules of the
-/// contract (SUCCESS only from INIT or FAILED, FAILED only from INIT, checkpoint forward).
+/// contract (SUCCESS only from INIT, FAILED or MANUAL_REQUIRED, FAILED only from INIT —
+/// or from SUCCESS under exactly-once —, checkpoint forward).
 #[derive(Default)]
 pub(crate) struct MemoryStore {
     state: Mutex<StoreState>,
@@ -220,23 +221,33 @@ impl OutboxStore for MemoryStore {
                 }
             }
         }
+        // From INIT, and under exactly-once from SUCCESS too (an aborted window's
+        // write-back): see `WriteBack::replace_positions`.
+        let failable = |row: &&mut Row| {
+            row.status == "INIT" || (batch.replace_positions && row.status == "SUCCESS")
+        };
         for f in batch.failed {
-            if let Some(row) = state.rows.get_mut(&f.id).filter(|r| r.status == "INIT") {
+            if let Some(row) = state.rows.get_mut(&f.id).filter(failable) {
                 row.status = "FAILED";
+                row.retry_count += 1;
                 row.last_error = Some(f.error.clone());
                 row.due_at = Some(Instant::now() + f.retry_delay);
+                row.offset = None;
             }
         }
         for p in batch.parked {
-            if let Some(row) = state.rows.get_mut(&p.id).filter(|r| r.status == "INIT") {
+            if let Some(row) = state.rows.get_mut(&p.id).filter(failable) {
                 row.status = "FAILED";
                 row.last_error = Some(p.reason.clone());
+                row.due_at = Some(Instant::now());
+                row.offset = None;
             }
         }
         for r in batch.rejected {
-            if let Some(row) = state.rows.get_mut(&r.id).filter(|r| r.status == "INIT") {
+            if let Some(row) = state.rows.get_mut(&r.id).filter(failable) {
                 row.status = "MANUAL_REQUIRED";
                 row.last_error = Some(r.reason.clone());
+                row.offset = None;
             }
         }
         if let Some(position) = batch.checkpoint {

@@ -1234,3 +1234,77 @@ async fn exactly_once_fences_the_old_instance_before_reading_the_checkpoint() {
     );
     assert_no_violations(&confirmed);
 }
+
+/// Issue 26, finding 1. Exactly-once under strict ordering: a window holds row 1 (key K,
+/// acknowledged) and row 2 (K, refused before it was sent: MANUAL_REQUIRED); its
+/// write-back shows 1 SUCCESS and 2 MANUAL_REQUIRED, then the Kafka commit fails, so row
+/// 1's record is in an aborted transaction. The next session holds K back (row 2) and
+/// parks row 1 when it reads it again: the park must take the SUCCESS row (its record was
+/// never committed), or row 1 stays SUCCESS with the offset of an aborted record while
+/// the committed position moves past it, and a `read_committed` consumer never sees it.
+/// Parked, row 1 is the earliest row of K in trouble, so the claim worker sends it first.
+#[tokio::test]
+async fn exactly_once_parks_a_row_whose_success_was_in_an_aborted_transaction() {
+    let h = Harness::exactly_once();
+    let (mut link, _keys) = link();
+    h.store.insert(&[(1, "K"), (2, "K"), (3, "L")]);
+    let refused = || {
+        let mut bad = event(2, "K");
+        bad.rejected = Some("cannot be published: column `message_type` is NULL".into());
+        bad
+    };
+
+    // Session 1: the write-back happens, the commit fails.
+    h.sink.fail_commits(true);
+    let (_stop, shutdown) = watch::channel(false);
+    let (mut stream, log, _) = MemoryStream::new(Arc::clone(&h.store));
+    log.commit(10, vec![event(1, "K"), refused()]);
+    let error = h
+        .session(&mut stream, &mut link, shutdown)
+        .await
+        .expect_err("the commit fails");
+    assert!(matches!(error, PipelineError::SinkFailed(_)), "{error}");
+    assert_eq!(
+        [1, 2].map(|id| h.store.status(id)),
+        ["SUCCESS", "MANUAL_REQUIRED"],
+        "written back before the commit that failed"
+    );
+    assert!(h.sink.committed_ids().is_empty());
+
+    // Session 2: the log is read again from the committed position (none).
+    h.sink.fail_commits(false);
+    let (stop, shutdown) = watch::channel(false);
+    let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
+    let driver = async {
+        log.commit(10, vec![event(1, "K"), refused()]);
+        log.commit(20, vec![event(3, "L")]);
+        wait_until("20 committed", || {
+            h.sink.last_committed_position() == Some(lsn(20))
+        })
+        .await;
+        stop.send_replace(true);
+    };
+    let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
+    result.unwrap();
+    assert_no_violations(&confirmed);
+    let committed = h.sink.committed_ids();
+    for id in 1..=3 {
+        assert!(
+            h.store.status(id) != "SUCCESS" || committed.contains(&id),
+            "row {id} is SUCCESS but its record is in no committed transaction \
+             (committed: {committed:?}); the position moved past it, so it is lost"
+        );
+    }
+    let row = h.store.row(1).expect("row 1");
+    assert_eq!(row.status, "FAILED", "parked behind row 2");
+    assert!(
+        row.last_error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("parked: an earlier event of biz_key `K`")),
+        "{:?}",
+        row.last_error
+    );
+    assert_eq!(row.offset, None, "no offset of an aborted record");
+    assert_eq!(h.store.status(2), "MANUAL_REQUIRED");
+    assert_eq!(committed, [3]);
+}

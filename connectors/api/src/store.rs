@@ -50,21 +50,28 @@ pub struct WriteBack<'a> {
     /// Rows to mark SUCCESS with `sent_at = now()` and where they landed.
     pub delivered: &'a [Delivered],
     /// Rows to mark FAILED (or MANUAL_REQUIRED when `retry_count + 1` reaches
-    /// `max_retry_count`), with `last_error` and `next_retry_time`.
+    /// `max_retry_count`), with `last_error` and `next_retry_time`; only rows still INIT
+    /// (or SUCCESS, see `replace_positions`).
     pub failed: &'a [DeliveryFailure],
     /// Rows parked by strict ordering → FAILED, due now, `retry_count` unchanged,
-    /// `last_error` = the reason; only rows still INIT.
+    /// `last_error` = the reason; only rows still INIT (or SUCCESS, see
+    /// `replace_positions`).
     pub parked: &'a [ParkedEvent],
     /// Rows that cannot become events ([`crate::OutboxEvent::rejected`]) →
     /// MANUAL_REQUIRED, `next_retry_time` now (so they hold their key back),
-    /// `retry_count` unchanged, `last_error` = the reason; only rows still INIT.
+    /// `retry_count` unchanged, `last_error` = the reason; only rows still INIT (or
+    /// SUCCESS, see `replace_positions`).
     pub rejected: &'a [ParkedEvent],
     /// The position up to which every event is now delivered or failed and written back.
     pub checkpoint: Option<&'a Position>,
-    /// Exactly-once: `delivered` rows already SUCCESS take the new partition and offset
-    /// too. Such a row is one sent again after a crash between its write-back and the
-    /// commit of its Kafka transaction, which aborted: its old position names a record no
-    /// `read_committed` consumer sees.
+    /// Exactly-once: the rows' SUCCESS may be an aborted window's. `delivered` rows
+    /// already SUCCESS take the new partition and offset too: such a row is one sent
+    /// again after a crash between its write-back and the commit of its Kafka
+    /// transaction, which aborted, so its old position names a record no
+    /// `read_committed` consumer sees. For the same reason `failed`, `parked` and
+    /// `rejected` rows already SUCCESS take their new status (their `sent_at`,
+    /// `kafka_partition` and `kafka_offset` cleared): a row read again that strict
+    /// ordering now holds back would otherwise stay SUCCESS with no committed record.
     pub replace_positions: bool,
 }
 
@@ -76,7 +83,8 @@ pub trait OutboxStore: Send + Sync {
     /// Idempotent, so a batch replayed after a crash is harmless: SUCCESS is written only
     /// to rows in INIT, FAILED or MANUAL_REQUIRED (an operator may park a row that was
     /// already on its way: the record is in Kafka, so SUCCESS is the truth), FAILED only
-    /// to rows in INIT, and the checkpoint never moves backward. Each statement covers the
+    /// to rows in INIT (and SUCCESS under [`WriteBack::replace_positions`]), and the
+    /// checkpoint never moves backward. Each statement covers the
     /// whole batch (one round trip per kind of update, never one per row).
     fn write_back(
         &self,

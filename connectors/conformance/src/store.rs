@@ -5,12 +5,12 @@
 use std::time::Duration;
 
 use outboxd_connector::{
-    Connector, Delivered, DeliveryFailure, OutboxStore, ReadMode, RowId, WriteBack,
+    Connector, Delivered, DeliveryFailure, OutboxStore, ParkedEvent, ReadMode, RowId, WriteBack,
     LAST_ERROR_MAX_CHARS,
 };
 
 use crate::support::{initialised, store};
-use crate::{Harness, NewRow, Table};
+use crate::{Harness, NewRow, Setup, Table};
 
 /// SUCCESS with where the record landed; FAILED with `retry_count + 1`, the error and
 /// the next retry time; MANUAL_REQUIRED at `max_retry_count`; a replayed batch changes
@@ -241,6 +241,141 @@ pub async fn a_success_row_takes_a_new_position_only_when_its_first_was_aborted<
         ("SUCCESS", Some(9)),
         "the resent record's position"
     );
+    drop(store);
+    h.cleanup().await;
+}
+
+/// Exactly-once's write-back of a window read again after its Kafka transaction aborted:
+/// a row the table shows SUCCESS there was written so before a commit that never
+/// happened, so with `replace_positions` a park, a failure or a rejection takes it (and
+/// its position, which names an aborted record, goes); at least once, SUCCESS is the
+/// truth and they do not. Rows in other states (FAILED, PROCESSING, MANUAL_REQUIRED) are
+/// not taken either way, and a replay changes nothing.
+pub async fn exactly_once_parks_and_fails_a_success_row_of_an_aborted_transaction<H: Harness>() {
+    let h: H = initialised("wb_aborted", ReadMode::Log).await;
+    let store = store(&h).await;
+    let ids = h.insert(&NewRow::keys(&["k", "k", "k"])).await;
+    let (parked, failed, rejected) = (ids[0], ids[1], ids[2]);
+    let last_attempt = h.insert(&[NewRow::keyed("m").max_retries(1)]).await[0];
+    let others = h.insert(&NewRow::keys(&["x", "y", "z"])).await;
+    h.set(&others[..1], &Setup::status("FAILED", Some(600)))
+        .await;
+    h.set(&others[1..2], &Setup::status("PROCESSING", None))
+        .await;
+    h.set(&others[2..], &Setup::status("MANUAL_REQUIRED", None))
+        .await;
+
+    let shown: Vec<Delivered> = [parked, failed, rejected, last_attempt]
+        .iter()
+        .zip(10..)
+        .map(|(&id, offset)| Delivered {
+            table: 0,
+            id,
+            partition: 1,
+            offset,
+        })
+        .collect();
+    store
+        .write_back(WriteBack {
+            delivered: &shown,
+            replace_positions: true,
+            ..WriteBack::default()
+        })
+        .await
+        .expect("the aborted window's write-back");
+    let failures: Vec<DeliveryFailure> = [failed, last_attempt]
+        .iter()
+        .map(|&id| DeliveryFailure {
+            table: 0,
+            id,
+            error: "refused".into(),
+            retry_delay: Duration::from_secs(30),
+        })
+        .collect();
+    let note = |id| ParkedEvent {
+        table: 0,
+        id,
+        reason: format!("note {id}"),
+    };
+    let parks: Vec<ParkedEvent> = std::iter::once(parked)
+        .chain(others.iter().copied())
+        .map(note)
+        .collect();
+    let rejections = [note(rejected)];
+    let batch = |replace_positions| WriteBack {
+        failed: &failures,
+        parked: &parks,
+        rejected: &rejections,
+        replace_positions,
+        ..WriteBack::default()
+    };
+
+    // At least once: SUCCESS stays.
+    store.write_back(batch(false)).await.expect("at least once");
+    for (&id, offset) in [parked, failed, rejected, last_attempt].iter().zip(10..) {
+        let row = h.row(id).await;
+        assert_eq!(
+            (row.status.as_str(), row.offset),
+            ("SUCCESS", Some(offset)),
+            "row {id}"
+        );
+    }
+
+    // Exactly-once, twice (the second a replay).
+    for _ in 0..2 {
+        store.write_back(batch(true)).await.expect("exactly-once");
+        let row = h.row(parked).await;
+        assert_eq!(
+            (row.status.as_str(), row.retry_count, row.last_error.clone()),
+            ("FAILED", 0, Some(format!("note {parked}"))),
+            "parked"
+        );
+        let due = row.next_retry_in.expect("due");
+        assert!(due <= 1.0, "a parked row is due now, not in {due}s");
+        let row = h.row(failed).await;
+        assert_eq!(
+            (
+                row.status.as_str(),
+                row.retry_count,
+                row.last_error.as_deref()
+            ),
+            ("FAILED", 1, Some("refused")),
+            "failed"
+        );
+        let due = row.next_retry_in.expect("due");
+        assert!((25.0..=31.0).contains(&due), "next retry in {due}s");
+        let row = h.row(last_attempt).await;
+        assert_eq!(
+            (row.status.as_str(), row.retry_count),
+            ("MANUAL_REQUIRED", 1),
+            "failed at its last attempt"
+        );
+        let row = h.row(rejected).await;
+        assert_eq!(
+            (row.status.as_str(), row.retry_count, row.last_error.clone()),
+            ("MANUAL_REQUIRED", 0, Some(format!("note {rejected}"))),
+            "rejected"
+        );
+        for id in [parked, failed, rejected, last_attempt] {
+            let row = h.row(id).await;
+            assert_eq!(
+                (row.sent, row.partition, row.offset),
+                (false, None, None),
+                "row {id} no longer names the aborted record"
+            );
+        }
+        for (&id, status) in others
+            .iter()
+            .zip(["FAILED", "PROCESSING", "MANUAL_REQUIRED"])
+        {
+            let row = h.row(id).await;
+            assert_eq!(
+                (row.status.as_str(), row.last_error),
+                (status, None),
+                "row {id} is not taken"
+            );
+        }
+    }
     drop(store);
     h.cleanup().await;
 }

@@ -465,6 +465,7 @@ outboxd_conformance::conformance_tests!(Maria;
     store::checkpoint_commits_with_the_batch_and_never_moves_backward,
     store::delivered_rows_are_found_for_a_transaction_read_again,
     store::a_success_row_takes_a_new_position_only_when_its_first_was_aborted,
+    store::exactly_once_parks_and_fails_a_success_row_of_an_aborted_transaction,
     stream::a_large_transaction_arrives_in_parts,
     store::open_store_without_tables_is_a_definite_error,
     claims::claim_takes_due_failed_rows_in_id_order,

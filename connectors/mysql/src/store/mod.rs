@@ -511,7 +511,7 @@ fn row_statements(
         2 * last_error_text(&f.error).len() + 160
     }) {
         let mut sql = String::new();
-        failed_sql(&mut sql, outbox, chunk);
+        failed_sql(&mut sql, outbox, chunk, batch.replace_positions);
         statements.push(sql);
     }
     // Parked rows become FAILED, rejected ones MANUAL_REQUIRED: due now, with the reason.
@@ -521,7 +521,7 @@ fn row_statements(
     ] {
         for chunk in size_chunks(rows, room, |p| 2 * last_error_text(&p.reason).len() + 100) {
             let mut sql = String::new();
-            noted_sql(&mut sql, outbox, chunk, status);
+            noted_sql(&mut sql, outbox, chunk, status, batch.replace_positions);
             statements.push(sql);
         }
     }
@@ -591,10 +591,31 @@ fn success_sql(
     });
 }
 
+/// The statuses a FAILED, parked or rejected row is written from: INIT, and with
+/// `replace_positions` ([`WriteBack::replace_positions`], exactly-once) SUCCESS too: such
+/// a row of a window read again was written SUCCESS before a Kafka commit that never
+/// happened. What such a row keeps of its SUCCESS goes ([`UNSENT`]): its position names
+/// an aborted record.
+fn failable(replace_positions: bool) -> &'static str {
+    if replace_positions {
+        "status IN ('INIT', 'SUCCESS')"
+    } else {
+        "status = 'INIT'"
+    }
+}
+
+/// The assignments that undo a SUCCESS (a no-op on an INIT row): see [`failable`].
+const UNSENT: &str = "sent_at = NULL, kafka_partition = NULL, kafka_offset = NULL";
+
 /// The FAILED update of `rows`: a single-table UPDATE, whose assignments MySQL evaluates
 /// left to right, so `status` is computed from the `retry_count` before its increment
 /// (MariaDB's SIMULTANEOUS_ASSIGNMENT mode gives the same result).
-fn failed_sql(sql: &mut String, outbox: &OutboxTable, rows: &[DeliveryFailure]) {
+fn failed_sql(
+    sql: &mut String,
+    outbox: &OutboxTable,
+    rows: &[DeliveryFailure],
+    replace_positions: bool,
+) {
     if rows.is_empty() {
         return;
     }
@@ -616,9 +637,10 @@ fn failed_sql(sql: &mut String, outbox: &OutboxTable, rows: &[DeliveryFailure]) 
          last_error = {errors}, \
          next_retry_time = LEAST(NOW(6) + INTERVAL ({delays}) * 1000 MICROSECOND, \
          TIMESTAMP'2038-01-19 03:14:07'), \
-         updated_at = NOW(6) \
-         WHERE {} IN ({ids}) AND status = 'INIT';",
-        outbox.names.id
+         updated_at = NOW(6), {UNSENT} \
+         WHERE {} IN ({ids}) AND {};",
+        outbox.names.id,
+        failable(replace_positions)
     );
 }
 
@@ -642,8 +664,16 @@ pub(crate) fn failure_cases<'a>(
     (errors, delays)
 }
 
-/// Rows parked behind an earlier event of their key: FAILED, due now, `retry_count` kept.
-fn noted_sql(sql: &mut String, outbox: &OutboxTable, rows: &[ParkedEvent], status: &str) {
+/// Rows parked behind an earlier event of their key (FAILED) or rejected
+/// (MANUAL_REQUIRED): due now, `retry_count` kept, with the reason; from the statuses of
+/// [`failable`].
+fn noted_sql(
+    sql: &mut String,
+    outbox: &OutboxTable,
+    rows: &[ParkedEvent],
+    status: &str,
+    replace_positions: bool,
+) {
     if rows.is_empty() {
         return;
     }
@@ -656,9 +686,10 @@ fn noted_sql(sql: &mut String, outbox: &OutboxTable, rows: &[ParkedEvent], statu
     let _ = writeln!(
         sql,
         "UPDATE {outbox} SET status = '{status}', next_retry_time = NOW(6), \
-         last_error = {reasons}, updated_at = NOW(6) \
-         WHERE {} IN ({ids}) AND status = 'INIT';",
-        outbox.names.id
+         last_error = {reasons}, updated_at = NOW(6), {UNSENT} \
+         WHERE {} IN ({ids}) AND {};",
+        outbox.names.id,
+        failable(replace_positions)
     );
 }
 
@@ -746,7 +777,7 @@ mod tests {
             error: "it's broken; DROP TABLE x".into(),
             retry_delay: Duration::from_millis(1500),
         }];
-        failed_sql(&mut sql, &table("outbox"), &rows);
+        failed_sql(&mut sql, &table("outbox"), &rows, false);
         assert!(!sql.contains("it's"), "{sql}");
         assert!(sql.contains("WHEN 7 THEN 1500"), "{sql}");
         assert!(sql.contains("WHERE `id` IN (7) AND status = 'INIT'"));

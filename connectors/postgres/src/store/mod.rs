@@ -376,12 +376,12 @@ impl PgOutboxStore {
             (
                 "FAILED write-back",
                 &sql.failed,
-                vec![int8s.clone(), texts.clone(), int8s.clone()],
+                vec![int8s.clone(), texts.clone(), int8s.clone(), Type::BOOL],
             ),
             (
                 "parked and rejected write-back",
                 &sql.parked,
-                vec![int8s.clone(), texts.clone(), texts.clone()],
+                vec![int8s.clone(), texts.clone(), texts.clone(), Type::BOOL],
             ),
             ("row lookup", &sql.exists, vec![int8s.clone()]),
             ("retry claim", &sql.claim[0][0], vec![Type::INT8]),
@@ -1161,16 +1161,24 @@ impl WriteBackRows {
             if self.f_ids.is_empty() {
                 return Ok(Vec::new());
             }
+            let replace = &self.replace_positions;
             client
-                .query(failed, &[&self.f_ids, &self.f_errors, &self.f_delays])
+                .query(
+                    failed,
+                    &[&self.f_ids, &self.f_errors, &self.f_delays, replace],
+                )
                 .await
         };
         let p = async {
             if self.p_ids.is_empty() {
                 return Ok(Vec::new());
             }
+            let replace = &self.replace_positions;
             client
-                .query(parked, &[&self.p_ids, &self.p_reasons, &self.p_statuses])
+                .query(
+                    parked,
+                    &[&self.p_ids, &self.p_reasons, &self.p_statuses, replace],
+                )
                 .await
         };
         let (s, f, p) = futures_util::try_join!(s, f, p)?;
@@ -1297,6 +1305,10 @@ impl Sql {
             format!("md5(random()::text || clock_timestamp()::text || o.{id}::text)::uuid")
         };
         let next_retry = |delay: &str| format!("now() + {delay} * interval '1 millisecond'");
+        // The statuses FAILED, parked and rejected rows are written from (see `failed`),
+        // and what they leave of a SUCCESS (NULL already on an INIT row).
+        let failable = "(o.status = 'INIT' OR ($4 AND o.status = 'SUCCESS'))";
+        let unsent = "sent_at = NULL, kafka_partition = NULL, kafka_offset = NULL";
         let failed_status = "CASE WHEN o.retry_count + 1 >= o.max_retry_count \
                              THEN 'MANUAL_REQUIRED' ELSE 'FAILED' END";
         let claim = |poll: bool, strict: bool| claim_sql(outbox, &names, &token, poll, strict);
@@ -1337,21 +1349,24 @@ impl Sql {
                 checkpoint_upsert("SELECT $5, $6, now() FROM n WHERE n.all_updated")
             ),
             success,
+            // From INIT, and under exactly-once ($4, `replace_positions`) from SUCCESS too:
+            // such a row of a window read again was written SUCCESS before a Kafka commit
+            // that never happened, and its position names an aborted record, so it goes.
             failed: format!(
                 "UPDATE {outbox} AS o SET retry_count = o.retry_count + 1, \
                  next_retry_time = {}, last_error = f.error, updated_at = now(), \
-                 status = {failed_status} \
+                 status = {failed_status}, {unsent} \
                  FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS f(id, error, delay_ms) \
-                 WHERE o.{id} = f.id AND o.status = 'INIT' RETURNING o.{id}::bigint",
+                 WHERE o.{id} = f.id AND {failable} RETURNING o.{id}::bigint",
                 next_retry("f.delay_ms")
             ),
             // Parked rows (FAILED) and rejected ones (MANUAL_REQUIRED): due now, with the
-            // reason, no attempt counted.
+            // reason, no attempt counted; from INIT, or SUCCESS as above.
             parked: format!(
                 "UPDATE {outbox} AS o SET status = p.status, next_retry_time = now(), \
-                 last_error = p.reason, updated_at = now() \
+                 last_error = p.reason, updated_at = now(), {unsent} \
                  FROM unnest($1::bigint[], $2::text[], $3::text[]) AS p(id, reason, status) \
-                 WHERE o.{id} = p.id AND o.status = 'INIT' RETURNING o.{id}::bigint"
+                 WHERE o.{id} = p.id AND {failable} RETURNING o.{id}::bigint"
             ),
             exists: format!("SELECT {id}::bigint FROM {outbox} WHERE {id} = ANY($1::bigint[])"),
             checkpoint: checkpoint_upsert("VALUES ($1, $2, now())"),
