@@ -54,11 +54,12 @@ struct Completed {
 }
 
 /// Outcomes a session collected and could not write back, carried to the next session of
-/// the same process (see [`Session::write_unwritten`]). Not delivery failures: see
-/// [`Session::take_unwritten`].
+/// the same process (see [`Session::write_unwritten`]). Delivery failures only under
+/// strict ordering: see [`Session::take_unwritten`].
 #[derive(Debug, Default)]
 pub(super) struct Unwritten {
     delivered: Vec<Delivered>,
+    failed: Vec<DeliveryFailure>,
     parked: Vec<ParkedEvent>,
     rejected: Vec<ParkedEvent>,
 }
@@ -68,12 +69,16 @@ impl Unwritten {
     /// in leaves both).
     pub(super) fn merge(&mut self, later: Unwritten) {
         self.delivered.extend(later.delivered);
+        self.failed.extend(later.failed);
         self.parked.extend(later.parked);
         self.rejected.extend(later.rejected);
     }
 
     fn is_empty(&self) -> bool {
-        self.delivered.is_empty() && self.parked.is_empty() && self.rejected.is_empty()
+        self.delivered.is_empty()
+            && self.failed.is_empty()
+            && self.parked.is_empty()
+            && self.rejected.is_empty()
     }
 }
 
@@ -1005,11 +1010,22 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             // have no status to write.
             return Unwritten::default();
         }
-        // Failures are not carried: such a row's retry may already be due, and the claim
-        // worker could send it while the transaction read again sends it too. Left INIT,
-        // it is sent again once, by the relay.
+        // Failures are carried only under strict ordering. There a parked row may be
+        // parked behind one of them, and carried alone it would be written FAILED and due
+        // while the failed row is still INIT: the claim worker, which takes a key's
+        // earliest row in trouble, would send it before the relay reads the failed row
+        // again. Written first, the failure holds its key back (the next session reads
+        // the blocked keys after writing what it carried), so the transaction read again
+        // parks the row instead of sending it next to the claim worker's retry. Without
+        // strict ordering nothing is parked behind a failure, and nothing would hold the
+        // failed row back when read again: left INIT, it is sent again once, by the relay.
+        let failed = match self.strict() {
+            true => std::mem::take(&mut self.failed),
+            false => Vec::new(),
+        };
         Unwritten {
             delivered: std::mem::take(&mut self.delivered),
+            failed,
             parked: std::mem::take(&mut self.parked),
             rejected: std::mem::take(&mut self.rejected),
         }
@@ -1017,9 +1033,11 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
 
     /// Writes the outcomes an earlier session of this process collected and could not
     /// write back, before anything is read: rows Kafka acknowledged become SUCCESS now
-    /// instead of being sent again when their transaction is read again. No checkpoint
-    /// moves: their transactions are read again and skip those rows
-    /// ([`Self::load_delivered_through`] runs after this).
+    /// instead of being sent again when their transaction is read again; failed, parked
+    /// and rejected rows take their status in the same database transaction, so a parked
+    /// row is never due before the failure it waits behind. No checkpoint moves: their
+    /// transactions are read again and skip those rows ([`Self::load_delivered_through`]
+    /// and [`Self::load_blocked_keys`] run after this).
     pub(super) async fn write_unwritten(
         &mut self,
         unwritten: &mut Unwritten,
@@ -1029,15 +1047,19 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         }
         let batch = WriteBack {
             delivered: &unwritten.delivered,
-            failed: &[],
+            failed: &unwritten.failed,
             parked: &unwritten.parked,
             rejected: &unwritten.rejected,
             checkpoint: None,
             replace_positions: false,
         };
         write_back_with_retries(self.store, batch).await?;
+        if !unwritten.failed.is_empty() || !unwritten.parked.is_empty() {
+            self.wake_worker.notify_one();
+        }
         tracing::info!(
             delivered = unwritten.delivered.len(),
+            failed = unwritten.failed.len(),
             rejected = unwritten.rejected.len(),
             parked = unwritten.parked.len(),
             "outcomes the previous session could not write back are written; those rows \

@@ -1308,3 +1308,81 @@ async fn exactly_once_parks_a_row_whose_success_was_in_an_aborted_transaction() 
     assert_eq!(h.store.status(2), "MANUAL_REQUIRED");
     assert_eq!(committed, [3]);
 }
+
+/// Issue 26, finding 3. Strict ordering: row 1 (key K) fails, row 2 (K) is parked behind
+/// it, and the write-back holding both fails (the database went away). The next session
+/// writes what the first could not before it reads: were row 2's park carried without
+/// row 1's failure, row 2 would be FAILED and due while row 1 is still INIT, and the
+/// claim worker (which takes a key's earliest row in trouble) would send 2 before the
+/// relay reads 1 again and parks it. Carried together, row 1 is FAILED first, holds K
+/// back when it is read again (so the relay does not send it a second time), and the
+/// claim worker sends 1, then 2.
+#[tokio::test(start_paused = true)]
+async fn a_carried_park_never_comes_due_before_the_failure_behind_it() {
+    let h = Harness::new(Duration::from_secs(5));
+    let (mut link, _keys) = link();
+    h.store.insert(&[(1, "K"), (2, "K")]);
+    h.sink.fail_id(1, FailureKind::Retryable);
+    let mut carried = Unwritten::default();
+
+    // Session 1: row 1 fails, row 2 is parked, and the database is down.
+    h.store.set_unavailable(true);
+    let (_stop, shutdown) = watch::channel(false);
+    let (mut stream, log, _) = MemoryStream::new(Arc::clone(&h.store));
+    log.commit(10, vec![event(1, "K")]);
+    log.commit(20, vec![event(2, "K")]);
+    let error = h
+        .session_carrying(&mut stream, &mut link, shutdown, &mut carried)
+        .await
+        .expect_err("the write-back fails");
+    assert!(error.is_transient(), "{error}");
+    assert_eq!(h.stats.parked.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!([1, 2].map(|id| h.store.status(id)), ["INIT", "INIT"]);
+
+    // Session 2: the database is back; the carried outcomes are written before it reads.
+    h.store.set_unavailable(false);
+    h.sink.heal();
+    let (stop, shutdown) = watch::channel(false);
+    let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
+    let driver = async {
+        wait_until("the carried outcomes written", || {
+            h.store.status(2) != "INIT"
+        })
+        .await;
+        assert_ne!(
+            h.store.status(1),
+            "INIT",
+            "row 2 is FAILED and due while row 1, before it, is INIT: the claim worker \
+             would send 2 before the relay reads 1 again"
+        );
+        log.commit(10, vec![event(1, "K")]);
+        log.commit(20, vec![event(2, "K")]);
+        wait_until("20 confirmed", || {
+            last_confirmed(&confirmed) == Some(lsn(20))
+        })
+        .await;
+        stop.send_replace(true);
+    };
+    let (result, ()) = tokio::join!(
+        h.session_carrying(&mut stream, &mut link, shutdown, &mut carried),
+        driver
+    );
+    result.unwrap();
+    assert_no_violations(&confirmed);
+    assert_eq!(
+        h.sink.sent_ids(),
+        [1],
+        "read again, row 1 waits for the claim worker instead of being sent twice"
+    );
+    let first = h.store.row(1).expect("row 1");
+    assert_eq!((first.status, first.retry_count), ("FAILED", 1));
+    assert!(
+        first
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("Retryable failure of row 1")),
+        "{:?}",
+        first.last_error
+    );
+    assert_eq!(h.store.status(2), "FAILED");
+}
