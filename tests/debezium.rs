@@ -863,3 +863,102 @@ async fn a_debezium_table_keeps_its_rows_once_init_adds_the_status_columns() {
     drop(daemon);
     p.cleanup().await;
 }
+
+/// Debezium's documented outbox table has no `tracingspancontext` (Debezium needs it only
+/// with tracing on): `check` passes and says once that events carry no trace context, and
+/// `run` relays every row (key `aggregateid`, header `id`, topic
+/// `outbox.event.<aggregatetype>`), each key in order. Before, `check` failed ("lacks
+/// column(s) tracingspancontext") and `run` stopped at the first event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debeziums_documented_table_without_the_trace_column_works() {
+    let (p, slot, aggregate, _guard) = debezium_pipeline("dbznotrace", "").await;
+    let topic = format!("outbox.event.{aggregate}");
+    let mut sql = p.sql().await;
+    sql.batch_execute(&format!(
+        "ALTER TABLE \"{}\" DROP COLUMN tracingspancontext",
+        p.table
+    ))
+    .await
+    .expect("Debezium's documented table, without the trace column");
+    p.init();
+    sql.execute(
+        "SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())",
+        &[&slot],
+    )
+    .await
+    .expect("advance the slot");
+
+    let check = run_outboxd(&p.config_path, &["check"]);
+    let said = String::from_utf8_lossy(&check.stdout).into_owned();
+    assert!(check.status.success(), "check:\n{said}");
+    assert_eq!(
+        said.matches("no trace column `tracingspancontext`").count(),
+        1,
+        "said once:\n{said}"
+    );
+    let daemon = p.spawn_run("run.log");
+    let mut sent = Vec::new();
+    for seq in 1..=6u32 {
+        let key = format!("k{}", seq % 2);
+        let id: String = sql
+            .query_one("SELECT gen_random_uuid()::text", &[])
+            .await
+            .expect("uuid")
+            .get(0);
+        let tx = sql.transaction().await.expect("begin");
+        tx.execute(
+            &format!(
+                "INSERT INTO \"{}\" (id, aggregatetype, aggregateid, type, payload) \
+                 VALUES ($1::text::uuid, $2, $3, 'OrderCreated', $4::text::jsonb)",
+                p.table
+            ),
+            &[&id, &aggregate, &key, &format!(r#"{{"seq": {seq}}}"#)],
+        )
+        .await
+        .expect("insert");
+        tx.execute(
+            &format!("DELETE FROM \"{}\" WHERE id = $1::text::uuid", p.table),
+            &[&id],
+        )
+        .await
+        .expect("delete");
+        tx.commit().await.expect("commit");
+        sent.push((key, id));
+    }
+    let records = consume_all(
+        &p.services.kafka,
+        &topic,
+        1,
+        sent.len(),
+        Duration::from_secs(60),
+    );
+    let seen = by_id(&records);
+    for (key, id) in &sent {
+        let copies = seen
+            .get(id)
+            .unwrap_or_else(|| panic!("row {id} was not sent"));
+        assert_eq!(&copies[0].key, key, "the record key is aggregateid");
+    }
+    // Each key's records in the order of their rows.
+    for key in ["k0", "k1"] {
+        let order: Vec<&String> = records
+            .iter()
+            .filter(|r| &r.key == key)
+            .filter_map(|r| r.headers.get("id"))
+            .collect();
+        let expected: Vec<&String> = sent
+            .iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, id)| id)
+            .collect();
+        assert_eq!(order, expected, "key {key} in order");
+    }
+    assert!(
+        !daemon.log_text().contains("has no column"),
+        "{}",
+        daemon.log_text()
+    );
+    drop(daemon);
+    drop_slot(&sql, &slot).await;
+    p.cleanup().await;
+}

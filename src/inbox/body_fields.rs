@@ -261,7 +261,10 @@ mod tests {
         ));
         assert!(matches!(bad(b""), Err(BodyFieldsError::NotJson(_))));
         // A byte that is not UTF-8 in a member nobody reads is still not JSON.
-        assert!(matches!(bad(b"{\"pad\": \"\xf6\"}"), Err(BodyFieldsError::NotJson(_))));
+        assert!(matches!(
+            bad(b"{\"pad\": \"\xf6\"}"),
+            Err(BodyFieldsError::NotJson(_))
+        ));
     }
 
     /// Deep nesting is refused by serde_json's recursion limit, not a stack overflow.

@@ -39,10 +39,14 @@ pub fn outbox_columns_line(
     let mut missing: Vec<&str> = required.into_iter().filter(|name| !present(name)).collect();
     missing.dedup();
     if missing.is_empty() {
-        CheckLine::ok(
-            "outbox table",
-            format!("{table}, all required columns present"),
-        )
+        let detail = match columns::missing_trace_column(layout, &present) {
+            Some(trace) => format!(
+                "{table}, all required columns present; no trace column `{trace}`: events \
+                 carry no trace context"
+            ),
+            None => format!("{table}, all required columns present"),
+        };
+        CheckLine::ok("outbox table", detail)
     } else if columns::adds_state_columns(layout) {
         CheckLine::fail(
             "outbox table",
@@ -120,11 +124,21 @@ mod tests {
             columns: outboxd_connector::ColumnNames::debezium(),
             ..OutboxLayout::default()
         };
+        // Debezium's documented table has no `tracingspancontext` (Debezium needs it only
+        // with tracing on): OK, said once.
         let columns = ["id", "aggregatetype", "aggregateid", "type", "payload"];
         let line = outbox_columns_line("outbox", "`outbox`", &debezium, "x.sql", |c| {
             columns.contains(&c)
         });
-        assert_eq!(line.detail, "outbox lacks column(s) tracingspancontext");
+        assert_eq!(line.status, CheckStatus::Ok, "{line:?}");
+        assert!(
+            line.detail.contains("no trace column `tracingspancontext`"),
+            "{line:?}"
+        );
+        let line = outbox_columns_line("outbox", "`outbox`", &debezium, "x.sql", |c| {
+            columns.contains(&c) && c != "aggregateid"
+        });
+        assert_eq!(line.detail, "outbox lacks column(s) aggregateid");
         assert!(line.fix.unwrap_or_default().contains("[outbox.columns]"));
     }
 }

@@ -81,7 +81,10 @@ impl Field {
     /// Columns a log decoder may find missing and read as NULL: a table made before they
     /// existed still streams (`check` requires them, the claim path reads them).
     pub fn optional_in_log(self) -> bool {
-        matches!(self, Field::Topic | Field::Headers)
+        // The trace column too: Debezium's layout names `tracingspancontext`, which
+        // Debezium itself needs only with tracing on; a table without it has no trace
+        // context to send (`check` says so).
+        matches!(self, Field::Topic | Field::Headers | Field::Trace)
     }
 }
 
@@ -157,12 +160,22 @@ pub fn required_columns(layout: &OutboxLayout) -> Vec<&str> {
         };
         required.extend(name);
     }
-    for (_, name) in log_fields(layout) {
-        if !required.contains(&name) {
+    for (field, name) in log_fields(layout) {
+        if !required.contains(&name) && field != Field::Trace {
             required.push(name);
         }
     }
     required
+}
+
+/// The trace column the layout names and the table lacks (`present` says whether it has
+/// a column of that name): its events carry no trace context.
+pub fn missing_trace_column<'a>(
+    layout: &'a OutboxLayout,
+    present: impl Fn(&str) -> bool,
+) -> Option<&'a str> {
+    let trace = layout.columns.trace.as_deref()?;
+    (!trace.is_empty() && !present(trace)).then_some(trace)
 }
 
 /// How `init --add-columns` adds a column outboxd writes to an application's table (kept
@@ -463,14 +476,8 @@ mod tests {
         let layout = debezium_kept();
         assert!(!is_outboxd_table(&layout));
         let required = required_columns(&layout);
-        let debezium = [
-            "id",
-            "aggregatetype",
-            "aggregateid",
-            "type",
-            "payload",
-            "tracingspancontext",
-        ];
+        // `tracingspancontext` is optional: Debezium needs it only with tracing on.
+        let debezium = ["id", "aggregatetype", "aggregateid", "type", "payload"];
         let added: Vec<&str> = state_columns(&layout).iter().map(|(n, _)| *n).collect();
         let mut expected: Vec<&str> = debezium.iter().chain(&added).copied().collect();
         expected.sort_unstable();
@@ -559,11 +566,21 @@ mod tests {
         assert_eq!(map.get(Field::Status), None);
         assert!(!map.tracks_status());
         assert_eq!(map.header_names(), ["id"]);
+        // Without the trace column: no trace context, no error.
         let without_trace = |n: &str| table[..5].iter().position(|c| *c == n);
-        let err = ColumnMap::resolve(without_trace, &layout, "outbox", "x.sql").unwrap_err();
+        let map = ColumnMap::resolve(without_trace, &layout, "outbox", "x.sql").unwrap();
+        assert_eq!(map.get(Field::Trace), None);
+        assert_eq!(map.get(Field::Key), Some(2));
+        // Without the key: an error naming it.
+        let without_key = |n: &str| {
+            (n != "aggregateid")
+                .then(|| table.iter().position(|c| *c == n))
+                .flatten()
+        };
+        let err = ColumnMap::resolve(without_key, &layout, "outbox", "x.sql").unwrap_err();
         assert_eq!(
             err.message(),
-            "outbox table `outbox` has no column `tracingspancontext` (see outbox.columns)"
+            "outbox table `outbox` has no column `aggregateid` (see outbox.columns)"
         );
     }
 }
