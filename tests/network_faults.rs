@@ -49,6 +49,18 @@ const ROUND_PAUSE: Duration = Duration::from_millis(40);
 /// Writers stop by themselves after this many rounds (about 80 s at the pace above).
 const MAX_ROUNDS: u32 = 2_000;
 
+/// How long the fault is held.
+#[derive(Clone, Copy, Debug)]
+enum Hold {
+    /// [`FAULT`].
+    Fixed,
+    /// Until `/readyz` is not ready, which must happen within [`NOTICED_WITHIN`].
+    UntilNoticed,
+}
+
+/// How soon outboxd must notice a silent source (`/readyz` not ready), [`Hold::UntilNoticed`].
+const NOTICED_WITHIN: Duration = Duration::from_secs(30);
+
 /// What happens to the proxy.
 #[derive(Clone, Copy, Debug)]
 enum Fault {
@@ -162,13 +174,14 @@ struct Timings {
 }
 
 /// The common course: `p` is set up with `[metrics]` on `metrics_port` and its config
-/// already points outboxd at `proxy`. Runs outboxd, the load, the fault for [`FAULT`],
-/// then checks the end state.
+/// already points outboxd at `proxy`. Runs outboxd, the load, the fault (held as `hold`
+/// says), then checks the end state.
 async fn fault_under_load<E: Engine>(
     p: &Pipeline<E>,
     metrics_port: u16,
     proxy: &Proxy,
     fault: Fault,
+    hold: Hold,
 ) -> Timings {
     let mut daemon = p.spawn_run("run.log");
     common::wait_for("/readyz 200", Duration::from_secs(30), || async {
@@ -184,13 +197,25 @@ async fn fault_under_load<E: Engine>(
     )
     .await;
 
-    // The fault, held for FAULT, /readyz watched meanwhile.
+    // The fault, /readyz watched meanwhile.
     let at_fault = p.success_count().await;
     fault.apply(proxy);
     let faulted = Instant::now();
     let mut not_ready_after = None;
     let mut success_settled = None;
-    while faulted.elapsed() < FAULT {
+    loop {
+        let held = faulted.elapsed();
+        match hold {
+            Hold::Fixed if held >= FAULT => break,
+            Hold::UntilNoticed if not_ready_after.is_some() => break,
+            Hold::UntilNoticed => assert!(
+                held < NOTICED_WITHIN,
+                "/readyz still ready {held:?} into a {fault:?} of the {} source (outboxd \
+                 noticed nothing)",
+                E::NAME
+            ),
+            Hold::Fixed => {}
+        }
         if not_ready_after.is_none() && readyz(metrics_port).await != 200 {
             not_ready_after = Some(faulted.elapsed());
         }
@@ -202,12 +227,13 @@ async fn fault_under_load<E: Engine>(
     let at_lift = p.success_count().await;
     // Nothing is written back through a faulted proxy once what was in flight settled:
     // else outboxd is not behind the proxy and the test proves nothing.
-    assert_eq!(
-        success_settled,
-        Some(at_lift),
-        "rows became SUCCESS during the {fault:?} ({at_fault} at the fault): is outboxd \
-         behind the proxy?"
-    );
+    if let Some(settled) = success_settled {
+        assert_eq!(
+            settled, at_lift,
+            "rows became SUCCESS during the {fault:?} ({at_fault} at the fault): is outboxd \
+             behind the proxy?"
+        );
+    }
     fault.lift(proxy);
     let lifted = Instant::now();
     tokio::time::sleep(AFTER).await;
@@ -312,7 +338,7 @@ fn point_source_at(p_config: &std::path::Path, from: u16, to: u16) {
 }
 
 /// A PostgreSQL pipeline whose outboxd reaches the server through a proxy, under `fault`.
-async fn postgres_fault(fault: Fault, prefix: &str) {
+async fn postgres_fault(fault: Fault, hold: Hold, prefix: &str) {
     let toxiproxy = Toxiproxy::from_env();
     let port = free_port();
     let p = Pipeline::<PgServices>::new(prefix, 3, &metrics_section(port)).await;
@@ -320,14 +346,14 @@ async fn postgres_fault(fault: Fault, prefix: &str) {
     let upstream = format!("{}:{}", p.services.pg_host, p.services.pg_port);
     let proxy = toxiproxy.proxy(&format!("nf_{}", p.name), &upstream);
     point_source_at(&p.config_path, p.services.pg_port, proxy.port);
-    let timings = fault_under_load(&p, port, &proxy, fault).await;
+    let timings = fault_under_load(&p, port, &proxy, fault, hold).await;
     report::<PgServices>(&format!("{fault:?}"), &timings);
     drop(proxy);
     p.cleanup().await;
 }
 
 /// The same on MariaDB: the binlog stream and the SQL store through the proxy.
-async fn mariadb_fault(fault: Fault, prefix: &str) {
+async fn mariadb_fault(fault: Fault, hold: Hold, prefix: &str) {
     let toxiproxy = Toxiproxy::from_env();
     let port = free_port();
     let p = Pipeline::<MysqlServices>::new(prefix, 3, &metrics_section(port)).await;
@@ -335,7 +361,7 @@ async fn mariadb_fault(fault: Fault, prefix: &str) {
     let upstream = format!("{}:{}", p.services.host, p.services.port);
     let proxy = toxiproxy.proxy(&format!("nf_{}", p.name), &upstream);
     point_source_at(&p.config_path, p.services.port, proxy.port);
-    let timings = fault_under_load(&p, port, &proxy, fault).await;
+    let timings = fault_under_load(&p, port, &proxy, fault, hold).await;
     report::<MysqlServices>(&format!("{fault:?}"), &timings);
     drop(proxy);
     p.cleanup().await;
@@ -343,32 +369,64 @@ async fn mariadb_fault(fault: Fault, prefix: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_black_holed_under_load_loses_nothing_and_streams_again() {
-    postgres_fault(Fault::BlackHole, "nfpgbh").await;
+    postgres_fault(Fault::BlackHole, Hold::Fixed, "nfpgbh").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_connections_reset_under_load_lose_nothing_and_stream_again() {
-    postgres_fault(Fault::ResetPeer, "nfpgrst").await;
+    postgres_fault(Fault::ResetPeer, Hold::Fixed, "nfpgrst").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_cut_for_ten_seconds_under_load_loses_nothing_and_streams_again() {
-    postgres_fault(Fault::Cut, "nfpgcut").await;
+    postgres_fault(Fault::Cut, Hold::Fixed, "nfpgcut").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_black_holed_under_load_loses_nothing_and_streams_again() {
-    mariadb_fault(Fault::BlackHole, "nfmybh").await;
+    mariadb_fault(Fault::BlackHole, Hold::Fixed, "nfmybh").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_connections_reset_under_load_lose_nothing_and_stream_again() {
-    mariadb_fault(Fault::ResetPeer, "nfmyrst").await;
+    mariadb_fault(Fault::ResetPeer, Hold::Fixed, "nfmyrst").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_cut_for_ten_seconds_under_load_loses_nothing_and_streams_again() {
-    mariadb_fault(Fault::Cut, "nfmycut").await;
+    mariadb_fault(Fault::Cut, Hold::Fixed, "nfmycut").await;
+}
+
+/// A black hole that lasts: outboxd must notice the silent source (`/readyz` not ready)
+/// within [`NOTICED_WITHIN`] while it lasts, and recover once it ends.
+///
+/// On MariaDB the check of the connection that holds the pipeline's lock gets no answer
+/// within 10 s and the session ends; but when deliveries are in flight at that moment (as
+/// under this load), the session drains them first, and their write-back waits on the
+/// silent store connection with no timeout: the relay still counts as streaming and
+/// `/readyz` stays ready until the black hole ends. (With nothing in flight it is not ready
+/// after about 12 s.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a black-holed MariaDB is not noticed while deliveries are in flight: the lock \
+            check fails after 10 s, but the session's drain waits on their write-back through \
+            the silent store connection (no timeout) and /readyz stays ready 30 s into the \
+            black hole; issue 26"]
+async fn mariadb_black_hole_is_noticed_while_it_lasts() {
+    mariadb_fault(Fault::BlackHole, Hold::UntilNoticed, "nfmyseen").await;
+}
+
+/// The same on PostgreSQL: outboxd waits on the silent replication and store connections
+/// with no timeout of its own and `/readyz` stays ready. Only the server's
+/// `wal_sender_timeout` (60 s), whose close the proxy passes on, ends the replication
+/// connection; the session then drains, its write-back waiting on the silent store
+/// connection, still ready, until the black hole ends (75 s measured).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a black-holed PostgreSQL is not noticed: /readyz stays ready 30 s (75 s \
+            measured) into the black hole; the replication and store connections have no \
+            client-side timeout, only wal_sender_timeout (60 s) ends the stream, and the drain \
+            then waits on a write-back through the silent store connection; issue 26"]
+async fn postgres_black_hole_is_noticed_while_it_lasts() {
+    postgres_fault(Fault::BlackHole, Hold::UntilNoticed, "nfpgseen").await;
 }
 
 /// Kafka black-holed for [`FAULT`] under load, strict ordering (the default), with a
@@ -396,7 +454,7 @@ async fn kafka_black_holed_under_load_keeps_every_key_in_order() {
     std::fs::write(&p.config_path, config).expect("write config");
     p.init();
 
-    let timings = fault_under_load(&p, port, &proxy, Fault::BlackHole).await;
+    let timings = fault_under_load(&p, port, &proxy, Fault::BlackHole, Hold::Fixed).await;
     report::<PgServices>("Kafka BlackHole", &timings);
     drop(proxy);
     p.cleanup().await;
