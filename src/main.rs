@@ -14,7 +14,9 @@ use outboxd_connector::RetrySelector;
 #[command(
     name = "outboxd",
     version,
-    about = "Relays transactional outbox rows from the database log to Kafka"
+    about = "Transactional outbox and inbox: relays outbox rows from the database log \
+             (PostgreSQL, MySQL/MariaDB) to Kafka, and stores incoming messages (Kafka, HTTP) \
+             in an inbox table for handlers, deduplicated"
 )]
 struct Cli {
     /// Log format.
