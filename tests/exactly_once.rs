@@ -19,8 +19,8 @@ use bytes::Bytes;
 use common::engine::{Engine, Pipeline, Writer};
 use common::mysql::MysqlServices;
 use common::postgres::PgServices;
-use common::scenarios::assert_every_event_in_key_order;
-use common::{consume_all, create_topic_with, wait_for};
+use common::scenarios::{assert_every_event_in_key_order, FAST_FAILURES};
+use common::{consume_all, create_topic_with, seqs_by_key, wait_for};
 use outboxd::config::KafkaConfig;
 use outboxd::sink::kafka::KafkaSink;
 use outboxd::sink::{CommittedPosition, FailureKind, Sink};
@@ -104,6 +104,78 @@ async fn postgres_exactly_once_across_kill_9() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_exactly_once_across_kill_9() {
     exactly_once_across_kill_9::<MysqlServices>().await;
+}
+
+/// Issue 26, finding 2: inside a Kafka transaction a record the broker refuses for good
+/// (larger than its topic's `max.message.bytes`) dooms the transaction; sent again by
+/// every session, it stopped the relay for good. Its row becomes FAILED with the broker's
+/// reason outside the aborted transaction, the next session does not send it in one
+/// again (its key's next row is parked behind it), and the rest is committed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_exactly_once_a_record_kafka_refuses_fails_its_row_and_the_rest_flows() {
+    let p =
+        Pipeline::<PgServices>::new("eosbig", 1, &format!("{EXACTLY_ONCE}{FAST_FAILURES}")).await;
+    // The broker refuses records over 4 KB on this topic.
+    let topic = format!("{}.small", p.topic);
+    p.create_topic_with(&topic, 1, &[("max.message.bytes", "4096")])
+        .await;
+    p.init();
+    let daemon = p.spawn_run("run.log");
+    let mut writer = p.writer().await;
+    writer
+        .insert_padded("blocked-1", "blocked", 1, &topic, 8_000)
+        .await;
+    // The rows after it come once it is refused: librdkafka puts records of a partition
+    // in one batch, and the broker refuses a batch over the limit whole.
+    wait_for(
+        "the refused row FAILED",
+        Duration::from_secs(30),
+        || async { (p.rows().await.get("blocked-1")?.status != "INIT").then_some(()) },
+    )
+    .await;
+    writer
+        .insert_padded("blocked-2", "blocked", 2, &topic, 10)
+        .await;
+    for seq in 1..=3 {
+        let id = format!("free-{seq}");
+        writer.insert_padded(&id, "free", seq, &topic, 10).await;
+    }
+    wait_for(
+        "the rest through, the refused row's key held",
+        Duration::from_secs(30),
+        || async {
+            let rows = p.rows().await;
+            let refused = rows.get("blocked-1")?.status != "INIT";
+            let parked = rows.get("blocked-2")?.status == "FAILED";
+            let free = (1..=3).all(|s| {
+                rows.get(&format!("free-{s}"))
+                    .is_some_and(|r| r.status == "SUCCESS")
+            });
+            (refused && parked && free).then_some(())
+        },
+    )
+    .await;
+    let rows = p.rows().await;
+    let refused = &rows["blocked-1"];
+    let error = refused.last_error.clone().unwrap_or_default();
+    assert!(
+        error.to_lowercase().contains("too large"),
+        "the broker's reason is kept: {error}"
+    );
+    assert!(refused.retry_count >= 1, "an attempt is counted");
+    let parked = rows["blocked-2"].last_error.clone().unwrap_or_default();
+    assert!(parked.contains("parked"), "strict ordering: {parked}");
+    let records = consume_all(&kafka(), &topic, 1, 3, Duration::from_secs(20));
+    let by_key = seqs_by_key(&records);
+    assert_eq!(by_key.get("free"), Some(&vec![1, 2, 3]), "each once");
+    assert_eq!(by_key.get("blocked"), None, "nothing of the held key yet");
+    let log = daemon.log_text();
+    let refusals = log
+        .matches("the destination refused a record inside the Kafka transaction")
+        .count();
+    assert_eq!(refusals, 1, "sent in one transaction only; log:\n{log}");
+    drop(daemon);
+    p.cleanup().await;
 }
 
 fn kafka() -> String {

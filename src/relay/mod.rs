@@ -122,6 +122,22 @@ pub enum PipelineError {
          mark FAILED, so the log position is held and the record is read and sent again"
     )]
     NotDelivered(String),
+    /// Exactly-once: the destination refused a record inside the open Kafka transaction
+    /// (too large for its topic, say), which can then only be aborted. The session ends;
+    /// the next one writes the record's row FAILED before it reads and does not send it
+    /// in a transaction again, and sends the rest again.
+    #[error(
+        "exactly-once: Kafka refused the record of the outbox row with message_id \
+         `{message_id}`: {reason}; the Kafka transaction holding it is aborted, the row \
+         becomes FAILED (retried by the claim worker, at least once; under strict ordering \
+         its key waits behind it) and the rest of the transaction is sent again"
+    )]
+    RefusedInTransaction {
+        /// The row's message id.
+        message_id: String,
+        /// The destination's error.
+        reason: String,
+    },
     /// `outbox.rows = "deleted"`: an event that can never be sent (an unreadable row, a
     /// topic the configuration refuses); the relay stops before it rather than skip it.
     #[error(
@@ -152,6 +168,7 @@ impl SessionError for PipelineError {
             PipelineError::SinkFailed(_) => true,
             PipelineError::ProducerFatal(_) => false,
             PipelineError::NotDelivered(_) => true,
+            PipelineError::RefusedInTransaction { .. } => true,
             PipelineError::Unpublishable { .. } => false,
         }
     }
@@ -172,7 +189,8 @@ pub async fn run<C: Connector, S: Sink>(
 ) -> Result<(), PipelineError> {
     tracing::info!(source = %connector.describe(), "pipeline starting");
     // Outcomes a session could not write back (the database went away while Kafka kept
-    // acknowledging), written by the next one before it reads.
+    // acknowledging; under exactly-once, rows refused inside an aborted Kafka
+    // transaction), written by the next one before it reads.
     let unwritten = Mutex::new(Unwritten::default());
     let session = async |backoff: &mut ReconnectBackoff, mut shutdown: watch::Receiver<bool>| {
         // After a session that ended on a fatal sink failure: a fresh sink first.

@@ -55,13 +55,18 @@ struct Completed {
 
 /// Outcomes a session collected and could not write back, carried to the next session of
 /// the same process (see [`Session::write_unwritten`]). Delivery failures only under
-/// strict ordering: see [`Session::take_unwritten`].
+/// strict ordering, and under exactly-once only the rows refused inside a Kafka
+/// transaction: see [`Session::take_unwritten`].
 #[derive(Debug, Default)]
 pub(super) struct Unwritten {
     delivered: Vec<Delivered>,
     failed: Vec<DeliveryFailure>,
     parked: Vec<ParkedEvent>,
     rejected: Vec<ParkedEvent>,
+    /// Exactly-once: rows the destination refused inside a Kafka transaction (FAILED in
+    /// `failed`, or written so already), not to be sent in one again while their
+    /// transaction is read again ([`Session::drop_refused`]).
+    refused: HashSet<RowId>,
 }
 
 impl Unwritten {
@@ -72,6 +77,7 @@ impl Unwritten {
         self.failed.extend(later.failed);
         self.parked.extend(later.parked);
         self.rejected.extend(later.rejected);
+        self.refused.extend(later.refused);
     }
 
     fn is_empty(&self) -> bool {
@@ -236,9 +242,19 @@ pub(super) struct Session<'a, O, S> {
     /// Rows of transactions read again that the table already showed SUCCESS.
     skipped_delivered: u64,
     /// Why the session stops reading and ends once what is in flight is collected: a
-    /// sink that failed fatally, or (`outbox.rows = "deleted"`) a record not delivered or
-    /// an event that can never be.
+    /// sink that failed fatally, (exactly-once) a record refused inside the Kafka
+    /// transaction, or (`outbox.rows = "deleted"`) a record not delivered or an event
+    /// that can never be.
     halt: Option<PipelineError>,
+    /// Exactly-once: the failures of records refused inside this session's Kafka
+    /// transaction, which is aborted; the next session writes them ([`Unwritten`]).
+    refused: Vec<DeliveryFailure>,
+    /// Exactly-once: rows refused inside an earlier session's Kafka transaction, FAILED
+    /// now: not sent in a transaction again ([`Self::drop_refused`]).
+    refused_before: HashSet<RowId>,
+    /// Those of `refused_before` dropped from what this session read: once a commit
+    /// passes them their transactions are never read again, and they are forgotten.
+    dropped_refused: Vec<RowId>,
     /// A write-back that failed (the database went away): the session stops reading,
     /// collects the outcomes of what is still in flight, and ends with this error; the
     /// next session writes those outcomes first ([`Unwritten`]).
@@ -302,6 +318,9 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             delivered_through: None,
             skipped_delivered: 0,
             halt: None,
+            refused: Vec::new(),
+            refused_before: HashSet::new(),
+            dropped_refused: Vec::new(),
             write_error: None,
             exactly_once: sink.transactional(),
             window_opened: None,
@@ -453,6 +472,32 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             .skipped_delivered
             .fetch_add(delivered.len() as u64, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Exactly-once: drops the events of rows the destination refused inside an earlier
+    /// session's Kafka transaction. Their rows are FAILED now (the claim worker retries
+    /// them, at least once); sent in a transaction again they would doom it again, and
+    /// every session after it. Under strict ordering their keys are held back by the
+    /// table's FAILED rows (read when the session opened).
+    fn drop_refused(&mut self, events: &mut Vec<OutboxEvent>) {
+        if self.refused_before.is_empty() {
+            return;
+        }
+        let (refused, dropped) = (&self.refused_before, &mut self.dropped_refused);
+        events.retain(|e| {
+            let row = e.row();
+            if !refused.contains(&row) {
+                return true;
+            }
+            tracing::info!(
+                id = e.id,
+                message_id = %e.message_id,
+                "exactly-once: not sent again in a Kafka transaction: the destination \
+                 refused it in one, and its row is FAILED for the claim worker"
+            );
+            dropped.push(row);
+            false
+        });
     }
 
     fn already_written(&self, position: &Position) -> bool {
@@ -656,6 +701,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                             self.stop_on_store_error(e.into(), &mut stopping_at);
                             break 'item;
                         }
+                        self.drop_refused(&mut events);
                         let seq = match self.open_transaction.take() {
                             Some(seq) => {
                                 self.frontier.extend(seq, events.len(), Some(commit_position));
@@ -702,6 +748,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                             self.stop_on_store_error(e.into(), &mut stopping_at);
                             break 'item;
                         }
+                        self.drop_refused(&mut events);
                         if self.open_transaction.is_none() {
                             self.open_events = 0;
                             self.open_bytes = 0;
@@ -1004,11 +1051,26 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
     /// The outcomes this session collected and did not write back (it ended on an
     /// error): for the next session of this process.
     pub(super) fn take_unwritten(&mut self) -> Unwritten {
-        if self.exactly_once || !self.tracks_status() {
-            // Outcomes of records whose Kafka transaction was never committed: they are
-            // sent again from the committed position, not written back. Deleted rows
-            // have no status to write.
+        if !self.tracks_status() {
+            // Deleted rows have no status to write.
             return Unwritten::default();
+        }
+        if self.exactly_once {
+            // Outcomes of records whose Kafka transaction was never committed: they are
+            // sent again from the committed position, not written back. Except the rows
+            // the destination refused inside it (see `complete`): FAILED, and not sent in
+            // a transaction again, like those refused earlier and not yet passed.
+            let failed = std::mem::take(&mut self.refused);
+            let mut refused = std::mem::take(&mut self.refused_before);
+            refused.extend(failed.iter().map(|f| RowId {
+                table: f.table,
+                id: f.id,
+            }));
+            return Unwritten {
+                failed,
+                refused,
+                ..Unwritten::default()
+            };
         }
         // Failures are carried only under strict ordering. There a parked row may be
         // parked behind one of them, and carried alone it would be written FAILED and due
@@ -1028,6 +1090,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             failed,
             parked: std::mem::take(&mut self.parked),
             rejected: std::mem::take(&mut self.rejected),
+            refused: HashSet::new(),
         }
     }
 
@@ -1043,6 +1106,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         unwritten: &mut Unwritten,
     ) -> Result<(), ConnectorError> {
         if unwritten.is_empty() {
+            self.refused_before = std::mem::take(&mut unwritten.refused);
             return Ok(());
         }
         let batch = WriteBack {
@@ -1051,9 +1115,16 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             parked: &unwritten.parked,
             rejected: &unwritten.rejected,
             checkpoint: None,
-            replace_positions: false,
+            // Exactly-once carries only refused rows, which an aborted window may have
+            // shown SUCCESS: FAILED is the truth (see `WriteBack::replace_positions`).
+            replace_positions: self.exactly_once,
         };
         write_back_with_retries(self.store, batch).await?;
+        // Counted now: the session that collected them could not write them.
+        let failed = unwritten.failed.len() + unwritten.rejected.len();
+        self.stats
+            .failed
+            .fetch_add(failed as u64, Ordering::Relaxed);
         if !unwritten.failed.is_empty() || !unwritten.parked.is_empty() {
             self.wake_worker.notify_one();
         }
@@ -1065,6 +1136,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             "outcomes the previous session could not write back are written; those rows \
              are not sent again"
         );
+        self.refused_before = std::mem::take(&mut unwritten.refused);
         *unwritten = Unwritten::default();
         Ok(())
     }
@@ -1329,6 +1401,38 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                     .store(self.in_flight as u64, Ordering::Relaxed);
                 return;
             }
+            Outcome::Failed { failure, .. } if self.exactly_once => {
+                // Inside a Kafka transaction a record the destination does not take (too
+                // large for its topic, say) dooms the transaction: it can only be aborted,
+                // and sent again as it is, it would be doomed again, every session. So the
+                // row leaves the relay's transactions: the session ends without writing
+                // or committing this window (nothing of it is written SUCCESS), and the
+                // next one writes the row FAILED before it reads, does not send it again
+                // (`drop_refused`; strict ordering: its key waits behind the FAILED row),
+                // and sends the rest. One bad row does not stop the relay.
+                self.stats.metrics.failed(&done.topic);
+                tracing::warn!(
+                    id = done.row.id,
+                    message_id = %done.message_id,
+                    topic = %done.topic,
+                    error = %failure.error,
+                    "exactly-once: the destination refused a record inside the Kafka \
+                     transaction, which is aborted; the row becomes FAILED outside it and \
+                     the rest is sent again"
+                );
+                self.halt
+                    .get_or_insert(PipelineError::RefusedInTransaction {
+                        message_id: done.message_id,
+                        reason: failure.error.clone(),
+                    });
+                self.refused.push(failure);
+                self.in_flight -= 1;
+                self.in_flight_bytes = self.in_flight_bytes.saturating_sub(done.size);
+                self.stats
+                    .in_flight
+                    .store(self.in_flight as u64, Ordering::Relaxed);
+                return;
+            }
             Outcome::Failed { failure, .. } => {
                 self.stats.metrics.failed(&done.topic);
                 tracing::warn!(
@@ -1424,6 +1528,11 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                     .await
                     .map_err(|f| PipelineError::SinkFailed(f.error))?;
                 self.kafka_committed = Some(committed.position);
+                // What this session read is committed now, the refused rows it dropped
+                // included: their transactions are not read again.
+                for row in self.dropped_refused.drain(..) {
+                    self.refused_before.remove(&row);
+                }
                 self.stats
                     .published
                     .fetch_add(delivered_in_window as u64, Ordering::Relaxed);

@@ -1386,3 +1386,131 @@ async fn a_carried_park_never_comes_due_before_the_failure_behind_it() {
     );
     assert_eq!(h.store.status(2), "FAILED");
 }
+
+/// Runs sessions carrying what each leaves to the next (as `relay::run` does), each
+/// reading the log again with `feed`, until one commits through `lsn(end)` (and is
+/// stopped) or `max` sessions have failed; returns the failures, in order.
+async fn sessions_until_committed(
+    h: &Harness,
+    link: &mut RetryLink,
+    carried: &mut Unwritten,
+    feed: impl Fn(&crate::testing::LogWriter),
+    end: u64,
+    max: usize,
+) -> Vec<PipelineError> {
+    let mut errors = Vec::new();
+    while errors.len() < max {
+        let (stop, shutdown) = watch::channel(false);
+        let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
+        feed(&log);
+        let ended = std::sync::atomic::AtomicBool::new(false);
+        let session = async {
+            let result = h
+                .session_carrying(&mut stream, link, shutdown, carried)
+                .await;
+            ended.store(true, std::sync::atomic::Ordering::SeqCst);
+            result
+        };
+        let driver = async {
+            wait_until("committed through the end, or the session ended", || {
+                h.sink.last_committed_position() == Some(lsn(end))
+                    || ended.load(std::sync::atomic::Ordering::SeqCst)
+            })
+            .await;
+            stop.send_replace(true);
+        };
+        let (result, ()) = tokio::join!(session, driver);
+        assert_no_violations(&confirmed);
+        match result {
+            Ok(()) => return errors,
+            Err(e) => errors.push(e),
+        }
+    }
+    errors
+}
+
+/// Issue 26, finding 2. Exactly-once: inside a Kafka transaction a record the broker
+/// refuses for good (larger than the topic's `max.message.bytes`) dooms the transaction,
+/// and a session that sent it again every time would abort every time, forever. The
+/// record's row becomes FAILED (with the broker's reason, an attempt counted) outside
+/// the aborted transaction instead: the next session writes it before it reads and does
+/// not send it in a transaction again; the rest of the window is sent again and
+/// committed; under strict ordering its key's later rows are parked behind it. Nothing
+/// of the aborted window is written SUCCESS. The claim worker then retries the row like
+/// any FAILED row (at least once), up to MANUAL_REQUIRED.
+#[tokio::test]
+async fn exactly_once_a_record_the_broker_refuses_becomes_failed_outside_the_transaction() {
+    for ordering in [KeyOrdering::Strict, KeyOrdering::Relaxed] {
+        let mut h = Harness::exactly_once();
+        h.settings.ordering = ordering;
+        let (mut link, _keys) = link();
+        h.store.insert(&[(1, "K"), (2, "L"), (3, "M"), (4, "L")]);
+        h.sink.fail_id(2, FailureKind::Rejected);
+        let feed = |log: &crate::testing::LogWriter| {
+            log.commit(10, vec![event(1, "K"), event(2, "L")]);
+            log.commit(20, vec![event(3, "M")]);
+            log.commit(30, vec![event(4, "L")]);
+        };
+        let mut carried = Unwritten::default();
+
+        let errors = sessions_until_committed(&h, &mut link, &mut carried, feed, 30, 1).await;
+        assert_eq!(errors.len(), 1, "{ordering:?}: the first session ends");
+        for id in [1, 3, 4] {
+            assert_ne!(
+                h.store.status(id),
+                "SUCCESS",
+                "{ordering:?}: row {id} written SUCCESS by a window that cannot commit"
+            );
+        }
+        assert!(h.sink.committed_ids().is_empty());
+
+        let more = sessions_until_committed(&h, &mut link, &mut carried, feed, 30, 2).await;
+        assert!(
+            more.is_empty(),
+            "{ordering:?}: the refused record stops the relay: {}",
+            more.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(" / ")
+        );
+        let error = &errors[0];
+        assert!(error.is_transient(), "{ordering:?}: {error}");
+        let text = error.to_string();
+        assert!(
+            text.contains("m-2") && text.contains("Rejected failure of row 2"),
+            "{ordering:?}: names the row and the broker's reason: {text}"
+        );
+        let sent_2 = h.sink.sent_ids().iter().filter(|id| **id == 2).count();
+        assert_eq!(
+            sent_2, 1,
+            "{ordering:?}: row 2 sent in one transaction only"
+        );
+        let refused = h.store.row(2).expect("row 2");
+        assert_eq!(
+            (refused.status, refused.retry_count),
+            ("FAILED", 1),
+            "{ordering:?}"
+        );
+        assert!(
+            refused
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("Rejected failure of row 2")),
+            "{ordering:?}: {:?}",
+            refused.last_error
+        );
+        match ordering {
+            KeyOrdering::Strict => {
+                assert_eq!(h.sink.committed_ids(), [1, 3]);
+                assert_eq!(h.store.status(4), "FAILED", "parked behind row 2");
+            }
+            KeyOrdering::Relaxed => {
+                assert_eq!(h.sink.committed_ids(), [1, 3, 4]);
+                assert_eq!(h.store.status(4), "SUCCESS");
+            }
+        }
+        for id in [1, 3] {
+            assert_eq!(h.store.status(id), "SUCCESS", "{ordering:?}: row {id}");
+        }
+    }
+}

@@ -1,6 +1,8 @@
 //! An in-memory sink for unit tests of the core: records what it was sent, fails chosen
 //! ids or keys with a chosen [`FailureKind`], and can hold deliveries until the test
-//! completes them, in whatever order the test picks.
+//! completes them, in whatever order the test picks. Transactional (exactly-once), it
+//! keeps records invisible until a commit, and a failed record dooms the open transaction
+//! as in Kafka.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -33,9 +35,12 @@ struct State {
     held: BTreeMap<i64, (oneshot::Sender<SinkResult>, SinkResult)>,
     next_offset: i64,
     /// Exactly-once: records go into an open transaction that only a commit makes
-    /// visible; a new [`Sink::committed_position`] aborts it.
+    /// visible; a new [`Sink::committed_position`] or [`Sink::abort`] aborts it.
     transactional: bool,
     uncommitted: Vec<i64>,
+    /// Exactly-once: a record of the open transaction failed, which (as in Kafka) leaves
+    /// that transaction nothing but an abort: its commit fails.
+    doomed: bool,
     committed: Vec<i64>,
     committed_position: Option<CommittedPosition>,
     /// Every commit's position, in order.
@@ -214,8 +219,11 @@ impl Sink for MemorySink {
             }
         };
         state.sent.push(event.clone());
-        if state.transactional && result.is_ok() {
-            state.uncommitted.push(event.id);
+        if state.transactional {
+            match result {
+                Ok(_) => state.uncommitted.push(event.id),
+                Err(_) => state.doomed = true,
+            }
         }
         let (tx, rx) = oneshot::channel();
         if state.hold {
@@ -241,6 +249,7 @@ impl Sink for MemorySink {
         }
         let mut state = self.state();
         state.uncommitted.clear();
+        state.doomed = false;
         Ok(state.committed_position.clone())
     }
 
@@ -252,11 +261,24 @@ impl Sink for MemorySink {
                 error: "memory sink: the commit failed".into(),
             });
         }
+        if state.doomed {
+            return Err(SinkFailure {
+                kind: FailureKind::Fatal,
+                error: "memory sink: a record of the transaction failed; it can only be aborted"
+                    .into(),
+            });
+        }
         let records = std::mem::take(&mut state.uncommitted);
         state.committed.extend(records);
         state.commits.push(committed.position.clone());
         state.committed_position = Some(committed.clone());
         Ok(())
+    }
+
+    async fn abort(&self) {
+        let mut state = self.state();
+        state.uncommitted.clear();
+        state.doomed = false;
     }
 
     async fn flush(&self, _deadline: Duration) {}

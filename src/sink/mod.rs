@@ -144,7 +144,11 @@ pub trait Sink: Send + Sync {
     /// Exactly-once (`delivery.exactly_once`): the sink keeps what is sent in an open
     /// transaction that only [`Sink::commit`] makes visible. Its receipts then mean
     /// "written, not yet committed", and the relay commits only at a source transaction
-    /// boundary with every receipt in (see `sink/kafka/transaction.rs`).
+    /// boundary with every receipt in (see `sink/kafka/transaction.rs`). A failed record
+    /// leaves the transaction nothing but an abort: [`FailureKind::Fatal`] when the sink
+    /// is to blame (the relay sends the whole transaction again), another kind only when
+    /// the destination refused that record itself (the relay makes its row FAILED outside
+    /// the transactions and sends the rest again).
     fn transactional(&self) -> bool {
         false
     }

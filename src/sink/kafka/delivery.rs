@@ -37,9 +37,8 @@ impl KafkaDelivery {
         Self(State::InFlight(future), Transactional::No)
     }
 
-    /// A record inside the open Kafka transaction: any failure is [`FailureKind::Fatal`],
-    /// because the transaction can then only be aborted; its rows stay INIT and the next
-    /// session sends them again (see `transaction.rs`).
+    /// A record inside the open Kafka transaction: any failure dooms the transaction,
+    /// which can then only be aborted. See [`in_transaction_failure`] for whose it is.
     pub(super) fn in_transaction(future: DeliveryFuture) -> Self {
         Self(State::InFlight(future), Transactional::Yes)
     }
@@ -91,14 +90,9 @@ impl KafkaDelivery {
                     partition: delivery.partition,
                     offset: delivery.offset,
                 }),
-                Ok(Err((e, _message))) if self.1 == Transactional::Yes => Err(SinkFailure {
-                    kind: FailureKind::Fatal,
-                    error: format!(
-                        "{}; the Kafka transaction holding it is aborted and its records \
-                         are sent again",
-                        classify(&e).error
-                    ),
-                }),
+                Ok(Err((e, _message))) if self.1 == Transactional::Yes => {
+                    Err(in_transaction_failure(&e))
+                }
                 // Purged: outboxd replaced a stuck producer (`rebuild_if_reachable`).
                 Ok(Err((e, _message)))
                     if matches!(
@@ -121,6 +115,39 @@ impl KafkaDelivery {
                 }),
             }),
         }
+    }
+}
+
+/// The failure of a record inside the open Kafka transaction, which is doomed either way.
+/// When the broker refuses this record for what it is (too large for its topic, invalid,
+/// a topic it may not write to or that does not exist) the failure is the row's, with
+/// its kind: sent again in a transaction it would doom that one too, so the relay makes
+/// the row FAILED outside the aborted transaction and sends the rest again. Anything else
+/// (a timeout, a fenced or purged producer) is [`FailureKind::Fatal`]: the rows stay INIT
+/// and the next session sends the whole transaction again.
+fn in_transaction_failure(e: &KafkaError) -> SinkFailure {
+    let failure = classify(e);
+    let the_records = failure.kind == FailureKind::Rejected
+        || matches!(
+            e.rdkafka_error_code(),
+            Some(RDKafkaErrorCode::TopicAuthorizationFailed | RDKafkaErrorCode::UnknownTopic)
+        );
+    match the_records {
+        true => SinkFailure {
+            kind: failure.kind,
+            error: format!(
+                "{}; the Kafka transaction holding it is aborted",
+                failure.error
+            ),
+        },
+        false => SinkFailure {
+            kind: FailureKind::Fatal,
+            error: format!(
+                "{}; the Kafka transaction holding it is aborted and its records are sent \
+                 again",
+                failure.error
+            ),
+        },
     }
 }
 
@@ -167,5 +194,32 @@ mod tests {
             timeout.error,
             produce(RDKafkaErrorCode::MessageTimedOut).to_string()
         );
+    }
+
+    /// Inside a Kafka transaction a refusal of the record itself stays the row's (the
+    /// relay takes the row out of its transactions); anything else is the producer's.
+    #[test]
+    fn in_a_transaction_only_a_refusal_of_the_record_is_the_rows() {
+        let produce = |code| KafkaError::MessageProduction(code);
+        let kind = |code| in_transaction_failure(&produce(code)).kind;
+        assert_eq!(
+            kind(RDKafkaErrorCode::MessageSizeTooLarge),
+            FailureKind::Rejected
+        );
+        assert_eq!(
+            kind(RDKafkaErrorCode::TopicAuthorizationFailed),
+            FailureKind::Retryable
+        );
+        assert_eq!(kind(RDKafkaErrorCode::UnknownTopic), FailureKind::Retryable);
+        for code in [
+            RDKafkaErrorCode::MessageTimedOut,
+            RDKafkaErrorCode::ProducerFenced,
+            RDKafkaErrorCode::PurgeInflight,
+            RDKafkaErrorCode::Fatal,
+        ] {
+            assert_eq!(kind(code), FailureKind::Fatal, "{code:?}");
+        }
+        let text = in_transaction_failure(&produce(RDKafkaErrorCode::MessageSizeTooLarge)).error;
+        assert!(text.contains("aborted"), "{text}");
     }
 }
