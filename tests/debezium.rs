@@ -943,7 +943,7 @@ async fn debeziums_documented_table_without_the_trace_column_works() {
     for key in ["k0", "k1"] {
         let order: Vec<&String> = records
             .iter()
-            .filter(|r| &r.key == key)
+            .filter(|r| r.key == key)
             .filter_map(|r| r.headers.get("id"))
             .collect();
         let expected: Vec<&String> = sent

@@ -268,7 +268,7 @@ mod tests {
                 .iter()
                 .fold(OwnedHeaders::new(), |list, (key, value)| {
                     list.insert(Header {
-                        key: *key,
+                        key,
                         value: *value,
                     })
                 })
@@ -377,7 +377,8 @@ mod tests {
         let json_value: &[u8] = br#"{"total": 12}"#;
         let keys: [Option<&[u8]>; 4] = [None, Some(b""), Some(b"order-7"), Some(b"k\xff")];
         let payloads: [Option<&[u8]>; 4] = [None, Some(b""), Some(json_value), Some(b"not json")];
-        let header_sets: [&[(&str, Option<&[u8]>)]; 6] = [
+        type HeaderSet<'a> = &'a [(&'a str, Option<&'a [u8]>)];
+        let header_sets: [HeaderSet; 6] = [
             &[],
             &[
                 ("message_id", Some(b"m-1")),

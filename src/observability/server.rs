@@ -157,8 +157,16 @@ async fn method_not_allowed() -> impl IntoResponse {
     )
 }
 
-/// Runs `work` to completion with `router` answering on `listener` beside it, in the same
-/// task; the server stops when `work` is done. Without a listener, just `work`.
+/// Runs `work` to completion with `router` answering on `listener` beside it; the server
+/// stops when `work` is done. Without a listener, just `work`.
+///
+/// The server runs on a thread of its own, with its own single-threaded runtime: accepting
+/// connections, reading heads and bodies (1 MiB per inbox request) and answering never
+/// take turns with the relay on its runtime thread, so a flood of requests costs the relay
+/// only what it costs the machine. What the routes share with the pipeline (counters, the
+/// sink, the inbox's store) is thread-safe; a database connection opened by a route runs
+/// on this thread too. Should the thread not start, the server runs beside `work` on the
+/// caller's runtime, as it did before.
 pub(crate) async fn serve_while<T>(
     listener: Option<TcpListener>,
     router: Router,
@@ -168,15 +176,46 @@ pub(crate) async fn serve_while<T>(
         return work.await;
     };
     let (done, stopped) = tokio::sync::oneshot::channel::<()>();
-    let work = async {
-        let result = work.await;
-        drop(done);
-        result
+    let std_listener = match listener.into_std() {
+        Ok(std_listener) => std_listener,
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics listener: cannot be moved to its thread");
+            return work.await;
+        }
     };
-    let server = serve_until(listener, router, async {
-        let _ = stopped.await;
-    });
-    let (result, ()) = tokio::join!(work, server);
+    let spawned = std::thread::Builder::new()
+        .name("outboxd-http".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(e) => {
+                    tracing::error!(error = %e, "metrics listener: cannot start its runtime");
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                match TcpListener::from_std(std_listener) {
+                    Ok(listener) => {
+                        serve_until(listener, router, async {
+                            let _ = stopped.await;
+                        })
+                        .await;
+                    }
+                    Err(e) => tracing::error!(error = %e, "metrics listener: cannot listen"),
+                }
+            });
+        });
+    let result = work.await;
+    drop(done);
+    if let Ok(thread) = spawned {
+        // Joined off the runtime: the server closes its connections and ends promptly.
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    } else {
+        tracing::error!("metrics listener: its thread could not be started; not serving");
+    }
     result
 }
 
