@@ -267,10 +267,7 @@ mod tests {
             headers
                 .iter()
                 .fold(OwnedHeaders::new(), |list, (key, value)| {
-                    list.insert(Header {
-                        key,
-                        value: *value,
-                    })
+                    list.insert(Header { key, value: *value })
                 })
         });
         OwnedMessage::new(

@@ -170,10 +170,7 @@ pub fn required_columns(layout: &OutboxLayout) -> Vec<&str> {
 
 /// The trace column the layout names and the table lacks (`present` says whether it has
 /// a column of that name): its events carry no trace context.
-pub fn missing_trace_column(
-    layout: &OutboxLayout,
-    present: impl Fn(&str) -> bool,
-) -> Option<&str> {
+pub fn missing_trace_column(layout: &OutboxLayout, present: impl Fn(&str) -> bool) -> Option<&str> {
     let trace = layout.columns.trace.as_deref()?;
     (!trace.is_empty() && !present(trace)).then_some(trace)
 }

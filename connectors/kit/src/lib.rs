@@ -26,6 +26,7 @@ pub mod check;
 pub mod columns;
 pub mod config;
 pub mod inbox;
+pub mod net;
 pub mod retry;
 pub mod row;
 pub mod setup;

@@ -342,6 +342,10 @@ impl MysqlConnector {
             .db_name(Some(self.config.database.clone()))
             .prefer_socket(false)
             .tcp_nodelay(true)
+            // Keepalive probes find a vanished server (a network partition) on a direct
+            // connection; guarded ones get the full set on the guard's own socket
+            // (`outboxd_connector_kit::net`).
+            .tcp_keepalive(Some(outboxd_connector_kit::net::KEEPALIVE_IDLE))
             .stmt_cache_size(Some(32))
             // mysql_old_password's hash is as good as the password: never (the default,
             // stated).

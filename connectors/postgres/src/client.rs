@@ -185,6 +185,7 @@ impl PostgresConnector {
             .await
             .map_err(|e| ConnectorError::transient(context.to_owned()).with_source(e))?;
         let _ = tcp.set_nodelay(true);
+        outboxd_connector_kit::net::detect_dead_peers(&tcp);
         let negotiated = Arc::new(std::sync::Mutex::new(None));
         let tls = PgTlsConnect {
             tls: Arc::clone(&self.tls),

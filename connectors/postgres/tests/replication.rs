@@ -717,3 +717,126 @@ async fn capture_pgoutput_fixtures() {
 fn serialized(sql: &str) -> String {
     format!("BEGIN;\nSELECT pg_advisory_xact_lock(7424242);\n{sql}\nCOMMIT;")
 }
+
+/// A TCP relay to PostgreSQL that can go silent: it keeps both connections open but
+/// forwards nothing (a network partition behind a live proxy or NAT, which TCP itself
+/// does not notice), and closes them on `close`.
+struct SilentRelay {
+    port: u16,
+    silent: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    closed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl SilentRelay {
+    async fn start(upstream: (String, u16)) -> Self {
+        use std::sync::atomic::AtomicBool;
+        use std::sync::Arc;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let silent = Arc::new(AtomicBool::new(false));
+        let closed = Arc::new(AtomicBool::new(false));
+        let (s, c) = (Arc::clone(&silent), Arc::clone(&closed));
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(upstream.clone()).await else {
+                    continue;
+                };
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                for (mut from, mut to) in [
+                    (
+                        Box::new(client_read) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
+                        Box::new(server_write) as Box<dyn tokio::io::AsyncWrite + Unpin + Send>,
+                    ),
+                    (Box::new(server_read), Box::new(client_write)),
+                ] {
+                    let (silent, closed) = (Arc::clone(&s), Arc::clone(&c));
+                    tokio::spawn(async move {
+                        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                        let mut buf = vec![0u8; 16 * 1024];
+                        while !closed.load(Ordering::Relaxed) {
+                            if silent.load(Ordering::Relaxed) {
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                                continue;
+                            }
+                            let read =
+                                timeout(Duration::from_millis(50), from.read(&mut buf)).await;
+                            match read {
+                                Err(_) => continue,
+                                Ok(Ok(0)) | Ok(Err(_)) => break,
+                                Ok(Ok(n)) => {
+                                    if to.write_all(&buf[..n]).await.is_err() {
+                                        break;
+                                    }
+                                }
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        Self {
+            port,
+            silent,
+            closed,
+        }
+    }
+}
+
+/// The replication connection goes silent (nothing forwarded either way, TCP still
+/// up): the stream notices within three status intervals, because it asks the server to
+/// answer once it has been quiet for one, and fails with a transient error so the relay
+/// reconnects. Before, it waited for the server forever.
+#[tokio::test]
+async fn a_silent_replication_connection_is_noticed_and_is_transient() {
+    let f = Fixture::new("silent").await;
+    let relay = SilentRelay::start((
+        env("HOST", "127.0.0.1"),
+        env("PORT", "25432").parse().unwrap(),
+    ))
+    .await;
+    let mut cfg = run_config();
+    cfg.host = "127.0.0.1".into();
+    cfg.port = relay.port;
+    cfg.slot = Some(f.slot.clone());
+    cfg.publication = Some(f.slot.clone());
+    cfg.status_interval = Duration::from_millis(500);
+    let layout = OutboxLayout {
+        outbox_tables: vec![format!("public.{}", f.outbox)],
+        checkpoint_table: format!("public.{}_checkpoint", f.slot),
+        ..OutboxLayout::default()
+    };
+    let connector = PostgresConnector::new(cfg, "test", layout).unwrap();
+    let mut stream = connector.open_stream().await.unwrap();
+    f.insert("s-1", "k").await;
+    assert_eq!(
+        next_transaction(&mut stream).await.events.len(),
+        1,
+        "the relay forwards"
+    );
+    // Quiet but alive: more than the silence limit passes with the server answering.
+    let quiet = Instant::now();
+    while quiet.elapsed() < Duration::from_secs(4) {
+        match timeout(Duration::from_millis(500), stream.next()).await {
+            Err(_) | Ok(Ok(ChangeItem::Progress(_))) => {}
+            Ok(other) => panic!("an idle, live connection: {other:?}"),
+        }
+    }
+    relay.silent.store(true, Ordering::Relaxed);
+    let err = loop {
+        match timeout(Duration::from_secs(20), stream.next())
+            .await
+            .expect("the silent connection is noticed within 20 s")
+        {
+            Ok(ChangeItem::Progress(_)) => continue,
+            Ok(other) => panic!("nothing can arrive through a silent relay: {other:?}"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
+    assert!(err.message().contains("silent"), "{err}");
+    drop(stream);
+    // Closing the relay's sockets ends the walsender, so the slot can be dropped.
+    relay.closed.store(true, Ordering::Relaxed);
+    f.cleanup(None).await;
+}

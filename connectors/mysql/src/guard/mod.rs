@@ -270,6 +270,7 @@ async fn authenticate(
         .await
         .map_err(GuardError::Server)?;
     let _ = tcp.set_nodelay(true);
+    outboxd_connector_kit::net::detect_dead_peers(&tcp);
     let mut from_server = Frames::default();
     let greeting = from_server.next_from_server(&mut tcp).await?;
     let (capabilities, plugin) = match watch::greeting(&greeting.payload)? {

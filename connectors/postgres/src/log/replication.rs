@@ -165,6 +165,7 @@ impl ReplicationConnection {
             .map_err(|e| ConnectorError::transient(context.clone()).with_source(e))?;
         // Keepalive traffic is small and latency matters for status updates.
         let _ = tcp.set_nodelay(true);
+        outboxd_connector_kit::net::detect_dead_peers(&tcp);
         let tls = PgTls::for_config(config)?;
         let (io, negotiated) = negotiate_tls(tcp, config, &tls, &context).await?;
         let channel_binding = match &io {

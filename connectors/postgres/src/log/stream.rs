@@ -86,6 +86,7 @@ impl PgChangeStream {
             decoder,
             outlet,
             reporter: Reporter::new(confirmed_rx, connector.config().status_interval),
+            silence_limit: silence_limit(connector.config().status_interval),
             slot: slot.clone(),
         };
         inlet.spawn(task.run());
@@ -319,12 +320,24 @@ impl Confirmations for StatusUpdates<'_> {
     }
 }
 
+/// How long the task waits for any message from the server before it takes the
+/// connection for dead: three status intervals, at least 3 s. Once the server has said
+/// nothing for a status interval, the next status update asks it to answer (the reply
+/// flag), so on a live connection an idle slot still hears from it every interval; only
+/// a connection that carries nothing (a network partition behind a live proxy, a server
+/// frozen) stays silent that long.
+fn silence_limit(status_interval: Duration) -> Duration {
+    (status_interval * 3).max(Duration::from_secs(3))
+}
+
 /// The task that owns the replication socket.
 struct Task {
     stream: ReplicationStream,
     decoder: Decoder,
     outlet: Outlet<Lsn>,
     reporter: Reporter,
+    /// See [`silence_limit`].
+    silence_limit: Duration,
     slot: String,
 }
 
@@ -339,15 +352,30 @@ impl Task {
     }
 
     async fn run_inner(&mut self) -> Result<Closed, ConnectorError> {
+        // Since the task last heard from the server, or last finished handling what it
+        // heard (handing a transaction to the core may wait; that is not the server's
+        // silence).
+        let mut waiting_since = Instant::now();
         loop {
             let progress_at = self.outlet.progress_due(self.decoder.in_transaction());
             let status_at = self.reporter.deadline();
+            let silent_at = waiting_since + self.silence_limit;
             tokio::select! {
                 message = self.stream.recv() => {
                     let message = message.map_err(|e| with_fix(e, &self.slot))?;
                     if let Err(Closed) = self.handle(message).await? {
                         return Ok(Closed);
                     }
+                    waiting_since = Instant::now();
+                }
+                () = tokio::time::sleep_until(silent_at) => {
+                    return Err(ConnectorError::transient(format!(
+                        "no message from PostgreSQL on the replication connection of slot `{}` \
+                         for {:?}, although it was asked to answer: the connection is silent \
+                         (a network partition, a proxy that stopped forwarding, a frozen \
+                         server); reconnecting",
+                        self.slot, self.silence_limit
+                    )));
                 }
                 changed = self.reporter.confirmed.changed() => {
                     if changed.is_err() {
@@ -356,7 +384,9 @@ impl Task {
                     self.reporter.on_confirm();
                 }
                 () = tokio::time::sleep_until(status_at) => {
-                    self.reporter.send(&mut self.stream, &self.slot, false).await?;
+                    // Silent for a status interval: ask the server to answer this one.
+                    let ask = waiting_since.elapsed() >= self.reporter.interval;
+                    self.reporter.send(&mut self.stream, &self.slot, ask).await?;
                 }
                 () = sleep_until_opt(progress_at) => {
                     if let Some(item) = self.outlet.take_progress() {
