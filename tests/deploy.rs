@@ -1,7 +1,7 @@
 //! The operations kit in `deploy/`: the Prometheus alert rules pass `promtool check rules`
 //! and their unit tests (`promtool test rules`), and every metric the rules and the Grafana
-//! dashboard use is one outboxd documents (README's metrics list), so a renamed metric
-//! cannot leave an alert that never fires.
+//! dashboard use is one outboxd documents (the metrics list of `docs/operations.md`), so a
+//! renamed metric cannot leave an alert that never fires.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -72,8 +72,9 @@ fn metric_names(text: &str) -> Vec<String> {
 
 #[test]
 fn every_metric_the_kit_uses_is_documented() {
-    let readme = std::fs::read_to_string(root().join("README.md")).expect("README");
-    let documented = metric_names(&readme);
+    let operations =
+        std::fs::read_to_string(root().join("docs/operations.md")).expect("docs/operations.md");
+    let documented = metric_names(&operations);
     let rules =
         std::fs::read_to_string(root().join("deploy/prometheus/outboxd.rules.yml")).expect("rules");
     let dashboard =
@@ -84,7 +85,7 @@ fn every_metric_the_kit_uses_is_documented() {
         for name in used {
             assert!(
                 documented.contains(&name),
-                "the {file} use `{name}`, which README does not list"
+                "the {file} use `{name}`, which docs/operations.md does not list"
             );
         }
     }
@@ -168,7 +169,7 @@ fn the_systemd_unit_runs_outboxd_with_the_config_and_credential_it_ships() {
     assert!(stop > config.delivery.shutdown_deadline.as_secs());
     // A config error (exit 2, see src/main.rs) must not restart in a loop.
     assert_eq!(line_after(&unit, "RestartPreventExitStatus="), "2");
-    // The sandbox (README, "Running under systemd and Kubernetes").
+    // The sandbox (docs/deployment.md, "Running under systemd and Kubernetes").
     for (key, value) in [
         ("NoNewPrivileges=", "yes"),
         ("ProtectSystem=", "strict"),
