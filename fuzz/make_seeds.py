@@ -200,3 +200,5 @@ write("cloudevents_structured", "mysql-time", event(0, "not json", b"null", crea
 write("cloudevents_structured", "refused", event(0, "{}", b"{}", message_id="", message_type=""))
 # Found by the target: a JSON string holding a byte that is not UTF-8 was taken as JSON.
 write("inbox_kafka_record", "found-not-utf8", record(7, b"i", [(b"message_type", b"c")], b'"\xf6"'))
+# Found by the target: a JSON payload with a byte that is not UTF-8 inside a string.
+write("cloudevents_structured", "found-not-utf8", event(0, "{}", b'{"\xff":2}'))

@@ -11,8 +11,9 @@
 //!
 //! The payload is never re-encoded: JSON content (`application/json`, `text/json`, any
 //! `+json` type) that parses as JSON is written into `data` byte for byte; anything else
-//! (Avro, Protobuf, text, JSON that does not parse) goes into `data_base64`, which any
-//! reader decodes to the stored bytes. An empty payload is an event without data.
+//! (Avro, Protobuf, text, JSON that does not parse or is not UTF-8) goes into
+//! `data_base64`, which any reader decodes to the stored bytes. An empty payload is an
+//! event without data.
 //! Extension attributes come from the row's headers named `ce_<name>` (`name` in lowercase
 //! letters and digits, as the specification requires): `ce_tenant` becomes `"tenant"`.
 //!
@@ -124,9 +125,12 @@ fn is_json(content_type: &str) -> bool {
     essence == "application/json" || essence == "text/json" || essence.ends_with("+json")
 }
 
-/// Whether `payload` is one JSON value (whitespace around it allowed).
+/// Whether `payload` is JSON text: UTF-8 (serde_json's `from_slice` checks that only in
+/// the strings it keeps, not in those it skips), one JSON value (whitespace around it
+/// allowed).
 fn parses_as_json(payload: &[u8]) -> bool {
-    serde_json::from_slice::<serde::de::IgnoredAny>(payload).is_ok()
+    std::str::from_utf8(payload)
+        .is_ok_and(|text| serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok())
 }
 
 #[cfg(test)]
@@ -216,6 +220,25 @@ mod tests {
         ] {
             let value = parsed(&envelope(&event(b"[1]"), &attributes(content_type, &[])));
             assert_eq!(value["data"], json!([1]), "{content_type}");
+        }
+    }
+
+    /// Found by the `cloudevents_structured` fuzz target: a JSON payload with a byte that
+    /// is not UTF-8 inside a string (`{"\xff":2}`) passed as JSON (serde_json checks UTF-8
+    /// only in strings it keeps) and was embedded as `data`, making the record value
+    /// something no JSON reader takes. It is not JSON text: it travels as `data_base64`.
+    #[test]
+    fn json_content_that_is_not_utf8_travels_as_base64() {
+        for payload in [&b"{\"\xff\":2}"[..], b"\"\xc3\"", b"[\"a\xed\xa0\x80\"]"] {
+            let out = envelope(&event(payload), &attributes("application/json", &[]));
+            let text = std::str::from_utf8(&out).expect("the envelope is UTF-8");
+            let value: Value = serde_json::from_str(text).expect("the envelope is JSON");
+            assert!(value.get("data").is_none(), "{value}");
+            let encoded = value["data_base64"].as_str().expect("data_base64");
+            let decoded = base64::engine::general_purpose::STANDARD
+                .decode(encoded)
+                .unwrap();
+            assert_eq!(decoded, payload);
         }
     }
 
