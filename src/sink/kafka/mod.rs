@@ -26,6 +26,7 @@ use crate::config::KafkaConfig;
 use crate::sink::{CommittedPosition, FailureKind, Sink, SinkFailure};
 
 mod allowed;
+pub(crate) mod config;
 mod delivery;
 mod headers;
 mod options;
