@@ -202,3 +202,5 @@ write("cloudevents_structured", "refused", event(0, "{}", b"{}", message_id="", 
 write("inbox_kafka_record", "found-not-utf8", record(7, b"i", [(b"message_type", b"c")], b'"\xf6"'))
 # Found by the target: a JSON payload with a byte that is not UTF-8 inside a string.
 write("cloudevents_structured", "found-not-utf8", event(0, "{}", b'{"\xff":2}'))
+# Found by the target: a row repeating an extension attribute.
+write("cloudevents_structured", "found-repeated-extension", event(1, '{"ce_region8":"","ce_region8":""}', b""))

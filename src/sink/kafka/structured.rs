@@ -15,11 +15,14 @@
 //! `data_base64`, which any reader decodes to the stored bytes. An empty payload is an
 //! event without data.
 //! Extension attributes come from the row's headers named `ce_<name>` (`name` in lowercase
-//! letters and digits, as the specification requires): `ce_tenant` becomes `"tenant"`.
+//! letters and digits, as the specification requires): `ce_tenant` becomes `"tenant"`
+//! (a repeated one, once with its last value).
 //!
 //! The document is written here rather than through a `Serialize` type so that `data` can
 //! be the stored bytes themselves (serde_json would need its `raw_value` feature and a copy
 //! into a `RawValue` for the same result).
+
+use std::collections::HashSet;
 
 use base64::Engine as _;
 use outboxd_connector::OutboxEvent;
@@ -49,7 +52,8 @@ pub(super) struct Attributes<'a> {
     pub time: Option<&'a str>,
     /// The row's `content-type` header, else `kafka.cloudevents.content_type`.
     pub content_type: &'a [u8],
-    /// `(name, value)` of the row's extension attributes, in the row's order.
+    /// `(name, value)` of the row's extension attributes, in the row's order (a repeated
+    /// name: the last value is written).
     pub extensions: Vec<(&'a str, &'a str)>,
 }
 
@@ -85,7 +89,14 @@ pub(super) fn envelope(event: &OutboxEvent, attributes: &Attributes<'_>) -> Vec<
     }
     let content_type = String::from_utf8_lossy(attributes.content_type);
     member(&mut out, "datacontenttype", &content_type);
-    for (name, value) in &attributes.extensions {
+    // A name the row repeats is written once, with its last value, as jsonb, MySQL's JSON
+    // and serde_json read a repeated name of the row's `headers`; a member written twice
+    // would be read as either value, depending on the reader (RFC 8259).
+    let mut seen = HashSet::new();
+    let last: Vec<_> = (attributes.extensions.iter().rev())
+        .filter(|(name, _)| seen.insert(*name))
+        .collect();
+    for (name, value) in last.into_iter().rev() {
         member(&mut out, name, value);
     }
     let payload = event.payload.as_ref();
@@ -240,6 +251,24 @@ mod tests {
                 .unwrap();
             assert_eq!(decoded, payload);
         }
+    }
+
+    /// Found by the `cloudevents_structured` fuzz target: a row whose `headers` repeat an
+    /// extension (`{"ce_region8":"","ce_region8":""}`, which a `json` or text column
+    /// keeps) gave the document that member twice, which RFC 8259 leaves to each reader.
+    /// It is written once, with the last value, as jsonb, MySQL's JSON and serde_json read
+    /// a repeated name.
+    #[test]
+    fn a_repeated_extension_is_one_member_with_the_last_value() {
+        let a = attributes(
+            "application/json",
+            &[("tenant", "a"), ("region", "eu"), ("tenant", "b")],
+        );
+        let out = String::from_utf8(envelope(&event(b"{}"), &a)).unwrap();
+        assert_eq!(out.matches("\"tenant\"").count(), 1, "{out}");
+        let value = parsed(out.as_bytes());
+        assert_eq!(value["tenant"], "b");
+        assert_eq!(value["region"], "eu");
     }
 
     #[test]
