@@ -359,16 +359,16 @@ pub fn cloudevents_structured(data: &[u8]) {
     if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(text) {
         panic!("the value is not JSON ({e}): {text}");
     }
-    let members = outboxd_connector::headers_from_json(text)
-        .unwrap_or_else(|| panic!("the value is not a JSON object: {text}"));
-    let mut names: Vec<&str> = members.iter().map(|(n, _)| n.as_str()).collect();
+    let MemberNames(mut names) = serde_json::from_str(text)
+        .unwrap_or_else(|e| panic!("the value is not a JSON object ({e}): {text}"));
     names.sort_unstable();
     let count = names.len();
     names.dedup();
     assert_eq!(names.len(), count, "a member repeated: {text}");
 
-    // Its attributes and data (serde_json refuses lone surrogates in `\u` escapes, which
-    // RFC 8259's grammar allows: a payload holding one is checked as text above only).
+    // Its attributes and data (serde_json's values refuse lone surrogates in `\u` escapes
+    // and numbers beyond f64, which RFC 8259's grammar allows: a payload holding one is
+    // checked as text above only).
     let row_content_type = event
         .headers
         .iter()
@@ -460,6 +460,34 @@ pub fn cloudevents_structured(data: &[u8]) {
             extension_name(key).is_none() || std::str::from_utf8(value).is_err(),
             "extension `{key}` left in the headers: {record_headers:?}"
         );
+    }
+}
+
+/// A JSON object's member names in document order, repeats included, its values skipped
+/// unread (so any number or `\u` escape RFC 8259's grammar allows is taken, as in the
+/// stored payload that `data` holds byte for byte).
+struct MemberNames(Vec<String>);
+
+impl<'de> serde::Deserialize<'de> for MemberNames {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = MemberNames;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<MemberNames, A::Error> {
+                let mut names = Vec::new();
+                while let Some((name, serde::de::IgnoredAny)) = map.next_entry()? {
+                    names.push(name);
+                }
+                Ok(MemberNames(names))
+            }
+        }
+        d.deserialize_map(Visitor)
     }
 }
 
