@@ -182,7 +182,10 @@ impl HttpIngressConfig {
                 _ => {}
             }
             if let Some(field) = &source.key_field {
-                if field.split('.').any(|part| part.trim().is_empty()) {
+                if field
+                    .split('.')
+                    .any(|part| part.is_empty() || part.trim() != part)
+                {
                     return Err(format!(
                         "inbox.http.sources.{name}.key_field `{field}` must be member names \
                          joined by dots, e.g. \"data.order_id\""
@@ -462,12 +465,23 @@ impl InboxConfig {
                 }
             }
             http.check_sources()?;
+            if http.source_names().is_empty() {
+                return Err(
+                    "[inbox.http] names no source, so every request would be refused \
+                     (401): add signing secrets (inbox.http.secrets.<source> or \
+                     secret_files.<source>), or [inbox.http.sources.<source>] auth = \"none\" \
+                     for a source taken unsigned on purpose"
+                        .into(),
+                );
+            }
             // A signed request may be replayed while its timestamp is within the
             // tolerance; its row must still be there to make the replay a duplicate.
             let signed = !http.secrets.is_empty() || !http.secret_files.is_empty();
-            if signed && self.dedupe_retention < http.timestamp_tolerance {
+            // A timestamp up to the tolerance ahead of the clock is taken too, so a
+            // request may be replayed until twice the tolerance after it was received.
+            if signed && self.dedupe_retention < http.timestamp_tolerance * 2 {
                 return Err(format!(
-                    "inbox.dedupe_retention ({:?}) is shorter than \
+                    "inbox.dedupe_retention ({:?}) is shorter than twice \
                      inbox.http.timestamp_tolerance ({:?}): a signed request replayed after \
                      its row was deleted would be stored again; make the retention longer",
                     self.dedupe_retention, http.timestamp_tolerance
@@ -561,6 +575,9 @@ mod tests {
             ("[inbox]\n[inbox.http]\n[inbox.handlers.default]\nkind = \"sql\"\nstatement = \"SELECT :nope\"\n", ":nope"),
             ("[inbox]\n[inbox.http]\n[inbox.handlers.default]\nkind = \"webhook\"\nurl = \"ftp://x\"\n", "http://"),
             ("[inbox]\n[inbox.http]\n[inbox.http.secrets]\ns = [\"short\"]\n", "inbox.http.secrets.s"),
+            ("[inbox]\n[inbox.http]\n[inbox.handlers.default]\nkind = \"sql\"\nstatement = \"SELECT 1\"\n", "names no source"),
+            ("[inbox]\n[inbox.http]\n[inbox.http.sources.w]\nauth = \"none\"\nkey_field = \"data. id\"\n", "key_field"),
+            ("[inbox]\ndedupe_retention = \"9m\"\n[inbox.http]\n[inbox.http.secrets]\ns = [\"0123456789abcdef\"]\n", "twice"),
         ] {
             let config = Config::parse(&format!("{base}\n{extra}")).expect("parses");
             let err = config.validate().expect_err(extra).to_string();

@@ -188,6 +188,7 @@ async fn receive<C: Connector + 'static>(
     let within = async {
         // An unknown source costs nothing more than its head: refused before the body.
         let Some(known) = ingress.sources.get(&source).cloned() else {
+            // Debug: a flood of such requests must not flood the log too.
             tracing::debug!(request_id = %id, source = %source, "inbox HTTP ingress: unknown source");
             return refuse(
                 StatusCode::UNAUTHORIZED,
@@ -361,11 +362,15 @@ pub(crate) fn to_message(
             .ok_or_else(|| bad("missing Message-Id (or webhook-id) header"))?
     };
 
-    // The body's fields, read only when something needs them.
+    // The body's fields, read only when something needs them; otherwise a JSON payload
+    // column still needs the body to be JSON (any value).
     let key_path: Option<Vec<&str>> =
         (source.key_path.as_ref()).map(|p| p.iter().map(String::as_str).collect());
-    let needs_body = signed || json_body || type_header.is_none() || key_path.is_some();
-    let (body_type, body_key) = if needs_body {
+    let needs_fields = signed || type_header.is_none() || key_path.is_some();
+    if !needs_fields && json_body && !is_json(body) {
+        return Err(bad("the body is not JSON"));
+    }
+    let (body_type, body_key) = if needs_fields {
         let mut paths: Vec<&[&str]> = vec![&["type"]];
         if let Some(path) = &key_path {
             paths.push(path);
@@ -382,9 +387,13 @@ pub(crate) fn to_message(
                     "a signed request's body must be a JSON object with a top-level \"type\"",
                 ))
             }
-            Err(BodyFieldsError::NotJson(_)) if json_body || key_path.is_some() => {
+            Err(BodyFieldsError::NotJson(_)) if key_path.is_some() => {
                 return Err(bad("the body is not a JSON object"))
             }
+            Err(BodyFieldsError::NotJson(_)) if json_body && !is_json(body) => {
+                return Err(bad("the body is not JSON"))
+            }
+            // JSON, but not an object: it has no fields to read.
             Err(BodyFieldsError::NotJson(_)) => (None, None),
         }
     } else {
@@ -458,6 +467,13 @@ pub(crate) fn to_message(
         headers: kept,
         rejected: None,
     })
+}
+
+/// Whether `body` is one JSON value (any kind), checked without building it; UTF-8
+/// checked first (serde_json does not check the strings it skips).
+fn is_json(body: &[u8]) -> bool {
+    std::str::from_utf8(body).is_ok()
+        && serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok()
 }
 
 /// Refuses a header that says something else than what the signature (or the body)
@@ -651,5 +667,12 @@ mod tests {
             b"{not json",
         ));
         assert_eq!(status, 400, "not JSON for a JSON column");
+        // Any JSON value is a payload when no field is read from it.
+        let typed = headers(&[("Message-Id", "m"), ("Message-Type", "t")]);
+        for body in [&b"[1, 2]"[..], b"\"text\"", b"7"] {
+            assert!(check(&unsigned_source(), &typed, body).is_ok());
+        }
+        let (status, _) = refused(check(&unsigned_source(), &typed, b"[1, \"\xf6\"]"));
+        assert_eq!(status, 400, "not UTF-8");
     }
 }

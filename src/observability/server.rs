@@ -165,8 +165,10 @@ async fn method_not_allowed() -> impl IntoResponse {
 /// take turns with the relay on its runtime thread, so a flood of requests costs the relay
 /// only what it costs the machine. What the routes share with the pipeline (counters, the
 /// sink, the inbox's store) is thread-safe; a database connection opened by a route runs
-/// on this thread too. Should the thread not start, the server runs beside `work` on the
-/// caller's runtime, as it did before.
+/// on this thread too. Should the listener or the thread not be set up (resources
+/// exhausted), that is logged and `work` runs unserved. A panic on the server's thread
+/// ends the process, as a panic on the pipeline's runtime does: a supervisor restarts it
+/// whole rather than leave it running without its probes.
 pub(crate) async fn serve_while<T>(
     listener: Option<TcpListener>,
     router: Router,
@@ -179,7 +181,7 @@ pub(crate) async fn serve_while<T>(
     let std_listener = match listener.into_std() {
         Ok(std_listener) => std_listener,
         Err(e) => {
-            tracing::warn!(error = %e, "metrics listener: cannot be moved to its thread");
+            tracing::error!(error = %e, "metrics listener: cannot be moved to its thread; not serving");
             return work.await;
         }
     };
@@ -196,17 +198,23 @@ pub(crate) async fn serve_while<T>(
                     return;
                 }
             };
-            runtime.block_on(async move {
-                match TcpListener::from_std(std_listener) {
-                    Ok(listener) => {
-                        serve_until(listener, router, async {
-                            let _ = stopped.await;
-                        })
-                        .await;
+            let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                runtime.block_on(async move {
+                    match TcpListener::from_std(std_listener) {
+                        Ok(listener) => {
+                            serve_until(listener, router, async {
+                                let _ = stopped.await;
+                            })
+                            .await;
+                        }
+                        Err(e) => tracing::error!(error = %e, "metrics listener: cannot listen"),
                     }
-                    Err(e) => tracing::error!(error = %e, "metrics listener: cannot listen"),
-                }
-            });
+                });
+            }));
+            if served.is_err() {
+                tracing::error!("the HTTP endpoint's thread panicked; stopping the process");
+                std::process::abort();
+            }
         });
     let result = work.await;
     drop(done);

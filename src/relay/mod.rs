@@ -80,7 +80,7 @@ pub struct PipelineSettings {
     pub stall_warning: Duration,
     /// After this long without an outcome while records wait (3 × `kafka.message_timeout`,
     /// at least 10 s), the session probes the destination with a fresh client and rebuilds
-    /// a producer that is stuck while the brokers answer ([`Sink::rebuild_if_reachable`]).
+    /// a producer that is stuck while the brokers answer ([`Sink::destination_healthy`]).
     pub stuck_after: Duration,
     /// `outbox.rows`: with `Deleted` there is no row to write a status to, so nothing is
     /// written back but the checkpoint, and a record that is not delivered holds the log

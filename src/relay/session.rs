@@ -224,6 +224,8 @@ pub(super) struct Session<'a, O, S> {
     /// not move it): records waiting `stuck_after` since make the session ask whether the
     /// producer is stuck ([`Self::rebuild_if_stuck`]).
     waiting_since: tokio::time::Instant,
+    /// The last look at the destination found it healthy while records waited.
+    destination_seen_healthy: bool,
     blocked_refresh_every: Duration,
     /// Sequence numbers of the slots the batch's rows belong to, one per row.
     batch_seqs: Vec<u64>,
@@ -309,6 +311,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             maybe_released: HashSet::new(),
             blocked_refreshed: Instant::now(),
             waiting_since: tokio::time::Instant::now(),
+            destination_seen_healthy: false,
             blocked_refresh_every: MIN_BLOCKED_REFRESH,
             batch_seqs: Vec::new(),
             flush_wanted: false,
@@ -616,6 +619,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                 Some(done) = deliveries.next(), if !deliveries.is_empty() => {
                     last_progress = tokio::time::Instant::now();
                     self.waiting_since = last_progress;
+                    self.destination_seen_healthy = false;
                     self.complete(done);
                     // Every other outcome already in: one turn of the loop for all of
                     // them, not one each (bounded, so reading is not starved).
@@ -1207,33 +1211,57 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         self.written_through.as_ref().is_some_and(|w| begins < w)
     }
 
-    /// Records have waited `stuck_after` with no outcome: if a fresh client reaches the
-    /// destination, the producer is stuck (the brokers answer, it does not notice) and is
-    /// rebuilt; its deliveries then fail Fatal, the rows stay INIT, and the session ends
-    /// so that the next one reads them again and sends them in order. Otherwise the
-    /// destination is really away: keep waiting (strict ordering) and ask again later.
+    /// Records have waited `stuck_after` with no outcome. A fresh client's look at the
+    /// destination tells an outage (no answer, a leaderless or under-replicated
+    /// partition: keep waiting, strict ordering) from a stuck producer: healthy at two
+    /// looks in a row, `stuck_after` apart, with still no acknowledgement (the first look
+    /// gives a producer coming back from its reconnect backoff time to notice). Then the
+    /// producer is rebuilt, its deliveries fail Fatal (rows INIT, no attempt counted), and
+    /// the session halts at once (nothing more is read or sent through the new producer
+    /// while the old records are undecided), so the next session reads them again and
+    /// sends them in order.
     async fn rebuild_if_stuck(&mut self, waiting: usize) {
         let waited = self.waiting_since.elapsed();
         let probe_timeout = self
             .settings
             .stall_warning
             .clamp(Duration::from_secs(1), Duration::from_secs(10));
-        match self.sink.rebuild_if_reachable(probe_timeout).await {
+        match self.sink.destination_healthy(probe_timeout).await {
+            Ok(true) if self.destination_seen_healthy => match self.sink.rebuild().await {
+                Ok(()) => {
+                    self.stats.producer_rebuilds.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        waiting,
+                        for_at_least = ?waited,
+                        "records waited for Kafka with no acknowledgement while a fresh \
+                         client found the brokers healthy twice: the producer was stuck and \
+                         has been rebuilt; its records are read again from the log and sent \
+                         again in order (outboxd_kafka_producer_rebuilds_total)"
+                    );
+                    self.halt.get_or_insert(PipelineError::SinkFailed(
+                        "the Kafka producer was stuck and has been rebuilt; the records it \
+                         held are read again from the log"
+                            .into(),
+                    ));
+                    self.destination_seen_healthy = false;
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot rebuild a stuck Kafka producer"),
+            },
             Ok(true) => {
-                self.stats.producer_rebuilds.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
+                tracing::info!(
                     waiting,
-                    for_at_least = ?waited,
-                    "records waited for Kafka with no acknowledgement while a fresh client \
-                     reaches the brokers: the producer was stuck and has been rebuilt; its \
-                     records are read again from the log and sent again in order \
-                     (outboxd_kafka_producer_rebuilds_total)"
+                    "records still wait for Kafka while a fresh client finds the brokers \
+                     healthy; the producer is rebuilt if nothing is acknowledged by the next look"
                 );
+                self.destination_seen_healthy = true;
             }
-            Ok(false) => tracing::debug!(
-                waiting,
-                "records still wait for Kafka, and a fresh client does not reach it either"
-            ),
+            Ok(false) => {
+                tracing::debug!(
+                    waiting,
+                    "records still wait for Kafka, and a fresh client does not find it healthy"
+                );
+                self.destination_seen_healthy = false;
+            }
             Err(e) => tracing::warn!(error = %e, "cannot probe Kafka for a stuck producer"),
         }
         self.waiting_since = tokio::time::Instant::now();

@@ -1146,9 +1146,10 @@ async fn a_stuck_producer_is_rebuilt_once_a_fresh_client_reaches_the_brokers() {
             "the destination is away: keep waiting"
         );
         assert_eq!(h.sink.held(), [1, 2, 3], "still waiting, in order");
-        // The brokers answer a fresh client; the producer still acknowledges nothing.
+        // The brokers answer a fresh client; the producer still acknowledges nothing: a
+        // first healthy look gives it time, the second rebuilds it.
         h.sink.set_unreachable(false);
-        tokio::time::sleep(h.settings.stuck_after * 2).await;
+        tokio::time::sleep(h.settings.stuck_after * 3).await;
     };
     let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
     match result {

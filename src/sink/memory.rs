@@ -47,7 +47,7 @@ struct State {
     commits: Vec<Position>,
     /// Commits fail (the transaction coordinator is away) while set.
     fail_commits: bool,
-    /// A fresh client reaches the destination ([`Sink::rebuild_if_reachable`]).
+    /// A fresh client reaches the destination ([`Sink::destination_healthy`]).
     unreachable: bool,
     rebuilds: usize,
     /// Runs once, at the next take-over, before this sink's instance fences the old one:
@@ -122,7 +122,7 @@ impl MemorySink {
     }
 
     /// A fresh client cannot reach the destination while set: see
-    /// [`Sink::rebuild_if_reachable`].
+    /// [`Sink::destination_healthy`].
     pub(crate) fn set_unreachable(&self, unreachable: bool) {
         self.state().unreachable = unreachable;
     }
@@ -138,7 +138,7 @@ impl MemorySink {
         self.state().committed_position = Some(committed);
     }
 
-    /// How often [`Sink::rebuild_if_reachable`] rebuilt the sink.
+    /// How often [`Sink::rebuild`] rebuilt the sink.
     pub(crate) fn rebuilds(&self) -> usize {
         self.state().rebuilds
     }
@@ -291,13 +291,14 @@ impl Sink for MemorySink {
         self.state().held.len() as i64
     }
 
+    async fn destination_healthy(&self, _timeout: Duration) -> Result<bool, String> {
+        Ok(!self.state().unreachable)
+    }
+
     /// As a purged librdkafka producer: every held delivery fails Fatal, and deliveries
     /// resolve at once again.
-    async fn rebuild_if_reachable(&self, _timeout: Duration) -> Result<bool, String> {
+    async fn rebuild(&self) -> Result<(), String> {
         let mut state = self.state();
-        if state.unreachable {
-            return Ok(false);
-        }
         state.rebuilds += 1;
         state.hold = false;
         for (_, (tx, _)) in std::mem::take(&mut state.held) {
@@ -306,7 +307,7 @@ impl Sink for MemorySink {
                 error: "memory sink: rebuilt before the record was acknowledged".into(),
             }));
         }
-        Ok(true)
+        Ok(())
     }
 
     async fn recover(&self) -> Result<bool, String> {

@@ -181,15 +181,22 @@ pub trait Sink: Send + Sync {
         async {}
     }
 
-    /// Replaces the producer when records have waited long past their timeout while a
-    /// fresh client of the destination answers within `timeout` (the brokers are back, the
-    /// producer did not notice): the old producer's deliveries then fail
-    /// [`FailureKind::Fatal`], so their rows stay INIT and the relay reads and sends them
-    /// again, in order. `Ok(false)`: the destination does not answer either; keep waiting.
-    fn rebuild_if_reachable(
+    /// Whether a fresh client finds the destination healthy within `timeout` (for Kafka:
+    /// metadata answers, and every partition of every topic but Kafka's own has a leader
+    /// and all its replicas in sync). The relay asks when records have waited long past
+    /// their timeout: twice healthy with still no acknowledgement, the producer is stuck
+    /// and is [rebuilt](Sink::rebuild). Any doubt (no answer, a leaderless or
+    /// under-replicated partition: an outage the producer waits out by itself) is
+    /// `Ok(false)`.
+    fn destination_healthy(
         &self,
         timeout: Duration,
     ) -> impl Future<Output = Result<bool, String>> + Send;
+
+    /// Replaces a stuck producer: the old one's queued and in-flight records are purged
+    /// at once, whoever still holds it, so their deliveries fail [`FailureKind::Fatal`]
+    /// (their rows stay INIT and the relay reads and sends them again, in order).
+    fn rebuild(&self) -> impl Future<Output = Result<(), String>> + Send;
 
     /// After a [`FailureKind::Fatal`] failure, makes the sink usable again (for Kafka: a
     /// fresh producer replaces the one librdkafka declared fatal). `Ok(true)` when it

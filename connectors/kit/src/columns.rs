@@ -160,8 +160,10 @@ pub fn required_columns(layout: &OutboxLayout) -> Vec<&str> {
         };
         required.extend(name);
     }
-    for (field, name) in log_fields(layout) {
-        if !required.contains(&name) && field != Field::Trace {
+    // With kept rows the trace column stays required even where the log may lack it:
+    // the claims of the retry worker select it.
+    for (_, name) in log_fields(layout) {
+        if !required.contains(&name) {
             required.push(name);
         }
     }
@@ -473,8 +475,15 @@ mod tests {
         let layout = debezium_kept();
         assert!(!is_outboxd_table(&layout));
         let required = required_columns(&layout);
-        // `tracingspancontext` is optional: Debezium needs it only with tracing on.
-        let debezium = ["id", "aggregatetype", "aggregateid", "type", "payload"];
+        // With kept rows the claims read `tracingspancontext` too: required.
+        let debezium = [
+            "id",
+            "aggregatetype",
+            "aggregateid",
+            "type",
+            "payload",
+            "tracingspancontext",
+        ];
         let added: Vec<&str> = state_columns(&layout).iter().map(|(n, _)| *n).collect();
         let mut expected: Vec<&str> = debezium.iter().chain(&added).copied().collect();
         expected.sort_unstable();

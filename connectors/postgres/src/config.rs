@@ -62,6 +62,13 @@ pub struct PostgresConfig {
     /// How often a standby status update is sent even when the server does not ask.
     #[serde(default = "default_status_interval", with = "humantime_serde")]
     pub status_interval: Duration,
+    /// With no message from the server on the replication connection for this long
+    /// (though it was asked to answer), the connection is taken for dead and the relay
+    /// reconnects: a network partition behind a live proxy, a frozen server. Long by
+    /// default: decoding a large transaction's commit keeps an older server from
+    /// answering for a while. `0s`: never.
+    #[serde(default = "default_silence_timeout", with = "humantime_serde")]
+    pub silence_timeout: Duration,
     /// Time allowed to establish a connection.
     #[serde(
         default = "outboxd_connector_kit::config::default_connect_timeout",
@@ -76,6 +83,10 @@ fn default_port() -> u16 {
 
 fn default_status_interval() -> Duration {
     Duration::from_secs(10)
+}
+
+fn default_silence_timeout() -> Duration {
+    Duration::from_secs(120)
 }
 
 impl PostgresConfig {
@@ -111,7 +122,16 @@ impl PostgresConfig {
             self.connect_timeout,
             Duration::from_millis(100),
             Duration::from_secs(3600),
-        )
+        )?;
+        if !self.silence_timeout.is_zero() {
+            check_duration(
+                "source.silence_timeout",
+                self.silence_timeout,
+                (self.status_interval * 2).max(Duration::from_secs(1)),
+                Duration::from_secs(86_400),
+            )?;
+        }
+        Ok(())
     }
 
     /// The publication name for pipeline `pipeline`.

@@ -506,6 +506,7 @@ mod tests {
             publication: None,
             slot_failover: false,
             status_interval: Duration::from_secs(1),
+            silence_timeout: Duration::from_secs(120),
             connect_timeout: Duration::from_secs(1),
         };
         PgTls::for_config(&config).unwrap()

@@ -42,6 +42,7 @@ fn config(user: &str, password: Option<&str>, sslmode: SslMode) -> PostgresConfi
         publication: None,
         slot_failover: false,
         status_interval: Duration::from_secs(10),
+        silence_timeout: Duration::from_secs(120),
         connect_timeout: Duration::from_secs(10),
     }
 }
@@ -784,9 +785,9 @@ impl SilentRelay {
 }
 
 /// The replication connection goes silent (nothing forwarded either way, TCP still
-/// up): the stream notices within three status intervals, because it asks the server to
-/// answer once it has been quiet for one, and fails with a transient error so the relay
-/// reconnects. Before, it waited for the server forever.
+/// up): the stream notices within `source.silence_timeout` (3 s here), because it asks the
+/// server to answer once it has been quiet for a status interval, and fails with a
+/// transient error so the relay reconnects. Before, it waited for the server forever.
 #[tokio::test]
 async fn a_silent_replication_connection_is_noticed_and_is_transient() {
     let f = Fixture::new("silent").await;
@@ -801,6 +802,7 @@ async fn a_silent_replication_connection_is_noticed_and_is_transient() {
     cfg.slot = Some(f.slot.clone());
     cfg.publication = Some(f.slot.clone());
     cfg.status_interval = Duration::from_millis(500);
+    cfg.silence_timeout = Duration::from_secs(3);
     let layout = OutboxLayout {
         outbox_tables: vec![format!("public.{}", f.outbox)],
         checkpoint_table: format!("public.{}_checkpoint", f.slot),

@@ -62,6 +62,7 @@ fn config(mode: SslMode, rootcert: Option<PathBuf>) -> PostgresConfig {
         publication: None,
         slot_failover: false,
         status_interval: Duration::from_secs(10),
+        silence_timeout: Duration::from_secs(120),
         connect_timeout: Duration::from_secs(10),
     }
 }

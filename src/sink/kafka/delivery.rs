@@ -93,7 +93,7 @@ impl KafkaDelivery {
                 Ok(Err((e, _message))) if self.1 == Transactional::Yes => {
                     Err(in_transaction_failure(&e))
                 }
-                // Purged: outboxd replaced a stuck producer (`rebuild_if_reachable`).
+                // Purged: outboxd replaced a stuck producer (`Sink::rebuild`).
                 Ok(Err((e, _message)))
                     if matches!(
                         e.rdkafka_error_code(),

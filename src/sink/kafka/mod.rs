@@ -135,7 +135,9 @@ impl KafkaSink {
         Ok(self)
     }
 
-    /// Puts a fresh producer in place of the current one, which is dropped off the
+    /// Puts a fresh producer in place of the current one, whose queued and in-flight
+    /// records are purged at once (their deliveries fail, even while a sender or a health
+    /// check still holds a clone of it, which would keep it alive), then dropped off the
     /// runtime (dropping may wait for librdkafka's threads).
     async fn replace_producer(&self) -> Result<FutureProducer, String> {
         let fresh = create_producer(&self.client)?;
@@ -146,7 +148,13 @@ impl KafkaSink {
                 .unwrap_or_else(PoisonError::into_inner),
             fresh.clone(),
         );
-        let _ = tokio::task::spawn_blocking(move || drop(old)).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            old.purge(rdkafka::producer::PurgeConfig::default().queue().inflight());
+            // Hands the purged records' outcomes to their deliveries.
+            let _ = old.flush(Duration::from_millis(500));
+            drop(old);
+        })
+        .await;
         Ok(fresh)
     }
 
@@ -191,7 +199,7 @@ impl Sink for KafkaSink {
             .key(event.key.as_ref())
             .payload(value.as_ref())
             .headers(self.headers.build(event));
-        let producer = self.producer();
+        let mut producer = self.producer();
         if let Some(transactions) = &self.transactions {
             if let Err(e) = transactions.begin(&producer) {
                 return KafkaDelivery::fatal(e);
@@ -204,9 +212,11 @@ impl Sink for KafkaSink {
                 }
                 Ok(future) => return KafkaDelivery::in_flight(future),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
-                    // librdkafka's queue is full: let it drain a little, then try again.
+                    // librdkafka's queue is full: let it drain a little, then try again,
+                    // on the current producer (a stuck one may have been replaced).
                     record = returned;
                     tokio::time::sleep(Duration::from_millis(2)).await;
+                    producer = self.producer();
                 }
                 Err((e, _)) if self.transactions.is_some() => {
                     return KafkaDelivery::failed_in_transaction(&e)
@@ -314,31 +324,46 @@ impl Sink for KafkaSink {
 
     /// A wedged producer (records unacknowledged long past `message_timeout`, seen once
     /// after a broker came back fenced: librdkafka lost the partition leaders and never
-    /// asked again) is replaced when a fresh client can fetch the cluster's metadata. The
-    /// fresh client is a separate producer without `transactional.id` (it must not fence
-    /// anything); dropping the stuck one purges its queue, and its deliveries fail Fatal.
-    async fn rebuild_if_reachable(&self, timeout: Duration) -> Result<bool, String> {
+    /// asked again) is told from an outage by a fresh client: a separate producer without
+    /// `transactional.id` (it must not fence anything). Healthy means every partition of
+    /// every topic but Kafka's own (`__…`) has a leader and its whole replica set in sync:
+    /// a leaderless or under-replicated partition is an outage the producer waits out
+    /// itself (`acks=all`), and a rebuild would only cost duplicates.
+    async fn destination_healthy(&self, timeout: Duration) -> Result<bool, String> {
         let mut probe_config = self.client.clone();
         probe_config.remove("transactional.id");
         let probe: rdkafka::producer::BaseProducer = probe_config
             .create()
             .map_err(|e| format!("cannot create a Kafka client to probe the brokers: {e}"))?;
-        let answered = tokio::task::spawn_blocking(move || {
-            let brokers = probe
-                .client()
-                .fetch_metadata(None, timeout)
-                .map(|metadata| metadata.brokers().len());
+        let healthy = tokio::task::spawn_blocking(move || {
+            let healthy = match probe.client().fetch_metadata(None, timeout) {
+                Ok(metadata) => {
+                    !metadata.brokers().is_empty()
+                        && metadata
+                            .topics()
+                            .iter()
+                            .filter(|t| !t.name().starts_with("__"))
+                            .all(|t| {
+                                t.error().is_none()
+                                    && t.partitions().iter().all(|p| {
+                                        p.error().is_none()
+                                            && p.leader() >= 0
+                                            && p.isr().len() >= p.replicas().len()
+                                    })
+                            })
+                }
+                Err(_) => false,
+            };
             drop(probe);
-            brokers
+            healthy
         })
         .await;
-        match answered {
-            Ok(Ok(brokers)) if brokers > 0 => {
-                drop(self.replace_producer().await?);
-                Ok(true)
-            }
-            _ => Ok(false),
-        }
+        Ok(healthy.unwrap_or(false))
+    }
+
+    async fn rebuild(&self) -> Result<(), String> {
+        drop(self.replace_producer().await?);
+        Ok(())
     }
 
     /// Replaces the producer when librdkafka has declared it fatal (an idempotent

@@ -86,7 +86,7 @@ impl PgChangeStream {
             decoder,
             outlet,
             reporter: Reporter::new(confirmed_rx, connector.config().status_interval),
-            silence_limit: silence_limit(connector.config().status_interval),
+            silence_limit: silence_limit(connector.config().silence_timeout),
             slot: slot.clone(),
         };
         inlet.spawn(task.run());
@@ -321,13 +321,14 @@ impl Confirmations for StatusUpdates<'_> {
 }
 
 /// How long the task waits for any message from the server before it takes the
-/// connection for dead: three status intervals, at least 3 s. Once the server has said
+/// connection for dead: `source.silence_timeout` (`None`: never). Once the server has said
 /// nothing for a status interval, the next status update asks it to answer (the reply
-/// flag), so on a live connection an idle slot still hears from it every interval; only
-/// a connection that carries nothing (a network partition behind a live proxy, a server
-/// frozen) stays silent that long.
-fn silence_limit(status_interval: Duration) -> Duration {
-    (status_interval * 3).max(Duration::from_secs(3))
+/// flag), so on a live connection an idle slot still hears from it every interval; only a
+/// connection that carries nothing (a network partition behind a live proxy, a frozen
+/// server) stays silent that long, or a server busy decoding a large transaction's commit
+/// (which answers no status update meanwhile before PostgreSQL 15): hence a long default.
+fn silence_limit(timeout: Duration) -> Option<Duration> {
+    (!timeout.is_zero()).then_some(timeout)
 }
 
 /// The task that owns the replication socket.
@@ -337,7 +338,7 @@ struct Task {
     outlet: Outlet<Lsn>,
     reporter: Reporter,
     /// See [`silence_limit`].
-    silence_limit: Duration,
+    silence_limit: Option<Duration>,
     slot: String,
 }
 
@@ -359,7 +360,7 @@ impl Task {
         loop {
             let progress_at = self.outlet.progress_due(self.decoder.in_transaction());
             let status_at = self.reporter.deadline();
-            let silent_at = waiting_since + self.silence_limit;
+            let silent_at = self.silence_limit.map(|limit| waiting_since + limit);
             tokio::select! {
                 message = self.stream.recv() => {
                     let message = message.map_err(|e| with_fix(e, &self.slot))?;
@@ -368,13 +369,13 @@ impl Task {
                     }
                     waiting_since = Instant::now();
                 }
-                () = tokio::time::sleep_until(silent_at) => {
+                () = sleep_until_opt(silent_at) => {
                     return Err(ConnectorError::transient(format!(
                         "no message from PostgreSQL on the replication connection of slot `{}` \
                          for {:?}, although it was asked to answer: the connection is silent \
                          (a network partition, a proxy that stopped forwarding, a frozen \
                          server); reconnecting",
-                        self.slot, self.silence_limit
+                        self.slot, self.silence_limit.unwrap_or_default()
                     )));
                 }
                 changed = self.reporter.confirmed.changed() => {
@@ -393,6 +394,8 @@ impl Task {
                         if self.emit(item).await.is_err() {
                             return Ok(Closed);
                         }
+                        // Waiting for the core is not the server's silence.
+                        waiting_since = Instant::now();
                     }
                 }
             }

@@ -72,6 +72,7 @@ impl PgEnv {
             publication: None,
             slot_failover: false,
             status_interval: Duration::from_secs(10),
+            silence_timeout: Duration::from_secs(120),
             connect_timeout: Duration::from_secs(10),
         }
     }
