@@ -204,3 +204,5 @@ write("inbox_kafka_record", "found-not-utf8", record(7, b"i", [(b"message_type",
 write("cloudevents_structured", "found-not-utf8", event(0, "{}", b'{"\xff":2}'))
 # Found by the target: a row repeating an extension attribute.
 write("cloudevents_structured", "found-repeated-extension", event(1, '{"ce_region8":"","ce_region8":""}', b""))
+# Found by the target: a row with a second content-type header.
+write("cloudevents_structured", "found-second-content-type", event(0, '{"Content-Type":"","Content-Type":""}', b""))

@@ -10,7 +10,7 @@
 //!    extension attributes) pass as they are: that is how a row adds attributes. The one
 //!    exception is `content-type`: a row's own sets the event's content type (a `bytea`
 //!    outbox may hold JSON in one row and Protobuf in the next), sent once, as
-//!    `content-type`.
+//!    `content-type` (a row's second one, in any case, as `row-<name>`).
 //!
 //! In the structured content mode (`kafka.cloudevents.mode = "structured"`, see
 //! `structured.rs`) the attributes live in the value instead: 2 is only `content-type:
@@ -196,7 +196,13 @@ impl RecordHeaders {
                     .iter()
                     .any(|reserved| reserved.eq_ignore_ascii_case(name))
             });
+        // With CloudEvents the record's `content-type` is outboxd's (the row's first one
+        // sets it and is not renamed, `pairs` sends it in place): a second must not
+        // shadow it.
+        let second_content_type =
+            self.cloudevents.is_some() && key.eq_ignore_ascii_case(CONTENT_TYPE);
         if reserved_in_value
+            || second_content_type
             || OWN_HEADERS
                 .iter()
                 .chain(ce)
@@ -437,6 +443,44 @@ mod tests {
             [&("content-type".to_owned(), "text/plain".to_owned())]
         );
         assert_eq!(names(&own).last(), Some(&"seq"));
+    }
+
+    /// Found by the `cloudevents_structured` fuzz target: a row with a second
+    /// `content-type` header (`{"Content-Type":"","Content-Type":""}`, or `Content-Type`
+    /// and `content-type`, two names to jsonb) sent it beside outboxd's, so the record had
+    /// two; in the structured mode a reader that takes the last (Java's `lastHeader`) saw
+    /// the row's instead of `application/cloudevents+json` and read the record in the
+    /// binary mode. The row's first sets the event's content type, as before; the others
+    /// are sent as `row-<name>`, like any row header named like one outboxd writes.
+    #[test]
+    fn a_rows_second_content_type_does_not_shadow_the_records() {
+        let row = [
+            ("Content-Type", "text/plain"),
+            ("seq", "1"),
+            ("content-type", "application/xml"),
+        ];
+        let structured = CloudEventsConfig {
+            mode: CloudEventsMode::Structured,
+            ..CloudEventsConfig::default()
+        };
+        for (config, expected) in [
+            (CloudEventsConfig::default(), "text/plain"),
+            (structured, structured::CONTENT_TYPE),
+        ] {
+            let ce = RecordHeaders::new(&kafka(Some(config)), "orders");
+            let got = pairs(&ce.build(&event(&row)));
+            let types: Vec<_> = (got.iter())
+                .filter(|(k, _)| k.eq_ignore_ascii_case(CONTENT_TYPE))
+                .collect();
+            assert_eq!(types, [&(CONTENT_TYPE.to_owned(), expected.to_owned())]);
+            assert!(
+                got.contains(&("row-content-type".into(), "application/xml".into())),
+                "{got:?}"
+            );
+        }
+        // Without CloudEvents outboxd writes no content type: the row's pass as they are.
+        let got = pairs(&RecordHeaders::default().build(&event(&row)));
+        assert_eq!(&names(&got)[4..], ["Content-Type", "seq", "content-type"]);
     }
 
     #[test]
