@@ -81,7 +81,8 @@ pub(crate) async fn init(
             }
         }
         if !existed || !missing_indexes.is_empty() {
-            execute(&client, &ddl.sql, &format!("creating table {}", ddl.table)).await?;
+            let context = format!("creating table {}", ddl.table);
+            create_if_not_exists(&client, &ddl.sql, &context).await?;
         }
         if !existed {
             report.push(format!("created table {}", ddl.table));
@@ -197,5 +198,35 @@ pub(super) async fn ensure_publication(
             }
             Ok(format!("publication {publication}: exists, nothing to do"))
         }
+    }
+}
+
+/// Runs `IF NOT EXISTS` DDL, once more when another `init` created the same relation at
+/// the same moment (two instances starting together, or tests sharing a database):
+/// PostgreSQL's `IF NOT EXISTS` is not atomic against a concurrent `CREATE`, which fails
+/// on the catalog's unique index (23505) or as a duplicate table (42P07); the second run
+/// then finds the relation and skips it.
+async fn create_if_not_exists(
+    client: &tokio_postgres::Client,
+    sql: &str,
+    context: &str,
+) -> Result<(), ConnectorError> {
+    use tokio_postgres::error::SqlState;
+    match client.batch_execute(sql).await {
+        Err(e)
+            if e.code().is_some_and(|code| {
+                *code == SqlState::UNIQUE_VIOLATION
+                    || *code == SqlState::DUPLICATE_TABLE
+                    || *code == SqlState::DUPLICATE_OBJECT
+            }) =>
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            client
+                .batch_execute(sql)
+                .await
+                .map_err(|e| crate::client::classify_pg_error(&e, context))
+        }
+        Err(e) => Err(crate::client::classify_pg_error(&e, context)),
+        Ok(()) => Ok(()),
     }
 }
