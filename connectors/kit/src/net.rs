@@ -9,9 +9,13 @@
 //! replication stream's own liveness check covers that (see the PostgreSQL engine's
 //! `log/stream.rs`).
 
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use socket2::{SockRef, TcpKeepalive};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 /// Idle time before the first keepalive probe.
@@ -37,6 +41,56 @@ pub fn detect_dead_peers(tcp: &TcpStream) {
     #[cfg(any(target_os = "linux", target_os = "android", target_os = "fuchsia"))]
     if let Err(e) = socket.set_tcp_user_timeout(Some(USER_TIMEOUT)) {
         tracing::debug!(error = %e, "cannot set TCP_USER_TIMEOUT on a database connection");
+    }
+}
+
+/// A connection to a database: plain TCP, or TLS (`T`, the engine's TLS stream) over it.
+/// Reads and writes go to whichever it is.
+#[derive(Debug)]
+pub enum MaybeTls<T> {
+    /// Plain TCP.
+    Plain(TcpStream),
+    /// TLS over TCP (boxed: a TLS stream is large).
+    Tls(Box<T>),
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for MaybeTls<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            MaybeTls::Plain(tcp) => Pin::new(tcp).poll_read(cx, buf),
+            MaybeTls::Tls(tls) => Pin::new(tls.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for MaybeTls<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            MaybeTls::Plain(tcp) => Pin::new(tcp).poll_write(cx, buf),
+            MaybeTls::Tls(tls) => Pin::new(tls.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            MaybeTls::Plain(tcp) => Pin::new(tcp).poll_flush(cx),
+            MaybeTls::Tls(tls) => Pin::new(tls.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            MaybeTls::Plain(tcp) => Pin::new(tcp).poll_shutdown(cx),
+            MaybeTls::Tls(tls) => Pin::new(tls.as_mut()).poll_shutdown(cx),
+        }
     }
 }
 

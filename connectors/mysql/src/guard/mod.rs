@@ -76,13 +76,12 @@ mod watch;
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::pin::Pin;
+
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 
 use bytes::BytesMut;
 use openssl::ssl::SslConnector;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::AbortHandle;
 
@@ -90,6 +89,7 @@ pub(crate) use watch::{Exposing, Malformed};
 
 use self::tls::TlsStream;
 use self::watch::{AuthWatch, Greeting, Verdict, CLIENT_SSL};
+use outboxd_connector_kit::net::MaybeTls;
 
 /// Whether the guard brings TLS to the server (always unverified: verified TLS is
 /// mysql_async's).
@@ -253,10 +253,7 @@ fn store(outcome: &Mutex<Option<GuardError>>, e: GuardError) {
 }
 
 /// The server's side of a guarded connection.
-enum ServerIo {
-    Plain(TcpStream),
-    Tls(Box<TlsStream>),
-}
+type ServerIo = MaybeTls<TlsStream>;
 
 /// Connects to the server and relays the authentication, refusing what
 /// [`AuthWatch`] refuses. `Ok(None)`: the client went away; nothing to relay.
@@ -467,46 +464,6 @@ impl Frames {
                 Err(Malformed("packet size during authentication").into())
             }
             Err(e) => Err(GuardError::Server(e)),
-        }
-    }
-}
-
-impl AsyncRead for ServerIo {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ServerIo::Plain(tcp) => Pin::new(tcp).poll_read(cx, buf),
-            ServerIo::Tls(tls) => Pin::new(tls.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for ServerIo {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            ServerIo::Plain(tcp) => Pin::new(tcp).poll_write(cx, buf),
-            ServerIo::Tls(tls) => Pin::new(tls.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ServerIo::Plain(tcp) => Pin::new(tcp).poll_flush(cx),
-            ServerIo::Tls(tls) => Pin::new(tls.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ServerIo::Plain(tcp) => Pin::new(tcp).poll_shutdown(cx),
-            ServerIo::Tls(tls) => Pin::new(tls.as_mut()).poll_shutdown(cx),
         }
     }
 }

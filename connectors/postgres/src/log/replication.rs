@@ -12,14 +12,15 @@
 //! on which standby status updates are sent.
 
 use std::io;
-use std::pin::Pin;
+
 use std::sync::Arc;
-use std::task::{Context, Poll};
+
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use fallible_iterator::FallibleIterator;
 use outboxd_connector::{ConnectorError, ErrorReason};
+use outboxd_connector_kit::net::MaybeTls;
 use outboxd_connector_kit::tls::{Negotiated, TlsUse};
 
 use super::position::Lsn;
@@ -29,7 +30,7 @@ use postgres_protocol::authentication::sasl::{
 };
 use postgres_protocol::message::backend::{ErrorFields, Header, Message};
 use postgres_protocol::message::frontend;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_openssl::SslStream;
 
@@ -41,51 +42,7 @@ use crate::PostgresConfig;
 const COPY_BOTH_RESPONSE_TAG: u8 = b'W';
 
 /// The socket: plain TCP or TLS over TCP.
-#[derive(Debug)]
-enum PgStream {
-    Plain(TcpStream),
-    Tls(Box<SslStream<TcpStream>>),
-}
-
-impl AsyncRead for PgStream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            PgStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            PgStream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for PgStream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            PgStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            PgStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            PgStream::Plain(s) => Pin::new(s).poll_flush(cx),
-            PgStream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            PgStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            PgStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
-    }
-}
+type PgStream = MaybeTls<SslStream<TcpStream>>;
 
 /// A backend message, including the one `postgres-protocol` does not know.
 pub(crate) enum Backend {
