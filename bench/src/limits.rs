@@ -11,7 +11,9 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use tokio::process::Command;
 
-use crate::daemon::Services;
+use crate::consume;
+use crate::daemon::{CpuSnapshot, Services};
+use crate::report::Limits;
 
 /// Streams the slot `slot` with pgoutput (publication `publication`) to /dev/null until
 /// the first record past `endpos`, and returns how long that took.
@@ -210,4 +212,48 @@ pub(crate) async fn rdkafka_keyed(
         "only {acked} of {records} records acknowledged"
     );
     Ok(records as f64 / elapsed.as_secs_f64())
+}
+
+impl crate::Bench {
+    pub(crate) async fn kafka_limits(&mut self) -> anyhow::Result<Limits> {
+        let records = self.args.backlog_events;
+        // Key and the four headers outboxd adds come to about 100 bytes per record.
+        let record_size = self.args.payload_bytes + 100;
+        let ppt = format!("bench.{}.limit_ppt", self.run);
+        consume::create_topic(&self.services.kafka, &ppt, self.args.partitions).await?;
+        self.topics.push(ppt.clone());
+        eprintln!("Kafka ProducerPerformance, {records} records of {record_size} bytes");
+        let before = CpuSnapshot::take();
+        let (java, summary) = producer_performance(
+            &self.args.services_script,
+            &self.services.kafka,
+            &ppt,
+            records,
+            record_size,
+        )
+        .await?;
+        let java_cpu = CpuSnapshot::take().per_million_since(&before, records);
+        let keyed = format!("bench.{}.limit_rdk", self.run);
+        consume::create_topic(&self.services.kafka, &keyed, self.args.partitions).await?;
+        self.topics.push(keyed.clone());
+        eprintln!("rdkafka keyed producer, {records} records");
+        let before = CpuSnapshot::take();
+        let rdkafka = rdkafka_keyed(
+            &self.services.kafka,
+            &keyed,
+            records,
+            self.args.payload_bytes,
+            self.args.keys,
+        )
+        .await?;
+        let rdkafka_cpu = CpuSnapshot::take().per_million_since(&before, records);
+        Ok(Limits {
+            kafka_producer_performance: Some(java),
+            kafka_producer_performance_cpu: Some(java_cpu),
+            kafka_rdkafka_keyed_cpu: Some(rdkafka_cpu),
+            kafka_producer_performance_summary: summary,
+            kafka_rdkafka_keyed: Some(rdkafka),
+            ..Limits::default()
+        })
+    }
 }

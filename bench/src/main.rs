@@ -8,9 +8,12 @@ mod consume;
 mod daemon;
 mod exactly_once;
 mod faults;
+mod idle;
 mod inbox;
 mod ingress_flood;
 mod limits;
+mod mariadb;
+mod poll;
 mod report;
 mod workload;
 
@@ -23,7 +26,7 @@ use tokio_postgres::Client;
 
 use crate::consume::Consumed;
 use crate::daemon::{BenchPipeline, CpuSnapshot, Daemon, Services, Source};
-use crate::report::{Idle, Limits, Report, Row};
+use crate::report::{Idle, Report, Row};
 use crate::workload::{now_micros, Database, Workload, Written};
 
 #[derive(Parser, Debug, Clone)]
@@ -220,7 +223,7 @@ impl Bench {
             if self.args.wants("idle") {
                 let sql = workload::connect(&self.services.conn_string()).await?;
                 let seconds = self.args.idle_seconds;
-                idle_task = Some(tokio::spawn(idle_check(
+                idle_task = Some(tokio::spawn(idle::idle_check(
                     sql,
                     pipeline.table,
                     daemon,
@@ -417,48 +420,6 @@ impl Bench {
         row.servers = Some(CpuSnapshot::take().per_million_since(&servers0, events));
         row.wal_per_event = Some((lsn1 - lsn0) as f64 / events as f64);
         Ok((row, daemon))
-    }
-
-    async fn kafka_limits(&mut self) -> anyhow::Result<Limits> {
-        let records = self.args.backlog_events;
-        // Key and the four headers outboxd adds come to about 100 bytes per record.
-        let record_size = self.args.payload_bytes + 100;
-        let ppt = format!("bench.{}.limit_ppt", self.run);
-        consume::create_topic(&self.services.kafka, &ppt, self.args.partitions).await?;
-        self.topics.push(ppt.clone());
-        eprintln!("Kafka ProducerPerformance, {records} records of {record_size} bytes");
-        let before = CpuSnapshot::take();
-        let (java, summary) = limits::producer_performance(
-            &self.args.services_script,
-            &self.services.kafka,
-            &ppt,
-            records,
-            record_size,
-        )
-        .await?;
-        let java_cpu = CpuSnapshot::take().per_million_since(&before, records);
-        let keyed = format!("bench.{}.limit_rdk", self.run);
-        consume::create_topic(&self.services.kafka, &keyed, self.args.partitions).await?;
-        self.topics.push(keyed.clone());
-        eprintln!("rdkafka keyed producer, {records} records");
-        let before = CpuSnapshot::take();
-        let rdkafka = limits::rdkafka_keyed(
-            &self.services.kafka,
-            &keyed,
-            records,
-            self.args.payload_bytes,
-            self.args.keys,
-        )
-        .await?;
-        let rdkafka_cpu = CpuSnapshot::take().per_million_since(&before, records);
-        Ok(Limits {
-            kafka_producer_performance: Some(java),
-            kafka_producer_performance_cpu: Some(java_cpu),
-            kafka_rdkafka_keyed_cpu: Some(rdkafka_cpu),
-            kafka_producer_performance_summary: summary,
-            kafka_rdkafka_keyed: Some(rdkafka),
-            ..Limits::default()
-        })
     }
 
     async fn log_backlog_and_max(&mut self, report: &mut Report) -> anyhow::Result<()> {
@@ -668,156 +629,6 @@ impl Bench {
         Ok((row, daemon))
     }
 
-    async fn poll_mode(&mut self) -> anyhow::Result<Vec<Row>> {
-        let p = self.pipeline("poll", Source::PgPoll).await?;
-        let mut rows = Vec::new();
-        let events = (self.args.poll_rate * self.args.poll_seconds) as usize;
-        let tag = format!("{}p", self.run);
-        eprintln!(
-            "poll mode, {} events/s for {} s",
-            self.args.poll_rate, self.args.poll_seconds
-        );
-        let consumer = consume::spawn(
-            &self.services.kafka,
-            &p.topic,
-            self.args.partitions,
-            events,
-            Duration::from_secs_f64(self.args.poll_seconds + 120.0),
-        );
-        let mut daemon = self.spawn(&p, "poll.log")?;
-        if let Err(e) = wait_ready(&mut daemon, p.metrics_port, Duration::from_secs(30)).await {
-            anyhow::bail!("{e:#}");
-        }
-        let lsn0 = current_lsn(&self.sql).await?;
-        let written =
-            workload::run(&self.workload(&p, &tag, events, Some(self.args.poll_rate))).await?;
-        let consumed = join(consumer, &mut daemon).await?;
-        wait_all_sent(&self.sql, &p.table, Duration::from_secs(120)).await?;
-        let lsn1 = current_lsn(&self.sql).await?;
-        let sample = daemon.sample().unwrap_or_default();
-        let mut row = Row::from_live(
-            &format!("poll (PostgreSQL) @{} ev/s", self.args.poll_rate),
-            &tag,
-            &written,
-            &consumed,
-        );
-        row.set_process(sample, sample.cpu_seconds, events);
-        row.wal_per_event = Some((lsn1 - lsn0) as f64 / events as f64);
-        rows.push(row);
-        let code = daemon.terminate(Duration::from_secs(60)).await?;
-        anyhow::ensure!(code == 0, "outboxd (poll) exited with {code} on SIGTERM");
-
-        let events = self.args.poll_backlog_events;
-        eprintln!("poll mode: {events} events written with outboxd stopped, then drained");
-        let tag = format!("{}q", self.run);
-        let lsn0 = current_lsn(&self.sql).await?;
-        workload::run(&self.workload(&p, &tag, events, None)).await?;
-        let consumer = consume::spawn_filtered(
-            &self.services.kafka,
-            &p.topic,
-            self.args.partitions,
-            events,
-            Duration::from_secs(600),
-            &tag,
-        );
-        let start_us = now_micros();
-        let mut daemon = self.spawn(&p, "poll-backlog.log")?;
-        let consumed = join(consumer, &mut daemon).await?;
-        wait_all_sent(&self.sql, &p.table, Duration::from_secs(300)).await?;
-        let lsn1 = current_lsn(&self.sql).await?;
-        let sample = daemon.sample().unwrap_or_default();
-        let mut row = Row::named("poll (PostgreSQL) backlog drain");
-        row.events = events;
-        row.duplicates = Some(consumed.duplicates);
-        let drained_us = (consumed.last_append_ms() * 1000) as u64;
-        row.events_per_s =
-            Some(events as f64 / (drained_us.saturating_sub(start_us) as f64 / 1e6).max(1e-3));
-        row.set_process(sample, sample.cpu_seconds, events);
-        row.wal_per_event = Some((lsn1 - lsn0) as f64 / events as f64);
-        row.note = "includes start-up".into();
-        rows.push(row);
-        let code = daemon.terminate(Duration::from_secs(60)).await?;
-        anyhow::ensure!(code == 0, "outboxd (poll) exited with {code} on SIGTERM");
-        Ok(rows)
-    }
-
-    /// MariaDB in log mode (binlog): the fixed rate, then a backlog, with `mysqlbinlog`
-    /// reading the backlog's binlog first (the binlog's limit, events/s).
-    async fn mariadb(&mut self) -> anyhow::Result<(Vec<Row>, Option<f64>)> {
-        let url = self.services.mysql_url();
-        let p = self.pipeline("maria", Source::Mysql).await?;
-        let mut rows = Vec::new();
-        let events = (self.args.rate * self.args.poll_seconds) as usize;
-        let tag = format!("{}d", self.run);
-        eprintln!(
-            "MariaDB log mode, {} events/s for {} s",
-            self.args.rate, self.args.poll_seconds
-        );
-        let consumer = consume::spawn(
-            &self.services.kafka,
-            &p.topic,
-            self.args.partitions,
-            events,
-            Duration::from_secs_f64(self.args.poll_seconds + 120.0),
-        );
-        let mut daemon = self.spawn(&p, "maria.log")?;
-        wait_ready(&mut daemon, p.metrics_port, Duration::from_secs(30)).await?;
-        let cpu0 = daemon.sample().unwrap_or_default().cpu_seconds;
-        let written = workload::run(&self.workload(&p, &tag, events, Some(self.args.rate))).await?;
-        let consumed = join(consumer, &mut daemon).await?;
-        wait_all_sent_mysql(&url, &p.table, Duration::from_secs(120)).await?;
-        let sample = daemon.sample().unwrap_or_default();
-        let mut row = Row::from_live(
-            &format!("log (MariaDB) @{} ev/s", self.args.rate),
-            &tag,
-            &written,
-            &consumed,
-        );
-        row.set_process(sample, sample.cpu_seconds - cpu0, events);
-        rows.push(row);
-        let code = daemon.terminate(Duration::from_secs(60)).await?;
-        anyhow::ensure!(code == 0, "outboxd (MariaDB) exited with {code} on SIGTERM");
-
-        let events = self.args.mariadb_backlog_events;
-        eprintln!("MariaDB: {events} events written with outboxd stopped, then drained");
-        let tag = format!("{}e", self.run);
-        let (file, position) = binlog_position(&url).await?;
-        workload::run(&self.workload(&p, &tag, events, None)).await?;
-        let binlog = match limits::mysqlbinlog(&self.services, &file, position).await {
-            Ok(took) => Some(events as f64 / took.as_secs_f64().max(1e-3)),
-            Err(e) => {
-                eprintln!("mysqlbinlog limit: {e:#}");
-                None
-            }
-        };
-        let consumer = consume::spawn_filtered(
-            &self.services.kafka,
-            &p.topic,
-            self.args.partitions,
-            events,
-            Duration::from_secs(600),
-            &tag,
-        );
-        let start_us = now_micros();
-        let mut daemon = self.spawn(&p, "maria-backlog.log")?;
-        let consumed = join(consumer, &mut daemon).await?;
-        wait_all_sent_mysql(&url, &p.table, Duration::from_secs(300)).await?;
-        let sample = daemon.sample().unwrap_or_default();
-        let mut row = Row::named("log (MariaDB) backlog drain");
-        row.is_binlog_drain = true;
-        row.events = events;
-        row.duplicates = Some(consumed.duplicates);
-        let drained_us = (consumed.last_append_ms() * 1000) as u64;
-        row.events_per_s =
-            Some(events as f64 / (drained_us.saturating_sub(start_us) as f64 / 1e6).max(1e-3));
-        row.set_process(sample, sample.cpu_seconds, events);
-        row.note = "includes start-up".into();
-        rows.push(row);
-        let code = daemon.terminate(Duration::from_secs(60)).await?;
-        anyhow::ensure!(code == 0, "outboxd (MariaDB) exited with {code} on SIGTERM");
-        Ok((rows, binlog))
-    }
-
     async fn cleanup(&mut self) {
         for slot in self.slots.drain(..) {
             let _ = self
@@ -962,72 +773,6 @@ async fn wait_all_sent(sql: &Client, table: &str, timeout: Duration) -> anyhow::
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-/// As [`wait_all_sent`], on MariaDB.
-/// The server's current binlog file and position (`SHOW MASTER STATUS`).
-async fn binlog_position(url: &str) -> anyhow::Result<(String, u64)> {
-    use mysql_async::prelude::Queryable;
-    let mut conn = mysql_async::Conn::new(mysql_async::Opts::from_url(url)?).await?;
-    let row: Option<mysql_async::Row> = conn.query_first("SHOW MASTER STATUS").await?;
-    let _ = conn.disconnect().await;
-    let row = row.context("SHOW MASTER STATUS returned nothing: is the binlog on?")?;
-    let file: String = row.get(0).context("binlog file")?;
-    let position: u64 = row.get(1).context("binlog position")?;
-    Ok((file, position))
-}
-
-async fn wait_all_sent_mysql(url: &str, table: &str, timeout: Duration) -> anyhow::Result<()> {
-    use mysql_async::prelude::Queryable;
-    let mut conn = mysql_async::Conn::new(mysql_async::Opts::from_url(url)?).await?;
-    let deadline = Instant::now() + timeout;
-    let query = format!("SELECT COUNT(*) FROM `{table}` WHERE status <> 'SUCCESS'");
-    loop {
-        let left: Option<i64> = conn.query_first(&query).await?;
-        if left == Some(0) {
-            let _ = conn.disconnect().await;
-            return Ok(());
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "{left:?} rows of {table} not SUCCESS after {timeout:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// Reads and index scans of `table`, and rows updated, from pg_stat_user_tables.
-async fn table_activity(sql: &Client, table: &str) -> anyhow::Result<(i64, i64)> {
-    let row = sql
-        .query_one(
-            "SELECT coalesce(seq_scan, 0) + coalesce(idx_scan, 0), n_tup_upd \
-             FROM pg_stat_user_tables WHERE relname = $1",
-            &[&table],
-        )
-        .await?;
-    Ok((row.get(0), row.get(1)))
-}
-
-/// With the log-mode outboxd running and its outbox idle: are there scans of the outbox
-/// table over the window? Waits out PostgreSQL's statistics flush first (an idle backend
-/// reports its counts within 10 s).
-async fn idle_check(
-    sql: Client,
-    table: String,
-    daemon: Daemon,
-    seconds: f64,
-) -> anyhow::Result<Idle> {
-    tokio::time::sleep(Duration::from_secs(11)).await;
-    let before = table_activity(&sql, &table).await?;
-    tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
-    let after = table_activity(&sql, &table).await?;
-    let code = daemon.terminate(Duration::from_secs(60)).await?;
-    Ok(Idle {
-        window_seconds: seconds,
-        scans: after.0 - before.0,
-        updates: after.1 - before.1,
-        exit_code: code,
-    })
 }
 
 // Used by Row::from_live.
