@@ -1,6 +1,6 @@
 //! The log relay: source → sink → write-back → checkpoint.
 //!
-//! One session (`session.rs`) reads committed transactions from a [`ChangeStream`], hands each outbox
+//! One session (`session/`) reads committed transactions from a [`ChangeStream`], hands each outbox
 //! event to the [`Sink`], and, as outcomes come back (`outcome.rs`), writes the rows'
 //! statuses back in batches. The log position is confirmed only past the longest prefix
 //! of transactions whose every event is delivered (or marked FAILED) **and** written back

@@ -1,7 +1,7 @@
 //! Exactly-once into Kafka (`delivery.exactly_once`): Kafka transactions that end on the
 //! source's transaction boundaries and carry the log position they reach.
 //!
-//! How the guarantee holds (the relay's side is in `relay/session.rs`):
+//! How the guarantee holds (the relay's side is in `relay/session/`):
 //! - Records go out inside one open Kafka transaction. At a database transaction boundary,
 //!   once every record sent is acknowledged, the relay writes the rows' statuses back and
 //!   then commits the Kafka transaction together with one record of the position it
