@@ -184,7 +184,7 @@ async fn acquire_lock(conn: &mut Conn, connector: &MysqlConnector) -> Result<(),
         )
         .await?;
         // From now on the stores of this connector write back only while this
-        // connection holds the lock (see `store::write_back_texts`).
+        // connection holds the lock (see `store::write_back::write_back_texts`).
         connector.lock_conn.store(conn.id(), Ordering::SeqCst);
         return Ok(());
     }
