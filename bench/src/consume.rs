@@ -92,6 +92,42 @@ pub(crate) fn spawn_filtered(
     std::thread::spawn(move || consume(&kafka, &topic, partitions, expected, timeout, &prefix))
 }
 
+/// A consumer of every partition of `topics` (each of `partitions`) from the beginning,
+/// in group `group` (no offsets committed).
+pub(crate) fn from_beginning(
+    kafka: &str,
+    group: &str,
+    topics: &[&str],
+    partitions: i32,
+) -> anyhow::Result<BaseConsumer> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "10")
+        // librdkafka's default, stated: with exactly-once, aborted records are not counted.
+        .set("isolation.level", "read_committed")
+        .create()?;
+    let mut assignment = TopicPartitionList::new();
+    for topic in topics {
+        for p in 0..partitions {
+            assignment.add_partition_offset(topic, p, rdkafka::Offset::Beginning)?;
+        }
+    }
+    consumer.assign(&assignment)?;
+    Ok(consumer)
+}
+
+/// A record's `message_id` header.
+pub(crate) fn message_id<M: Message>(m: &M) -> Option<String> {
+    m.headers().and_then(|h| {
+        h.iter()
+            .find(|h| h.key == "message_id")
+            .and_then(|h| h.value)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    })
+}
+
 fn consume(
     kafka: &str,
     topic: &str,
@@ -100,19 +136,12 @@ fn consume(
     timeout: Duration,
     prefix: &str,
 ) -> anyhow::Result<Consumed> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", kafka)
-        .set("group.id", format!("bench-{topic}-{prefix}"))
-        .set("enable.auto.commit", "false")
-        .set("fetch.wait.max.ms", "10")
-        // librdkafka's default, stated: with exactly-once, aborted records are not counted.
-        .set("isolation.level", "read_committed")
-        .create()?;
-    let mut assignment = TopicPartitionList::new();
-    for p in 0..partitions {
-        assignment.add_partition_offset(topic, p, rdkafka::Offset::Beginning)?;
-    }
-    consumer.assign(&assignment)?;
+    let consumer = from_beginning(
+        kafka,
+        &format!("bench-{topic}-{prefix}"),
+        &[topic],
+        partitions,
+    )?;
     let settle = Duration::from_millis(1000);
     let deadline = Instant::now() + timeout;
     let mut seen = HashSet::with_capacity(expected);
@@ -130,12 +159,7 @@ fn consume(
                     }
                     Timestamp::NotAvailable => 0,
                 };
-                let id = m.headers().and_then(|h| {
-                    h.iter()
-                        .find(|h| h.key == "message_id")
-                        .and_then(|h| h.value)
-                        .map(|v| String::from_utf8_lossy(v).into_owned())
-                });
+                let id = message_id(&m);
                 let Some(id) = id.filter(|id| id.starts_with(prefix)) else {
                     continue;
                 };

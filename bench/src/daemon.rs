@@ -215,10 +215,7 @@ impl Daemon {
 
     /// SIGTERM, then waits up to `deadline` for a clean exit.
     pub(crate) async fn terminate(mut self, deadline: Duration) -> anyhow::Result<i32> {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.pid.to_string()])
-            .status()
-            .await;
+        signal(self.pid, "-TERM");
         match tokio::time::timeout(deadline, self.child.wait()).await {
             Ok(status) => Ok(status?.code().unwrap_or(-1)),
             Err(_) => {
@@ -275,6 +272,23 @@ pub(crate) async fn http_get(port: u16, path: &str) -> anyhow::Result<(u16, Stri
     Ok((status, body))
 }
 
+/// Sends `which` (`-STOP`, `-CONT`, `-TERM`, …) to `pid` with kill(1); false if it failed.
+pub(crate) fn signal(pid: u32, which: &str) -> bool {
+    std::process::Command::new("kill")
+        .args([which, &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The Kafka broker's pid, from the pid file `scripts/services` writes.
+pub(crate) fn kafka_pid() -> Option<u32> {
+    let services = std::env::var("OUTBOXD_SERVICES_DIR")
+        .unwrap_or_else(|_| "/var/tmp/outboxd-services".into());
+    std::fs::read_to_string(format!("{services}/kafka/kafka.pid"))
+        .ok()
+        .and_then(|p| p.trim().parse().ok())
+}
+
 /// CPU seconds spent so far by PostgreSQL (every process of the cluster in
 /// `$OUTBOXD_TEST_PG_DATA`, plus the children its postmaster has reaped, such as the
 /// walsender of a finished pg_recvlogical), by the Kafka broker, and by this process's
@@ -325,13 +339,7 @@ impl CpuSnapshot {
                 postgres += stat.children;
             }
         }
-        let services = std::env::var("OUTBOXD_SERVICES_DIR")
-            .unwrap_or_else(|_| "/var/tmp/outboxd-services".into());
-        let kafka = std::fs::read_to_string(format!("{services}/kafka/kafka.pid"))
-            .ok()
-            .and_then(|p| p.trim().parse::<u32>().ok())
-            .and_then(proc_stat)
-            .map_or(0.0, |s| s.own);
+        let kafka = kafka_pid().and_then(proc_stat).map_or(0.0, |s| s.own);
         let children = proc_stat(std::process::id()).map_or(0.0, |s| s.children);
         Self {
             postgres,

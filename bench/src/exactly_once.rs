@@ -46,7 +46,7 @@ impl Bench {
 
 /// `extra` (the `--config-extra` TOML) with `exactly_once = true` in its `[delivery]`
 /// section, added when it has none (TOML allows a section once).
-fn exactly_once_config(extra: &str) -> String {
+pub(crate) fn exactly_once_config(extra: &str) -> String {
     if extra.lines().any(|l| l.trim() == "[delivery]") {
         extra
             .lines()

@@ -173,7 +173,7 @@ async fn metric(port: u16, name: &str) -> Option<f64> {
 
 /// `pg_ctl restart -m fast` on the cluster in `$OUTBOXD_TEST_PG_DATA`, as its owner
 /// (`postgres`; the bench runs as root, as `scripts/services` does).
-async fn restart_postgres() -> anyhow::Result<()> {
+pub(crate) async fn restart_postgres() -> anyhow::Result<()> {
     let data = std::env::var("OUTBOXD_TEST_PG_DATA")
         .context("OUTBOXD_TEST_PG_DATA (from `scripts/services env`) names the cluster")?;
     let bin =

@@ -35,14 +35,25 @@ impl Bench {
 
     /// Topic, table and config of one inbox run; `init` done.
     async fn inbox_setup(&mut self, scenario: &str) -> anyhow::Result<InboxRun> {
-        let name = format!("bench_{}_{scenario}", self.run);
         let topic = format!("bench.{}.{scenario}", self.run);
         consume::create_topic(&self.services.kafka, &topic, self.args.partitions).await?;
         self.topics.push(topic.clone());
+        let services = self.services.clone();
+        self.inbox_on(scenario, &topic, &services).await
+    }
+
+    /// An inbox of its own (tables, config, `init` done) reading `topic`, reaching the
+    /// servers at `s`.
+    pub(crate) async fn inbox_on(
+        &self,
+        scenario: &str,
+        topic: &str,
+        s: &crate::daemon::Services,
+    ) -> anyhow::Result<InboxRun> {
+        let name = format!("bench_{}_{scenario}", self.run);
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
-        let s = &self.services;
         let text = format!(
             r#"[pipeline]
 name = "{name}"
@@ -86,7 +97,7 @@ statement = "SELECT 1"
         daemon::outboxd_once(&self.args.outboxd, "init", &config).await?;
         Ok(InboxRun {
             name,
-            topic,
+            topic: topic.to_owned(),
             port,
             config,
         })
@@ -282,7 +293,7 @@ statement = "SELECT 1"
         Ok(row)
     }
 
-    async fn drop_inbox_tables(&self, name: &str) {
+    pub(crate) async fn drop_inbox_tables(&self, name: &str) {
         let _ = self
             .sql
             .batch_execute(&format!(
@@ -293,11 +304,11 @@ statement = "SELECT 1"
     }
 }
 
-struct InboxRun {
-    name: String,
+pub(crate) struct InboxRun {
+    pub(crate) name: String,
     topic: String,
-    port: u16,
-    config: std::path::PathBuf,
+    pub(crate) port: u16,
+    pub(crate) config: std::path::PathBuf,
 }
 
 fn producer(kafka: &str) -> anyhow::Result<FutureProducer> {

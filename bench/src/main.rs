@@ -1,8 +1,10 @@
 //! `outboxd-bench`: runs outboxd (a release build, as a child process) against a workload
 //! of concurrent writers, measures throughput, commit → broker-append latency, peak RSS,
 //! CPU and WAL per event, for log and poll mode, and measures the machine's limits beside
-//! it: `pg_recvlogical` draining the same WAL, Kafka's producer performance tool. Prints
-//! one table and writes JSON. See BENCHMARKS.md.
+//! it: `pg_recvlogical` draining the same WAL, Kafka's producer performance tool; or, named
+//! alone, soaks outboxd under faults at random (`soak`). Prints one table, writes JSON, and
+//! records the run in docs/benchmarks.md (the results it replaces go to
+//! docs/benchmarks-history.md). See docs/benchmarks.md.
 
 mod consume;
 mod daemon;
@@ -14,7 +16,10 @@ mod ingress_flood;
 mod limits;
 mod mariadb;
 mod poll;
+mod record;
 mod report;
+mod soak;
+mod toxiproxy;
 mod workload;
 
 use std::path::PathBuf;
@@ -41,9 +46,20 @@ pub(crate) struct Args {
     /// scripts/services, for Kafka's ProducerPerformance.
     #[arg(long, default_value = "scripts/services")]
     services_script: PathBuf,
-    /// Where the JSON results go.
-    #[arg(long, default_value = "bench/results/latest.json")]
-    json: PathBuf,
+    /// Where the JSON results go [default: bench/results/latest.json; a soak alone:
+    /// bench/results/soak.json].
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// The page whose results section the run rewrites (its scenarios' block, between the
+    /// markers); the block it replaces goes to the top of `--history`.
+    #[arg(long, default_value = "docs/benchmarks.md")]
+    doc: PathBuf,
+    /// Where replaced results go, newest first.
+    #[arg(long, default_value = "docs/benchmarks-history.md")]
+    history: PathBuf,
+    /// Leave the doc as it is (a trial run).
+    #[arg(long)]
+    no_doc: bool,
     /// Writer connections.
     #[arg(long, default_value_t = 4)]
     writers: usize,
@@ -113,12 +129,28 @@ pub(crate) struct Args {
     /// `ingress-flood`: clients sending costly requests to the inbox's HTTP door at once.
     #[arg(long, default_value_t = 50)]
     flood_clients: usize,
+    /// `soak`: how long faults are injected, minutes (then the relays drain).
+    #[arg(long, default_value_t = 30.0)]
+    minutes: f64,
+    /// `soak`: events per second of each of the four relays.
+    #[arg(long, default_value_t = 100.0)]
+    soak_rate: f64,
+    /// `soak`: the shortest broker freeze or network black hole, seconds.
+    #[arg(long, default_value_t = 3.0)]
+    fault_min_seconds: f64,
+    /// `soak`: the longest broker freeze or network black hole, seconds.
+    #[arg(long, default_value_t = 15.0)]
+    fault_max_seconds: f64,
+    /// `soak`: a pipeline not streaming this many seconds after a fault's end, beyond the
+    /// fault's length, is wedged (and its outboxd killed and started again).
+    #[arg(long, default_value_t = 60.0)]
+    recovery_budget: f64,
+    /// `soak`: at most this many faults.
+    #[arg(long, default_value_t = 1000)]
+    max_faults: usize,
     /// Scenarios to run, comma-separated: rate,idle,limits,backlog,max,eos,poll,mariadb,inbox;
-    /// the fault scenarios pgrestart and kill9, and ingress-flood, run only when named.
-    #[arg(
-        long,
-        default_value = "rate,idle,limits,backlog,max,eos,poll,mariadb,inbox"
-    )]
+    /// the fault scenarios pgrestart and kill9, ingress-flood and soak run only when named.
+    #[arg(long, default_value = DEFAULT_SCENARIOS)]
     scenarios: String,
     /// TOML appended to every generated outboxd config, e.g. "[delivery]\nmax_in_flight = 5000"
     /// (a section outboxd's generated config does not already have).
@@ -129,13 +161,45 @@ pub(crate) struct Args {
     cleanup: bool,
 }
 
+/// What `scripts/bench` runs when no scenario is named.
+const DEFAULT_SCENARIOS: &str = "rate,idle,limits,backlog,max,eos,poll,mariadb,inbox";
+
 impl Args {
     fn wants(&self, scenario: &str) -> bool {
         self.scenarios.split(',').any(|s| s.trim() == scenario)
     }
+
+    /// The scenarios named, sorted: `default` for the default list.
+    fn scenario_set(&self) -> String {
+        let sorted = |list: &str| {
+            let mut names: Vec<&str> = list
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .collect();
+            names.sort_unstable();
+            names.dedup();
+            names.join(",")
+        };
+        let set = sorted(&self.scenarios);
+        if set == sorted(DEFAULT_SCENARIOS) {
+            "default".to_owned()
+        } else {
+            set
+        }
+    }
+
+    fn json_path(&self) -> PathBuf {
+        self.json.clone().unwrap_or_else(|| {
+            PathBuf::from(match self.scenario_set().as_str() {
+                "soak" => "bench/results/soak.json",
+                _ => "bench/results/latest.json",
+            })
+        })
+    }
 }
 
-fn env_or(name: &str, default: &str) -> String {
+pub(crate) fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_owned())
 }
 
@@ -202,14 +266,26 @@ async fn main() -> anyhow::Result<()> {
         bench.dir.display()
     );
 
+    let started = Instant::now();
     let result = bench.run_all(&mut report).await;
     if args.cleanup {
         bench.cleanup().await;
     }
     result?;
-    report.print();
-    report.write_json(&args.json)?;
-    eprintln!("JSON written to {}", args.json.display());
+    let text = report.text();
+    print!("{text}");
+    let json = args.json_path();
+    report.write_json(&json)?;
+    eprintln!("JSON written to {}", json.display());
+    if !args.no_doc {
+        let run = record::Run::describe(&report, started.elapsed());
+        record::record(&args.doc, &args.history, &args.scenario_set(), &run, &text)?;
+        eprintln!(
+            "results recorded in {} (the ones they replace in {})",
+            args.doc.display(),
+            args.history.display()
+        );
+    }
     Ok(())
 }
 
@@ -308,6 +384,9 @@ impl Bench {
                 }
             }
         }
+        if self.args.wants("soak") {
+            report.soak = Some(self.soak().await?);
+        }
         if let Some(task) = idle_task {
             eprintln!("waiting for the idle-window check to finish");
             report.idle = Some(task.await.context("idle check task")??);
@@ -328,11 +407,24 @@ impl Bench {
         source: Source,
         extra: &str,
     ) -> anyhow::Result<BenchPipeline> {
+        let services = self.services.clone();
+        self.pipeline_via(scenario, source, extra, &services).await
+    }
+
+    /// [`Self::pipeline_with`], outboxd reaching the servers at `via` (e.g. through proxies)
+    /// where the bench reaches them at `self.services`.
+    async fn pipeline_via(
+        &mut self,
+        scenario: &str,
+        source: Source,
+        extra: &str,
+        via: &Services,
+    ) -> anyhow::Result<BenchPipeline> {
         let name = format!("bench_{}_{scenario}", self.run);
         let topic = format!("bench.{}.{scenario}", self.run);
         consume::create_topic(&self.services.kafka, &topic, self.args.partitions).await?;
         self.topics.push(topic.clone());
-        let p = BenchPipeline::write(&self.dir, &self.services, &name, &topic, source, extra)?;
+        let p = BenchPipeline::write(&self.dir, via, &name, &topic, source, extra)?;
         self.pipelines.push(p.clone());
         daemon::outboxd_once(&self.args.outboxd, "init", &p.config).await?;
         if source == Source::PgPoll {

@@ -7,6 +7,7 @@ use tokio_postgres::Client;
 
 use crate::consume::Consumed;
 use crate::daemon::{CpuSnapshot, ProcSample};
+use crate::soak::SoakReport;
 use crate::workload::Written;
 use crate::Args;
 
@@ -159,11 +160,24 @@ pub(crate) struct Idle {
 }
 
 pub(crate) struct Report {
-    machine: Value,
+    pub(crate) machine: Value,
     settings: Value,
     pub(crate) rows: Vec<Row>,
     pub(crate) limits: Limits,
     pub(crate) idle: Option<Idle>,
+    pub(crate) soak: Option<SoakReport>,
+}
+
+/// The distribution's name (`PRETTY_NAME` of /etc/os-release).
+fn os_name() -> String {
+    std::fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+                .map(|v| v.trim_matches('"').to_owned())
+        })
+        .unwrap_or_default()
 }
 
 fn read_field(path: &str, key: &str) -> String {
@@ -190,6 +204,7 @@ impl Report {
             "cpu_model": read_field("/proc/cpuinfo", "model name"),
             "memory": read_field("/proc/meminfo", "MemTotal"),
             "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+            "os": os_name(),
             "postgresql": pg_version,
         });
         let settings = json!({
@@ -214,6 +229,7 @@ impl Report {
             rows: Vec::new(),
             limits: Limits::default(),
             idle: None,
+            soak: None,
         }
     }
 
@@ -271,11 +287,21 @@ impl Report {
         Some(row.events_per_s? / self.limits.lower()?)
     }
 
-    pub(crate) fn print(&self) {
+    /// The table and the targets, as printed and as recorded in the doc; a soak's tables
+    /// instead when it ran alone.
+    pub(crate) fn text(&self) -> String {
+        use std::fmt::Write as _;
+        let mut t = String::new();
+        if let Some(soak) = &self.soak {
+            if self.rows.is_empty() {
+                return soak.text();
+            }
+        }
         let opt =
             |v: Option<f64>, digits: usize| v.map_or("-".to_owned(), |v| format!("{v:.digits$}"));
-        println!();
-        println!(
+        let _ = writeln!(t);
+        let _ = writeln!(
+            t,
             "{:<46} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8} {:>8} {:>7} {:>7} {:>6}  note",
             "scenario",
             "events",
@@ -293,11 +319,12 @@ impl Report {
         );
         for row in self.rows.iter().chain(self.limit_rows().iter()) {
             if row.unavailable {
-                println!("{:<46} {}", row.name, row.note);
+                let _ = writeln!(t, "{:<46} {}", row.name, row.note);
                 continue;
             }
             let l = row.latency;
-            println!(
+            let _ = writeln!(
+            t,
                 "{:<46} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8} {:>8} {:>7} {:>7} {:>6}  {}",
                 row.name,
                 if row.events > 0 {
@@ -319,10 +346,15 @@ impl Report {
                 row.note
             );
         }
-        println!();
+        let _ = writeln!(t);
         for (target, verdict) in self.targets() {
-            println!("{verdict:<8} {target}");
+            let _ = writeln!(t, "{verdict:<8} {target}");
         }
+        if let Some(soak) = &self.soak {
+            let _ = writeln!(t);
+            t.push_str(&soak.text());
+        }
+        t
     }
 
     /// (target, PASS / MISS / n/a with the figure).
@@ -484,6 +516,7 @@ impl Report {
                 "exit_code": i.exit_code,
             })),
             "targets": targets,
+            "soak": self.soak.as_ref().map(SoakReport::json),
         });
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;

@@ -124,13 +124,13 @@ pub(crate) async fn run(w: &Workload) -> anyhow::Result<Written> {
 }
 
 /// One writer's connection and its prepared insert.
-enum Writer {
+pub(crate) enum Writer {
     Postgres(tokio_postgres::Client, tokio_postgres::Statement),
     Mysql(mysql_async::Conn, String),
 }
 
 impl Writer {
-    async fn open(w: &Workload) -> anyhow::Result<Self> {
+    pub(crate) async fn open(w: &Workload) -> anyhow::Result<Self> {
         match &w.db {
             Database::Postgres(conn) => {
                 let client = connect(conn).await?;
@@ -155,8 +155,24 @@ impl Writer {
         }
     }
 
+    /// Whether the outbox holds the row `id` (of a transaction whose commit's outcome the
+    /// writer did not learn).
+    pub(crate) async fn contains(&mut self, table: &str, id: &str) -> anyhow::Result<bool> {
+        Ok(match self {
+            Writer::Postgres(client, _) => {
+                let sql = format!("SELECT count(*) FROM \"{table}\" WHERE message_id = $1");
+                client.query_one(&sql, &[&id]).await?.get::<_, i64>(0) > 0
+            }
+            Writer::Mysql(conn, _) => {
+                use mysql_async::prelude::Queryable;
+                let sql = format!("SELECT count(*) FROM `{table}` WHERE message_id = ?");
+                conn.exec_first::<i64, _, _>(sql, (id,)).await?.unwrap_or(0) > 0
+            }
+        })
+    }
+
     /// One transaction of `ids.len()` rows; returns when its commit has.
-    async fn insert(
+    pub(crate) async fn insert(
         &mut self,
         ids: &[String],
         keys: &[String],
