@@ -1,21 +1,9 @@
 //! The MySQL/MariaDB [`InboxStore`] and [`InboxAdmin`]: the semantics of the PostgreSQL
 //! store (`connectors/postgres/src/store/inbox.rs`) in MySQL's dialect.
 //!
-//! **Insert** is one transaction. A batch is sent as multi-row `INSERT … ON DUPLICATE KEY
-//! UPDATE id = id` statements (at most 500 rows and ~1 MiB each, below the connection's
-//! `max_allowed_packet`), each followed in the same round trip by a `SELECT` of the rows
-//! with one of its `(source, message_id)` pairs and an id from `LAST_INSERT_ID()` (its first
-//! stored row) on; `COMMIT` once all are read. Which message was stored is then exact, not
-//! guessed: the affected-row count is the number of rows the statement stored (a duplicate
-//! by either unique key counts 0: the connection does not set `CLIENT_FOUND_ROWS`), and each
-//! stored row is the one of the first message with all four of its key values. One
-//! ambiguity is left: another transaction committing one of the batch's own messages
-//! while the statement ran, with an id in its range; the count shows it, and the batch is
-//! rolled back and stored again as one `INSERT` per message, whose OK packets say exactly
-//! what each did (one message alone is always stored that way; a refused batch is retried
-//! that way too, so that the error names the message). Multi-row statements because they
-//! are ~1.6 times as fast as one statement per row (the ingest target is 20k rows/s).
-//! `INSERT IGNORE` is not used: it would also turn bad data into warnings.
+//! **Insert** is one transaction of multi-row statements that say exactly which message
+//! was stored (`inbox_insert.rs`). The operator's actions ([`InboxAdmin`]) are in
+//! `inbox_operator.rs`.
 //!
 //! **Claim** (MySQL has no `UPDATE … RETURNING`): one READ COMMITTED transaction of a
 //! `SELECT … FOR UPDATE SKIP LOCKED` per status, an `UPDATE` to PROCESSING with a `UUID()`
@@ -38,45 +26,31 @@
 //! column is definite and names `outboxd init`; a handler statement the server refuses is
 //! the message's failed attempt ([`Completed::StatementFailed`]), not the store's.
 
-use std::collections::HashMap;
-use std::time::Duration;
-
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row, Value};
 use outboxd_connector::{
-    last_error_text, parked_by_operator, resolved_without_handling, ClaimToken, ClaimedMessage,
-    Completed, ConnectorError, InboxAdmin, InboxMessage, InboxOutcome, InboxStore, Ingested,
-    JanitorAction, ReapPolicy, ReapReport, RetrySchedule, RetrySelector, StatusCount,
-    StatusSummary,
+    last_error_text, ClaimToken, ClaimedMessage, Completed, ConnectorError, InboxMessage,
+    InboxOutcome, InboxStore, Ingested, ReapPolicy, ReapReport, RetrySchedule,
 };
 use outboxd_connector_kit::inbox as kit;
 use tokio::sync::Mutex;
 
 use crate::client::{classify, int, query, query_first, text, text_or_empty};
 use crate::log::server;
-use crate::schema::{hex_literal, qualified, quote_ident, sql_string, table_ident};
+use crate::schema::{qualified, quote_ident, sql_string, table_ident};
 use crate::store::claims::{id_list, next_retry, FAILED_STATUS};
 use crate::store::delay_ms;
 use crate::time::system_time;
 use crate::MysqlConnector;
 
-/// Bytes of statement text per round trip of an insert, at most: big enough for a batch
-/// of ordinary messages, small enough to keep one text's parse and send time short.
-const INSERT_TEXT_BYTES: usize = 1024 * 1024;
-/// Rows per multi-row INSERT at most: keeps the mapping query's `IN` list a plain range of
-/// the unique index (MariaDB turns a list of 1000 or more values into a subquery).
-const ROWS_PER_INSERT: usize = 500;
-/// Bytes of a query text kept free below `max_allowed_packet` (the packet's command byte,
-/// the transaction statements around the inserts).
-const PACKET_MARGIN: usize = 1024;
 /// The smallest `max_allowed_packet` the server accepts; assumed when it cannot be read.
 const MIN_PACKET: usize = 1024;
 
 /// Opens an insert's, claim's or reap's transaction. READ COMMITTED takes no gap locks, so
 /// claims and ingestion do not block each other.
-const BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
+pub(super) const BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
 /// Statements [`BEGIN`] adds in front of a multi-statement text's answers.
-const BEGIN_STATEMENTS: usize = 2;
+pub(super) const BEGIN_STATEMENTS: usize = 2;
 
 /// MySQL error codes that mean the table or a column is not there (`outboxd init`).
 const NO_SUCH_TABLE: u16 = 1146;
@@ -88,7 +62,7 @@ const CLAIM_COLUMNS: &str = "id, source, message_id, message_type, biz_key, payl
 
 /// How the payload column stores a message's body.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Payload {
+pub(super) enum Payload {
     /// `JSON` (MySQL), or MariaDB's JSON alias (`LONGTEXT` with a `json_valid` check).
     Json,
     /// A BLOB or (VAR)BINARY column: the bytes as received.
@@ -104,33 +78,33 @@ enum Payload {
 /// ingestion.
 #[derive(Debug)]
 pub struct MysqlInboxStore {
-    connector: MysqlConnector,
+    pub(super) connector: MysqlConnector,
     /// The table, quoted for SQL.
-    table: String,
-    payload: Payload,
+    pub(super) table: String,
+    pub(super) payload: Payload,
     session: Mutex<Option<Session>>,
 }
 
 /// The held connection and what was read about it once.
 #[derive(Debug)]
-struct Session {
-    conn: Conn,
+pub(super) struct Session {
+    pub(super) conn: Conn,
     /// `max_allowed_packet`: the server refuses (and would refuse on every retry) a longer
     /// query text.
-    max_packet: usize,
+    pub(super) max_packet: usize,
 }
 
 /// One statement's answer in a multi-statement text.
-struct Answer {
-    rows: Vec<Row>,
-    affected: u64,
-    insert_id: Option<u64>,
+pub(super) struct Answer {
+    pub(super) rows: Vec<Row>,
+    pub(super) affected: u64,
+    pub(super) insert_id: Option<u64>,
 }
 
 /// A multi-statement text failed at statement `at` (0-based); the statements before it ran.
-struct Failure {
-    at: usize,
-    error: mysql_async::Error,
+pub(super) struct Failure {
+    pub(super) at: usize,
+    pub(super) error: mysql_async::Error,
 }
 
 impl MysqlInboxStore {
@@ -177,7 +151,7 @@ impl MysqlInboxStore {
 
     /// `what` with the table and server; with the fix when `code` says the table or a
     /// column is missing.
-    fn context(&self, what: &str, code: u16) -> String {
+    pub(super) fn context(&self, what: &str, code: u16) -> String {
         let hint = match code {
             NO_SUCH_TABLE | NO_SUCH_COLUMN => {
                 "; run `outboxd check` (`outboxd init` creates the inbox table)"
@@ -192,7 +166,7 @@ impl MysqlInboxStore {
     }
 
     /// `e` classified, in the context of `what`.
-    fn fail(&self, what: &str, e: &mysql_async::Error) -> ConnectorError {
+    pub(super) fn fail(&self, what: &str, e: &mysql_async::Error) -> ConnectorError {
         let code = match e {
             mysql_async::Error::Server(server) => server.code,
             _ => 0,
@@ -202,7 +176,7 @@ impl MysqlInboxStore {
 
     /// Runs `work` on the connection (reconnecting first when the last one broke); drops
     /// the connection when `work` fails, so the server rolls back an open transaction.
-    async fn with_session<T>(
+    pub(super) async fn with_session<T>(
         &self,
         work: impl AsyncFnOnce(&mut Session) -> Result<T, ConnectorError>,
     ) -> Result<T, ConnectorError> {
@@ -222,7 +196,7 @@ impl MysqlInboxStore {
 
     /// Runs one statement (outside an explicit transaction, so atomic by itself); returns
     /// the rows it changed.
-    async fn change(&self, sql: &str, what: &str) -> Result<u64, ConnectorError> {
+    pub(super) async fn change(&self, sql: &str, what: &str) -> Result<u64, ConnectorError> {
         self.with_session(async |s| {
             s.conn
                 .query_drop(sql)
@@ -231,46 +205,6 @@ impl MysqlInboxStore {
             Ok(s.conn.affected_rows())
         })
         .await
-    }
-
-    /// The payload as an SQL expression for this table's column.
-    fn payload_sql(&self, message: &InboxMessage) -> String {
-        match self.payload {
-            Payload::Json => sql_string(&kit::json_payload(message)),
-            Payload::Text => sql_string(&String::from_utf8_lossy(&message.payload)),
-            Payload::Bytes => hex_literal(&message.payload),
-        }
-    }
-
-    /// `INSERT INTO … VALUES`, before the rows of [`Self::row_sql`].
-    fn insert_head(&self) -> String {
-        format!(
-            "INSERT INTO {} (source, message_id, message_type, biz_key, payload, headers, status, \
-             last_error, next_retry_time) VALUES ",
-            self.table
-        )
-    }
-
-    /// One message's row of an `INSERT`: a rejected message is stored MANUAL_REQUIRED with
-    /// its reason, any other PENDING.
-    fn row_sql(&self, message: &InboxMessage) -> String {
-        let (status, reason, due) = match &message.rejected {
-            Some(reason) => (
-                kit::MANUAL_REQUIRED,
-                sql_string(&last_error_text(reason)),
-                "NOW(6)",
-            ),
-            None => (kit::PENDING, "NULL".to_owned(), "NULL"),
-        };
-        format!(
-            "({}, {}, {}, {}, {}, {}, '{status}', {reason}, {due})",
-            sql_string(&message.source),
-            sql_string(&message.message_id),
-            sql_string(&message.message_type),
-            sql_string(&message.biz_key),
-            self.payload_sql(message),
-            sql_string(&kit::headers_json(message)),
-        )
     }
 
     /// `AND`ed conditions: no row of `i`'s key with a lower id is open. One `NOT EXISTS` per
@@ -409,7 +343,7 @@ async fn payload_kind(
 }
 
 /// Runs `sql` (one or more statements) and returns each statement's answer, in order.
-async fn answers(conn: &mut Conn, sql: &str) -> Result<Vec<Answer>, Failure> {
+pub(super) async fn answers(conn: &mut Conn, sql: &str) -> Result<Vec<Answer>, Failure> {
     let mut out = Vec::new();
     let mut result = conn
         .query_iter(sql)
@@ -436,7 +370,7 @@ async fn answers(conn: &mut Conn, sql: &str) -> Result<Vec<Answer>, Failure> {
 }
 
 /// The answers of `sql`, a failure classified in the context of `what`.
-async fn answers_of(
+pub(super) async fn answers_of(
     store: &MysqlInboxStore,
     conn: &mut Conn,
     sql: &str,
@@ -448,7 +382,7 @@ async fn answers_of(
 }
 
 /// `answers[at]`, or an error saying the server answered fewer statements than were sent.
-fn answer(answers: &mut [Answer], at: usize) -> Result<&mut Answer, ConnectorError> {
+pub(super) fn answer(answers: &mut [Answer], at: usize) -> Result<&mut Answer, ConnectorError> {
     let count = answers.len();
     answers.get_mut(at).ok_or_else(|| {
         ConnectorError::definite(format!(
@@ -456,268 +390,6 @@ fn answer(answers: &mut [Answer], at: usize) -> Result<&mut Answer, ConnectorErr
             at + 1
         ))
     })
-}
-
-/// The insert statements cut into texts: the first opens the transaction, the last
-/// commits, none longer than `limit` bytes unless a single statement is (checked by the
-/// caller against the packet size).
-fn insert_texts(statements: &[String], limit: usize) -> Vec<String> {
-    let mut texts = Vec::new();
-    let mut text = format!("{BEGIN};\n");
-    for statement in statements {
-        if text.len() + statement.len() + ";\nCOMMIT".len() > limit {
-            texts.push(std::mem::take(&mut text));
-        }
-        text.push_str(statement);
-        text.push_str(";\n");
-    }
-    text.push_str("COMMIT");
-    texts.push(text);
-    texts
-}
-
-/// `message` named for an error, with its place in the batch.
-fn naming(message: Option<(usize, &InboxMessage)>, batch: usize) -> String {
-    match message {
-        Some((at, m)) => format!(
-            "storing inbox message `{}` from `{}` ({} of a batch of {batch})",
-            m.message_id,
-            m.source,
-            at + 1
-        ),
-        None => format!("storing a batch of {batch} inbox messages"),
-    }
-}
-
-impl MysqlInboxStore {
-    /// The definite error for a message whose statement exceeds the packet size.
-    fn too_large(
-        &self,
-        at: usize,
-        messages: &[InboxMessage],
-        bytes: usize,
-        max: usize,
-    ) -> ConnectorError {
-        ConnectorError::definite(format!(
-            "{}: its INSERT statement has {bytes} bytes, more than the server's \
-             max_allowed_packet ({max} bytes) allows; raise max_allowed_packet (SET GLOBAL \
-             max_allowed_packet and in the server's configuration) or refuse such large \
-             messages at the sender",
-            self.context(
-                &naming(messages.get(at).map(|m| (at, m)), messages.len()),
-                0
-            ),
-        ))
-    }
-
-    /// The batch as multi-row INSERTs, each followed by the query that says which of its
-    /// messages were stored, in one transaction. `None` (rolled back) when that cannot be
-    /// told exactly: another transaction stored one of the batch's own messages meanwhile.
-    async fn insert_rows(
-        &self,
-        messages: &[InboxMessage],
-        rows: &[String],
-    ) -> Result<Option<Vec<Ingested>>, ConnectorError> {
-        let head = self.insert_head();
-        let tail = " ON DUPLICATE KEY UPDATE id = id;\n";
-        let select = format!(
-            "SELECT id, source, message_id, message_type, biz_key FROM {} \
-             WHERE id >= LAST_INSERT_ID() AND (source, message_id) IN (",
-            self.table
-        );
-        let pairs: Vec<String> = (messages.iter())
-            .map(|m| format!("({}, {})", sql_string(&m.source), sql_string(&m.message_id)))
-            .collect();
-        let what = naming(None, messages.len());
-        self.with_session(async |s| {
-            let packet = s.max_packet.saturating_sub(PACKET_MARGIN);
-            let fixed = BEGIN.len() + head.len() + tail.len() + select.len() + 8;
-            if let Some(at) =
-                (0..rows.len()).find(|&i| fixed + rows[i].len() + pairs[i].len() > packet)
-            {
-                return Err(self.too_large(
-                    at,
-                    messages,
-                    fixed + rows[at].len() + pairs[at].len(),
-                    s.max_packet,
-                ));
-            }
-            let room = packet.min(INSERT_TEXT_BYTES).saturating_sub(fixed);
-            let mut outcomes = Vec::with_capacity(messages.len());
-            let mut start = 0;
-            while start < rows.len() {
-                let mut end = start;
-                let mut used = 0;
-                while end < rows.len() && end - start < ROWS_PER_INSERT {
-                    let cost = rows[end].len() + pairs[end].len() + 4;
-                    if end > start && used + cost > room {
-                        break;
-                    }
-                    used += cost;
-                    end += 1;
-                }
-                let begin = if start == 0 {
-                    format!("{BEGIN};\n")
-                } else {
-                    String::new()
-                };
-                let text = format!(
-                    "{begin}{head}{}{tail}{select}{})",
-                    rows[start..end].join(", "),
-                    pairs[start..end].join(", ")
-                );
-                let mut answers = answers_of(self, &mut s.conn, &text, &what).await?;
-                let last = answers.len().saturating_sub(1);
-                let stored = (answer(&mut answers, last)?.rows.iter())
-                    .map(StoredRow::read)
-                    .collect::<Result<Vec<_>, _>>()?;
-                let inserted = answer(&mut answers, last.saturating_sub(1))?.affected;
-                let Some(chunk) = stored_of(&messages[start..end], inserted, &stored) else {
-                    s.conn
-                        .query_drop("ROLLBACK")
-                        .await
-                        .map_err(|e| self.fail(&what, &e))?;
-                    return Ok(None);
-                };
-                outcomes.extend(chunk);
-                start = end;
-            }
-            s.conn
-                .query_drop("COMMIT")
-                .await
-                .map_err(|e| self.fail(&what, &e))?;
-            Ok(Some(outcomes))
-        })
-        .await
-    }
-
-    /// The batch as one `INSERT … ON DUPLICATE KEY UPDATE` per message, in one transaction:
-    /// each statement's own OK packet says exactly what it did (1 row: stored with its
-    /// insert id, 0: a duplicate), and a failing statement names its message.
-    async fn insert_each(
-        &self,
-        messages: &[InboxMessage],
-        rows: &[String],
-    ) -> Result<Vec<Ingested>, ConnectorError> {
-        let head = self.insert_head();
-        let statements: Vec<String> = (rows.iter())
-            .map(|row| format!("{head}{row} ON DUPLICATE KEY UPDATE id = id"))
-            .collect();
-        let what = |at: Option<usize>| {
-            naming(
-                at.and_then(|i| messages.get(i).map(|m| (i, m))),
-                messages.len(),
-            )
-        };
-        let counts = self
-            .with_session(async |s| {
-                let packet = s.max_packet.saturating_sub(PACKET_MARGIN);
-                if let Some(at) =
-                    (0..statements.len()).find(|&i| statements[i].len() + BEGIN.len() + 8 > packet)
-                {
-                    return Err(self.too_large(at, messages, statements[at].len(), s.max_packet));
-                }
-                let texts = insert_texts(&statements, packet.min(INSERT_TEXT_BYTES));
-                let mut counts = Vec::with_capacity(messages.len() + BEGIN_STATEMENTS + 1);
-                for text in &texts {
-                    let done = counts.len();
-                    let answers = answers(&mut s.conn, text).await.map_err(|f| {
-                        let at = (done + f.at).checked_sub(BEGIN_STATEMENTS);
-                        self.fail(&what(at), &f.error)
-                    })?;
-                    counts.extend(answers.into_iter().map(|a| (a.affected, a.insert_id)));
-                }
-                Ok(counts)
-            })
-            .await?;
-        // BEGIN's statements first, COMMIT last, one answer per message in between.
-        let inserts = counts
-            .get(BEGIN_STATEMENTS..counts.len().saturating_sub(1))
-            .filter(|inserts| inserts.len() == messages.len())
-            .ok_or_else(|| {
-                ConnectorError::definite(format!(
-                    "unexpected answer from MySQL: {} results for {} inbox inserts",
-                    counts.len(),
-                    messages.len()
-                ))
-            })?;
-        inserts
-            .iter()
-            .map(|&(affected, id)| match (affected, id) {
-                (0, _) => Ok(Ingested::Duplicate),
-                (1, Some(id)) => i64::try_from(id).map(Ingested::Stored).map_err(|_| {
-                    ConnectorError::definite(format!("unexpected inbox row id {id} from MySQL"))
-                }),
-                _ => Err(ConnectorError::definite(format!(
-                    "unexpected answer from MySQL to an inbox insert: {affected} rows affected, \
-                     insert id {id:?} (is CLIENT_FOUND_ROWS set on the connection?)"
-                ))),
-            })
-            .collect()
-    }
-}
-
-/// `(id, [source, message_id, message_type, biz_key])` of a row the mapping query read.
-#[derive(Debug)]
-struct StoredRow(i64, [String; 4]);
-
-impl StoredRow {
-    fn read(row: &Row) -> Result<Self, ConnectorError> {
-        let id = int(row, 0)?.ok_or_else(|| no_id("the inbox"))?;
-        let values = [
-            text_or_empty(row, 1)?,
-            text_or_empty(row, 2)?,
-            text_or_empty(row, 3)?,
-            text_or_empty(row, 4)?,
-        ];
-        Ok(Self(id, values))
-    }
-}
-
-/// Which of `messages` one multi-row INSERT stored, from the `inserted` count and the
-/// `rows` `(id, source, message_id, message_type, biz_key)` that have a pair of the
-/// batch and an id from the INSERT's first one on. A row is the one of the first message
-/// with all four of its values (a later equal message was its duplicate); a message
-/// without one was a duplicate. `None` when the matches are not as many as the rows
-/// inserted: another transaction stored one of these messages meanwhile, with an id in the
-/// same range, and which row is whose cannot be told (or the server changed a value it
-/// stored).
-fn stored_of(
-    messages: &[InboxMessage],
-    inserted: u64,
-    rows: &[StoredRow],
-) -> Option<Vec<Ingested>> {
-    if inserted == 0 {
-        // Nothing new, and LAST_INSERT_ID() was an earlier statement's.
-        return Some(vec![Ingested::Duplicate; messages.len()]);
-    }
-    // The pair is unique in the table, so at most one row per pair.
-    let mut by_pair: HashMap<(&str, &str), (i64, &str, &str)> = (rows.iter())
-        .map(|StoredRow(id, [source, message_id, type_, key])| {
-            (
-                (source.as_str(), message_id.as_str()),
-                (*id, type_.as_str(), key.as_str()),
-            )
-        })
-        .collect();
-    let mut matched: u64 = 0;
-    let outcomes = (messages.iter())
-        .map(|m| {
-            let pair = (m.source.as_str(), m.message_id.as_str());
-            match by_pair.get(&pair) {
-                Some(&(id, type_, key)) if type_ == m.message_type && key == m.biz_key => {
-                    by_pair.remove(&pair);
-                    matched += 1;
-                    Ingested::Stored(id)
-                }
-                _ => Ingested::Duplicate,
-            }
-        })
-        .collect();
-    // Each stored row matches its message; a row left over has a pair of the batch but
-    // other values: another message's, whose duplicate the batch's was. More matches than
-    // inserted rows: a concurrent one matched too.
-    (matched == inserted).then_some(outcomes)
 }
 
 impl InboxStore for MysqlInboxStore {
@@ -941,7 +613,7 @@ impl InboxStore for MysqlInboxStore {
     }
 }
 
-fn no_id(table: &str) -> ConnectorError {
+pub(super) fn no_id(table: &str) -> ConnectorError {
     ConnectorError::definite(format!(
         "unexpected answer from MySQL: a row of {table} without an id"
     ))
@@ -980,316 +652,4 @@ fn claimed_from_row(row: &Row, table: &str) -> Result<ClaimedMessage, ConnectorE
         created_at,
         claim_token: ClaimToken(text_or_empty(row, 10)?),
     })
-}
-
-impl InboxAdmin for MysqlInboxStore {
-    async fn status_summary(&self) -> Result<StatusSummary, ConnectorError> {
-        let sql = format!(
-            "SELECT status, message_type, COUNT(*), MIN(created_at) FROM {} \
-             GROUP BY 1, 2 ORDER BY 1, 2",
-            self.table
-        );
-        let what = "counting inbox rows";
-        let rows: Vec<Row> = self
-            .with_session(async |s| {
-                (s.conn.query(sql.as_str()).await).map_err(|e| self.fail(what, &e))
-            })
-            .await?;
-        let mut summary = StatusSummary::default();
-        for row in &rows {
-            let count = StatusCount {
-                status: text_or_empty(row, 0)?,
-                message_type: text_or_empty(row, 1)?,
-                rows: int(row, 2)?.unwrap_or(0),
-            };
-            let oldest = system_time(text(row, 3)?);
-            if [kit::PENDING, kit::FAILED, kit::PROCESSING].contains(&count.status.as_str()) {
-                summary.oldest_unsent = summary.oldest_unsent.min(oldest).or(oldest);
-            }
-            summary.counts.push(count);
-        }
-        Ok(summary)
-    }
-
-    async fn retry_rows(&self, selector: &RetrySelector) -> Result<u64, ConnectorError> {
-        selector.check()?;
-        let set = format!(
-            "UPDATE {} SET status = 'FAILED', next_retry_time = NOW(6), retry_count = 0, \
-             claimed_at = NULL, claim_token = NULL, updated_at = NOW(6)",
-            self.table
-        );
-        let (sql, what) = match selector {
-            RetrySelector::Id(id) => (
-                format!("{set} WHERE id = {id} AND status IN ('FAILED', 'MANUAL_REQUIRED')"),
-                format!("making inbox row {id} due again"),
-            ),
-            RetrySelector::Status {
-                status,
-                message_type,
-            } => {
-                let of_type = (message_type.as_deref()).map_or(String::new(), |t| {
-                    format!(" AND message_type = {}", sql_string(t))
-                });
-                (
-                    format!("{set} WHERE status = {}{of_type}", sql_string(status)),
-                    format!("making {status} inbox rows due again"),
-                )
-            }
-        };
-        self.change(&sql, &what).await
-    }
-
-    async fn park_row(&self, id: i64, reason: &str) -> Result<bool, ConnectorError> {
-        let sql = format!(
-            "UPDATE {} SET status = 'MANUAL_REQUIRED', next_retry_time = NOW(6), last_error = {}, \
-             claimed_at = NULL, claim_token = NULL, updated_at = NOW(6) \
-             WHERE id = {id} AND status IN ('PENDING', 'FAILED')",
-            self.table,
-            sql_string(&parked_by_operator(reason))
-        );
-        Ok(self
-            .change(&sql, &format!("parking inbox row {id}"))
-            .await?
-            > 0)
-    }
-
-    async fn resolve_row(&self, id: i64, reason: &str) -> Result<bool, ConnectorError> {
-        let sql = format!(
-            "UPDATE {} SET status = 'DONE', processed_at = NOW(6), next_retry_time = NULL, \
-             last_error = {}, claimed_at = NULL, claim_token = NULL, updated_at = NOW(6) \
-             WHERE id = {id} AND status <> 'DONE'",
-            self.table,
-            sql_string(&resolved_without_handling(reason))
-        );
-        Ok(self
-            .change(&sql, &format!("resolving inbox row {id}"))
-            .await?
-            > 0)
-    }
-
-    async fn janitor_batch(
-        &self,
-        retention: Duration,
-        dedupe_retention: Duration,
-        action: &JanitorAction,
-        batch: usize,
-    ) -> Result<u64, ConnectorError> {
-        if batch == 0 {
-            return Ok(0);
-        }
-        let table = &self.table;
-        // `next_retry_time IS NULL` (always so for DONE rows) lets the due index give the
-        // oldest DONE rows in id order, without sorting every DONE row.
-        let select = format!(
-            "{BEGIN}; SELECT id FROM {table} WHERE status = 'DONE' AND next_retry_time IS NULL \
-             AND processed_at < NOW(6) - INTERVAL {} * 1000 MICROSECOND \
-             AND created_at < NOW(6) - INTERVAL {} * 1000 MICROSECOND \
-             ORDER BY id LIMIT {batch} FOR UPDATE SKIP LOCKED",
-            delay_ms(retention),
-            delay_ms(dedupe_retention)
-        );
-        let archive = match action {
-            JanitorAction::Delete => None,
-            JanitorAction::Archive(name) => {
-                self.create_archive(name).await?;
-                Some(qualified(name))
-            }
-        };
-        let what = match action {
-            JanitorAction::Delete => "deleting old DONE inbox rows".to_owned(),
-            JanitorAction::Archive(name) => format!("moving old DONE inbox rows to {name}"),
-        };
-        self.with_session(async |s| {
-            let mut answers = answers_of(self, &mut s.conn, &select, &what).await?;
-            let ids = (answer(&mut answers, BEGIN_STATEMENTS)?.rows.iter())
-                .map(|row| int(row, 0)?.ok_or_else(|| no_id(table)))
-                .collect::<Result<Vec<i64>, _>>()?;
-            if ids.is_empty() {
-                s.conn
-                    .query_drop("COMMIT")
-                    .await
-                    .map_err(|e| self.fail(&what, &e))?;
-                return Ok(0);
-            }
-            let list = id_list(ids);
-            let copy = archive.as_ref().map_or(String::new(), |archive| {
-                format!("INSERT INTO {archive} SELECT * FROM {table} WHERE id IN ({list}); ")
-            });
-            let delete = format!("{copy}DELETE FROM {table} WHERE id IN ({list}); COMMIT");
-            let answers = answers_of(self, &mut s.conn, &delete, &what).await?;
-            let deleted = answers.len().saturating_sub(2);
-            Ok(answers.get(deleted).map_or(0, |a| a.affected))
-        })
-        .await
-    }
-}
-
-impl MysqlInboxStore {
-    /// Creates the janitor's archive table like the inbox when it is missing, without the
-    /// inbox's unique keys: a message stored again after the deduplication window is
-    /// archived a second time.
-    async fn create_archive(&self, name: &str) -> Result<(), ConnectorError> {
-        let archive = qualified(name);
-        let (db, table) = table_ident(name, &self.connector.config().database);
-        let what = format!("creating the archive table {name}");
-        self.with_session(async |s| {
-            let conn = &mut s.conn;
-            let exists = format!(
-                "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = {} \
-                 AND TABLE_NAME = {}",
-                sql_string(&db),
-                sql_string(&table)
-            );
-            if query_first(conn, &exists, &what).await?.is_some() {
-                return Ok(());
-            }
-            let create = format!("CREATE TABLE IF NOT EXISTS {archive} LIKE {}", self.table);
-            conn.query_drop(create.as_str())
-                .await
-                .map_err(|e| self.fail(&what, &e))?;
-            let unique = format!(
-                "SELECT DISTINCT INDEX_NAME FROM information_schema.STATISTICS \
-                 WHERE TABLE_SCHEMA = {} AND TABLE_NAME = {} AND NON_UNIQUE = 0 \
-                 AND INDEX_NAME <> 'PRIMARY'",
-                sql_string(&db),
-                sql_string(&table)
-            );
-            let drops = (query(conn, &unique, &what).await?.iter())
-                .map(|row| {
-                    Ok(format!(
-                        "DROP INDEX {}",
-                        quote_ident(&text_or_empty(row, 0)?)
-                    ))
-                })
-                .collect::<Result<Vec<String>, ConnectorError>>()?;
-            if !drops.is_empty() {
-                let alter = format!("ALTER TABLE {archive} {}", drops.join(", "));
-                conn.query_drop(alter.as_str())
-                    .await
-                    .map_err(|e| self.fail(&what, &e))?;
-            }
-            Ok(())
-        })
-        .await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn message(id: &str, type_: &str, key: &str) -> InboxMessage {
-        InboxMessage {
-            source: "s".into(),
-            message_id: id.into(),
-            message_type: type_.into(),
-            biz_key: key.into(),
-            payload: b"{}".to_vec(),
-            headers: Vec::new(),
-            rejected: None,
-        }
-    }
-
-    fn row(id: i64, m: &InboxMessage) -> StoredRow {
-        StoredRow(
-            id,
-            [
-                m.source.clone(),
-                m.message_id.clone(),
-                m.message_type.clone(),
-                m.biz_key.clone(),
-            ],
-        )
-    }
-
-    use Ingested::{Duplicate, Stored};
-
-    #[test]
-    fn each_stored_row_is_the_first_message_with_all_its_values() {
-        let batch = [
-            message("m1", "t", "k1"),
-            message("m1", "other", "other"), // same pair
-            message("m9", "t", "k1"),        // same type and key
-            message("m2", "t", "k2"),
-            message("m2", "t", "k2"), // the same message again
-        ];
-        let rows = vec![row(11, &batch[3]), row(10, &batch[0])];
-        assert_eq!(
-            stored_of(&batch, 2, &rows),
-            Some(vec![
-                Stored(10),
-                Duplicate,
-                Duplicate,
-                Stored(11),
-                Duplicate
-            ])
-        );
-    }
-
-    #[test]
-    fn a_reused_pair_is_matched_by_all_four_values() {
-        // The first is a duplicate of an older row by type and key; the second, with the
-        // same pair but another type and key, is stored.
-        let batch = [message("m1", "t1", "k1"), message("m1", "t2", "k2")];
-        let rows = vec![row(20, &batch[1])];
-        assert_eq!(
-            stored_of(&batch, 1, &rows),
-            Some(vec![Duplicate, Stored(20)])
-        );
-    }
-
-    #[test]
-    fn rows_of_other_messages_with_a_pair_of_the_batch_are_not_its_own() {
-        let batch = [message("m1", "t1", "k1"), message("m2", "t1", "k2")];
-        // A concurrent m1 of other values: the batch's m1 was its duplicate.
-        let rows = vec![row(30, &message("m1", "x", "y")), row(31, &batch[1])];
-        assert_eq!(
-            stored_of(&batch, 1, &rows),
-            Some(vec![Duplicate, Stored(31)])
-        );
-    }
-
-    #[test]
-    fn a_concurrent_copy_of_a_message_makes_the_outcome_unknown() {
-        let batch = [message("m1", "t", "k1"), message("m2", "t", "k2")];
-        // One row inserted, two rows match: one was stored by another transaction.
-        let rows = vec![row(40, &batch[0]), row(41, &batch[1])];
-        assert_eq!(stored_of(&batch, 1, &rows), None);
-        // A row the server stored with other values (truncated): unknown too.
-        assert_eq!(stored_of(&batch, 2, &[row(42, &batch[0])]), None);
-    }
-
-    #[test]
-    fn nothing_inserted_is_all_duplicates_whatever_last_insert_id_found() {
-        let batch = [message("m1", "t", "k1")];
-        let stale = vec![row(5, &batch[0])];
-        assert_eq!(stored_of(&batch, 0, &stale), Some(vec![Duplicate]));
-    }
-
-    #[test]
-    fn insert_texts_open_and_commit_one_transaction_under_the_limit() {
-        let statements: Vec<String> = (0..100).map(|n| format!("INSERT {n:0>95}")).collect();
-        let texts = insert_texts(&statements, 1000);
-        assert!(texts.len() > 10, "{} texts", texts.len());
-        for text in &texts {
-            assert!(text.len() <= 1000, "{}", text.len());
-        }
-        let all = texts.concat();
-        assert!(all.starts_with(&format!("{BEGIN};\n")));
-        assert!(all.ends_with(";\nCOMMIT"));
-        assert_eq!(all.matches("START TRANSACTION").count(), 1);
-        assert_eq!(all.matches("INSERT").count(), 100);
-        // One statement per message, in order, each whole in one text.
-        let order: Vec<&str> = all
-            .split(";\n")
-            .filter(|s| s.starts_with("INSERT"))
-            .collect();
-        assert_eq!(order, statements);
-
-        let one = insert_texts(&statements[..1], 1 << 20);
-        assert_eq!(one.len(), 1, "a small batch is one round trip");
-        // A statement longer than the limit goes alone (the caller checks the packet).
-        let big = vec!["x".repeat(5000)];
-        assert_eq!(insert_texts(&big, 1000).len(), 2);
-    }
 }

@@ -11,6 +11,8 @@
 mod checkpoint;
 mod claims;
 pub mod inbox;
+mod inbox_insert;
+mod inbox_operator;
 mod operator;
 mod sql;
 mod table;
