@@ -12,8 +12,8 @@
 //!   `| key | default | meaning |`, one key a row, written as its dotted path; a name the
 //!   user chooses is written `<name>` (`kafka.options.<option>`,
 //!   `inbox.handlers.<message_type>.url`).
-//! - Every ` ```toml ` fence parses as a configuration: whole when it has `[pipeline]`,
-//!   `[source]` and `[kafka]`, else merged into `examples/outboxd.toml` (a fragment). A
+//! - Every ` ```toml ` fence parses as a configuration: whole when it has `[source]` and a
+//!   half to run (`[kafka]`, `[outbox]` or `[inbox]`), else merged into `examples/outboxd.toml` (a fragment). A
 //!   snippet that is not meant to parse would be fenced ` ```toml-fragment `, which this
 //!   test does not read (there is none today).
 //! - The front page stays one: at most 250 lines, opening with `scripts/demo` and
@@ -347,8 +347,9 @@ fn keys_outboxd_accepts() -> BTreeSet<String> {
         }
     }
     // The tags of the two tagged enums, which serde's list does not name (it lists the
-    // chosen variant's fields), and `source.mode`, which sits beside the engine's keys
-    // (`#[serde(flatten)]`) where the engine's list does not show it.
+    // chosen variant's fields), and `source.mode` (deprecated, still read), which sits
+    // beside the engine's keys (`#[serde(flatten)]`) where the engine's list does not
+    // show it.
     for key in [
         "source.kind",
         "source.mode",
@@ -457,9 +458,12 @@ fn every_toml_snippet_is_a_config_or_a_section_of_one() {
             let table: toml::Table = snippet
                 .parse()
                 .unwrap_or_else(|e| panic!("{where_}: not TOML: {e}\n{snippet}"));
-            let whole = ["pipeline", "source", "kafka"]
-                .iter()
-                .all(|s| table.contains_key(*s));
+            // Whole: the database and a half to run (an inbox-only process has no
+            // [pipeline] or [kafka]).
+            let whole = table.contains_key("source")
+                && ["kafka", "outbox", "inbox"]
+                    .iter()
+                    .any(|s| table.contains_key(*s));
             let config = match whole {
                 true => snippet.clone(),
                 false => {

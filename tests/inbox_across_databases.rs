@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::engine::{Engine, Event, Pipeline, Writer};
 use common::mysql::{self, MysqlServices};
 use common::postgres::{self, PgServices};
-use common::{init_outboxd, spawn_outboxd, wait_for};
+use common::{spawn_outboxd, wait_for};
 use mysql_async::prelude::Queryable;
 
 /// The database of the receiving side, through its own client.
@@ -83,20 +83,27 @@ impl Receiver {
     /// What the administrator does after `init`: the runtime role's grants of
     /// `schemas/<engine>/grants.sql` on `<outbox, inbox, checkpoint>`, and what the
     /// application gives it for the SQL handler: INSERT on its `effects` table.
-    async fn grant_runtime(self, [outbox, inbox, checkpoint]: [&str; 3], effects: &str) {
+    /// The runtime grants of the inbox table alone (`grants.sql`'s inbox line).
+    async fn grant_inbox_runtime(self, inbox: &str, effects: &str) {
         match self {
             Receiver::Postgres => {
                 let s = PgServices::from_env();
                 let grants =
-                    postgres::runtime_grants(&s.run_user, "public", outbox, inbox, checkpoint);
+                    postgres::runtime_grants(&s.run_user, "public", "outbox", inbox, "ckpt");
+                let grants: String = (grants.lines())
+                    .filter(|l| !l.contains("\"outbox\"") && !l.contains("\"ckpt\""))
+                    .map(|l| format!("{l}\n"))
+                    .collect();
                 self.execute(&grants).await;
                 let grant = format!("GRANT INSERT ON {effects} TO \"{}\"", s.run_user);
                 self.execute(&grant).await;
             }
             Receiver::Mariadb => {
                 let s = MysqlServices::from_env();
-                for grant in mysql::runtime_grants(&s.run_user, outbox, inbox, checkpoint) {
-                    self.execute(&grant).await;
+                for grant in mysql::runtime_grants(&s.run_user, "outbox", inbox, "ckpt") {
+                    if !grant.contains("`outbox`") && !grant.contains("`ckpt`") {
+                        self.execute(&grant).await;
+                    }
                 }
                 let grant = format!("GRANT INSERT ON `{effects}` TO '{}'@'%'", s.run_user);
                 self.execute(&grant).await;
@@ -138,20 +145,7 @@ async fn events_cross_once_with_both_killed<Src: Engine>(receiver: Receiver, pre
         &config,
         format!(
             r#"
-[pipeline]
-name = "{name}"
-
 {source}
-mode = "poll"
-
-[outbox]
-relay = false
-table = "outbox_{name}"
-inbox_table = "inbox_{name}"
-checkpoint_table = "ckpt_{name}"
-
-[kafka]
-bootstrap_servers = "{kafka}"
 
 [retry]
 base = "200ms"
@@ -159,11 +153,13 @@ cap = "1s"
 jitter = "0ms"
 
 [inbox]
+table = "inbox_{name}"
 workers = 4
 claim_timeout = "5s"
 idle_check = "500ms"
 
 [inbox.kafka]
+bootstrap_servers = "{kafka}"
 topics = ["{topic}"]
 group_id = "it-{name}"
 
@@ -180,15 +176,31 @@ statement = "INSERT INTO {effects} (message_id, biz_key) VALUES (:message_id, :b
     let admin_config = relay.dir.join("inbox-admin.toml");
     let text = std::fs::read_to_string(&config).expect("inbox config");
     std::fs::write(&admin_config, receiver.as_admin(&text)).expect("admin config");
-    init_outboxd(&admin_config);
-    let (outbox, inbox, checkpoint) = (
-        format!("outbox_{name}"),
-        format!("inbox_{name}"),
-        format!("ckpt_{name}"),
+    // An inbox-only process (the database and [inbox], nothing of the relay's): `init`
+    // creates its inbox table alone, `check` and `schema` look at it alone, and the
+    // runtime role needs grants on it alone.
+    let inbox = format!("inbox_{name}");
+    let init = common::run_outboxd(&admin_config, &["init"]);
+    let said = String::from_utf8_lossy(&init.stdout).into_owned();
+    assert!(init.status.success(), "{said}{}", String::from_utf8_lossy(&init.stderr));
+    let lines: Vec<&str> = said.lines().collect();
+    assert_eq!(lines.len(), 2, "{said}");
+    assert_eq!(lines[0], format!("created table {inbox}"), "{said}");
+    assert!(lines[1].starts_with("inbox only: no outbox relay"), "{said}");
+    let schema = common::run_outboxd(&admin_config, &["schema"]);
+    let script = String::from_utf8_lossy(&schema.stdout).into_owned();
+    assert!(script.contains("inbox only") && script.contains(&inbox), "{script}");
+    assert!(!script.to_lowercase().contains("outbox_"), "{script}");
+    receiver.grant_inbox_runtime(&inbox, &effects).await;
+    let check = common::run_outboxd(&config, &["check"]);
+    let report = String::from_utf8_lossy(&check.stdout).into_owned();
+    assert!(check.status.success(), "{report}");
+    assert!(report.contains("] inbox table"), "{report}");
+    let relay_lines = ["] kafka", "] replication", "] binlog", "] outbox", "] checkpoint"];
+    assert!(
+        !report.lines().any(|l| relay_lines.iter().any(|r| l.contains(r))),
+        "{report}"
     );
-    receiver
-        .grant_runtime([&outbox, &inbox, &checkpoint], &effects)
-        .await;
     let mut inbox_daemon = spawn_outboxd(
         &config,
         &relay.dir.join("inbox-1.log"),
@@ -255,7 +267,7 @@ statement = "INSERT INTO {effects} (message_id, biz_key) VALUES (:message_id, :b
         "{}",
         relay_daemon.log_text()
     );
-    for table in [&effects, &inbox, &outbox, &checkpoint] {
+    for table in [&effects, &inbox] {
         receiver.drop_table(table).await;
     }
     relay.cleanup().await;

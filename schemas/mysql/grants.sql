@@ -9,6 +9,8 @@
 -- Table-level grants are also what lets the user see these tables in information_schema.
 -- The inbox's SQL handler runs its statement as this user too: grant it what the
 -- statement touches on your own tables (README, "Privileges"); nothing here does that.
+-- An inbox-only process (no [outbox], no [kafka]) has only the inbox table and needs only
+-- its line, and no replication privilege.
 
 -- Events read by id, statuses written back; DELETE only for `outboxd janitor`.
 GRANT SELECT, UPDATE, DELETE ON `outbox` TO 'outboxd_run'@'%';

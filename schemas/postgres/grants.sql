@@ -19,11 +19,17 @@
 
 -- Names in the schema resolve only with USAGE (PUBLIC holds it on `public` by default).
 GRANT USAGE ON SCHEMA :"schema" TO :"run_role";
+-- An inbox-only process (no [outbox], no [kafka]) has only the inbox table: add
+-- `-v inbox_only=1` to grant on it alone.
+\if :{?inbox_only} \else
 -- Events read by id (re-reads after a reconnect, retries, poll mode, recover, status),
 -- statuses written back; DELETE only for `outboxd janitor`.
 GRANT SELECT, UPDATE, DELETE ON :"schema".:"outbox_table" TO :"run_role";
+\endif
 -- Received messages stored (INSERT), claimed, written back; DELETE only for the janitor.
 -- Its id is an identity column, whose sequence needs no grant.
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".:"inbox_table" TO :"run_role";
+\if :{?inbox_only} \else
 -- The pipeline's position: read at start, written with each write-back.
 GRANT SELECT, INSERT, UPDATE ON :"schema".:"checkpoint_table" TO :"run_role";
+\endif

@@ -1,7 +1,7 @@
 //! The claim worker: the second runtime path beside the log relay.
 //!
 //! Beside the log it retries due FAILED rows (and rows parked by strict ordering); in
-//! poll mode (`source.mode = "poll"`) it is the whole relay, with INIT rows in scope. Each
+//! poll mode (`outbox.mode = "poll"`) it is the whole relay, with INIT rows in scope. Each
 //! round claims rows in one short transaction, sends them through the [`Sink`], writes
 //! back only where the claim token still matches, and reaps claims abandoned by a stopped
 //! worker (`worker.rs`). Failed rows wait out the backoff (`backoff.rs`); the worker

@@ -74,7 +74,7 @@ pub async fn execute_with_handlers(
     let result = config
         .source
         .engine
-        .with_connector(&config.pipeline.name, config.outbox.layout(), work)
+        .with_connector(&config.pipeline.name, config.layout(), work)
         .await
         .map_err(anyhow::Error::from)
         .and_then(|result| result);
@@ -131,6 +131,10 @@ async fn execute_with<C: Connector + Clone + 'static>(
             }
             // Exactly-once: the log relay gets a transactional producer of its own; the
             // claim worker, the endpoint and the inbox keep the ordinary one.
+            if !config.relays_outbox() {
+                let no_sink: Option<Arc<KafkaSink>> = None;
+                return Box::pin(run(config, connector, no_sink, None, handlers)).await;
+            }
             let relay_sink = match config.delivery.exactly_once {
                 true => Some(
                     open_sink(config)?
@@ -142,7 +146,7 @@ async fn execute_with<C: Connector + Clone + 'static>(
             Box::pin(run(
                 config,
                 connector,
-                Arc::new(open_sink(config)?),
+                Some(Arc::new(open_sink(config)?)),
                 relay_sink,
                 handlers,
             ))
@@ -150,6 +154,12 @@ async fn execute_with<C: Connector + Clone + 'static>(
         }
         Command::Recover => recover(config, connector, &open_sink(config)?).await,
         Command::Admin(admin, format) => {
+            if !config.relays_outbox() {
+                anyhow::bail!(
+                    "this config runs no outbox relay (no [outbox] or [kafka] section): \
+                     add --inbox to act on the inbox table"
+                );
+            }
             if config.outbox.rows() == RowLifecycle::Deleted {
                 anyhow::bail!(
                     "outbox.rows = \"deleted\": the outbox rows carry no status, so there is \
@@ -210,6 +220,15 @@ async fn check<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i
         (config.warnings.iter()).map(|w| CheckLine::warn("config file", &w.message, &w.fix)),
     );
     report.extend(connector.check(read_mode(config)).await);
+    if config.inbox.is_some() {
+        report.push(match connector.open_inbox().await {
+            Ok(_) => CheckLine::ok("inbox table", &config.outbox.inbox_table),
+            Err(e) => CheckLine::fail("inbox table", e.to_string(), "run `outboxd init`"),
+        });
+    }
+    if !config.relays_outbox() {
+        return print_report(&report);
+    }
     match open_sink(config) {
         Ok(sink) => {
             report.push(sink.check(Duration::from_secs(5)).await);
@@ -227,7 +246,12 @@ async fn check<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i
             "fix the [kafka] section",
         )),
     }
-    for line in &report {
+    print_report(&report)
+}
+
+/// Prints `check`'s lines and a verdict; 1 when a line failed.
+fn print_report(report: &[CheckLine]) -> anyhow::Result<i32> {
+    for line in report {
         println!("{line}");
     }
     let failures = report
@@ -246,11 +270,10 @@ async fn check<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i
 async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
     config: &Config,
     connector: &C,
-    shared_sink: Arc<S>,
+    shared_sink: Option<Arc<S>>,
     relay_sink: Option<S>,
     custom_handlers: Handlers,
 ) -> anyhow::Result<i32> {
-    let sink: &S = &shared_sink;
     let stats = Arc::new(PipelineStats::default());
     let metrics = config.metrics.clone().unwrap_or_default();
     stats.metrics.limit_topic_series(metrics.max_topic_series);
@@ -279,17 +302,15 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
         None => None,
     };
     let relay_sink = relay_sink.map(Arc::new);
-    let health = observability::Health::new(
-        Arc::clone(&stats),
-        Arc::clone(&shared_sink),
-        connector.clone(),
-    )
-    .with_relay_sink(relay_sink.clone());
+    let health =
+        observability::Health::new(Arc::clone(&stats), shared_sink.clone(), connector.clone())
+            .with_relay_sink(relay_sink.clone());
     let inbox_shutdown = shutdown.clone();
     let outbox = async {
-        if !config.outbox.relay {
+        // Present exactly when the relay runs (see `execute_with`).
+        let Some(sink) = shared_sink.as_deref() else {
             return Ok(());
-        }
+        };
         match config.source.mode {
             SourceMode::Log => {
                 let settings = PipelineSettings {
@@ -414,8 +435,9 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
         }
         None => None,
     };
-    if !config.outbox.relay {
-        // No log session to wait for: /readyz follows Kafka alone.
+    if !config.relays_outbox() {
+        // No log session to wait for and no sink to reach: /readyz answers ready while
+        // the inbox runs (a definite failure of the inbox stops the process).
         stats
             .streaming
             .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -437,7 +459,9 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
     let token = config.metrics.as_ref().and_then(|m| m.bearer_token.clone());
     let router = observability::require_bearer(router, token);
     let result = observability::serve_while(listener, router, work).await;
-    sink.flush(Duration::from_secs(5)).await;
+    if let Some(sink) = &shared_sink {
+        sink.flush(Duration::from_secs(5)).await;
+    }
     result?;
     tracing::info!(
         published = stats.published.load(std::sync::atomic::Ordering::Relaxed),

@@ -15,12 +15,15 @@ use outboxd_connector_kit::config::check_duration;
 use serde::Deserialize;
 
 mod delivery;
+mod features;
 mod metrics;
 mod outbox;
 mod pipeline;
 mod poll;
 mod retry;
 mod source;
+#[cfg(test)]
+mod features_tests;
 #[cfg(test)]
 mod tests;
 
@@ -72,14 +75,17 @@ pub enum ConfigError {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// `[pipeline]`: the name of this source → Kafka pipeline.
+    /// `[pipeline]`: the name of the outbox relay's pipeline; optional without the relay.
+    #[serde(default)]
     pub pipeline: PipelineConfig,
-    /// `[source]`: the database to tail, and how.
+    /// `[source]`: the database, which both halves use.
     pub source: SourceSection,
-    /// `[outbox]`: table names and the key column.
+    /// `[outbox]`: the outbox relay (present, or `[kafka]` present: the relay runs), its
+    /// tables and how it finds rows.
     #[serde(default)]
     pub outbox: OutboxConfig,
-    /// `[kafka]`: the producer.
+    /// `[kafka]`: the relay's producer; absent in an inbox-only process.
+    #[serde(default)]
     pub kafka: KafkaConfig,
     /// `[delivery]`: in-flight bounds, write-back batching, shutdown.
     #[serde(default)]
@@ -170,18 +176,19 @@ impl Config {
             path: "<text>".into(),
             message: crate::secrets::parse_error_message(&e, text),
         })?;
+        let raw = text.parse::<toml::Table>().unwrap_or_default();
         // Debezium's Event Router routes to `outbox.event.<aggregatetype>`: so does the
         // Debezium layout unless the file names a template.
         if config.outbox.layout == TableLayout::Debezium {
-            let named = text.parse::<toml::Table>().ok().is_some_and(|t| {
-                t.get("kafka")
-                    .and_then(|k| k.get("topic_template"))
-                    .is_some()
-            });
+            let named = raw
+                .get("kafka")
+                .and_then(|k| k.get("topic_template"))
+                .is_some();
             if !named {
                 config.kafka.topic_template = DEBEZIUM_TOPIC_TEMPLATE.into();
             }
         }
+        config.apply_features(&raw)?;
         Ok(config)
     }
 
@@ -326,9 +333,16 @@ impl Config {
                  (it names the replication slot and publication)"
             )));
         }
-        if self.kafka.bootstrap_servers.trim().is_empty() {
+        if self.relays_outbox() && self.kafka.bootstrap_servers.trim().is_empty() {
             return Err(ConfigError::Invalid(
                 "kafka.bootstrap_servers is empty".into(),
+            ));
+        }
+        if self.inbox.as_ref().is_some_and(|i| i.kafka.is_some())
+            && self.inbox_bootstrap_servers().is_none()
+        {
+            return Err(ConfigError::Invalid(
+                "[inbox.kafka] needs the brokers: set inbox.kafka.bootstrap_servers".into(),
             ));
         }
         let template = crate::sink::kafka::TopicTemplate::parse(&self.kafka.topic_template)
@@ -380,7 +394,7 @@ impl Config {
             .map_err(ConfigError::Invalid)?;
         if d.exactly_once && self.source.mode == SourceMode::Poll {
             return Err(ConfigError::Invalid(
-                "delivery.exactly_once = true needs source.mode = \"log\": poll mode has no \
+                "delivery.exactly_once = true needs outbox.mode = \"log\": poll mode has no \
                  log position to commit with the records"
                     .into(),
             ));
@@ -399,6 +413,16 @@ impl Config {
             return Err(ConfigError::Invalid(
                 "kafka.positions_topic and kafka.transactional_id must not be empty".into(),
             ));
+        }
+        if let SourceConfig::Mysql(mysql) = &self.source.engine {
+            if mysql.server_id == 0 && self.relays_outbox() {
+                return Err(ConfigError::Invalid(
+                    "source.server_id is missing: the outbox relay registers with the server \
+                     as a replica and needs an id unique among its replicas (an inbox-only \
+                     process leaves it out)"
+                        .into(),
+                ));
+            }
         }
         if let SourceConfig::Postgres(pg) = &self.source.engine {
             if pg.slot_failover && self.source.mode == SourceMode::Poll {
@@ -434,10 +458,6 @@ impl Config {
             inbox
                 .validate(self.metrics.is_some())
                 .map_err(ConfigError::Invalid)?;
-        } else if !self.outbox.relay {
-            return Err(ConfigError::Invalid(
-                "outbox.relay = false and no [inbox] section: there is nothing to run".into(),
-            ));
         }
         let layout = self.outbox.layout();
         for (key, value) in self

@@ -1,6 +1,6 @@
 //! `[outbox]` and `[outbox.columns]`: table names, the layout, rows kept or deleted.
 
-use outboxd_connector::{ColumnNames, OutboxLayout, RowLifecycle};
+use outboxd_connector::{ColumnNames, Features, OutboxLayout, RowLifecycle};
 use serde::Deserialize;
 
 use super::SourceMode;
@@ -23,8 +23,12 @@ pub struct OutboxConfig {
     /// Column whose value is the Kafka record key; the layout's business key column
     /// (`biz_key`, Debezium's `aggregateid`) unless set.
     pub key_column: Option<String>,
-    /// Whether `outboxd run` relays the outbox. `false` for a process that only runs the
-    /// inbox (`[inbox]`) on this database.
+    /// How the relay finds new rows: `log` (default) tails the database log; `poll` claims
+    /// INIT rows with `SELECT … FOR UPDATE SKIP LOCKED`, where log access is not granted.
+    /// (Formerly `source.mode`, still read.)
+    pub mode: Option<SourceMode>,
+    /// Deprecated: whether `outboxd run` relays the outbox. An inbox-only process leaves
+    /// `[outbox]` and `[kafka]` out instead. After loading: whether the relay runs.
     pub relay: bool,
     /// Whose column names the outbox has: outboxd's own (`schemas/*/outbox.sql`) or
     /// Debezium's outbox table.
@@ -45,6 +49,7 @@ impl Default for OutboxConfig {
             inbox_table: layout.inbox_table,
             checkpoint_table: layout.checkpoint_table,
             key_column: None,
+            mode: None,
             relay: true,
             layout: TableLayout::Outboxd,
             rows: None,
@@ -170,6 +175,7 @@ impl OutboxConfig {
                 .unwrap_or_else(|| columns.biz_key.clone()),
             rows: self.rows(),
             columns,
+            features: Features::default(),
         }
     }
 
@@ -184,8 +190,8 @@ impl OutboxConfig {
             // statement names its columns as mapped.
             if mode == SourceMode::Poll {
                 return Err(
-                    "source.mode = \"poll\" reads outboxd's own table only: with \
-                     outbox.layout = \"debezium\" or [outbox.columns] use source.mode = \"log\""
+                    "outbox.mode = \"poll\" reads outboxd's own table only: with \
+                     outbox.layout = \"debezium\" or [outbox.columns] use outbox.mode = \"log\""
                         .into(),
                 );
             }
@@ -213,7 +219,7 @@ impl OutboxConfig {
         }
         if deleted && mode == SourceMode::Poll {
             return Err(
-                "outbox.rows = \"deleted\" needs source.mode = \"log\": deleted rows \
+                "outbox.rows = \"deleted\" needs outbox.mode = \"log\": deleted rows \
                         are only in the log, there is nothing to poll"
                     .into(),
             );

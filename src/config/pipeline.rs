@@ -2,12 +2,14 @@
 
 use serde::Deserialize;
 
-/// `[pipeline]`
-#[derive(Clone, Debug, Deserialize)]
+/// `[pipeline]`: required by the outbox relay; an inbox-only process may leave it out.
+#[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineConfig {
     /// Names the checkpoint row and, by default, the slot and publication
-    /// (`outboxd_<name>`). Lower-case letters, digits and `_`.
+    /// (`outboxd_<name>`). Lower-case letters, digits and `_`. Without the outbox relay:
+    /// `inbox` unless set.
+    #[serde(default)]
     pub name: String,
     /// Per-key ordering under failures.
     #[serde(default)]

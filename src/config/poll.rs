@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-/// `[poll]`: poll mode (`source.mode = "poll"`).
+/// `[poll]`: poll mode (`outbox.mode = "poll"`).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PollConfig {

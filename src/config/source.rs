@@ -1,15 +1,15 @@
-//! `[source]`: how to read the outbox; the engine's own keys are in `crate::engines`.
+//! `[source]`: the database (its engine and connection); the engine's own keys are in
+//! `crate::engines`.
 
 use serde::Deserialize;
 
 use super::SourceConfig;
 
-/// `[source]`: how to read the outbox (`mode`) and the engine settings (`kind` and the
-/// engine's own keys).
+/// `[source]`: the database both halves use: the engine (`kind`) and its own keys.
 #[derive(Clone, Debug, Deserialize)]
 pub struct SourceSection {
-    /// `log` (default) tails the database log; `poll` claims INIT rows with
-    /// `SELECT … FOR UPDATE SKIP LOCKED`, for databases where log access is not granted.
+    /// Deprecated place of `outbox.mode` (still read). After loading: the relay's mode,
+    /// wherever the file set it.
     #[serde(default)]
     pub mode: SourceMode,
     /// The engine and its connection settings.

@@ -154,9 +154,11 @@ fn mysql_source_gets_defaults_and_the_password_override() {
     assert_eq!(my.server_id, 4242);
     assert_eq!(my.heartbeat, Duration::from_secs(5));
     assert_eq!(my.password.as_ref().map(Secret::expose), Some("s3cret"));
-    // server_id is required; unknown keys are named.
+    // server_id is required by the relay; unknown keys are named.
     let text = MINIMAL.replace("kind = \"postgres\"", "kind = \"mysql\"");
     assert!(Config::parse(&text)
+        .unwrap()
+        .validate()
         .unwrap_err()
         .to_string()
         .contains("server_id"));

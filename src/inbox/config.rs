@@ -1,5 +1,5 @@
 //! `[inbox]`: the receiving half. Present → `outboxd run` runs the inbox (ingress and
-//! workers) on the `[source]` database's `outbox.inbox_table`.
+//! workers) on the `[source]` database's `inbox.table`.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -13,6 +13,10 @@ use serde::Deserialize;
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InboxConfig {
+    /// The inbox table, optionally schema-qualified; default `outbox.inbox_table`'s
+    /// (`inbox`).
+    #[serde(default)]
+    pub table: Option<String>,
     /// Messages handled at once (one per `biz_key` at most).
     #[serde(default = "default_workers")]
     pub workers: usize,
@@ -43,6 +47,9 @@ pub struct InboxConfig {
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaIngressConfig {
+    /// `host:port[,host:port…]`; default `[kafka]`'s (a process with the outbox relay).
+    #[serde(default)]
+    pub bootstrap_servers: Option<String>,
     /// Topics to consume.
     pub topics: Vec<String>,
     /// The consumer group.

@@ -99,7 +99,14 @@ fn consumer(
         client.set(key, value);
     }
     client
-        .set("bootstrap.servers", &kafka.bootstrap_servers)
+        .set(
+            "bootstrap.servers",
+            // Its own brokers, or the relay's (validated at load: one of them is set).
+            config
+                .bootstrap_servers
+                .as_deref()
+                .unwrap_or(&kafka.bootstrap_servers),
+        )
         .set("group.id", &config.group_id)
         .set("enable.auto.commit", "true")
         .set("enable.auto.offset.store", "false")

@@ -34,7 +34,8 @@ type StatusResult = Arc<Result<StatusSummary, String>>;
 /// The health of one running pipeline, as the endpoint reports it.
 pub(crate) struct Health<C: Connector, S: Sink> {
     stats: Arc<PipelineStats>,
-    sink: Arc<S>,
+    /// The relay's producer; `None` in an inbox-only process, which has no sink to check.
+    sink: Option<Arc<S>>,
     /// Exactly-once: the log relay's own (transactional) producer, counted in the
     /// producer queue beside the shared one.
     relay_sink: Option<Arc<S>>,
@@ -51,7 +52,7 @@ pub(crate) struct Health<C: Connector, S: Sink> {
 
 impl<C: Connector, S: Sink> Health<C, S> {
     /// Health over the pipeline's counters, its sink and (a copy of) its connector.
-    pub(crate) fn new(stats: Arc<PipelineStats>, sink: Arc<S>, connector: C) -> Self {
+    pub(crate) fn new(stats: Arc<PipelineStats>, sink: Option<Arc<S>>, connector: C) -> Self {
         Self {
             stats,
             sink,
@@ -80,27 +81,34 @@ impl<C: Connector, S: Sink> Health<C, S> {
     /// `/metrics`: every series, in the Prometheus text format.
     pub(crate) async fn metrics(&self) -> String {
         let kafka = self.kafka_reachable().await;
-        let status = self.status.get(self.query_status()).await;
+        // Without the relay (no sink) there is no outbox table to count.
+        let status = match self.sink {
+            Some(_) => Some(self.status.get(self.query_status()).await),
+            None => None,
+        };
         let inbox_status = match self.stats.inbox.get() {
             Some(_) => Some(self.inbox_status.get(self.query_inbox_status()).await),
             None => None,
         };
         let inputs = ScrapeInputs {
-            producer_queue: self.sink.queue_depth()
+            producer_queue: self.sink.as_ref().map_or(0, |s| s.queue_depth())
                 + self.relay_sink.as_ref().map_or(0, |s| s.queue_depth()),
-            status: status.as_ref().as_ref().ok(),
-            status_ok: Some(status.is_ok()),
+            status: status.as_ref().and_then(|s| s.as_ref().as_ref().ok()),
+            status_ok: status.as_ref().map(|s| s.is_ok()),
             inbox_status: inbox_status.as_ref().and_then(|s| s.as_ref().as_ref().ok()),
-            kafka_reachable: Some(kafka.is_ok()),
+            kafka_reachable: self.sink.as_ref().map(|_| kafka.is_ok()),
         };
         metrics::render(&self.stats, &inputs)
     }
 
-    /// Kafka's reachability, checked at most every [`KAFKA_CHECK`].
+    /// Kafka's reachability, checked at most every [`KAFKA_CHECK`]; `Ok` without a sink.
     async fn kafka_reachable(&self) -> Result<(), String> {
+        let Some(sink) = &self.sink else {
+            return Ok(());
+        };
         self.kafka
             .get(async {
-                let line = self.sink.check(KAFKA_CHECK_TIMEOUT).await;
+                let line = sink.check(KAFKA_CHECK_TIMEOUT).await;
                 match line.status {
                     CheckStatus::Fail => Err(line.to_string()),
                     _ => Ok(()),

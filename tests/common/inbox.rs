@@ -70,26 +70,19 @@ impl Inbox {
         .expect("schema");
         super::create_topic_with(&kafka(), &topic, 2, &[]).await;
         let inbox_toml = inbox_toml
+            .replacen("[inbox]\n", "[inbox]\ntable = \"{schema}.inbox\"\n", 1)
+            .replacen(
+                "[inbox.kafka]\n",
+                &format!("[inbox.kafka]\nbootstrap_servers = \"{}\"\n", kafka()),
+                1,
+            )
             .replace("{schema}", &schema)
             .replace("{topic}", &topic)
             .replace("{name}", &name);
+        // An inbox-only process: the database and [inbox], nothing of the relay's.
         let config = format!(
             r#"
-[pipeline]
-name = "{name}"
-
 {source}
-mode = "poll"
-
-[outbox]
-table = "{schema}.outbox"
-inbox_table = "{schema}.inbox"
-checkpoint_table = "{schema}.outboxd_checkpoint"
-relay = false
-
-[kafka]
-bootstrap_servers = "{kafka}"
-topic_template = "unused"
 
 [retry]
 base = "300ms"
@@ -99,7 +92,6 @@ jitter = "0ms"
 {inbox_toml}
 "#,
             source = services.source_section(),
-            kafka = kafka(),
             metrics = metrics_section(port),
         );
         let path = dir.join("outboxd.toml");
@@ -107,6 +99,7 @@ jitter = "0ms"
         let admin_path = dir.join("outboxd-admin.toml");
         std::fs::write(&admin_path, services.as_admin(&config)).expect("admin config");
         super::init_outboxd(&admin_path);
+        // `-v inbox_only=1`: the grants on the inbox table alone.
         let grants = runtime_grants(
             &services.run_user,
             &schema,
@@ -114,6 +107,10 @@ jitter = "0ms"
             "inbox",
             "outboxd_checkpoint",
         );
+        let grants: String = (grants.lines())
+            .filter(|l| !l.contains("\"outbox\"") && !l.contains("\"outboxd_checkpoint\""))
+            .map(|l| format!("{l}\n"))
+            .collect();
         sql.batch_execute(&grants).await.expect(&grants);
         sql.batch_execute(&format!(
             "GRANT INSERT ON {schema}.effects TO {run}; \

@@ -19,6 +19,30 @@ pub struct OutboxLayout {
     pub rows: RowLifecycle,
     /// The names of the columns the log path reads.
     pub columns: ColumnNames,
+    /// Which halves this process runs on the database: `init`, `schema` and `check`
+    /// create and look at only the tables (and log objects) of those.
+    pub features: Features,
+}
+
+/// Which halves of outboxd a process runs on one database (the config's `[outbox]` and
+/// `[inbox]` sections). Both by default, as for every configuration written before a
+/// process could leave a half out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Features {
+    /// The outbox relay: outbox tables, the checkpoint table, the log's objects (slot,
+    /// publication, binlog checkpoint) or poll mode's index.
+    pub outbox: bool,
+    /// The inbox: its table.
+    pub inbox: bool,
+}
+
+impl Default for Features {
+    fn default() -> Self {
+        Self {
+            outbox: true,
+            inbox: true,
+        }
+    }
 }
 
 impl OutboxLayout {
@@ -50,6 +74,16 @@ impl OutboxLayout {
         })
     }
 
+    /// The tables of the features this process runs ([`OutboxLayout::features`]): the
+    /// outbox tables and the checkpoint table for the relay, the inbox table for the inbox.
+    pub fn tables_in_use(&self) -> Vec<&str> {
+        let outbox = (self.outbox_tables.iter())
+            .chain([&self.checkpoint_table])
+            .filter(|_| self.features.outbox);
+        let inbox = [&self.inbox_table].into_iter().filter(|_| self.features.inbox);
+        outbox.chain(inbox).map(String::as_str).collect()
+    }
+
     /// Whether the pipeline reads several outbox tables.
     pub fn has_several_tables(&self) -> bool {
         self.outbox_tables.len() > 1
@@ -70,6 +104,7 @@ impl Default for OutboxLayout {
             key_column: "biz_key".into(),
             rows: RowLifecycle::Kept,
             columns: ColumnNames::default(),
+            features: Features::default(),
         }
     }
 }

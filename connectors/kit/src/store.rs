@@ -41,11 +41,7 @@ pub fn table_qualifiers(
     qualifier: impl Fn(&str) -> Option<String>,
 ) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    let tables = layout
-        .outbox_tables
-        .iter()
-        .chain([&layout.inbox_table, &layout.checkpoint_table]);
-    for table in tables {
+    for table in layout.tables_in_use() {
         if let Some(q) = qualifier(table) {
             if !out.contains(&q) {
                 out.push(q);

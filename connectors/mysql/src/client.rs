@@ -201,10 +201,11 @@ impl MysqlConnector {
         pipeline: &str,
         layout: OutboxLayout,
     ) -> Result<Self, ConnectorError> {
-        if config.server_id == 0 {
+        if config.server_id == 0 && layout.features.outbox {
             return Err(ConnectorError::definite(
                 "source.server_id must be a non-zero replica id, unique among the server's \
-                 replicas and different from the server's own server_id",
+                 replicas and different from the server's own server_id (the outbox relay \
+                 needs it; an inbox-only process may leave it out)",
             ));
         }
         if pipeline.is_empty() || pipeline.len() > 48 {

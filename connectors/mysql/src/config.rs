@@ -31,7 +31,9 @@ pub struct MysqlConfig {
     pub database: String,
     /// The replica server id outboxd registers with. Must differ from the server's own
     /// `server_id` and from every other replica's: the server disconnects an older replica
-    /// when a new one registers with the same id.
+    /// when a new one registers with the same id. Required by the outbox relay; an
+    /// inbox-only process reads no binlog and may leave it out (0).
+    #[serde(default)]
     pub server_id: u32,
     /// TLS mode, with libpq's meaning (see [`SslMode`]); the binlog connection uses it too.
     #[serde(default)]

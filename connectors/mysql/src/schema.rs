@@ -103,7 +103,11 @@ pub(crate) fn render_all(layout: &OutboxLayout) -> Vec<TableDdl> {
     let narrowed = (0..layout.outbox_tables.len()).filter_map(|i| layout.for_table(i));
     let outboxes = narrowed.filter_map(|one| render_first(&one).into_iter().next());
     let [_, inbox, checkpoint] = render_first(layout);
-    outboxes.chain([inbox, checkpoint]).collect()
+    let features = layout.features;
+    (outboxes.filter(|_| features.outbox))
+        .chain(features.inbox.then_some(inbox))
+        .chain(features.outbox.then_some(checkpoint))
+        .collect()
 }
 
 /// The DDL of the layout's first outbox table, its inbox and checkpoint table.

@@ -135,19 +135,20 @@ pub(crate) fn render_all(layout: &OutboxLayout) -> Vec<TableDdl> {
         indexes: vec![outbox_retry_index(&one), outbox_key_retry_index(&one)],
         sql: render(OUTBOX_SQL, &variables(&one)),
     });
-    outboxes
-        .chain([
-            TableDdl {
-                table: layout.inbox_table.clone(),
-                indexes: vec![claim_index, key_index],
-                sql: render(INBOX_SQL, &vars),
-            },
-            TableDdl {
-                table: layout.checkpoint_table.clone(),
-                indexes: Vec::new(),
-                sql: render(CHECKPOINT_SQL, &vars),
-            },
-        ])
+    let inbox = TableDdl {
+        table: layout.inbox_table.clone(),
+        indexes: vec![claim_index, key_index],
+        sql: render(INBOX_SQL, &vars),
+    };
+    let checkpoint = TableDdl {
+        table: layout.checkpoint_table.clone(),
+        indexes: Vec::new(),
+        sql: render(CHECKPOINT_SQL, &vars),
+    };
+    let features = layout.features;
+    (outboxes.filter(|_| features.outbox))
+        .chain(features.inbox.then_some(inbox))
+        .chain(features.outbox.then_some(checkpoint))
         .collect()
 }
 

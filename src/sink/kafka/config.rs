@@ -59,6 +59,25 @@ pub struct KafkaConfig {
     pub positions_topic: Option<String>,
 }
 
+/// Empty brokers: a process without the outbox relay leaves `[kafka]` out (validation
+/// asks for `bootstrap_servers` only when the relay runs).
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        Self {
+            bootstrap_servers: String::new(),
+            topic_template: default_topic_template(),
+            message_timeout: default_message_timeout(),
+            options: BTreeMap::new(),
+            allowed_topics: Vec::new(),
+            sasl_password_file: None,
+            ssl_key_password_file: None,
+            cloudevents: None,
+            transactional_id: None,
+            positions_topic: None,
+        }
+    }
+}
+
 impl KafkaConfig {
     /// The producer's `transactional.id` under exactly-once.
     pub fn transactional_id(&self, pipeline: &str) -> String {

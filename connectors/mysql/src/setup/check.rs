@@ -45,6 +45,10 @@ pub(crate) async fn check(c: &MysqlConnector, mode: ReadMode) -> CheckReport {
         format!("{flavor} {} at {}", server.version, c.endpoint()),
     ));
     report.push(check_tls(&mut conn, c).await);
+    if !c.layout().features.outbox {
+        // An inbox-only process reads no binlog and no outbox table.
+        return report;
+    }
     if mode == ReadMode::Poll {
         match check_outbox(&mut conn, c, c.layout().outbox_table()).await {
             Ok(lines) => report.extend(lines),
@@ -56,7 +60,7 @@ pub(crate) async fn check(c: &MysqlConnector, mode: ReadMode) -> CheckReport {
             Ok(false) => CheckLine::warn(
                 "poll index",
                 format!("{index} is missing: every claim scans the outbox"),
-                "run `outboxd init` with source.mode = \"poll\"",
+                "run `outboxd init` with outbox.mode = \"poll\"",
             ),
             Err(e) => failed_query("poll index", &e),
         };

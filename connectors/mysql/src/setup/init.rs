@@ -16,17 +16,21 @@ pub(crate) async fn init(
     let log_bin = server::variable(&mut conn, "log_bin")
         .await?
         .unwrap_or_default();
-    if mode == ReadMode::Log && !is_on(&log_bin) {
+    let layout = c.layout();
+    // An inbox-only process: its table, and nothing of the relay's.
+    let relay = layout.features.outbox;
+    if mode == ReadMode::Log && relay && !is_on(&log_bin) {
         return Err(ConnectorError::definite(format!(
             "the binary log is off on {} (log_bin = {log_bin}); {BINLOG_FIX}",
             c.endpoint()
         )));
     }
-    let layout = c.layout();
     let mut report = Vec::new();
     // An application's table with kept rows must have outboxd's columns (`--add-columns`
     // runs before): refuse before anything is created.
-    add_columns::refuse_missing_columns(&mut conn, c, layout).await?;
+    if relay {
+        add_columns::refuse_missing_columns(&mut conn, c, layout).await?;
+    }
 
     // Databases of qualified tables.
     for db in table_qualifiers(layout, |t| split_qualified(t).0) {
@@ -48,10 +52,10 @@ pub(crate) async fn init(
     }
 
     let mut outbox_existed = Vec::new();
-    for table in &layout.outbox_tables {
+    for table in layout.outbox_tables.iter().filter(|_| relay) {
         outbox_existed.push(table_exists(&mut conn, c, table).await?);
     }
-    if setup::owns_no_outbox(layout) {
+    if relay && setup::owns_no_outbox(layout) {
         // The application's tables: looked at, never created (`--add-columns` adds the
         // status columns to them first, when asked).
         for (table, existed) in layout.outbox_tables.iter().zip(&outbox_existed) {
@@ -93,6 +97,10 @@ pub(crate) async fn init(
         }
     }
 
+    if !relay {
+        report.push("inbox only: no outbox relay, no binlog position needed".to_owned());
+        return Ok(report);
+    }
     if mode == ReadMode::Poll {
         for one in (0..layout.outbox_tables.len()).filter_map(|i| layout.for_table(i)) {
             let (table, index) = (one.outbox_table(), outbox_poll_index(&one));

@@ -18,18 +18,25 @@ pub(crate) fn schema_script(c: &MysqlConnector, mode: ReadMode) -> String {
         ReadMode::Log => "log",
         ReadMode::Poll => "poll",
     };
-    let mut parts = vec![format!(
-        "-- outboxd schema (MySQL/MariaDB, {mode_name} mode) for pipeline `{}`, as `outboxd \
-         init` would create it.",
-        c.pipeline()
-    )];
+    let mut parts = vec![match layout.features.outbox {
+        true => format!(
+            "-- outboxd schema (MySQL/MariaDB, {mode_name} mode) for pipeline `{}`, as \
+             `outboxd init` would create it.",
+            c.pipeline()
+        ),
+        false => "-- outboxd schema (MySQL/MariaDB, inbox only), as `outboxd init` would \
+                  create it."
+            .to_owned(),
+    }];
     for db in table_qualifiers(layout, |t| split_qualified(t).0) {
         parts.push(format!(
             "CREATE DATABASE IF NOT EXISTS {} CHARACTER SET utf8mb4;",
             quote_ident(&db)
         ));
     }
-    if !layout.tracks_status() {
+    if !layout.features.outbox {
+        // An inbox-only process: its table, nothing of the relay's.
+    } else if !layout.tracks_status() {
         parts.push(kit_setup::application_outboxes_comment(layout));
     } else if kit_setup::owns_no_outbox(layout) {
         // Kept rows on the application's table: what `init --add-columns` adds to it.
@@ -50,7 +57,7 @@ pub(crate) fn schema_script(c: &MysqlConnector, mode: ReadMode) -> String {
         let end = if sql.ends_with(';') { "" } else { ";" };
         parts.push(format!("{sql}{end}"));
     }
-    if mode == ReadMode::Log {
+    if mode == ReadMode::Log && layout.features.outbox {
         parts.push(
             "-- Not DDL: the starting checkpoint. `outboxd init` records the server's current\n\
              -- binlog position for the pipeline when it has none, so the first `run` starts\n\

@@ -40,9 +40,13 @@ pub(crate) async fn check(c: &PostgresConnector) -> CheckReport {
     };
     let policy = c.tls.policy();
     report.push(tls_line("tls", &c.config().host, policy, &negotiated));
+    let layout = c.layout();
+    if !layout.features.outbox {
+        // An inbox-only process opens no replication connection and reads no outbox.
+        return report;
+    }
     report.push(check_replication_tls(c).await);
 
-    let layout = c.layout();
     let slot_name = c.slot();
     let publication = c.publication();
     let slot = slot_info(&client, &slot_name, version).await;

@@ -16,19 +16,23 @@ pub(crate) async fn init(
     let slot_name = c.slot();
     let publication = c.publication();
     let mut report = Vec::new();
+    // An inbox-only process: its table, and nothing of the relay's.
+    let relay = layout.features.outbox;
     // An application's table with kept rows must have outboxd's columns (`--add-columns`
     // runs before): refuse before anything is created.
-    add_columns::refuse_missing_columns(&client, layout).await?;
+    if relay {
+        add_columns::refuse_missing_columns(&client, layout).await?;
+    }
 
     // Refuse before changing anything when the slot cannot be created anyway.
-    let slot = if poll_mode {
+    let slot = if poll_mode || !relay {
         None
     } else {
         let version = server_version_num(&client).await?;
         refuse_failover_unsupported(c, version)?;
         slot_info(&client, &slot_name, version).await?
     };
-    if slot.is_none() && !poll_mode {
+    if slot.is_none() && !poll_mode && relay {
         let wal_level = setting(&client, "wal_level").await?;
         if wal_level != "logical" {
             return Err(ConnectorError::definite(format!(
@@ -59,10 +63,10 @@ pub(crate) async fn init(
 
     // Tables and their indexes.
     let mut outbox_existed = Vec::new();
-    for table in &layout.outbox_tables {
+    for table in layout.outbox_tables.iter().filter(|_| relay) {
         outbox_existed.push(relation_exists(&client, &qualified(table)).await?);
     }
-    if setup::owns_no_outbox(layout) {
+    if relay && setup::owns_no_outbox(layout) {
         // The application's tables: looked at, never created (`--add-columns` adds the
         // status columns to them first, when asked).
         for (table, existed) in layout.outbox_tables.iter().zip(&outbox_existed) {
@@ -98,6 +102,10 @@ pub(crate) async fn init(
         }
     }
 
+    if !relay {
+        report.push("inbox only: no outbox relay, no publication or replication slot".to_owned());
+        return Ok(report);
+    }
     if poll_mode {
         for ddl in schema::render_poll_indexes(layout) {
             for index in &ddl.indexes {

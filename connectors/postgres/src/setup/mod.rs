@@ -7,7 +7,7 @@
 //!
 //! `check` says, one line per prerequisite, whether `run` will work and what to do if not.
 //!
-//! In poll mode (`source.mode = "poll"`) `init` creates the tables and poll mode's index of
+//! In poll mode (`outbox.mode = "poll"`) `init` creates the tables and poll mode's index of
 //! INIT rows, and no publication or slot: poll mode is for servers where log access is
 //! not granted.
 //!

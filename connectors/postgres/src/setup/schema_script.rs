@@ -17,19 +17,25 @@ use crate::PostgresConnector;
 /// slot (not DDL, and it starts retaining WAL the moment it exists) as a comment.
 pub(crate) fn schema_script(c: &PostgresConnector, mode: ReadMode) -> String {
     let layout = c.layout();
-    let mut parts = vec![format!(
-        "-- outboxd schema (PostgreSQL, {} mode) for pipeline `{}`, as `outboxd init` would \
-         create it.",
-        mode_name(mode),
-        c.pipeline()
-    )];
+    let mut parts = vec![match layout.features.outbox {
+        true => format!(
+            "-- outboxd schema (PostgreSQL, {} mode) for pipeline `{}`, as `outboxd init` \
+             would create it.",
+            mode_name(mode),
+            c.pipeline()
+        ),
+        false => "-- outboxd schema (PostgreSQL, inbox only), as `outboxd init` would create it."
+            .to_owned(),
+    }];
     for name in table_qualifiers(layout, |t| TableName::parse(t).schema) {
         parts.push(format!(
             "CREATE SCHEMA IF NOT EXISTS {};",
             quote_ident(&name)
         ));
     }
-    if !layout.tracks_status() {
+    if !layout.features.outbox {
+        // An inbox-only process: its table, nothing of the relay's.
+    } else if !layout.tracks_status() {
         parts.push(kit_setup::application_outboxes_comment(layout));
     } else if kit_setup::owns_no_outbox(layout) {
         // Kept rows on the application's table: what `init --add-columns` adds to it.
@@ -52,6 +58,7 @@ pub(crate) fn schema_script(c: &PostgresConnector, mode: ReadMode) -> String {
         parts.push(ddl.sql.trim().to_owned());
     }
     match mode {
+        _ if !layout.features.outbox => {}
         ReadMode::Poll => parts.extend(
             schema::render_poll_indexes(layout)
                 .into_iter()

@@ -1,0 +1,133 @@
+//! Which halves a file turns on, and the old keys read at their new places.
+
+use super::*;
+
+const SOURCE: &str = r#"
+    [source]
+    kind = "mysql"
+    user = "app"
+    database = "app"
+"#;
+
+const INBOX: &str = r#"
+    [inbox]
+    table = "orders_inbox"
+    [inbox.kafka]
+    bootstrap_servers = "127.0.0.1:9092"
+    topics = ["orders"]
+    group_id = "inventory"
+    [inbox.handlers.default]
+    kind = "sql"
+    statement = "SELECT :message_id"
+"#;
+
+fn load(text: &str) -> Result<Config, ConfigError> {
+    let config = Config::parse(text)?;
+    config.validate()?;
+    Ok(config)
+}
+
+fn warnings(config: &Config) -> String {
+    let lines: Vec<String> = (config.warnings.iter())
+        .map(|w| format!("{}: {}", w.message, w.fix))
+        .collect();
+    lines.join("\n")
+}
+
+#[test]
+fn an_inbox_only_process_names_a_database_and_its_inbox() {
+    let config = load(&format!("{SOURCE}{INBOX}")).unwrap();
+    assert!(!config.relays_outbox());
+    assert_eq!(config.pipeline.name, "inbox");
+    assert_eq!(config.layout().inbox_table, "orders_inbox");
+    let features = config.features();
+    assert!(!features.outbox && features.inbox, "{features:?}");
+    assert_eq!(config.inbox_bootstrap_servers(), Some("127.0.0.1:9092"));
+    assert!(config.warnings.is_empty(), "{}", warnings(&config));
+    // No server_id: the relay's binlog replica id is not needed without the relay.
+    let SourceConfig::Mysql(mysql) = &config.source.engine else {
+        panic!("{:?}", config.source.engine)
+    };
+    assert_eq!(mysql.server_id, 0);
+}
+
+#[test]
+fn the_relay_runs_with_its_sections_and_its_process_keeps_the_inbox_table() {
+    let relay = format!(
+        "[pipeline]\nname = \"orders\"\n{SOURCE}server_id = 7\n[outbox]\nmode = \"poll\"\n\
+         [kafka]\nbootstrap_servers = \"k:9092\"\n"
+    );
+    let config = load(&relay).unwrap();
+    assert!(config.relays_outbox());
+    assert_eq!(config.source.mode, SourceMode::Poll, "outbox.mode is the relay's mode");
+    let features = config.features();
+    assert!(features.outbox && features.inbox, "{features:?}");
+    assert!(config.warnings.is_empty(), "{}", warnings(&config));
+    // Both halves in one process; the inbox's consumer takes the relay's brokers.
+    let both = format!("{relay}{}", INBOX.replace("bootstrap_servers = \"127.0.0.1:9092\"", ""));
+    let config = load(&both).unwrap();
+    assert!(config.relays_outbox() && config.inbox.is_some());
+    assert_eq!(config.inbox_bootstrap_servers(), Some("k:9092"));
+}
+
+#[test]
+fn an_old_inbox_only_file_still_works_and_says_what_to_change() {
+    // The form an inbox-only process needed before: a relay switched off.
+    let old = format!(
+        "[pipeline]\nname = \"inventory\"\n{SOURCE}mode = \"poll\"\nserver_id = 4242\n\
+         [outbox]\nrelay = false\ninbox_table = \"orders_inbox\"\n\
+         [kafka]\nbootstrap_servers = \"k:9092\"\n{}",
+        INBOX
+            .replace("table = \"orders_inbox\"\n", "")
+            .replace("bootstrap_servers = \"127.0.0.1:9092\"", "")
+    );
+    let config = load(&old).unwrap();
+    assert!(!config.relays_outbox());
+    assert_eq!(config.layout().inbox_table, "orders_inbox");
+    assert_eq!(config.inbox_bootstrap_servers(), Some("k:9092"));
+    let said = warnings(&config);
+    assert!(said.contains("outbox.relay is deprecated"), "{said}");
+    assert!(said.contains("source.mode is deprecated"), "{said}");
+    assert!(said.contains("leaves out [outbox] and [kafka]"), "{said}");
+}
+
+#[test]
+fn files_that_run_nothing_or_half_a_relay_are_refused() {
+    let cases = [
+        (SOURCE.to_owned(), "nothing to run"),
+        (
+            format!("{SOURCE}[outbox]\nrelay = false\n[kafka]\nbootstrap_servers = \"k:1\"\n"),
+            "nothing to run",
+        ),
+        (
+            format!("{SOURCE}server_id = 7\n[kafka]\nbootstrap_servers = \"k:1\"\n"),
+            "needs [pipeline]",
+        ),
+        (
+            format!("[pipeline]\nname = \"p\"\n{SOURCE}server_id = 7\n[outbox]\n"),
+            "needs [kafka]",
+        ),
+        (
+            format!("{SOURCE}{}", INBOX.replace("bootstrap_servers = \"127.0.0.1:9092\"", "")),
+            "inbox.kafka.bootstrap_servers",
+        ),
+        (
+            format!(
+                "[pipeline]\nname = \"p\"\n{SOURCE}mode = \"log\"\n[outbox]\nmode = \"poll\"\n\
+                 [kafka]\nbootstrap_servers = \"k:1\"\n"
+            ),
+            "outbox.mode and source.mode disagree",
+        ),
+        (
+            format!(
+                "[pipeline]\nname = \"p\"\n{SOURCE}[outbox]\ninbox_table = \"a\"\n\
+                 [kafka]\nbootstrap_servers = \"k:1\"\n{INBOX}"
+            ),
+            "disagree",
+        ),
+    ];
+    for (text, expected) in cases {
+        let err = load(&text).map(|_| ()).unwrap_err().to_string();
+        assert!(err.contains(expected), "{expected:?} in {err}\nfor:\n{text}");
+    }
+}
