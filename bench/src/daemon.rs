@@ -140,7 +140,7 @@ listen = "127.0.0.1:{metrics_port}"
 }
 
 /// A port nobody listens on right now.
-fn free_port() -> anyhow::Result<u16> {
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?.port())
 }

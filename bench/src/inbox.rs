@@ -39,16 +39,17 @@ impl Bench {
         consume::create_topic(&self.services.kafka, &topic, self.args.partitions).await?;
         self.topics.push(topic.clone());
         let services = self.services.clone();
-        self.inbox_on(scenario, &topic, &services).await
+        self.inbox_on(scenario, &topic, &services, ("", "")).await
     }
 
     /// An inbox of its own (tables, config, `init` done) reading `topic`, reaching the
-    /// servers at `s`.
+    /// servers at `s`; `extra`: more lines of its `[inbox]` section, and sections appended.
     pub(crate) async fn inbox_on(
         &self,
         scenario: &str,
         topic: &str,
         s: &crate::daemon::Services,
+        (inbox_keys, sections): (&str, &str),
     ) -> anyhow::Result<InboxRun> {
         let name = format!("bench_{}_{scenario}", self.run);
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
@@ -81,6 +82,7 @@ listen = "127.0.0.1:{port}"
 
 [inbox]
 workers = 16
+{inbox_keys}
 
 [inbox.kafka]
 topics = ["{topic}"]
@@ -89,6 +91,7 @@ group_id = "{name}"
 [inbox.handlers.default]
 kind = "sql"
 statement = "SELECT 1"
+{sections}
 "#,
             s.pg_host, s.pg_port, s.pg_user, s.pg_password, s.pg_database, s.kafka
         );

@@ -267,6 +267,7 @@ async fn main() -> anyhow::Result<()> {
     );
 
     let started = Instant::now();
+    let commit = record::commit();
     let result = bench.run_all(&mut report).await;
     if args.cleanup {
         bench.cleanup().await;
@@ -278,7 +279,7 @@ async fn main() -> anyhow::Result<()> {
     report.write_json(&json)?;
     eprintln!("JSON written to {}", json.display());
     if !args.no_doc {
-        let run = record::Run::describe(&report, started.elapsed());
+        let run = record::Run::describe(&report, started.elapsed(), commit);
         record::record(&args.doc, &args.history, &args.scenario_set(), &run, &text)?;
         eprintln!(
             "results recorded in {} (the ones they replace in {})",

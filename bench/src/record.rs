@@ -36,7 +36,8 @@ pub(crate) struct Run {
 }
 
 impl Run {
-    pub(crate) fn describe(report: &Report, duration: Duration) -> Self {
+    /// `commit`: [`commit`] when the run started.
+    pub(crate) fn describe(report: &Report, duration: Duration, commit: String) -> Self {
         let m = &report.machine;
         let field = |k: &str| m[k].as_str().unwrap_or_default().trim().to_owned();
         let memory_gib = field("memory")
@@ -60,7 +61,7 @@ impl Run {
         });
         Self {
             date: output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]).unwrap_or_default(),
-            commit: commit(),
+            commit,
             machine,
             command,
             duration,
@@ -88,7 +89,7 @@ impl Run {
 }
 
 /// `git rev-parse --short HEAD`, and whether the working tree differs from it.
-fn commit() -> String {
+pub(crate) fn commit() -> String {
     let Some(head) = output("git", &["rev-parse", "--short", "HEAD"]) else {
         return "unknown (not a git checkout)".to_owned();
     };

@@ -50,13 +50,22 @@ use crate::{consume, faults, wait_ready, Bench};
 
 /// Writers per relay; each owns [`KEYS_PER_WRITER`] keys.
 const WRITERS: usize = 2;
-const KEYS_PER_WRITER: usize = 4;
+const KEYS_PER_WRITER: usize = 50;
 /// Rows per transaction (the writer's keys in turn).
 const TX_ROWS: usize = 5;
 /// How long a writer waits for one statement before it counts as failed.
 const STATEMENT_TIMEOUT: Duration = Duration::from_secs(15);
 /// The pause between two faults, seconds (at random in this range).
 const PAUSE: (f64, f64) = (2.0, 8.0);
+/// The inbox's own timeouts for a killed process, shortened from the defaults (a claim
+/// 2 min, the consumer group's session 45 s): its claims hold their keys (a key's next
+/// message waits for the one before), and the group hands the partitions to the new
+/// process only once the old member's session expired. With the defaults a `kill -9` of
+/// the inbox stops it for two minutes by design; the soak looks for what is not by design.
+const INBOX_TIMEOUTS: (&str, &str) = (
+    "claim_timeout = \"10s\"",
+    "[inbox.kafka.options]\n\"session.timeout.ms\" = \"10000\"",
+);
 /// At the end: how long the relays and the inbox may take to deliver what was written.
 const DRAIN: Duration = Duration::from_secs(300);
 
@@ -128,15 +137,18 @@ impl Proc {
         Ok(())
     }
 
+    /// `kill -9`, then started again; `fault`: counted as one of the soak's kills (not a
+    /// wedge's restart).
     async fn kill9_and_start(
         &mut self,
         bin: &std::path::Path,
         dir: &std::path::Path,
+        fault: bool,
     ) -> anyhow::Result<()> {
         if let Some(d) = self.daemon.take() {
             d.kill9().await;
         }
-        self.kills += 1;
+        self.kills += usize::from(fault);
         self.start(bin, dir)
     }
 
@@ -366,7 +378,7 @@ impl Bench {
             });
         }
         let inbox_run = self
-            .inbox_on("soak_inbox", &relays[0].p.topic, &via)
+            .inbox_on("soak_inbox", &relays[0].p.topic, &via, INBOX_TIMEOUTS)
             .await?;
         let inbox_table = format!("inbox_{}", inbox_run.name);
         let result = self
@@ -492,7 +504,7 @@ impl Bench {
                 Kind::Kill9 => {
                     let i = rng.gen_range(0..procs.len());
                     target = procs[i].name.clone();
-                    procs[i].kill9_and_start(&bin, &dir).await?;
+                    procs[i].kill9_and_start(&bin, &dir, true).await?;
                     vec![i]
                 }
                 Kind::BrokerFreeze => {
@@ -545,6 +557,11 @@ impl Bench {
                 affected.iter().map(|i| (*i, None)).collect();
             let mut next_inbox_look = Instant::now();
             while recovered.iter().any(|(_, r)| r.is_none()) && ended.elapsed() < budget {
+                // An outboxd that exited is started again at once (and counted): its
+                // pipeline's time to stream again includes that start.
+                for proc in &mut procs {
+                    proc.restart_if_exited(&bin, &dir)?;
+                }
                 for (i, at) in recovered.iter_mut().filter(|(_, r)| r.is_none()) {
                     let done = if *i == inbox {
                         if Instant::now() < next_inbox_look {
@@ -581,7 +598,7 @@ impl Bench {
                                 .map(Daemon::log_tail)
                                 .unwrap_or_default()
                         );
-                        procs[*i].kill9_and_start(&bin, &dir).await?;
+                        procs[*i].kill9_and_start(&bin, &dir, false).await?;
                     }
                 }
             }

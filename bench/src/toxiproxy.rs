@@ -3,7 +3,11 @@
 //! into the bench as it is. What it takes from its parent module is here.
 
 pub(crate) use crate::env_or;
-pub(crate) use outboxd_conformance::ports::free_loopback_port as free_port;
+
+/// A loopback port nothing listens on, for a proxy.
+fn free_port() -> u16 {
+    crate::daemon::free_port().unwrap_or_else(|e| panic!("no free loopback port: {e}"))
+}
 
 // The tests use more of the client than the bench does, and its items are `pub` for them.
 #[allow(dead_code, unreachable_pub)]
