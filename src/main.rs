@@ -8,7 +8,7 @@ use outboxd::admin_cli::{AdminCommand, OutputFormat, DEFAULT_JANITOR_BATCH};
 use outboxd::commands::{execute, Command};
 use outboxd::config::Config;
 use outboxd::observability::otlp::{self, OtlpConfig, OtlpExport};
-use outboxd_connector::RetrySelector;
+use outboxd_connector::{RetrySelector, TableKind};
 
 #[derive(Parser)]
 #[command(
@@ -215,10 +215,14 @@ fn admin_command(command: CliCommand) -> Option<(Command, PathBuf, Option<String
         ),
         _ => return None,
     };
-    let command = if inbox {
-        Command::InboxAdmin(admin, format(json))
-    } else {
-        Command::Admin(admin, format(json))
+    let command = Command::Admin {
+        table: if inbox {
+            TableKind::Inbox
+        } else {
+            TableKind::Outbox
+        },
+        command: admin,
+        format: format(json),
     };
     Some((command, config.config, table))
 }
@@ -273,7 +277,10 @@ fn main() -> ExitCode {
     };
     // The outbox's operator commands act on one table.
     let config = match &command {
-        Command::Admin(..) => match config.for_outbox_table(table.as_deref()) {
+        Command::Admin {
+            table: TableKind::Outbox,
+            ..
+        } => match config.for_outbox_table(table.as_deref()) {
             Ok(config) => config,
             Err(e) => {
                 eprintln!("error: {e}");

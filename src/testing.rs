@@ -370,6 +370,24 @@ impl OutboxStore for MemoryStore {
             .copied()
             .collect())
     }
+
+    /// One table (index 0): its INIT rows after `after_id`, in id order.
+    async fn scan_init(
+        &self,
+        table: u16,
+        after_id: i64,
+        limit: usize,
+    ) -> Result<Vec<OutboxEvent>, ConnectorError> {
+        let state = lock(&self.state);
+        if table != 0 {
+            return Ok(Vec::new());
+        }
+        Ok((state.rows.range(after_id.saturating_add(1)..))
+            .filter(|(_, row)| row.status == "INIT")
+            .take(limit)
+            .map(|(id, row)| event(*id, &row.biz_key))
+            .collect())
+    }
 }
 
 /// The row of `id` if `token` still holds its claim; the claim is cleared.

@@ -1,7 +1,9 @@
 //! The operator's commands — `outboxd status`, `retry`, `park`, `resolve`, `janitor` —
-//! over any connector's [`OutboxAdmin`] or, with `--inbox`, its [`InboxAdmin`], each
-//! printed as a readable table or, with `--json`, as one JSON document on stdout. Both
-//! tables go through [`AdminTable`], which also names their statuses in the output.
+//! over any connector's [`TableAdmin`]: its outbox store, or with `--inbox` its inbox
+//! store. Both implement the one trait, so [`run`] is written once; the table's
+//! [`TableKind`] names its statuses in the output ([`TableWords`]) and the inbox's
+//! deduplication window reaches its janitor in the [`JanitorRule`]. Each result is
+//! printed as a readable table or, with `--json`, as one JSON document on stdout.
 //!
 //! Exit codes: 0 when done; 1 when a command naming one row (`--id`) changed nothing (no
 //! such row, or not in a status the command applies to), so scripts can tell.
@@ -12,21 +14,16 @@ use std::time::{Duration, Instant, SystemTime};
 
 use humantime_serde::re::humantime;
 use outboxd_connector::{
-    ConnectorError, InboxAdmin, JanitorAction, OutboxAdmin, RetrySelector, StatusSummary,
+    JanitorAction, JanitorRule, RetrySelector, StatusSummary, TableAdmin, TableKind,
 };
 use serde::Serialize;
 
-/// How the output of one table speaks of its rows.
+/// How the output of one table speaks of its rows, besides the status names its
+/// [`TableKind`] gives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TableWords {
-    /// `outbox` or `inbox`.
-    pub kind: &'static str,
-    /// The statuses in the order of the state machine, as the columns of `status`.
-    pub statuses: [&'static str; 5],
-    /// The first status (INIT, PENDING).
-    pub new: &'static str,
-    /// The last status (SUCCESS, DONE).
-    pub done: &'static str,
+    /// The table, with its statuses.
+    pub table: TableKind,
     /// What a finished row was (`sent`, `handled`).
     pub done_verb: &'static str,
     /// The start of `last_error` after `resolve`.
@@ -35,115 +32,41 @@ pub struct TableWords {
     pub row: &'static str,
     /// Who waits behind a parked row.
     pub later: &'static str,
+    /// What the later rows of a key are (`events`, `messages`).
+    pub items: &'static str,
     /// The flag the commands need for this table (`` or ` --inbox`).
     pub flag: &'static str,
 }
 
 /// The outbox's words.
 pub const OUTBOX: TableWords = TableWords {
-    kind: "outbox",
-    statuses: ["INIT", "PROCESSING", "FAILED", "MANUAL_REQUIRED", "SUCCESS"],
-    new: "INIT",
-    done: "SUCCESS",
+    table: TableKind::Outbox,
     done_verb: "sent",
     resolved_note: "resolved by operator without sending",
     row: "row",
     later: "with strict ordering later events",
+    items: "events",
     flag: "",
 };
 
 /// The inbox's words.
 pub const INBOX: TableWords = TableWords {
-    kind: "inbox",
-    statuses: ["PENDING", "PROCESSING", "FAILED", "MANUAL_REQUIRED", "DONE"],
-    new: "PENDING",
-    done: "DONE",
+    table: TableKind::Inbox,
     done_verb: "handled",
     resolved_note: "resolved by operator without handling",
     row: "inbox row",
     later: "later messages",
+    items: "messages",
     flag: " --inbox",
 };
 
-/// The operator's actions on one table, whichever it is. The futures need not be `Send`:
-/// an operator command runs on its own, awaited by `main`.
-#[allow(async_fn_in_trait)]
-pub trait AdminTable {
-    /// How the output names its statuses.
-    fn words(&self) -> TableWords;
-    /// See [`OutboxAdmin::status_summary`].
-    async fn status_summary(&self) -> Result<StatusSummary, ConnectorError>;
-    /// See [`OutboxAdmin::retry_rows`].
-    async fn retry_rows(&self, selector: &RetrySelector) -> Result<u64, ConnectorError>;
-    /// See [`OutboxAdmin::park_row`].
-    async fn park_row(&self, id: i64, reason: &str) -> Result<bool, ConnectorError>;
-    /// See [`OutboxAdmin::resolve_row`].
-    async fn resolve_row(&self, id: i64, reason: &str) -> Result<bool, ConnectorError>;
-    /// See [`OutboxAdmin::janitor_batch`].
-    async fn janitor_batch(
-        &self,
-        retention: Duration,
-        action: &JanitorAction,
-        batch: usize,
-    ) -> Result<u64, ConnectorError>;
-}
-
-/// The outbox table of a store.
-pub struct OutboxRows<'a, S>(pub &'a S);
-
-impl<S: OutboxAdmin> AdminTable for OutboxRows<'_, S> {
-    fn words(&self) -> TableWords {
-        OUTBOX
-    }
-    async fn status_summary(&self) -> Result<StatusSummary, ConnectorError> {
-        self.0.status_summary().await
-    }
-    async fn retry_rows(&self, selector: &RetrySelector) -> Result<u64, ConnectorError> {
-        self.0.retry_rows(selector).await
-    }
-    async fn park_row(&self, id: i64, reason: &str) -> Result<bool, ConnectorError> {
-        self.0.park_row(id, reason).await
-    }
-    async fn resolve_row(&self, id: i64, reason: &str) -> Result<bool, ConnectorError> {
-        self.0.resolve_row(id, reason).await
-    }
-    async fn janitor_batch(
-        &self,
-        retention: Duration,
-        action: &JanitorAction,
-        batch: usize,
-    ) -> Result<u64, ConnectorError> {
-        self.0.janitor_batch(retention, action, batch).await
-    }
-}
-
-/// The inbox table of a store, with its deduplication window (`inbox.dedupe_retention`),
-/// which the janitor never cuts into.
-pub struct InboxRows<'a, S>(pub &'a S, pub Duration);
-
-impl<S: InboxAdmin> AdminTable for InboxRows<'_, S> {
-    fn words(&self) -> TableWords {
-        INBOX
-    }
-    async fn status_summary(&self) -> Result<StatusSummary, ConnectorError> {
-        self.0.status_summary().await
-    }
-    async fn retry_rows(&self, selector: &RetrySelector) -> Result<u64, ConnectorError> {
-        self.0.retry_rows(selector).await
-    }
-    async fn park_row(&self, id: i64, reason: &str) -> Result<bool, ConnectorError> {
-        self.0.park_row(id, reason).await
-    }
-    async fn resolve_row(&self, id: i64, reason: &str) -> Result<bool, ConnectorError> {
-        self.0.resolve_row(id, reason).await
-    }
-    async fn janitor_batch(
-        &self,
-        retention: Duration,
-        action: &JanitorAction,
-        batch: usize,
-    ) -> Result<u64, ConnectorError> {
-        self.0.janitor_batch(retention, self.1, action, batch).await
+impl TableWords {
+    /// The words of `table`.
+    pub const fn of(table: TableKind) -> Self {
+        match table {
+            TableKind::Outbox => OUTBOX,
+            TableKind::Inbox => INBOX,
+        }
     }
 }
 
@@ -192,24 +115,29 @@ pub enum OutputFormat {
     Json,
 }
 
-/// What the output names: the pipeline and the table acted on.
+/// What the output names — the pipeline and the table acted on — and what the
+/// configuration adds to a command.
 #[derive(Clone, Debug)]
 pub struct AdminContext {
     /// `pipeline.name`.
     pub pipeline: String,
     /// The table as configured (the outbox, or with `--inbox` the inbox).
     pub table: String,
+    /// The inbox's deduplication window (`inbox.dedupe_retention`), which its janitor
+    /// never cuts into; `None` for the outbox ([`JanitorRule::dedupe_window`]).
+    pub dedupe_window: Option<Duration>,
 }
 
-/// Runs `command` against `store`, printing its result; returns the exit code.
-pub async fn run<S: AdminTable>(
+/// Runs `command` against `store` (an outbox or inbox store), printing its result;
+/// returns the exit code.
+pub async fn run<S: TableAdmin>(
     store: &S,
     context: &AdminContext,
     command: &AdminCommand,
     format: OutputFormat,
 ) -> anyhow::Result<i32> {
     let json = format == OutputFormat::Json;
-    let w = store.words();
+    let w = TableWords::of(S::TABLE);
     let (output, code) = match command {
         AdminCommand::Status => {
             let summary = store.status_summary().await?;
@@ -259,7 +187,8 @@ pub async fn run<S: AdminTable>(
             } else {
                 format!(
                     "park: {} {id} unchanged (no such row, or not {} or FAILED)",
-                    w.row, w.new
+                    w.row,
+                    w.table.new_status()
                 )
             };
             one_row("park", *id, changed, reason, text, json)?
@@ -271,15 +200,16 @@ pub async fn run<S: AdminTable>(
                     "resolve: {} {id} is {} without being {}, last_error \"{}: {reason}\"; \
                      later {} of its biz_key are released",
                     w.row,
-                    w.done,
+                    w.table.finished_status(),
                     w.done_verb,
                     w.resolved_note,
-                    if w == OUTBOX { "events" } else { "messages" }
+                    w.items
                 )
             } else {
                 format!(
                     "resolve: {} {id} unchanged (no such row, or already {})",
-                    w.row, w.done
+                    w.row,
+                    w.table.finished_status()
                 )
             };
             one_row("resolve", *id, changed, reason, text, json)?
@@ -289,18 +219,22 @@ pub async fn run<S: AdminTable>(
             archive_table,
             batch,
         } => {
-            let action = match archive_table {
-                Some(table) => JanitorAction::Archive(table.clone()),
-                None => JanitorAction::Delete,
+            let rule = JanitorRule {
+                older_than: *older_than,
+                dedupe_window: context.dedupe_window,
+                action: match archive_table {
+                    Some(table) => JanitorAction::Archive(table.clone()),
+                    None => JanitorAction::Delete,
+                },
             };
-            let report = janitor(store, *older_than, &action, *batch, json).await?;
+            let report = janitor(store, &rule, *batch, json).await?;
             let output = if json {
                 to_json(&report)?
             } else {
                 format!(
                     "janitor done: {} {} {}(s) older than {} {} in {} batch(es), {:.1}s",
                     report.rows,
-                    w.done,
+                    w.table.finished_status(),
                     w.row,
                     report.older_than,
                     report.verb(),
@@ -356,14 +290,14 @@ fn describe_selector(selector: &RetrySelector) -> String {
 
 /// Janitor batches until one removes nothing; progress after every batch (stdout for
 /// text, stderr for JSON so stdout stays one document).
-async fn janitor<S: AdminTable>(
+async fn janitor<S: TableAdmin>(
     store: &S,
-    older_than: Duration,
-    action: &JanitorAction,
+    rule: &JanitorRule,
     batch: usize,
     json: bool,
 ) -> anyhow::Result<JanitorJson> {
     let started = Instant::now();
+    let action = &rule.action;
     let mut report = JanitorJson {
         command: "janitor",
         action: match action {
@@ -374,14 +308,14 @@ async fn janitor<S: AdminTable>(
             JanitorAction::Archive(t) => Some(t.clone()),
             JanitorAction::Delete => None,
         },
-        older_than: humantime::format_duration(older_than).to_string(),
+        older_than: humantime::format_duration(rule.older_than).to_string(),
         batch_size: batch,
         rows: 0,
         batches: 0,
         seconds: 0.0,
     };
     loop {
-        let n = store.janitor_batch(older_than, action, batch).await?;
+        let n = store.janitor_batch(rule, batch).await?;
         report.seconds = started.elapsed().as_secs_f64();
         if n == 0 {
             break;
@@ -486,8 +420,8 @@ impl StatusJson {
         }
         Self {
             pipeline: context.pipeline.clone(),
-            outbox_table: (w == OUTBOX).then(|| context.table.clone()),
-            inbox_table: (w == INBOX).then(|| context.table.clone()),
+            outbox_table: (w.table == TableKind::Outbox).then(|| context.table.clone()),
+            inbox_table: (w.table == TableKind::Inbox).then(|| context.table.clone()),
             counts: summary
                 .counts
                 .iter()
@@ -563,12 +497,16 @@ fn render_status(
     let _ = writeln!(
         out,
         "pipeline {} — {} {}",
-        context.pipeline, w.kind, context.table
+        context.pipeline,
+        w.table.name(),
+        context.table
     );
     let _ = writeln!(out);
 
     // Columns: the known statuses in state-machine order, then any unexpected one.
-    let mut columns: Vec<String> = w.statuses.iter().map(|s| (*s).to_owned()).collect();
+    let mut columns: Vec<String> = (w.table.statuses().iter())
+        .map(|s| (*s).to_owned())
+        .collect();
     for c in &summary.counts {
         if !columns.contains(&c.status) {
             columns.push(c.status.clone());
@@ -633,7 +571,7 @@ fn render_status(
 
     let oldest = match summary.oldest_unsent {
         Some(t) => format!("{} ago ({})", short_age(age(now, t)), rfc3339(t)),
-        None => format!("none (no {} or FAILED rows)", w.new),
+        None => format!("none (no {} or FAILED rows)", w.table.new_status()),
     };
     let lag = match summary.source_lag_bytes {
         Some(n) => format!("{} behind the server", bytes(n)),
@@ -647,7 +585,7 @@ fn render_status(
         ),
         None => "none yet".to_owned(),
     };
-    if w == INBOX {
+    if w.table == TableKind::Inbox {
         let _ = write!(out, "oldest pending: {oldest}");
         return out;
     }
@@ -674,6 +612,7 @@ mod tests {
         AdminContext {
             pipeline: "orders".into(),
             table: "public.outbox".into(),
+            dedupe_window: None,
         }
     }
 
@@ -741,6 +680,37 @@ mod tests {
         assert!(text.contains("(all)"), "{text}");
         assert!(text.contains("none (no INIT or FAILED rows)"), "{text}");
         assert!(text.contains("checkpoint:     none yet"), "{text}");
+    }
+
+    #[test]
+    fn the_inbox_status_names_the_inbox_statuses() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let summary = StatusSummary {
+            counts: vec![count("PENDING", "t", 2), count("DONE", "t", 5)],
+            oldest_unsent: Some(now - Duration::from_secs(5)),
+            ..StatusSummary::default()
+        };
+        let inbox = AdminContext {
+            table: "public.inbox".into(),
+            dedupe_window: Some(Duration::from_secs(86_400)),
+            ..context()
+        };
+        let text = render_status(&inbox, INBOX, &summary, now);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "pipeline orders — inbox public.inbox");
+        assert_eq!(
+            lines[2],
+            "MESSAGE TYPE  PENDING  PROCESSING  FAILED  MANUAL_REQUIRED  DONE  TOTAL"
+        );
+        assert!(
+            text.ends_with("oldest pending: 5s ago (2027-01-15T07:59:55.000Z)"),
+            "{text}"
+        );
+        let json = serde_json::to_value(StatusJson::new(&inbox, INBOX, &summary, now)).unwrap();
+        assert_eq!(json["inbox_table"], "public.inbox");
+        assert!(json.get("outbox_table").is_none(), "{json}");
+        assert_eq!(TableWords::of(TableKind::Inbox), INBOX);
+        assert_eq!(TableWords::of(TableKind::Outbox), OUTBOX);
     }
 
     #[test]

@@ -7,11 +7,11 @@ use std::time::Duration;
 use std::path::Path;
 
 use outboxd_connector::{
-    CheckLine, CheckStatus, ClaimScope, Connector, Engine, ReadMode, RowLifecycle,
+    CheckLine, CheckStatus, ClaimScope, Connector, Engine, ReadMode, RowLifecycle, TableKind,
 };
 use tokio::sync::{mpsc, watch, Notify};
 
-use super::admin::{self, AdminCommand, AdminContext, InboxRows, OutboxRows, OutputFormat};
+use super::admin::{self, AdminCommand, AdminContext, OutputFormat};
 use super::recover::recover;
 use crate::claims::{run_worker, watch_retries, WorkerSettings};
 use crate::config::{Config, Ordering as KeyOrdering, SourceMode, DEFAULT_IDLE_CHECK};
@@ -39,11 +39,16 @@ pub enum Command {
     Run,
     /// Start the log afresh and publish every INIT row (after a lost slot or binlog).
     Recover,
-    /// An operator command (`status`, `retry`, `park`, `resolve`, `janitor`), printed as
-    /// text or JSON.
-    Admin(AdminCommand, OutputFormat),
-    /// The same on the inbox table (`--inbox`).
-    InboxAdmin(AdminCommand, OutputFormat),
+    /// An operator command (`status`, `retry`, `park`, `resolve`, `janitor`) on the outbox
+    /// or, with `--inbox`, the inbox table, printed as text or JSON.
+    Admin {
+        /// The table acted on.
+        table: TableKind,
+        /// What to do.
+        command: AdminCommand,
+        /// How the result is printed.
+        format: OutputFormat,
+    },
 }
 
 /// Runs `command` with the connector that `config.source` names. Returns the process
@@ -153,7 +158,11 @@ async fn execute_with<C: Connector + Clone + 'static>(
             .await
         }
         Command::Recover => recover(config, connector, &open_sink(config)?).await,
-        Command::Admin(admin, format) => {
+        Command::Admin {
+            table: TableKind::Outbox,
+            command,
+            format,
+        } => {
             if !config.relays_outbox() {
                 anyhow::bail!(
                     "this config runs no outbox relay (no [outbox] or [kafka] section): \
@@ -176,20 +185,26 @@ async fn execute_with<C: Connector + Clone + 'static>(
             let context = AdminContext {
                 pipeline: config.pipeline.name.clone(),
                 table: config.outbox.layout().outbox_table().to_owned(),
+                dedupe_window: None,
             };
-            admin::run(&OutboxRows(&store), &context, &admin, format).await
+            admin::run(&store, &context, &command, format).await
         }
-        Command::InboxAdmin(admin, format) => {
+        Command::Admin {
+            table: TableKind::Inbox,
+            command,
+            format,
+        } => {
             let store = connector.open_inbox().await?;
-            let context = AdminContext {
-                pipeline: config.pipeline.name.clone(),
-                table: config.outbox.layout().inbox_table,
-            };
             let window = (config.inbox.as_ref())
                 .map_or_else(crate::inbox::config::default_retention, |i| {
                     i.dedupe_retention
                 });
-            admin::run(&InboxRows(&store, window), &context, &admin, format).await
+            let context = AdminContext {
+                pipeline: config.pipeline.name.clone(),
+                table: config.outbox.layout().inbox_table,
+                dedupe_window: Some(window),
+            };
+            admin::run(&store, &context, &command, format).await
         }
     }
 }

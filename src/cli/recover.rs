@@ -5,8 +5,7 @@ use std::time::Instant;
 use std::collections::HashSet;
 
 use outboxd_connector::{
-    parked_behind_key, Connector, OutboxAdmin, OutboxEvent, OutboxStore, ParkedEvent, RowLifecycle,
-    WriteBack,
+    parked_behind_key, Connector, OutboxEvent, OutboxStore, ParkedEvent, RowLifecycle, WriteBack,
 };
 
 use crate::config::{Config, Ordering as KeyOrdering};

@@ -11,9 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outboxd_connector::{
-    CheckStatus, Connector, ConnectorError, InboxAdmin, OutboxAdmin, StatusSummary,
-};
+use outboxd_connector::{CheckStatus, Connector, ConnectorError, StatusSummary, TableAdmin};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
@@ -121,7 +119,7 @@ impl<C: Connector, S: Sink> Health<C, S> {
         summary(
             &self.store,
             self.connector.open_store(),
-            async |store: &C::Store| OutboxAdmin::status_summary(store).await,
+            async |store: &C::Store| store.status_summary().await,
         )
         .await
     }
@@ -130,7 +128,7 @@ impl<C: Connector, S: Sink> Health<C, S> {
         summary(
             &self.inbox_store,
             self.connector.open_inbox(),
-            async |store: &C::Inbox| InboxAdmin::status_summary(store).await,
+            async |store: &C::Inbox| store.status_summary().await,
         )
         .await
     }

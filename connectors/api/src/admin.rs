@@ -1,12 +1,74 @@
+//! The operator's actions on a table of rows with a status — the outbox or the inbox —
+//! as one trait, [`TableAdmin`], which every engine's outbox store and inbox store
+//! implement (`outboxd status|retry|park|resolve|janitor`, with `--inbox` on the inbox).
+//!
+//! Both tables run the same state machine: a new row (INIT, PENDING) is taken by a worker
+//! (PROCESSING) and ends finished (SUCCESS, DONE), or FAILED with retries, or
+//! MANUAL_REQUIRED for an operator. So the operator's commands are one set over either
+//! table, and what truly differs is said in the trait's types, not by a second trait:
+//! [`TableKind`] names the statuses a table uses, and [`JanitorRule`] carries the inbox's
+//! deduplication window, inside which its janitor removes nothing.
+//!
+//! `recover`'s scan of INIT rows is not an operator action on a status but the outbox's
+//! rows read to be published, as a claim reads them, and the outbox only: it is
+//! [`OutboxStore::scan_init`](crate::OutboxStore::scan_init).
+
 use std::future::Future;
 use std::time::{Duration, SystemTime};
 
-use crate::{ConnectorError, OutboxEvent, Position};
+use crate::{ConnectorError, Position};
+
+/// Which table a [`TableAdmin`] acts on, and so the names of its statuses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TableKind {
+    /// The outbox: INIT → PROCESSING → SUCCESS (sent), FAILED, MANUAL_REQUIRED.
+    Outbox,
+    /// The inbox: PENDING → PROCESSING → DONE (handled), FAILED, MANUAL_REQUIRED.
+    Inbox,
+}
+
+impl TableKind {
+    /// `outbox` or `inbox`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            TableKind::Outbox => "outbox",
+            TableKind::Inbox => "inbox",
+        }
+    }
+
+    /// Every status, in the order of the state machine: new, PROCESSING, FAILED,
+    /// MANUAL_REQUIRED, finished.
+    pub const fn statuses(self) -> [&'static str; 5] {
+        [
+            self.new_status(),
+            "PROCESSING",
+            "FAILED",
+            "MANUAL_REQUIRED",
+            self.finished_status(),
+        ]
+    }
+
+    /// The status of a row no worker has taken yet: INIT, PENDING.
+    pub const fn new_status(self) -> &'static str {
+        match self {
+            TableKind::Outbox => "INIT",
+            TableKind::Inbox => "PENDING",
+        }
+    }
+
+    /// The status of a finished row, the only one the janitor removes: SUCCESS, DONE.
+    pub const fn finished_status(self) -> &'static str {
+        match self {
+            TableKind::Outbox => "SUCCESS",
+            TableKind::Inbox => "DONE",
+        }
+    }
+}
 
 /// Rows of one status and message type.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StatusCount {
-    /// INIT, PROCESSING, SUCCESS, FAILED or MANUAL_REQUIRED.
+    /// One of the table's [`TableKind::statuses`].
     pub status: String,
     /// The rows' message type.
     pub message_type: String,
@@ -19,12 +81,13 @@ pub struct StatusCount {
 pub struct StatusSummary {
     /// Rows by status and message type.
     pub counts: Vec<StatusCount>,
-    /// `created_at` of the oldest INIT, FAILED or PROCESSING row.
+    /// `created_at` of the oldest row not finished and not waiting for an operator: new
+    /// (INIT, PENDING), FAILED or PROCESSING.
     pub oldest_unsent: Option<SystemTime>,
-    /// The checkpoint row: position and when it was written.
+    /// The checkpoint row: position and when it was written (the outbox only).
     pub checkpoint: Option<(Position, SystemTime)>,
     /// How far the source's log is ahead of what outboxd confirmed, in bytes (slot lag on
-    /// PostgreSQL, binlog bytes on MySQL), when the server can tell.
+    /// PostgreSQL, binlog bytes on MySQL), when the server can tell (the outbox only).
     pub source_lag_bytes: Option<u64>,
 }
 
@@ -60,7 +123,7 @@ impl RetrySelector {
     }
 }
 
-/// What `outboxd janitor` does with old SUCCESS rows.
+/// What `outboxd janitor` does with the finished rows it removes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum JanitorAction {
     /// DELETE them.
@@ -69,10 +132,67 @@ pub enum JanitorAction {
     Archive(String),
 }
 
-/// Operator actions on the outbox, each one short transaction, each logged in
-/// `last_error` where it changes a row's fate.
-pub trait OutboxAdmin: Send + Sync {
-    /// Counts, oldest unsent row, checkpoint and source lag.
+/// Which finished rows (SUCCESS, DONE) `outboxd janitor` removes, and how.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JanitorRule {
+    /// Rows finished longer ago than this go (`--older-than`). An outbox row resolved by
+    /// an operator was never sent: it ages from its last update.
+    pub older_than: Duration,
+    /// The inbox's deduplication window (`inbox.dedupe_retention`): an inbox row created
+    /// within it stays however long ago it was handled, so a late redelivery still finds
+    /// it and is a duplicate. `None` for the outbox, which deduplicates nothing. A rule
+    /// whose window does not match its table is refused ([`JanitorRule::window_for`]).
+    pub dedupe_window: Option<Duration>,
+    /// Delete or archive.
+    pub action: JanitorAction,
+}
+
+impl JanitorRule {
+    /// The outbox's rule: no deduplication window.
+    pub fn outbox(older_than: Duration, action: JanitorAction) -> Self {
+        Self {
+            older_than,
+            dedupe_window: None,
+            action,
+        }
+    }
+
+    /// The inbox's rule, which never cuts into `dedupe_window`.
+    pub fn inbox(older_than: Duration, dedupe_window: Duration, action: JanitorAction) -> Self {
+        Self {
+            older_than,
+            dedupe_window: Some(dedupe_window),
+            action,
+        }
+    }
+
+    /// The deduplication window of the rule for a table of `table`: zero for the outbox.
+    /// A definite error when the rule is the other table's (an outbox rule on the inbox
+    /// would delete rows a redelivery must still find).
+    pub fn window_for(&self, table: TableKind) -> Result<Duration, ConnectorError> {
+        match (table, self.dedupe_window) {
+            (TableKind::Outbox, None) => Ok(Duration::ZERO),
+            (TableKind::Inbox, Some(window)) => Ok(window),
+            (TableKind::Outbox, Some(_)) => Err(ConnectorError::definite(
+                "janitor: the outbox deduplicates nothing, its rule takes no deduplication window",
+            )),
+            (TableKind::Inbox, None) => Err(ConnectorError::definite(
+                "janitor: the inbox's rule needs its deduplication window (inbox.dedupe_retention)",
+            )),
+        }
+    }
+}
+
+/// The operator's actions on one table of rows with a status, the outbox or the inbox
+/// ([`TableAdmin::TABLE`]), each one short transaction, each noted in `last_error` where
+/// it changes a row's fate. Both tables' stores implement it; the core's commands are
+/// written once over it.
+pub trait TableAdmin: Send + Sync {
+    /// The table the actions change, which names its statuses.
+    const TABLE: TableKind;
+
+    /// Counts by status and message type and the oldest unsent row; for the outbox also
+    /// the checkpoint and the source's lag.
     fn status_summary(&self) -> impl Future<Output = Result<StatusSummary, ConnectorError>> + Send;
 
     /// Makes the selected FAILED / MANUAL_REQUIRED rows due now (`status = FAILED`,
@@ -83,40 +203,69 @@ pub trait OutboxAdmin: Send + Sync {
         selector: &RetrySelector,
     ) -> impl Future<Output = Result<u64, ConnectorError>> + Send;
 
-    /// Takes one INIT or FAILED row out of automatic retries: MANUAL_REQUIRED with
-    /// `last_error = "parked by operator: <reason>"`. Strict ordering keeps its key's later
-    /// events waiting. Returns whether the row was changed.
+    /// Takes one new (INIT, PENDING) or FAILED row out of automatic retries and handling:
+    /// MANUAL_REQUIRED with `last_error = "parked by operator: <reason>"`. The later rows
+    /// of its key wait (on the outbox, under strict ordering). Returns whether the row was
+    /// changed.
     fn park_row(
         &self,
         id: i64,
         reason: &str,
     ) -> impl Future<Output = Result<bool, ConnectorError>> + Send;
 
-    /// Skips one unsent row for good: SUCCESS without a Kafka position, with
-    /// `last_error = "resolved by operator without sending: <reason>"`. Releases its key.
-    /// Returns whether the row was changed.
+    /// Finishes one unfinished row for good without sending or handling it: SUCCESS
+    /// without a Kafka position, with `last_error = "resolved by operator without
+    /// sending: <reason>"`, or DONE with `"resolved by operator without handling:
+    /// <reason>"`. Releases its key. Returns whether the row was changed.
     fn resolve_row(
         &self,
         id: i64,
         reason: &str,
     ) -> impl Future<Output = Result<bool, ConnectorError>> + Send;
 
-    /// Deletes (or archives) up to `batch` SUCCESS rows whose `sent_at` is older than
-    /// `retention`, in one short transaction. Returns the rows removed; call again until 0.
+    /// Deletes (or archives) up to `batch` finished rows that `rule` selects, in one
+    /// short transaction; a rule of the other table is a definite error
+    /// ([`JanitorRule::window_for`]). Returns the rows removed; call again until 0.
     fn janitor_batch(
         &self,
-        retention: Duration,
-        action: &JanitorAction,
+        rule: &JanitorRule,
         batch: usize,
     ) -> impl Future<Output = Result<u64, ConnectorError>> + Send;
+}
 
-    /// INIT rows of the outbox table of index `table` (see
-    /// [`crate::OutboxLayout::outbox_tables`]) with `id > after_id`, in id order, at most
-    /// `limit` (for `outboxd recover`, which scans each table in turn).
-    fn scan_init(
-        &self,
-        table: u16,
-        after_id: i64,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<OutboxEvent>, ConnectorError>> + Send;
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_janitor_rule_fits_only_its_table() {
+        let day = Duration::from_secs(86_400);
+        let outbox = JanitorRule::outbox(day, JanitorAction::Delete);
+        let inbox = JanitorRule::inbox(day, 7 * day, JanitorAction::Delete);
+        assert_eq!(
+            outbox.window_for(TableKind::Outbox).ok(),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(inbox.window_for(TableKind::Inbox).ok(), Some(7 * day));
+        assert!(!outbox
+            .window_for(TableKind::Inbox)
+            .unwrap_err()
+            .is_transient());
+        assert!(!inbox
+            .window_for(TableKind::Outbox)
+            .unwrap_err()
+            .is_transient());
+    }
+
+    #[test]
+    fn each_table_names_its_statuses_in_state_machine_order() {
+        assert_eq!(
+            TableKind::Outbox.statuses(),
+            ["INIT", "PROCESSING", "FAILED", "MANUAL_REQUIRED", "SUCCESS"]
+        );
+        assert_eq!(
+            TableKind::Inbox.statuses(),
+            ["PENDING", "PROCESSING", "FAILED", "MANUAL_REQUIRED", "DONE"]
+        );
+    }
 }

@@ -2,8 +2,7 @@ use std::fmt;
 use std::future::Future;
 
 use crate::{
-    ChangeStream, CheckReport, ConnectorError, InboxAdmin, InboxStore, OutboxAdmin, OutboxLayout,
-    OutboxStore,
+    ChangeStream, CheckReport, ConnectorError, InboxStore, OutboxLayout, OutboxStore, TableAdmin,
 };
 
 /// Environment variable that overrides the source's password, whatever the engine.
@@ -27,10 +26,12 @@ pub enum ReadMode {
 pub trait Connector: Send + Sync {
     /// The log tail.
     type Stream: ChangeStream;
-    /// The SQL side: the pipeline's write-back and claims, and the operator's actions.
-    type Store: OutboxStore + OutboxAdmin;
-    /// The inbox table's side.
-    type Inbox: InboxStore + InboxAdmin;
+    /// The SQL side: the pipeline's write-back and claims, and the operator's actions
+    /// on the outbox ([`TableAdmin::TABLE`] is [`TableKind::Outbox`](crate::TableKind)).
+    type Store: OutboxStore + TableAdmin;
+    /// The inbox table's side, and the operator's actions on it
+    /// ([`TableKind::Inbox`](crate::TableKind)).
+    type Inbox: InboxStore + TableAdmin;
 
     /// Creates what is missing and returns one line per object saying whether it was
     /// created or already there. Idempotent. `Log`: tables, publication or equivalent,

@@ -5,6 +5,10 @@
 //! The store is the only place that knows a message was seen: ingress acknowledges (a
 //! Kafka offset commit, an HTTP 200) only after [`InboxStore::insert`] returned, and
 //! deduplication is the table's two unique keys, so a redelivery finds its row.
+//!
+//! The operator's actions on the inbox (`--inbox`) are the outbox's, through the same
+//! [`TableAdmin`](crate::TableAdmin) with [`TableKind::Inbox`](crate::TableKind): its
+//! janitor's rule carries the deduplication window.
 
 use std::future::Future;
 use std::time::{Duration, SystemTime};
@@ -160,48 +164,4 @@ pub trait InboxStore: Send + Sync {
     /// When the workers next have work: the earliest due time of a PENDING or FAILED row
     /// (`next_due`) and the oldest claim (`oldest_claim`).
     fn schedule(&self) -> impl Future<Output = Result<RetrySchedule, ConnectorError>> + Send;
-}
-
-/// The operator's actions on the inbox (`outboxd status|retry|park|resolve|janitor
-/// --inbox`), each one short transaction.
-pub trait InboxAdmin: Send + Sync {
-    /// Rows by status and message type; `oldest_unsent` is the `created_at` of the
-    /// oldest PENDING, FAILED or PROCESSING row (no checkpoint, no lag).
-    fn status_summary(
-        &self,
-    ) -> impl Future<Output = Result<crate::StatusSummary, ConnectorError>> + Send;
-
-    /// Makes the selected FAILED / MANUAL_REQUIRED rows due now (FAILED, `retry_count`
-    /// 0, claim cleared). Returns the rows changed.
-    fn retry_rows(
-        &self,
-        selector: &crate::RetrySelector,
-    ) -> impl Future<Output = Result<u64, ConnectorError>> + Send;
-
-    /// Takes one PENDING or FAILED row out of handling: MANUAL_REQUIRED with
-    /// `last_error = "parked by operator: <reason>"`; later messages of its key wait.
-    fn park_row(
-        &self,
-        id: i64,
-        reason: &str,
-    ) -> impl Future<Output = Result<bool, ConnectorError>> + Send;
-
-    /// Marks one unfinished row DONE without handling it, `last_error = "resolved by
-    /// operator without handling: <reason>"`; releases its key.
-    fn resolve_row(
-        &self,
-        id: i64,
-        reason: &str,
-    ) -> impl Future<Output = Result<bool, ConnectorError>> + Send;
-
-    /// Deletes (or archives) up to `batch` DONE rows processed longer ago than
-    /// `retention` **and** created longer ago than `dedupe_retention`: a row inside the
-    /// deduplication window is never removed, so a late redelivery still finds it.
-    fn janitor_batch(
-        &self,
-        retention: Duration,
-        dedupe_retention: Duration,
-        action: &crate::JanitorAction,
-        batch: usize,
-    ) -> impl Future<Output = Result<u64, ConnectorError>> + Send;
 }

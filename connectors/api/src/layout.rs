@@ -80,7 +80,9 @@ impl OutboxLayout {
         let outbox = (self.outbox_tables.iter())
             .chain([&self.checkpoint_table])
             .filter(|_| self.features.outbox);
-        let inbox = [&self.inbox_table].into_iter().filter(|_| self.features.inbox);
+        let inbox = [&self.inbox_table]
+            .into_iter()
+            .filter(|_| self.features.inbox);
         outbox.chain(inbox).map(String::as_str).collect()
     }
 

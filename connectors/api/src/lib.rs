@@ -7,6 +7,7 @@
 //! - an [`OutboxStore`]: the SQL side — status write-back and the checkpoint row;
 //! - an [`InboxStore`]: the receiving half — messages stored before they are
 //!   acknowledged, deduplicated, claimed and completed by the core's inbox workers;
+//! - the operator's actions on either table, one [`TableAdmin`] each;
 //! - administration (`init`, `check`), reported with [`CheckReport`];
 //!
 //! tied together by a [`Connector`], which the core opens and reopens.
@@ -29,7 +30,9 @@ pub mod secret;
 mod store;
 mod stream;
 
-pub use admin::{JanitorAction, OutboxAdmin, RetrySelector, StatusCount, StatusSummary};
+pub use admin::{
+    JanitorAction, JanitorRule, RetrySelector, StatusCount, StatusSummary, TableAdmin, TableKind,
+};
 pub use check::{CheckLine, CheckReport, CheckStatus};
 pub use claim::{
     ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack, ParkedEvent, ReapPolicy,
@@ -39,9 +42,7 @@ pub use connector::{Connector, Engine, ReadMode, ENV_SOURCE_PASSWORD};
 pub use error::{ConnectorError, ErrorKind, ErrorReason};
 pub use event::OutboxEvent;
 pub use headers::headers_from_json;
-pub use inbox::{
-    ClaimedMessage, Completed, InboxAdmin, InboxMessage, InboxOutcome, InboxStore, Ingested,
-};
+pub use inbox::{ClaimedMessage, Completed, InboxMessage, InboxOutcome, InboxStore, Ingested};
 pub use last_error::{
     last_error_text, parked_behind_key, parked_by_operator, resolved_by_operator,
     resolved_without_handling, short_duration, LAST_ERROR_MAX_CHARS,

@@ -4,8 +4,8 @@ use std::time::Duration;
 use std::collections::HashSet;
 
 use crate::{
-    ClaimRequest, ClaimedEvent, ClaimedWriteBack, ConnectorError, ParkedEvent, Position,
-    ReapPolicy, ReapReport, RetrySchedule,
+    ClaimRequest, ClaimedEvent, ClaimedWriteBack, ConnectorError, OutboxEvent, ParkedEvent,
+    Position, ReapPolicy, ReapReport, RetrySchedule,
 };
 
 /// One outbox row: its table (the index in [`crate::OutboxLayout::outbox_tables`], as
@@ -145,4 +145,17 @@ pub trait OutboxStore: Send + Sync {
         &self,
         rows: &[RowId],
     ) -> impl Future<Output = Result<HashSet<RowId>, ConnectorError>> + Send;
+
+    /// INIT rows of the outbox table of index `table` (see
+    /// [`crate::OutboxLayout::outbox_tables`]) with `id > after_id`, in id order, at most
+    /// `limit`, as events: `outboxd recover` publishes them table by table after the log
+    /// position was lost. Here rather than with the operator's actions
+    /// ([`crate::TableAdmin`]): it reads the outbox's rows to publish them, as
+    /// [`OutboxStore::claim`] does, changes no status, and has no inbox counterpart.
+    fn scan_init(
+        &self,
+        table: u16,
+        after_id: i64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<OutboxEvent>, ConnectorError>> + Send;
 }

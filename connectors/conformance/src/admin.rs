@@ -1,14 +1,16 @@
-//! The operator's actions through [`OutboxAdmin`]: status, retry, park, resolve,
-//! janitor and the INIT scan of `recover`. Each changes only the rows it says, and says
-//! why in `last_error`.
+//! The operator's actions on the outbox through its [`TableAdmin`]: status, retry, park,
+//! resolve, janitor; and the INIT scan of `recover` ([`OutboxStore::scan_init`]). Each
+//! changes only the rows it says, and says why in `last_error`. The inbox's
+//! `TableAdmin` runs in [`crate::inbox::operator_actions_cover_the_inbox`].
 
 use std::time::{Duration, SystemTime};
 
 use outboxd_connector::{
-    JanitorAction, OutboxAdmin, OutboxStore, ReadMode, RetrySelector, WriteBack,
+    JanitorAction, JanitorRule, OutboxStore, ReadMode, RetrySelector, TableAdmin, TableKind,
+    WriteBack,
 };
 
-use crate::support::{initialised, store};
+use crate::support::{initialised, refuses_rule, store, table_of};
 use crate::{Harness, NewRow, Setup};
 
 /// Counts by status and type, the oldest unsent row's age, the source lag (log mode),
@@ -288,16 +290,22 @@ pub async fn janitor_deletes_or_archives_old_success_rows<H: Harness>() {
     )
     .await;
     let store = store(&h).await;
+    assert_eq!(table_of(&store), TableKind::Outbox);
     let week = Duration::from_secs(7 * 86_400);
 
+    // The inbox's rule (with a deduplication window) is not the outbox's.
+    refuses_rule(
+        &store,
+        &JanitorRule::inbox(Duration::ZERO, week, JanitorAction::Delete),
+    )
+    .await;
+    assert_eq!(h.row(old[0]).await.status, "SUCCESS");
+
     // Archive: 3 + 3 + 2 (the resolved row ages from its update), then 0.
-    let action = JanitorAction::Archive(h.archive_table().await);
+    let archive = JanitorRule::outbox(week, JanitorAction::Archive(h.archive_table().await));
     let mut batches = Vec::new();
     loop {
-        let n = store
-            .janitor_batch(week, &action, 3)
-            .await
-            .expect("janitor");
+        let n = store.janitor_batch(&archive, 3).await.expect("janitor");
         batches.push(n);
         if n == 0 || batches.len() > 10 {
             break;
@@ -310,17 +318,17 @@ pub async fn janitor_deletes_or_archives_old_success_rows<H: Harness>() {
     assert_eq!(h.row(recent[0]).await.status, "SUCCESS", "recent rows stay");
 
     // Delete: nothing old is left; with a zero retention the recent ones go.
-    let delete = JanitorAction::Delete;
+    let delete = |older_than| JanitorRule::outbox(older_than, JanitorAction::Delete);
     assert_eq!(
         store
-            .janitor_batch(week, &delete, 100)
+            .janitor_batch(&delete(week), 100)
             .await
             .expect("delete"),
         0
     );
     assert_eq!(
         store
-            .janitor_batch(Duration::ZERO, &delete, 100)
+            .janitor_batch(&delete(Duration::ZERO), 100)
             .await
             .expect("delete"),
         2

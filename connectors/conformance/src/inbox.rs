@@ -5,11 +5,12 @@
 use std::time::Duration;
 
 use outboxd_connector::{
-    ClaimToken, ClaimedMessage, Completed, Connector, InboxAdmin, InboxMessage, InboxOutcome,
-    InboxStore, Ingested, JanitorAction, ReadMode, ReapPolicy, RetrySelector,
+    ClaimToken, ClaimedMessage, Completed, Connector, InboxMessage, InboxOutcome, InboxStore,
+    Ingested, JanitorAction, JanitorRule, ReadMode, ReapPolicy, RetrySelector, TableAdmin,
+    TableKind,
 };
 
-use crate::support::initialised;
+use crate::support::{initialised, refuses_rule, table_of};
 use crate::{Harness, Setup};
 
 /// A message of `key` with id `id` and type `type_`, JSON payload `{"n": <id>}`.
@@ -389,7 +390,8 @@ pub async fn operator_actions_cover_the_inbox<H: Harness>() {
         message("o4", "t1", "c"),
     ];
     let rows = stored(&store.insert(&batch).await.expect("insert"));
-    let summary = InboxAdmin::status_summary(&store).await.expect("status");
+    assert_eq!(table_of(&store), TableKind::Inbox);
+    let summary = TableAdmin::status_summary(&store).await.expect("status");
     let pending: i64 = (summary.counts.iter())
         .filter(|c| c.status == "PENDING")
         .map(|c| c.rows)
@@ -445,11 +447,15 @@ pub async fn operator_actions_cover_the_inbox<H: Harness>() {
         },
     )
     .await;
+    // The outbox's rule (no deduplication window) would cut into it: refused.
+    refuses_rule(
+        &store,
+        &JanitorRule::outbox(Duration::from_secs(60), JanitorAction::Delete),
+    )
+    .await;
     let window = Duration::from_secs(86_400);
-    let removed = store
-        .janitor_batch(Duration::from_secs(60), window, &JanitorAction::Delete, 100)
-        .await
-        .expect("janitor");
+    let rule = JanitorRule::inbox(Duration::from_secs(60), window, JanitorAction::Delete);
+    let removed = store.janitor_batch(&rule, 100).await.expect("janitor");
     assert_eq!(removed, 2, "only rows older than the deduplication window");
     let again = store
         .insert(&[message("o3", "t1", "b")])

@@ -7,7 +7,7 @@
 //! [`conformance_tests!`], one `#[tokio::test]` each. The scenarios themselves only call
 //! the contract's traits ([`Connector`](outboxd_connector::Connector),
 //! [`OutboxStore`](outboxd_connector::OutboxStore),
-//! [`OutboxAdmin`](outboxd_connector::OutboxAdmin),
+//! [`TableAdmin`](outboxd_connector::TableAdmin),
 //! [`ChangeStream`](outboxd_connector::ChangeStream)), so a behaviour one engine passes
 //! and another fails is a contract violation, not a test difference.
 //!

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use outboxd_connector::{
     ChangeItem, ChangeStream, CheckStatus, CommittedTransaction, Connector, ConnectorError,
-    Delivered, DeliveryFailure, ErrorKind, ErrorReason, OutboxAdmin, OutboxStore, ReadMode,
+    Delivered, DeliveryFailure, ErrorKind, ErrorReason, OutboxStore, ReadMode, TableAdmin,
     TransactionPart, WriteBack, PART_EVENTS,
 };
 

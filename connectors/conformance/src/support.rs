@@ -3,7 +3,8 @@
 use std::time::{Duration, Instant};
 
 use outboxd_connector::{
-    ClaimRequest, ClaimScope, ClaimedEvent, Connector, ConnectorError, ReadMode,
+    ClaimRequest, ClaimScope, ClaimedEvent, Connector, ConnectorError, ReadMode, TableAdmin,
+    TableKind,
 };
 
 use bytes::Bytes;
@@ -20,6 +21,19 @@ pub(crate) async fn initialised<H: Harness>(prefix: &str, mode: ReadMode) -> H {
 /// The store of `h`.
 pub(crate) async fn store<H: Harness>(h: &H) -> <H::Connector as Connector>::Store {
     h.connector().open_store().await.expect("open store")
+}
+
+/// The table `store`'s operator actions say they change.
+pub(crate) fn table_of<S: TableAdmin>(_store: &S) -> TableKind {
+    S::TABLE
+}
+
+/// `store`'s janitor refuses `rule`, the other table's, as a definite error.
+pub(crate) async fn refuses_rule<S: TableAdmin>(store: &S, rule: &outboxd_connector::JanitorRule) {
+    match store.janitor_batch(rule, 100).await {
+        Ok(n) => panic!("the other table's janitor rule removed {n} rows"),
+        Err(e) => assert!(!e.is_transient(), "{e}"),
+    }
 }
 
 pub(crate) fn due_failed(limit: usize, strict_order: bool) -> ClaimRequest {

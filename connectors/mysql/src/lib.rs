@@ -21,9 +21,10 @@
 //!   per pipeline (`GET_LOCK`), the checkpoint row as the resume position.
 //! - `store/`: the [`outboxd_connector::OutboxStore`]: status write-back and checkpoint in
 //!   one transaction, one round trip (`store::write_back`), claims (`FOR UPDATE SKIP
-//!   LOCKED`), claimed write-back, reaper, retry schedule and blocked keys
-//!   (`store::claims`), and the operator's actions, [`outboxd_connector::OutboxAdmin`]
-//!   (`store::operator`).
+//!   LOCKED`), claimed write-back, reaper, retry schedule, blocked keys and `recover`'s
+//!   INIT scan (`store::claims`), and the operator's actions,
+//!   [`outboxd_connector::TableAdmin`] (`store::operator`); the inbox's store and its
+//!   `TableAdmin` beside them.
 //! - `schema`: `schemas/mysql/*.sql` rendered for the configured names; quoting.
 //! - `time`: TIMESTAMP values as ISO 8601 and `SystemTime`.
 //!

@@ -18,8 +18,8 @@ use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 use outboxd_conformance::inbox::{message, stored};
 use outboxd_connector::{
-    Completed, Connector, InboxAdmin, InboxMessage, InboxOutcome, InboxStore, Ingested,
-    JanitorAction, OutboxLayout, ReadMode,
+    Completed, Connector, InboxMessage, InboxOutcome, InboxStore, Ingested, JanitorAction,
+    JanitorRule, OutboxLayout, ReadMode, TableAdmin,
 };
 use outboxd_mysql::MysqlConnector;
 
@@ -199,13 +199,17 @@ async fn a_failing_statement_writes_nothing<S: InboxStore, T: Tables>(s: &S, t: 
 
 /// The janitor's archive has none of the inbox's unique keys: a message stored again after
 /// the deduplication window is archived a second time.
-async fn the_archive_takes_a_message_twice<S: InboxStore + InboxAdmin, T: Tables>(
+async fn the_archive_takes_a_message_twice<S: InboxStore + TableAdmin, T: Tables>(
     s: &S,
     t: &T,
     archive: &str,
 ) {
     let window = Duration::from_secs(86_400);
-    let action = JanitorAction::Archive(archive.to_owned());
+    let rule = JanitorRule::inbox(
+        Duration::from_secs(60),
+        window,
+        JanitorAction::Archive(archive.to_owned()),
+    );
     for round in 0..2 {
         let ids = stored(
             &s.insert(&[message("again", "t", "k")])
@@ -218,10 +222,7 @@ async fn the_archive_takes_a_message_twice<S: InboxStore + InboxAdmin, T: Tables
             "round {round}: stored, the earlier one is gone"
         );
         t.done_ago(&ids, 2 * 86_400).await;
-        let moved = s
-            .janitor_batch(Duration::from_secs(60), window, &action, 100)
-            .await
-            .expect("janitor");
+        let moved = s.janitor_batch(&rule, 100).await.expect("janitor");
         assert_eq!(moved, 1, "round {round}");
     }
     assert_eq!(t.count().await, 0);

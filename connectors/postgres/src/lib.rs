@@ -17,8 +17,9 @@
 //!   [`outboxd_connector::ChangeStream`]: the task that owns the socket, keepalive
 //!   progress, standby status updates.
 //! - `store/`: the [`outboxd_connector::OutboxStore`] (status write-back and checkpoint,
-//!   claims, the reaper) and, in `store::operator`, the [`outboxd_connector::OutboxAdmin`]
-//!   (`status`, `retry`, `park`, `resolve`, `janitor`, the INIT scan of `recover`).
+//!   claims, the reaper, the INIT scan of `recover`) and, in `store::operator`, its
+//!   [`outboxd_connector::TableAdmin`] (`status`, `retry`, `park`, `resolve`, `janitor`);
+//!   the inbox's store and its `TableAdmin` beside them.
 //! - `schema`: `schemas/postgres/*.sql` rendered for the configured names; quoting.
 //! - `outbox_table`: the outbox table (OID, schema, name) the server resolves the
 //!   configured name to; `init`, `check` and the stream all use it.

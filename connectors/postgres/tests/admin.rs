@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use outboxd_connector::{
-    ChangeStream, CheckLine, CheckReport, CheckStatus, OutboxAdmin, ReadMode, RetrySelector,
+    ChangeStream, CheckLine, CheckReport, CheckStatus, ReadMode, RetrySelector, TableAdmin,
 };
 use outboxd_postgres::retry_channel;
 use support_store::{unique, Fixture, PgEnv};

@@ -1,5 +1,6 @@
-//! Claims, claimed write-back, reaper, retry schedule and blocked keys on a MySQL/MariaDB
-//! outbox, as the PostgreSQL connector does them (see `connectors/postgres/src/store/`).
+//! Claims, claimed write-back, reaper, retry schedule, blocked keys and `recover`'s scan
+//! of INIT rows on a MySQL/MariaDB outbox, as the PostgreSQL connector does them (see
+//! `connectors/postgres/src/store/`).
 //!
 //! MySQL has no `UPDATE … RETURNING`, so a claim is one short READ COMMITTED transaction:
 //! `SELECT id … ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED` (MySQL 8.0.1+, MariaDB 10.6+),
@@ -424,6 +425,33 @@ impl MysqlOutboxStore {
             }
         }
         Ok(delivered)
+    }
+
+    /// [`OutboxStore::scan_init`](outboxd_connector::OutboxStore::scan_init): the INIT rows
+    /// `outboxd recover` publishes.
+    pub(crate) async fn init_rows(
+        &self,
+        table: u16,
+        after_id: i64,
+        limit: usize,
+    ) -> Result<Vec<OutboxEvent>, ConnectorError> {
+        let outbox = self.outbox_at(table)?;
+        let id = &outbox.names.id;
+        let sql = format!(
+            "SELECT {} FROM {outbox} o WHERE o.status = 'INIT' AND o.{id} > {after_id} \
+             ORDER BY o.{id} LIMIT {limit}",
+            outbox.select
+        );
+        let name = self.table_name(table);
+        self.rows(&sql, "scanning INIT rows")
+            .await?
+            .iter()
+            .map(|row| {
+                let mut event = event_from_row(row, outbox, name)?;
+                event.table = table;
+                Ok(event)
+            })
+            .collect()
     }
 }
 

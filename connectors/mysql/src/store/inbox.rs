@@ -1,9 +1,9 @@
-//! The MySQL/MariaDB [`InboxStore`] and [`InboxAdmin`]: the semantics of the PostgreSQL
-//! store (`connectors/postgres/src/store/inbox.rs`) in MySQL's dialect.
+//! The MySQL/MariaDB [`InboxStore`] and its [`TableAdmin`](outboxd_connector::TableAdmin):
+//! the semantics of the PostgreSQL store (`connectors/postgres/src/store/inbox.rs`) in
+//! MySQL's dialect.
 //!
 //! **Insert** is one transaction of multi-row statements that say exactly which message
-//! was stored (`inbox_insert.rs`). The operator's actions ([`InboxAdmin`]) are in
-//! `inbox_operator.rs`.
+//! was stored (`inbox_insert.rs`). The operator's actions are in `inbox_operator.rs`.
 //!
 //! **Claim** (MySQL has no `UPDATE … RETURNING`): one READ COMMITTED transaction of a
 //! `SELECT … FOR UPDATE SKIP LOCKED` per status, an `UPDATE` to PROCESSING with a `UUID()`

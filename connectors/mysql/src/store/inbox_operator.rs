@@ -1,15 +1,14 @@
-//! The operator's actions on a MySQL/MariaDB inbox ([`InboxAdmin`]): `outboxd status`,
-//! `retry`, `park`, `resolve`, `janitor` with `--inbox`. Each is one statement but the
-//! janitor's, which selects, copies and deletes a batch in one transaction, and creates
-//! its archive table like the inbox when it is missing.
-
-use std::time::Duration;
+//! The operator's actions on a MySQL/MariaDB inbox ([`TableAdmin`] with
+//! [`TableKind::Inbox`]): `outboxd status`, `retry`, `park`, `resolve`, `janitor` with
+//! `--inbox`, the same trait as the outbox's (`operator.rs`). Each is one statement but
+//! the janitor's, which selects, copies and deletes a batch in one transaction, and
+//! creates its archive table like the inbox when it is missing.
 
 use mysql_async::prelude::Queryable;
 use mysql_async::Row;
 use outboxd_connector::{
-    parked_by_operator, resolved_without_handling, ConnectorError, InboxAdmin, JanitorAction,
-    RetrySelector, StatusCount, StatusSummary,
+    parked_by_operator, resolved_without_handling, ConnectorError, JanitorAction, JanitorRule,
+    RetrySelector, StatusCount, StatusSummary, TableAdmin, TableKind,
 };
 use outboxd_connector_kit::inbox as kit;
 
@@ -20,7 +19,9 @@ use crate::store::claims::id_list;
 use crate::store::delay_ms;
 use crate::time::system_time;
 
-impl InboxAdmin for MysqlInboxStore {
+impl TableAdmin for MysqlInboxStore {
+    const TABLE: TableKind = TableKind::Inbox;
+
     async fn status_summary(&self) -> Result<StatusSummary, ConnectorError> {
         let sql = format!(
             "SELECT status, message_type, COUNT(*), MIN(created_at) FROM {} \
@@ -105,13 +106,8 @@ impl InboxAdmin for MysqlInboxStore {
             > 0)
     }
 
-    async fn janitor_batch(
-        &self,
-        retention: Duration,
-        dedupe_retention: Duration,
-        action: &JanitorAction,
-        batch: usize,
-    ) -> Result<u64, ConnectorError> {
+    async fn janitor_batch(&self, rule: &JanitorRule, batch: usize) -> Result<u64, ConnectorError> {
+        let dedupe_window = rule.window_for(Self::TABLE)?;
         if batch == 0 {
             return Ok(0);
         }
@@ -123,17 +119,17 @@ impl InboxAdmin for MysqlInboxStore {
              AND processed_at < NOW(6) - INTERVAL {} * 1000 MICROSECOND \
              AND created_at < NOW(6) - INTERVAL {} * 1000 MICROSECOND \
              ORDER BY id LIMIT {batch} FOR UPDATE SKIP LOCKED",
-            delay_ms(retention),
-            delay_ms(dedupe_retention)
+            delay_ms(rule.older_than),
+            delay_ms(dedupe_window)
         );
-        let archive = match action {
+        let archive = match &rule.action {
             JanitorAction::Delete => None,
             JanitorAction::Archive(name) => {
                 self.create_archive(name).await?;
                 Some(qualified(name))
             }
         };
-        let what = match action {
+        let what = match &rule.action {
             JanitorAction::Delete => "deleting old DONE inbox rows".to_owned(),
             JanitorAction::Archive(name) => format!("moving old DONE inbox rows to {name}"),
         };

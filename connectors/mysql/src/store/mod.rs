@@ -4,8 +4,9 @@
 //! server's `max_allowed_packet`, fenced by the pipeline's lock); `sql.rs` its statement
 //! texts and the checkpoint upsert; `checkpoint.rs` the checkpoint row's reading.
 //!
-//! `claims.rs` holds the claims, the claimed write-back, the reaper, the retry schedule
-//! and the blocked keys; `operator.rs` the operator's actions. Rows become events through
+//! `claims.rs` holds the claims, the claimed write-back, the reaper, the retry schedule,
+//! the blocked keys and `recover`'s scan of INIT rows; `operator.rs` the operator's
+//! actions ([`outboxd_connector::TableAdmin`]). Rows become events through
 //! the connector kit's row conversion, as on the log path.
 
 mod checkpoint;
@@ -26,8 +27,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::SystemTime;
 
 use outboxd_connector::{
-    ClaimRequest, ClaimedEvent, ClaimedWriteBack, ConnectorError, OutboxStore, Position,
-    ReapPolicy, ReapReport, RetrySchedule, RowId, WriteBack,
+    ClaimRequest, ClaimedEvent, ClaimedWriteBack, ConnectorError, OutboxEvent, OutboxStore,
+    Position, ReapPolicy, ReapReport, RetrySchedule, RowId, WriteBack,
 };
 use outboxd_connector_kit::store as kit_store;
 use outboxd_connector_kit::tables;
@@ -220,6 +221,15 @@ impl OutboxStore for MysqlOutboxStore {
             blocked.extend(self.blocked(outbox, keys).await?);
         }
         Ok(blocked)
+    }
+
+    async fn scan_init(
+        &self,
+        table: u16,
+        after_id: i64,
+        limit: usize,
+    ) -> Result<Vec<OutboxEvent>, ConnectorError> {
+        self.init_rows(table, after_id, limit).await
     }
 
     async fn highest_delivered_id(&self) -> Result<Option<i64>, ConnectorError> {

@@ -1,13 +1,12 @@
-//! The operator's actions on a MySQL/MariaDB outbox ([`OutboxAdmin`]): `status`,
-//! `retry`, `park`, `resolve`, `janitor` and the INIT scan of `recover`, as the
-//! PostgreSQL connector does them (see `connectors/postgres/src/store/operator.rs`).
-
-use std::time::Duration;
+//! The operator's actions on a MySQL/MariaDB outbox ([`TableAdmin`] with
+//! [`TableKind::Outbox`]): `status`, `retry`, `park`, `resolve`, `janitor`, as the
+//! PostgreSQL connector does them (see `connectors/postgres/src/store/operator.rs`). The
+//! INIT scan of `recover` is the store's (`claims.rs`).
 
 use mysql_async::prelude::Queryable;
 use outboxd_connector::{
-    parked_by_operator, resolved_by_operator, ConnectorError, JanitorAction, OutboxAdmin,
-    OutboxEvent, RetrySelector, StatusCount, StatusSummary,
+    parked_by_operator, resolved_by_operator, ConnectorError, JanitorAction, JanitorRule,
+    RetrySelector, StatusCount, StatusSummary, TableAdmin, TableKind,
 };
 
 use outboxd_connector_kit::store::add_status_row;
@@ -16,11 +15,13 @@ use crate::client::{int, text, text_or_empty};
 use crate::log::position::BinlogPosition;
 use crate::log::server;
 use crate::schema::{qualified, sql_string, table_ident};
-use crate::store::claims::{event_from_row, id_list};
+use crate::store::claims::id_list;
 use crate::store::{delay_ms, MysqlOutboxStore};
 use crate::time::system_time;
 
-impl OutboxAdmin for MysqlOutboxStore {
+impl TableAdmin for MysqlOutboxStore {
+    const TABLE: TableKind = TableKind::Outbox;
+
     async fn status_summary(&self) -> Result<StatusSummary, ConnectorError> {
         // Every outbox table of the store (one, for an operator's command).
         let mut summary = StatusSummary::default();
@@ -119,24 +120,20 @@ impl OutboxAdmin for MysqlOutboxStore {
         Ok(self.update(&sql, &format!("resolving row {id}")).await? > 0)
     }
 
-    async fn janitor_batch(
-        &self,
-        retention: Duration,
-        action: &JanitorAction,
-        batch: usize,
-    ) -> Result<u64, ConnectorError> {
+    async fn janitor_batch(&self, rule: &JanitorRule, batch: usize) -> Result<u64, ConnectorError> {
+        rule.window_for(Self::TABLE)?;
         if batch == 0 {
             return Ok(0);
         }
         let outbox = self.outbox.clone();
         let id = outbox.names.id.clone();
-        let retention_ms = delay_ms(retention);
+        let retention_ms = delay_ms(rule.older_than);
         // Rows resolved by an operator were never sent: they age from their update.
         let old = format!(
             "status = 'SUCCESS' AND COALESCE(sent_at, updated_at) < \
              NOW(6) - INTERVAL {retention_ms} * 1000 MICROSECOND"
         );
-        match action {
+        match &rule.action {
             JanitorAction::Delete => {
                 let sql = format!("DELETE FROM {outbox} WHERE {old} ORDER BY {id} LIMIT {batch}");
                 self.update(&sql, "deleting old SUCCESS rows").await
@@ -191,31 +188,6 @@ impl OutboxAdmin for MysqlOutboxStore {
                 .await
             }
         }
-    }
-
-    async fn scan_init(
-        &self,
-        table: u16,
-        after_id: i64,
-        limit: usize,
-    ) -> Result<Vec<OutboxEvent>, ConnectorError> {
-        let outbox = self.outbox_at(table)?;
-        let id = &outbox.names.id;
-        let sql = format!(
-            "SELECT {} FROM {outbox} o WHERE o.status = 'INIT' AND o.{id} > {after_id} \
-             ORDER BY o.{id} LIMIT {limit}",
-            outbox.select
-        );
-        let name = self.table_name(table);
-        self.rows(&sql, "scanning INIT rows")
-            .await?
-            .iter()
-            .map(|row| {
-                let mut event = event_from_row(row, outbox, name)?;
-                event.table = table;
-                Ok(event)
-            })
-            .collect()
     }
 }
 

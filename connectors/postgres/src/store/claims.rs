@@ -1,6 +1,7 @@
-//! Claims, the claimed write-back, the reaper, the retry schedule and the blocked keys:
-//! the retry worker's and poll mode's side of the store (the methods of
-//! [`OutboxStore`](outboxd_connector::OutboxStore) but the write-back and the checkpoint).
+//! Claims, the claimed write-back, the reaper, the retry schedule, the blocked keys and
+//! `recover`'s scan of INIT rows: the retry worker's, poll mode's and `recover`'s side of
+//! the store (the methods of [`OutboxStore`](outboxd_connector::OutboxStore) but the
+//! write-back and the checkpoint).
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering as AtomicOrdering;
@@ -8,7 +9,7 @@ use std::time::SystemTime;
 
 use outboxd_connector::{
     last_error_text, ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack,
-    ConnectorError, ParkedEvent, ReapPolicy, ReapReport, RetrySchedule,
+    ConnectorError, OutboxEvent, ParkedEvent, ReapPolicy, ReapReport, RetrySchedule,
 };
 use outboxd_connector_kit::{status, tables};
 use tokio_postgres::{Client, Row};
@@ -175,6 +176,37 @@ impl PgOutboxStore {
             }
         }
         Ok(blocked)
+    }
+
+    /// [`OutboxStore::scan_init`](outboxd_connector::OutboxStore::scan_init): the INIT rows
+    /// `outboxd recover` publishes.
+    pub(super) async fn init_rows(
+        &self,
+        table: u16,
+        after_id: i64,
+        limit: usize,
+    ) -> Result<Vec<OutboxEvent>, ConnectorError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut locked = self.lock().await?;
+        let conn = locked.conn()?;
+        let outbox = conn.outbox(table)?;
+        let id = &outbox.names().row.id;
+        let sql = format!(
+            "{} WHERE o.status = 'INIT' AND o.{id} > $1 ORDER BY o.{id} LIMIT $2",
+            outbox.event_select()
+        );
+        let rows = conn
+            .client
+            .query(&sql, &[&after_id, &limit])
+            .await
+            .map_err(|e| self.error(&e, "scanning INIT rows"))?;
+        rows.iter()
+            .map(|row| {
+                let mut event = outbox.event(row)?;
+                event.table = table;
+                Ok(event)
+            })
+            .collect()
     }
 
     async fn claim_on(

@@ -1,11 +1,12 @@
-//! The operator's actions on a PostgreSQL inbox ([`InboxAdmin`]): `outboxd status`,
-//! `retry`, `park`, `resolve`, `janitor` with `--inbox`. Each is one statement.
+//! The operator's actions on a PostgreSQL inbox ([`TableAdmin`] with
+//! [`TableKind::Inbox`]): `outboxd status`, `retry`, `park`, `resolve`, `janitor` with
+//! `--inbox`, the same trait as the outbox's (`operator.rs`). Each is one statement.
 
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use outboxd_connector::{
-    parked_by_operator, resolved_without_handling, ConnectorError, InboxAdmin, JanitorAction,
-    RetrySelector, StatusCount, StatusSummary,
+    parked_by_operator, resolved_without_handling, ConnectorError, JanitorAction, JanitorRule,
+    RetrySelector, StatusCount, StatusSummary, TableAdmin, TableKind,
 };
 use outboxd_connector_kit::inbox as kit;
 use tokio_postgres::types::ToSql;
@@ -36,7 +37,9 @@ impl PgInboxStore {
     }
 }
 
-impl InboxAdmin for PgInboxStore {
+impl TableAdmin for PgInboxStore {
+    const TABLE: TableKind = TableKind::Inbox;
+
     async fn status_summary(&self) -> Result<StatusSummary, ConnectorError> {
         let sql = format!(
             "SELECT status, message_type, count(*), min(created_at) FROM {} \
@@ -118,19 +121,14 @@ impl InboxAdmin for PgInboxStore {
         Ok(changed > 0)
     }
 
-    async fn janitor_batch(
-        &self,
-        retention: Duration,
-        dedupe_retention: Duration,
-        action: &JanitorAction,
-        batch: usize,
-    ) -> Result<u64, ConnectorError> {
+    async fn janitor_batch(&self, rule: &JanitorRule, batch: usize) -> Result<u64, ConnectorError> {
+        let dedupe_window = rule.window_for(Self::TABLE)?;
         if batch == 0 {
             return Ok(0);
         }
         let inbox = self.table();
-        let retention_ms = delay_ms(retention);
-        let window_ms = delay_ms(dedupe_retention);
+        let retention_ms = delay_ms(rule.older_than);
+        let window_ms = delay_ms(dedupe_window);
         let limit = i64::try_from(batch).unwrap_or(i64::MAX);
         let old = format!(
             "SELECT id FROM {inbox} WHERE status = 'DONE' \
@@ -138,7 +136,7 @@ impl InboxAdmin for PgInboxStore {
              AND created_at < now() - $2::bigint * interval '1 millisecond' \
              ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED"
         );
-        let (sql, what) = match action {
+        let (sql, what) = match &rule.action {
             JanitorAction::Delete => (
                 format!("DELETE FROM {inbox} WHERE id IN ({old})"),
                 "deleting old DONE inbox rows".to_owned(),

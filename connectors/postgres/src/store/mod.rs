@@ -14,7 +14,8 @@
 //! failure; it is never claimed, its status says so.)
 //!
 //! `write_back.rs` holds the write-back and its visibility wait; `claims.rs` the claims,
-//! the claimed write-back, the reaper, the retry schedule and the blocked keys; `sql.rs`
+//! the claimed write-back, the reaper, the retry schedule, the blocked keys and
+//! `recover`'s scan of INIT rows; `sql.rs`
 //! the statement texts and how their rows are read; `checkpoint.rs` the checkpoint row's
 //! parsing. The operator's actions live in [`operator`]. Claimed rows become events through
 //! the connector kit's row conversion, as on the log path.
@@ -87,7 +88,7 @@ pub(crate) struct OutboxConn {
     name: String,
     /// How the event columns are read (bytea or text key and payload).
     pub(crate) shape: RowShape,
-    /// The statement texts (for the operator's scans and for EXPLAIN).
+    /// The statement texts (for `recover`'s scan and for EXPLAIN).
     sql: Sql,
     /// The statements on the outbox's rows; `None` with `outbox.rows = "deleted"`, whose
     /// table has no status columns (and no rows to address).
@@ -147,7 +148,7 @@ impl Conn {
 }
 
 impl OutboxConn {
-    /// `SELECT <event columns> FROM <table> o` (no WHERE), for the operator's scans.
+    /// `SELECT <event columns> FROM <table> o` (no WHERE), for `recover`'s scan.
     pub(crate) fn event_select(&self) -> &str {
         &self.sql.event_select
     }
@@ -574,6 +575,15 @@ impl OutboxStore for PgOutboxStore {
         keys: Option<&[String]>,
     ) -> Result<HashSet<String>, ConnectorError> {
         self.blocked(keys).await
+    }
+
+    async fn scan_init(
+        &self,
+        table: u16,
+        after_id: i64,
+        limit: usize,
+    ) -> Result<Vec<OutboxEvent>, ConnectorError> {
+        self.init_rows(table, after_id, limit).await
     }
 
     // The two below run when a session opens and while it reads transactions again, not

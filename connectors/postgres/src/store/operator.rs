@@ -1,16 +1,15 @@
-//! The operator's actions on a PostgreSQL outbox ([`OutboxAdmin`]): `outboxd status`,
-//! `retry`, `park`, `resolve`, `janitor`, and the INIT scan of `outboxd recover`.
+//! The operator's actions on a PostgreSQL outbox ([`TableAdmin`] with
+//! [`TableKind::Outbox`]): `outboxd status`, `retry`, `park`, `resolve`, `janitor`. The
+//! INIT scan of `outboxd recover` is the store's ([`super::claims`]).
 //!
 //! Each action is one short transaction. Those that make rows due again or release a key
 //! (`retry`, `resolve`) also `NOTIFY` the pipeline's [`retry_channel`] in the same
 //! transaction, so a running outboxd listening there can wake its retry worker at once
 //! instead of at its next idle check.
 
-use std::time::Duration;
-
 use outboxd_connector::{
-    parked_by_operator, resolved_by_operator, ConnectorError, JanitorAction, OutboxAdmin,
-    OutboxEvent, Position, RetrySelector, StatusCount, StatusSummary,
+    parked_by_operator, resolved_by_operator, ConnectorError, JanitorAction, JanitorRule, Position,
+    RetrySelector, StatusCount, StatusSummary, TableAdmin, TableKind,
 };
 
 use outboxd_connector_kit::store::add_status_row;
@@ -65,7 +64,9 @@ impl PgOutboxStore {
     }
 }
 
-impl OutboxAdmin for PgOutboxStore {
+impl TableAdmin for PgOutboxStore {
+    const TABLE: TableKind = TableKind::Outbox;
+
     async fn status_summary(&self) -> Result<StatusSummary, ConnectorError> {
         let checkpoint_table = &self.connector.layout.checkpoint_table;
         let mut locked = self.lock().await?;
@@ -197,17 +198,13 @@ impl OutboxAdmin for PgOutboxStore {
         Ok(changed > 0)
     }
 
-    async fn janitor_batch(
-        &self,
-        retention: Duration,
-        action: &JanitorAction,
-        batch: usize,
-    ) -> Result<u64, ConnectorError> {
+    async fn janitor_batch(&self, rule: &JanitorRule, batch: usize) -> Result<u64, ConnectorError> {
+        rule.window_for(Self::TABLE)?;
         if batch == 0 {
             return Ok(0);
         }
         let outbox = qualified(self.table());
-        let retention_ms = delay_ms(retention);
+        let retention_ms = delay_ms(rule.older_than);
         let limit = i64::try_from(batch).unwrap_or(i64::MAX);
         // Rows resolved by an operator were never sent: they age from their update.
         let id = self.columns().id;
@@ -219,7 +216,7 @@ impl OutboxAdmin for PgOutboxStore {
         let mut locked = self.lock().await?;
         let conn = locked.conn()?;
         let client = &conn.client;
-        let (sql, what) = match action {
+        let (sql, what) = match &rule.action {
             JanitorAction::Delete => (
                 format!("DELETE FROM {outbox} WHERE {id} IN ({old})"),
                 "deleting old SUCCESS rows".to_owned(),
@@ -252,35 +249,6 @@ impl OutboxAdmin for PgOutboxStore {
             .execute(&sql, &[&retention_ms, &limit])
             .await
             .map_err(|e| self.error(&e, &what))
-    }
-
-    async fn scan_init(
-        &self,
-        table: u16,
-        after_id: i64,
-        limit: usize,
-    ) -> Result<Vec<OutboxEvent>, ConnectorError> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let mut locked = self.lock().await?;
-        let conn = locked.conn()?;
-        let outbox = conn.outbox(table)?;
-        let id = &outbox.names().row.id;
-        let sql = format!(
-            "{} WHERE o.status = 'INIT' AND o.{id} > $1 ORDER BY o.{id} LIMIT $2",
-            outbox.event_select()
-        );
-        let rows = conn
-            .client
-            .query(&sql, &[&after_id, &limit])
-            .await
-            .map_err(|e| self.error(&e, "scanning INIT rows"))?;
-        rows.iter()
-            .map(|row| {
-                let mut event = outbox.event(row)?;
-                event.table = table;
-                Ok(event)
-            })
-            .collect()
     }
 }
 
