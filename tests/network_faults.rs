@@ -70,7 +70,13 @@ enum Fault {
     ResetPeer,
     /// The proxy disabled: its connections closed, new ones refused.
     Cut,
+    /// `latency` toxics both ways: every chunk delayed [`SLOW_MS`] (± a fifth), a slow link
+    /// that still answers.
+    Slow,
 }
+
+/// The delay of [`Fault::Slow`], each way.
+const SLOW_MS: u64 = 250;
 
 impl Fault {
     fn apply(self, proxy: &Proxy) {
@@ -82,12 +88,18 @@ impl Fault {
                 proxy.add_both(Toxic::ResetPeer { ms: 0 });
             }
             Fault::Cut => proxy.set_enabled(false),
+            Fault::Slow => {
+                proxy.add_both(Toxic::Latency {
+                    ms: SLOW_MS,
+                    jitter_ms: SLOW_MS / 5,
+                });
+            }
         }
     }
 
     fn lift(self, proxy: &Proxy) {
         match self {
-            Fault::BlackHole | Fault::ResetPeer => proxy.heal(),
+            Fault::BlackHole | Fault::ResetPeer | Fault::Slow => proxy.heal(),
             Fault::Cut => proxy.set_enabled(true),
         }
     }
@@ -226,8 +238,9 @@ async fn fault_under_load<E: Engine>(
     }
     let at_lift = p.success_count().await;
     // Nothing is written back through a faulted proxy once what was in flight settled:
-    // else outboxd is not behind the proxy and the test proves nothing.
-    if let Some(settled) = success_settled {
+    // else outboxd is not behind the proxy and the test proves nothing. (A slow link
+    // still carries the write-backs.)
+    if let Some(settled) = success_settled.filter(|_| !matches!(fault, Fault::Slow)) {
         assert_eq!(
             settled, at_lift,
             "rows became SUCCESS during the {fault:?} ({at_fault} at the fault): is outboxd \
@@ -337,15 +350,31 @@ fn point_source_at(p_config: &std::path::Path, from: u16, to: u16) {
     std::fs::write(p_config, config).expect("write config");
 }
 
+/// The database's silence noticed in seconds rather than minutes: each store call of the
+/// relay bounded by `delivery.store_timeout`.
+const NOTICE_SILENCE: &str = "\n[delivery]\nstore_timeout = \"5s\"\n";
+
 /// A PostgreSQL pipeline whose outboxd reaches the server through a proxy, under `fault`.
 async fn postgres_fault(fault: Fault, hold: Hold, prefix: &str) {
     let toxiproxy = Toxiproxy::from_env();
     let port = free_port();
-    let p = Pipeline::<PgServices>::new(prefix, 3, &metrics_section(port)).await;
+    let extra = format!("{}{NOTICE_SILENCE}", metrics_section(port));
+    let p = Pipeline::<PgServices>::new(prefix, 3, &extra).await;
     p.init();
     let upstream = format!("{}:{}", p.services.pg_host, p.services.pg_port);
     let proxy = toxiproxy.proxy(&format!("nf_{}", p.name), &upstream);
     point_source_at(&p.config_path, p.services.pg_port, proxy.port);
+    // A silent replication connection noticed after 4 s (the test config asks for an
+    // answer after 1 s of quiet, `status_interval`) rather than the default 2 minutes.
+    let config = std::fs::read_to_string(&p.config_path).expect("read config");
+    assert!(config.contains("status_interval = \"1s\""), "{config}");
+    let port_line = format!("\nport = {}\n", proxy.port);
+    let config = config.replacen(
+        &port_line,
+        &format!("{port_line}silence_timeout = \"4s\"\n"),
+        1,
+    );
+    std::fs::write(&p.config_path, config).expect("write config");
     let timings = fault_under_load(&p, port, &proxy, fault, hold).await;
     report::<PgServices>(&format!("{fault:?}"), &timings);
     drop(proxy);
@@ -356,7 +385,8 @@ async fn postgres_fault(fault: Fault, hold: Hold, prefix: &str) {
 async fn mariadb_fault(fault: Fault, hold: Hold, prefix: &str) {
     let toxiproxy = Toxiproxy::from_env();
     let port = free_port();
-    let p = Pipeline::<MysqlServices>::new(prefix, 3, &metrics_section(port)).await;
+    let extra = format!("{}{NOTICE_SILENCE}", metrics_section(port));
+    let p = Pipeline::<MysqlServices>::new(prefix, 3, &extra).await;
     p.init();
     let upstream = format!("{}:{}", p.services.host, p.services.port);
     let proxy = toxiproxy.proxy(&format!("nf_{}", p.name), &upstream);
@@ -397,67 +427,81 @@ async fn mariadb_cut_for_ten_seconds_under_load_loses_nothing_and_streams_again(
     mariadb_fault(Fault::Cut, Hold::Fixed, "nfmycut").await;
 }
 
-/// A black hole that lasts: outboxd must notice the silent source (`/readyz` not ready)
-/// within [`NOTICED_WITHIN`] while it lasts, and recover once it ends.
-///
-/// On MariaDB the check of the connection that holds the pipeline's lock gets no answer
-/// within 10 s and the session ends; but when deliveries are in flight at that moment (as
-/// under this load), the session drains them first, and their write-back waits on the
-/// silent store connection with no timeout: the relay still counts as streaming and
-/// `/readyz` stays ready until the black hole ends. (With nothing in flight it is not ready
-/// after about 12 s.)
+/// A black hole that lasts: outboxd must notice the silent database (`/readyz` not ready)
+/// within [`NOTICED_WITHIN`] while it lasts, and recover once it ends. On MariaDB the
+/// check of the connection that holds the pipeline's lock gets no answer and the session
+/// ends; its drain's write-back through the silent store connection gets none either and
+/// is abandoned after `delivery.store_timeout`. On PostgreSQL the silent replication
+/// connection is noticed after `source.silence_timeout`, then the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a black-holed MariaDB is not noticed while deliveries are in flight: the lock \
-            check fails after 10 s, but the session's drain waits on their write-back through \
-            the silent store connection (no timeout) and /readyz stays ready 30 s into the \
-            black hole; issue 26"]
 async fn mariadb_black_hole_is_noticed_while_it_lasts() {
     mariadb_fault(Fault::BlackHole, Hold::UntilNoticed, "nfmyseen").await;
 }
 
-/// The same on PostgreSQL: outboxd waits on the silent replication and store connections
-/// with no timeout of its own and `/readyz` stays ready. Only the server's
-/// `wal_sender_timeout` (60 s), whose close the proxy passes on, ends the replication
-/// connection; the session then drains, its write-back waiting on the silent store
-/// connection, still ready, until the black hole ends (75 s measured).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a black-holed PostgreSQL is not noticed: /readyz stays ready 30 s (75 s \
-            measured) into the black hole; the replication and store connections have no \
-            client-side timeout, only wal_sender_timeout (60 s) ends the stream, and the drain \
-            then waits on a write-back through the silent store connection; issue 26"]
 async fn postgres_black_hole_is_noticed_while_it_lasts() {
     postgres_fault(Fault::BlackHole, Hold::UntilNoticed, "nfpgseen").await;
 }
 
+/// A slow link (every chunk delayed a quarter second each way) for [`FAULT`] under load:
+/// slower, nothing lost, nothing reordered, no session given up for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_slow_link_under_load_loses_nothing() {
+    postgres_fault(Fault::Slow, Hold::Fixed, "nfpgslow").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_slow_link_under_load_loses_nothing() {
+    mariadb_fault(Fault::Slow, Hold::Fixed, "nfmyslow").await;
+}
+
 /// Kafka black-holed for [`FAULT`] under load, strict ordering (the default), with a
 /// producer timeout five times shorter than the fault: every connection outboxd's producer
-/// makes goes through the proxy in front of the broker's PROXIED listener.
+/// makes goes through the proxy in front of the broker's PROXIED listener. Once at least
+/// once, then exactly-once (Kafka transactions with the log position, read back
+/// `read_committed`: not a record twice). One test for both: the broker advertises one
+/// proxied address, which two tests at once would take from each other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kafka_black_holed_under_load_keeps_every_key_in_order() {
+async fn kafka_black_holed_under_load_keeps_every_key_in_order_in_both_delivery_modes() {
     let toxiproxy = Toxiproxy::from_env();
-    // The broker advertises this one address for PROXIED: one proxy of a fixed name, and
-    // this is the only test that uses it.
     let env = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.into());
     let listen = env("OUTBOXD_TEST_KAFKA_PROXIED", "127.0.0.1:29096");
     let upstream = env("OUTBOXD_TEST_KAFKA_PROXIED_UPSTREAM", "127.0.0.1:29095");
     let proxy = toxiproxy.proxy_at("outboxd_test_kafka", &listen, &upstream);
 
-    let port = free_port();
-    let extra = format!("{FAST_FAILURES}{}", metrics_section(port));
-    let p = Pipeline::<PgServices>::new("nfkbh", 3, &extra).await;
-    let config = std::fs::read_to_string(&p.config_path).expect("read config");
-    let direct = format!("bootstrap_servers = \"{}\"", p.services.kafka);
-    assert!(config.contains(&direct), "{config}");
-    let config = config
-        .replacen(&direct, &format!("bootstrap_servers = \"{listen}\""), 1)
-        .replacen("message_timeout = \"10s\"", "message_timeout = \"2s\"", 1);
-    std::fs::write(&p.config_path, config).expect("write config");
-    p.init();
+    for (prefix, delivery) in [
+        ("nfkbh", ""),
+        (
+            "nfkbheos",
+            "\n[delivery]\nexactly_once = true\ntransaction_interval = \"50ms\"\n",
+        ),
+    ] {
+        let port = free_port();
+        let extra = format!("{FAST_FAILURES}{}{delivery}", metrics_section(port));
+        let p = Pipeline::<PgServices>::new(prefix, 3, &extra).await;
+        let config = std::fs::read_to_string(&p.config_path).expect("read config");
+        let direct = format!("bootstrap_servers = \"{}\"", p.services.kafka);
+        assert!(config.contains(&direct), "{config}");
+        let config = config
+            .replacen(&direct, &format!("bootstrap_servers = \"{listen}\""), 1)
+            .replacen("message_timeout = \"10s\"", "message_timeout = \"2s\"", 1);
+        std::fs::write(&p.config_path, config).expect("write config");
+        p.init();
 
-    let timings = fault_under_load(&p, port, &proxy, Fault::BlackHole, Hold::Fixed).await;
-    report::<PgServices>("Kafka BlackHole", &timings);
+        let timings = fault_under_load(&p, port, &proxy, Fault::BlackHole, Hold::Fixed).await;
+        let exactly_once = !delivery.is_empty();
+        let mode = if exactly_once {
+            "exactly-once"
+        } else {
+            "at least once"
+        };
+        report::<PgServices>(&format!("Kafka BlackHole, {mode}"), &timings);
+        if exactly_once {
+            assert_eq!(timings.duplicates, 0, "read_committed sees each row once");
+        }
+        p.cleanup().await;
+    }
     drop(proxy);
-    p.cleanup().await;
 }
 
 /// The helper itself, on a loopback echo server: each toxic does what the tests rely on.

@@ -21,6 +21,12 @@ pub struct DeliveryConfig {
     /// How long an acknowledged row may wait for its batch to fill.
     #[serde(with = "humantime_serde")]
     pub writeback_interval: Duration,
+    /// How long one database call of the log relay (a write-back, a look-up of held-back
+    /// or delivered rows, the checkpoint) may go unanswered before the relay takes the
+    /// connection for dead and starts a new session: a database behind a network black
+    /// hole or frozen answers nothing, and no TCP timeout notices it through a proxy.
+    #[serde(with = "humantime_serde")]
+    pub store_timeout: Duration,
     /// On SIGTERM/SIGINT, how long in-flight deliveries may take to finish.
     #[serde(with = "humantime_serde")]
     pub shutdown_deadline: Duration,
@@ -41,6 +47,7 @@ impl Default for DeliveryConfig {
             max_in_flight_bytes: 64 << 20,
             writeback_batch: 1_000,
             writeback_interval: Duration::from_millis(5),
+            store_timeout: Duration::from_secs(60),
             shutdown_deadline: Duration::from_secs(30),
             exactly_once: false,
             transaction_interval: Duration::from_millis(100),

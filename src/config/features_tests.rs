@@ -59,12 +59,19 @@ fn the_relay_runs_with_its_sections_and_its_process_keeps_the_inbox_table() {
     );
     let config = load(&relay).unwrap();
     assert!(config.relays_outbox());
-    assert_eq!(config.source.mode, SourceMode::Poll, "outbox.mode is the relay's mode");
+    assert_eq!(
+        config.source.mode,
+        SourceMode::Poll,
+        "outbox.mode is the relay's mode"
+    );
     let features = config.features();
     assert!(features.outbox && features.inbox, "{features:?}");
     assert!(config.warnings.is_empty(), "{}", warnings(&config));
     // Both halves in one process; the inbox's consumer takes the relay's brokers.
-    let both = format!("{relay}{}", INBOX.replace("bootstrap_servers = \"127.0.0.1:9092\"", ""));
+    let both = format!(
+        "{relay}{}",
+        INBOX.replace("bootstrap_servers = \"127.0.0.1:9092\"", "")
+    );
     let config = load(&both).unwrap();
     assert!(config.relays_outbox() && config.inbox.is_some());
     assert_eq!(config.inbox_bootstrap_servers(), Some("k:9092"));
@@ -108,7 +115,10 @@ fn files_that_run_nothing_or_half_a_relay_are_refused() {
             "needs [kafka]",
         ),
         (
-            format!("{SOURCE}{}", INBOX.replace("bootstrap_servers = \"127.0.0.1:9092\"", "")),
+            format!(
+                "{SOURCE}{}",
+                INBOX.replace("bootstrap_servers = \"127.0.0.1:9092\"", "")
+            ),
             "inbox.kafka.bootstrap_servers",
         ),
         (
@@ -128,6 +138,9 @@ fn files_that_run_nothing_or_half_a_relay_are_refused() {
     ];
     for (text, expected) in cases {
         let err = load(&text).map(|_| ()).unwrap_err().to_string();
-        assert!(err.contains(expected), "{expected:?} in {err}\nfor:\n{text}");
+        assert!(
+            err.contains(expected),
+            "{expected:?} in {err}\nfor:\n{text}"
+        );
     }
 }

@@ -16,14 +16,14 @@ use serde::Deserialize;
 
 mod delivery;
 mod features;
+#[cfg(test)]
+mod features_tests;
 mod metrics;
 mod outbox;
 mod pipeline;
 mod poll;
 mod retry;
 mod source;
-#[cfg(test)]
-mod features_tests;
 #[cfg(test)]
 mod tests;
 
@@ -277,6 +277,12 @@ impl Config {
                 self.delivery.writeback_interval,
                 ms(0),
                 secs(60),
+            ),
+            (
+                "delivery.store_timeout",
+                self.delivery.store_timeout,
+                secs(1),
+                secs(HOUR),
             ),
             (
                 "delivery.shutdown_deadline",

@@ -217,7 +217,13 @@ pub async fn run<C: Connector, S: Sink>(
             // Exactly-once: fence the instance that held the transactions before reading
             // the checkpoint, which that instance may still have been writing.
             let committed = session.take_over_transactions().await?;
-            session.set_written_through(store.load_checkpoint().await?);
+            let checkpoint = session::answered(
+                settings.delivery.store_timeout,
+                "the checkpoint",
+                store.load_checkpoint(),
+            )
+            .await?;
+            session.set_written_through(checkpoint);
             session.start_from_committed(committed);
             // Ready (`/readyz`) once the relay can send: under exactly-once, taking the
             // transactions over (fencing, the committed position) comes first.

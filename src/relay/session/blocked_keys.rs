@@ -18,7 +18,9 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
     /// Strict ordering starts from the keys the table says are in trouble.
     pub(in crate::relay) async fn load_blocked_keys(&mut self) -> Result<(), ConnectorError> {
         if self.strict() {
-            self.blocked = self.store.blocked_keys(None).await?;
+            self.blocked = self
+                .ask("the held-back keys", self.store.blocked_keys(None))
+                .await?;
             self.blocked_refreshed = Instant::now();
             if !self.blocked.is_empty() {
                 tracing::info!(
@@ -42,7 +44,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             return Ok(());
         }
         let started = Instant::now();
-        let in_table = self.store.blocked_keys(None).await?;
+        let in_table = (self.ask("the held-back keys", self.store.blocked_keys(None))).await?;
         self.blocked_refreshed = Instant::now();
         self.blocked_refresh_every = (started.elapsed() * 20).max(MIN_BLOCKED_REFRESH);
         for key in in_table {
@@ -66,7 +68,11 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             return Ok(());
         }
         let candidates: Vec<String> = self.maybe_released.drain().collect();
-        let still_blocked = self.store.blocked_keys(Some(&candidates)).await?;
+        let still_blocked = (self.ask(
+            "the held-back keys",
+            self.store.blocked_keys(Some(&candidates)),
+        ))
+        .await?;
         for key in candidates {
             if !still_blocked.contains(&key) {
                 tracing::debug!(biz_key = %key, "key released: its earlier events are delivered");

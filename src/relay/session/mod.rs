@@ -199,7 +199,11 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         // Exactly-once sends again everything past the committed position, rows shown
         // SUCCESS included: their write-back may precede a commit that never happened.
         if !self.exactly_once && self.tracks_status() {
-            self.delivered_through = self.store.highest_delivered_id().await?;
+            self.delivered_through = (self.ask(
+                "the highest delivered id",
+                self.store.highest_delivered_id(),
+            ))
+            .await?;
         }
         Ok(())
     }
@@ -453,6 +457,17 @@ struct RunState<'a> {
     last_progress: tokio::time::Instant,
 }
 
+impl<O: OutboxStore, S: Sink> Session<'_, O, S> {
+    /// `call` bounded by `delivery.store_timeout` (see [`answered`]).
+    pub(in crate::relay) async fn ask<T>(
+        &self,
+        what: &str,
+        call: impl std::future::Future<Output = Result<T, ConnectorError>>,
+    ) -> Result<T, ConnectorError> {
+        answered(self.settings.delivery.store_timeout, what, call).await
+    }
+}
+
 /// Moves `timer` to `at` unless it is already there (a reset re-registers the entry).
 fn reset_timer(timer: std::pin::Pin<&mut tokio::time::Sleep>, at: Instant) {
     let at = tokio::time::Instant::from_std(at);
@@ -464,4 +479,28 @@ fn reset_timer(timer: std::pin::Pin<&mut tokio::time::Sleep>, at: Instant) {
 /// A position for logs; `none` before the first confirmation.
 fn display_position(position: Option<&Position>) -> String {
     position.map_or_else(|| "none".to_owned(), ToString::to_string)
+}
+
+/// One call to the store, bounded by `delivery.store_timeout`: a database that stops
+/// answering (a network black hole, a frozen server) fails the call as transient, which
+/// ends the session; the next one opens new connections. Without this bound the session
+/// would wait on the silent connection for as long as the silence lasts, streaming as far
+/// as `/readyz` can tell.
+pub(in crate::relay) async fn answered<T>(
+    limit: Duration,
+    what: &str,
+    call: impl std::future::Future<Output = Result<T, ConnectorError>>,
+) -> Result<T, ConnectorError> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(result) => result,
+        Err(_) => Err(unanswered(what, limit)),
+    }
+}
+
+/// The error of a store call that got no answer within `limit`.
+pub(in crate::relay) fn unanswered(what: &str, limit: Duration) -> ConnectorError {
+    ConnectorError::transient(format!(
+        "the database did not answer {what} within {limit:?} (delivery.store_timeout): taking \
+         the connection for dead and reconnecting"
+    ))
 }

@@ -234,7 +234,11 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         if candidates.is_empty() {
             return Ok(());
         }
-        let delivered = self.store.delivered_among(&candidates).await?;
+        let delivered = (self.ask(
+            "which rows are delivered",
+            self.store.delivered_among(&candidates),
+        ))
+        .await?;
         if delivered.is_empty() {
             return Ok(());
         }

@@ -169,10 +169,11 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         let bytes = std::mem::take(&mut self.batch_bytes);
         let store = self.store;
         let tracks_status = self.tracks_status();
+        let limit = self.settings.delivery.store_timeout;
         self.stats.metrics.writing_back(true);
         writing.push(Box::pin(async move {
             let batch = outcomes.batch(tracks_status, checkpoint.as_ref(), false);
-            let result = write_back_with_retries(store, batch).await;
+            let result = write_back_with_retries(store, batch, limit).await;
             Written {
                 result,
                 outcomes,
@@ -397,7 +398,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             // shown SUCCESS: FAILED is the truth (see `WriteBack::replace_positions`).
             replace_positions: self.exactly_once,
         };
-        write_back_with_retries(self.store, batch).await?;
+        write_back_with_retries(self.store, batch, self.settings.delivery.store_timeout).await?;
         // Counted now: the session that collected them could not write them.
         let failed = unwritten.failed.len() + unwritten.rejected.len();
         self.stats
@@ -465,7 +466,9 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                 self.exactly_once,
             );
             self.stats.metrics.writing_back(true);
-            let written = write_back_with_retries(self.store, batch).await;
+            let written =
+                write_back_with_retries(self.store, batch, self.settings.delivery.store_timeout)
+                    .await;
             self.stats.metrics.writing_back(false);
             if let Err(e) = written {
                 // Kept for the next session (see `take_unwritten`).
@@ -513,15 +516,24 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
     }
 }
 
+/// The write-back, tried again after a transient error. Each attempt is bounded by
+/// `limit` (`delivery.store_timeout`); one that gets no answer is not tried again on the
+/// same connection, whose unanswered statement would hold the next one too: the session
+/// ends, and the next one writes the outcomes on a new connection.
 async fn write_back_with_retries<O: OutboxStore>(
     store: &O,
     batch: WriteBack<'_>,
+    limit: Duration,
 ) -> Result<(), ConnectorError> {
     const ATTEMPTS: u32 = 5;
     let mut delay = Duration::from_millis(100);
     let mut attempt = 1;
     loop {
-        match store.write_back(batch).await {
+        let answer = tokio::time::timeout(limit, store.write_back(batch)).await;
+        let Ok(result) = answer else {
+            return Err(super::unanswered("the status write-back", limit));
+        };
+        match result {
             Ok(()) => return Ok(()),
             Err(e) if e.is_transient() && attempt < ATTEMPTS => {
                 tracing::warn!(

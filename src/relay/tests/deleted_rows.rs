@@ -7,7 +7,7 @@ use super::*;
 /// that is not delivered (no row to mark FAILED) ends the session with the position held
 /// before its transaction; the next session reads it again and sends it, then the rest,
 /// in order.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn deleted_rows_hold_the_position_at_a_failed_record_and_the_next_session_sends_it() {
     let mut h = Harness::new(Duration::from_secs(2));
     h.settings.rows = outboxd_connector::RowLifecycle::Deleted;
@@ -63,7 +63,7 @@ async fn deleted_rows_hold_the_position_at_a_failed_record_and_the_next_session_
 /// `outbox.rows = "deleted"`: an event that can never be sent has no row to become
 /// MANUAL_REQUIRED, so the relay stops before it (a definite error naming it) instead of
 /// skipping it, and sends nothing after it.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn deleted_rows_stop_before_an_event_that_can_never_be_sent() {
     let mut h = Harness::new(Duration::from_secs(2));
     h.settings.rows = outboxd_connector::RowLifecycle::Deleted;
@@ -91,7 +91,7 @@ async fn deleted_rows_stop_before_an_event_that_can_never_be_sent() {
 
 /// `outbox.rows = "deleted"`: a record the destination refuses for good (too large,
 /// invalid) would fail the same way every session: the relay stops before it.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn deleted_rows_stop_at_a_record_the_destination_refuses_for_good() {
     let mut h = Harness::new(Duration::from_secs(2));
     h.settings.rows = outboxd_connector::RowLifecycle::Deleted;

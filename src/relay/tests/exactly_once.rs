@@ -8,7 +8,7 @@ use super::*;
 /// position is sent again, a row the table shows SUCCESS included (its write-back may
 /// precede a commit that never happened). A consumer of committed records sees each row
 /// once.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn exactly_once_commits_whole_transactions_and_resends_past_the_committed_position() {
     let h = Harness::exactly_once();
     let (mut link, _keys) = link();
@@ -70,7 +70,7 @@ async fn exactly_once_commits_whole_transactions_and_resends_past_the_committed_
 /// Exactly-once: a Kafka transaction holds whole source transactions, so one larger than
 /// the in-flight bounds cannot be committed; the relay stops with a definite error that
 /// names the way out instead of waiting forever.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn exactly_once_stops_on_a_transaction_larger_than_the_in_flight_bounds() {
     let mut h = Harness::exactly_once();
     h.settings.delivery.max_in_flight = 3;
@@ -95,7 +95,7 @@ async fn exactly_once_stops_on_a_transaction_larger_than_the_in_flight_bounds() 
 /// commit and the next checkpoint write) send nothing and never move the committed
 /// position back; a checkpoint row reset since the last commit (`recover`, another
 /// server with lower positions) wins over the committed position, so nothing is skipped.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn exactly_once_never_moves_the_committed_position_back_nor_skips_after_a_reset() {
     let h = Harness::exactly_once();
     let (mut link, _keys) = link();
@@ -162,7 +162,7 @@ async fn exactly_once_never_moves_the_committed_position_back_nor_skips_after_a_
 
 /// Exactly-once: a source transaction in parts that arrives when the window is almost
 /// full is read to its end (it alone fits the bounds) and committed whole; no error.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn exactly_once_reads_a_transaction_to_its_end_past_a_full_window() {
     let mut h = Harness::exactly_once();
     h.settings.delivery.max_in_flight = 4;
@@ -198,7 +198,7 @@ async fn exactly_once_reads_a_transaction_to_its_end_past_a_full_window() {
 
 /// Exactly-once: records count as published once their Kafka transaction commits, not
 /// when their statuses are written (a commit that fails publishes nothing).
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn exactly_once_counts_published_records_only_once_committed() {
     let h = Harness::exactly_once();
     let (mut stream, log, _confirmed) = MemoryStream::new(Arc::clone(&h.store));
@@ -244,7 +244,7 @@ async fn exactly_once_counts_published_records_only_once_committed() {
 /// Exactly-once: a row the table shows SUCCESS is sent again when its transaction is past
 /// the committed position (its write-back preceded a commit that never happened), and then
 /// takes the new record's offset: the old one is in the aborted Kafka transaction.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn exactly_once_gives_a_row_sent_again_its_new_position() {
     let h = Harness::exactly_once();
     let (mut stream, log, _confirmed) = MemoryStream::new(Arc::clone(&h.store));
@@ -272,7 +272,7 @@ async fn exactly_once_gives_a_row_sent_again_its_new_position() {
 /// before it reads the checkpoint, so it sees that window and sends nothing of it again
 /// (read first, the stale checkpoint would not match the record, and every transaction
 /// after it would be sent again: duplicates for a `read_committed` consumer).
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn exactly_once_fences_the_old_instance_before_reading_the_checkpoint() {
     let h = Harness::exactly_once();
     let (mut link, _keys) = link();
@@ -324,7 +324,7 @@ async fn exactly_once_fences_the_old_instance_before_reading_the_checkpoint() {
 /// never committed), or row 1 stays SUCCESS with the offset of an aborted record while
 /// the committed position moves past it, and a `read_committed` consumer never sees it.
 /// Parked, row 1 is the earliest row of K in trouble, so the claim worker sends it first.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn exactly_once_parks_a_row_whose_success_was_in_an_aborted_transaction() {
     let h = Harness::exactly_once();
     let (mut link, _keys) = link();
@@ -441,7 +441,7 @@ async fn sessions_until_committed(
 /// committed; under strict ordering its key's later rows are parked behind it. Nothing
 /// of the aborted window is written SUCCESS. The claim worker then retries the row like
 /// any FAILED row (at least once), up to MANUAL_REQUIRED.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn exactly_once_a_record_the_broker_refuses_becomes_failed_outside_the_transaction() {
     for ordering in [KeyOrdering::Strict, KeyOrdering::Relaxed] {
         let mut h = Harness::exactly_once();

@@ -3,7 +3,7 @@
 
 use super::*;
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn shutdown_writes_back_in_flight_deliveries_before_it_returns() {
     let h = Harness::new(Duration::from_secs(5));
     let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
@@ -33,7 +33,7 @@ async fn shutdown_writes_back_in_flight_deliveries_before_it_returns() {
     assert_no_violations(&confirmed);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn past_the_shutdown_deadline_unacknowledged_rows_stay_unconfirmed() {
     let h = Harness::new(Duration::from_millis(100));
     let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
@@ -68,7 +68,7 @@ async fn past_the_shutdown_deadline_unacknowledged_rows_stay_unconfirmed() {
     assert_no_violations(&confirmed);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_fatal_sink_error_leaves_its_row_unwritten_and_ends_the_session_for_a_rebuild() {
     let h = Harness::new(Duration::from_secs(5));
     let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
@@ -117,7 +117,7 @@ async fn a_fatal_sink_error_leaves_its_row_unwritten_and_ends_the_session_for_a_
 /// The database restarts while Kafka acknowledges: the write-back fails, the session
 /// drains what is in flight and ends, and the next session writes those outcomes before it
 /// reads. The transaction read again sends only what was never acknowledged.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn outcomes_a_failed_write_back_held_are_written_by_the_next_session_not_resent() {
     let h = Harness::new(Duration::from_secs(5));
     let (mut link, _keys) = link();
@@ -324,4 +324,64 @@ async fn a_carried_park_never_comes_due_before_the_failure_behind_it() {
         first.last_error
     );
     assert_eq!(h.store.status(2), "FAILED");
+}
+
+/// A database that stops answering (a network black hole: no error, no close) during a
+/// write-back: after `delivery.store_timeout` the session ends with a transient error
+/// instead of waiting on the silent connection for as long as the silence lasts, and the
+/// next session writes the outcomes it held without sending their rows again. Tokio's
+/// paused clock: the minute passes at once.
+#[tokio::test(start_paused = true)]
+async fn a_write_back_the_database_never_answers_ends_the_session_after_store_timeout() {
+    let h = Harness::new(Duration::from_secs(5));
+    let (mut link, _keys) = link();
+    let (_stop, shutdown) = watch::channel(false);
+    h.store.insert(&[(1, "A"), (2, "B")]);
+    let mut carried = Unwritten::default();
+
+    let (mut stream, log, _) = MemoryStream::new(Arc::clone(&h.store));
+    h.store.hold_write_backs(true);
+    let started = tokio::time::Instant::now();
+    let driver = async {
+        log.commit(10, vec![event(1, "A"), event(2, "B")]);
+    };
+    let (result, ()) = tokio::join!(
+        h.session_carrying(&mut stream, &mut link, shutdown.clone(), &mut carried),
+        driver
+    );
+    let error = result.expect_err("the silent write-back ends the session");
+    assert!(error.is_transient(), "{error}");
+    assert!(error.to_string().contains("store_timeout"), "{error}");
+    let waited = started.elapsed();
+    let limit = h.settings.delivery.store_timeout;
+    assert!(
+        waited >= limit && waited < limit + Duration::from_secs(10),
+        "ended {waited:?} after the start, store_timeout {limit:?}"
+    );
+    assert_eq!([1, 2].map(|id| h.store.status(id)), ["INIT", "INIT"]);
+
+    // The database answers again: the next session writes what the first one held.
+    h.store.hold_write_backs(false);
+    let (stop, shutdown) = watch::channel(false);
+    let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
+    let driver = async {
+        log.commit(10, vec![event(1, "A"), event(2, "B")]);
+        wait_until("10 confirmed", || {
+            last_confirmed(&confirmed) == Some(lsn(10))
+        })
+        .await;
+        stop.send_replace(true);
+    };
+    let (result, ()) = tokio::join!(
+        h.session_carrying(&mut stream, &mut link, shutdown, &mut carried),
+        driver
+    );
+    result.unwrap();
+    assert_eq!(
+        h.sink.sent_ids(),
+        [1, 2],
+        "acknowledged rows are not sent again"
+    );
+    assert_eq!([1, 2].map(|id| h.store.status(id)), ["SUCCESS", "SUCCESS"]);
+    assert_no_violations(&confirmed);
 }

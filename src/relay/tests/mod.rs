@@ -2,6 +2,11 @@
 //! drive the checkpoint, strict-ordering parking and release, the shutdown drain and a
 //! fatal sink error. Every confirmation is checked by the stream itself (see
 //! [`crate::testing::MemoryStream`]): never backward, never past an INIT row.
+//!
+//! Every test runs on tokio's paused clock (`start_paused`): a wait for "nothing more
+//! happens" (a pause before asserting that a row was not sent) passes virtual time once
+//! every task is idle, so it proves the absence without sleeping on the real clock, and
+//! the timeouts of minutes (`stuck_after`, `delivery.store_timeout`) pass at once.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -52,6 +57,7 @@ impl Harness {
                     max_in_flight_bytes: 64 << 20,
                     writeback_batch: 100,
                     writeback_interval: Duration::from_millis(5),
+                    store_timeout: Duration::from_secs(60),
                     shutdown_deadline,
                     exactly_once: false,
                     transaction_interval: Duration::from_millis(100),
@@ -142,7 +148,7 @@ fn last_confirmed(log: &Mutex<StreamLog>) -> Option<outboxd_connector::Position>
     log.lock().unwrap().confirmed.last().cloned()
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn after_a_failure_later_events_of_the_key_are_parked_and_other_keys_flow() {
     let h = Harness::new(Duration::from_secs(2));
     let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
@@ -205,7 +211,7 @@ async fn after_a_failure_later_events_of_the_key_are_parked_and_other_keys_flow(
 
 /// Random transactions completed in random orders, relaxed ordering so every event is
 /// sent: each confirmation is checked by the stream, and the last one is reached.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn random_completion_orders_confirm_the_written_prefix_only() {
     for seed in 0..25u64 {
         let mut rng = StdRng::seed_from_u64(seed);
@@ -259,7 +265,7 @@ async fn random_completion_orders_confirm_the_written_prefix_only() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn relaxed_ordering_sends_later_events_of_a_failing_key() {
     let mut h = Harness::new(Duration::from_secs(2));
     h.settings.ordering = KeyOrdering::Relaxed;
@@ -299,7 +305,7 @@ async fn relaxed_ordering_sends_later_events_of_a_failing_key() {
 /// Issue 10, case 7: a row the connector could not turn into an event (a rejected event)
 /// is never sent: it is written MANUAL_REQUIRED with the reason, later events of its key
 /// are parked behind it, other keys flow, and the stream goes on past it.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_rejected_row_needs_an_operator_holds_its_key_and_the_stream_goes_on() {
     let h = Harness::new(Duration::from_secs(2));
     let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
@@ -336,7 +342,7 @@ async fn a_rejected_row_needs_an_operator_holds_its_key_and_the_stream_goes_on()
     assert_no_violations(&confirmed);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn rows_an_earlier_session_delivered_are_not_sent_again() {
     let h = Harness::new(Duration::from_secs(2));
     let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
@@ -380,7 +386,7 @@ async fn rows_an_earlier_session_delivered_are_not_sent_again() {
     assert_no_violations(&confirmed);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_transaction_in_parts_is_sent_as_it_comes_and_confirmed_whole() {
     let mut h = Harness::new(Duration::from_secs(2));
     // Room for one event's bytes: reading pauses after each part until it is written.
@@ -434,7 +440,7 @@ async fn a_transaction_in_parts_is_sent_as_it_comes_and_confirmed_whole() {
 /// At least once, the session reads and sends on while a write-back waits for the
 /// database; the write-back's position is confirmed once it is durable, and the rows
 /// acknowledged meanwhile go in the next one.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_session_sends_on_while_a_write_back_waits_for_the_database() {
     let h = Harness::new(Duration::from_secs(5));
     let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
@@ -474,7 +480,7 @@ async fn the_session_sends_on_while_a_write_back_waits_for_the_database() {
 /// session parked is still on its way to the table (in the batch behind a write-back
 /// under way): the table would not show that row yet, and a later event of the key
 /// would overtake it.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_key_is_not_released_while_its_parked_row_waits_behind_a_write_back() {
     let h = Harness::new(Duration::from_secs(5));
     let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
@@ -523,7 +529,7 @@ async fn a_key_is_not_released_while_its_parked_row_waits_behind_a_write_back() 
 /// What the relay says about a traced event after its outcome (here: its delivery
 /// failed, the row becomes FAILED) is inside the event's span, so the line carries the
 /// trace id of the row's `traceparent`; an untraced event's line has no span.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_traced_events_failure_is_logged_inside_its_span() {
     const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let captured = CapturedLog::default();
