@@ -1115,12 +1115,10 @@ impl SoakReport {
 
     fn verdicts(&self) -> Vec<(String, &'static str)> {
         let verdict = |ok: bool| if ok { "PASS" } else { "MISS" };
-        let lost: usize = self
-            .relays
-            .iter()
+        let lost: usize = (self.relays.iter())
             .map(|r| r.written.saturating_sub(r.delivered))
-            .sum::<usize>()
-            + self.inbox.unique_in_topic.saturating_sub(self.inbox.done);
+            .sum();
+        let unhandled = self.inbox.unique_in_topic.saturating_sub(self.inbox.done);
         let order: usize = self.relays.iter().map(|r| r.order_violations).sum();
         let wedges: usize = self.relays.iter().map(|r| r.wedges).sum::<usize>() + self.inbox.wedges;
         let eos_dups: usize = (self.relays.iter().filter(|r| r.exactly_once))
@@ -1130,7 +1128,11 @@ impl SoakReport {
         let within: usize = self.faults.iter().map(|f| f.within_goal).sum();
         let exits: usize = self.relays.iter().map(|r| r.exits).sum::<usize>() + self.inbox.exits;
         vec![
-            (format!("nothing lost: {lost}"), verdict(lost == 0)),
+            (format!("no event lost by the relays: {lost}"), verdict(lost == 0)),
+            (
+                format!("the inbox handled every message of its topic: {unhandled} left"),
+                verdict(unhandled == 0),
+            ),
             (
                 format!("no per-key order violation: {order}"),
                 verdict(order == 0),
