@@ -172,27 +172,40 @@ async fn metric(port: u16, name: &str) -> Option<f64> {
 }
 
 /// `pg_ctl restart -m fast` on the cluster in `$OUTBOXD_TEST_PG_DATA`, as its owner
-/// (`postgres`; the bench runs as root, as `scripts/services` does).
+/// (`postgres`; the bench runs as root, as `scripts/services` does); fails when the
+/// server has not stopped and started again within 60 s.
 pub(crate) async fn restart_postgres() -> anyhow::Result<()> {
+    pg_ctl("restart", &["-m", "fast", "-w", "-t", "60", "-s"]).await
+}
+
+/// `pg_ctl stop -m immediate`: a shutdown that waits for no client.
+pub(crate) async fn stop_postgres_at_once() -> anyhow::Result<()> {
+    pg_ctl("stop", &["-m", "immediate", "-w", "-t", "60", "-s"]).await
+}
+
+async fn pg_ctl(command: &str, options: &[&str]) -> anyhow::Result<()> {
     let data = std::env::var("OUTBOXD_TEST_PG_DATA")
         .context("OUTBOXD_TEST_PG_DATA (from `scripts/services env`) names the cluster")?;
     let bin =
         std::env::var("OUTBOXD_PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".to_owned());
-    // The server's log stays where scripts/services puts it (beside the data directory).
-    let log = std::path::Path::new(&data)
-        .with_file_name("log")
-        .join("postgres.log");
-    let status = tokio::process::Command::new("runuser")
+    let mut pg_ctl = tokio::process::Command::new("runuser");
+    pg_ctl
         .args(["-u", "postgres", "--"])
         .arg(format!("{bin}/pg_ctl"))
-        .args([
-            "restart", "-D", &data, "-m", "fast", "-w", "-t", "60", "-s", "-l",
-        ])
-        .arg(&log)
+        .args([command, "-D", &data])
+        .args(options);
+    if command != "stop" {
+        // The server's log stays where scripts/services puts it (beside the data directory).
+        let log = std::path::Path::new(&data)
+            .with_file_name("log")
+            .join("postgres.log");
+        pg_ctl.arg("-l").arg(log);
+    }
+    let status = pg_ctl
         .current_dir("/")
         .status()
         .await
-        .context("running pg_ctl restart")?;
-    anyhow::ensure!(status.success(), "pg_ctl restart failed: {status}");
+        .with_context(|| format!("running pg_ctl {command}"))?;
+    anyhow::ensure!(status.success(), "pg_ctl {command} failed: {status}");
     Ok(())
 }

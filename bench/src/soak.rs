@@ -217,6 +217,8 @@ struct Fault {
     kind: Kind,
     /// What was killed, for `kill -9`.
     target: String,
+    /// What went otherwise than planned.
+    note: String,
     started: Instant,
     length: Duration,
     /// Per pipeline it touched (relays by index, the inbox as `relays.len()`): when it
@@ -257,6 +259,8 @@ pub(crate) struct SoakReport {
     faults: Vec<FaultRow>,
     /// Every fault: (kind, target, length, per pipeline touched: name and recovery).
     log: Vec<Value>,
+    /// What went otherwise than planned, with when.
+    notes: Vec<String>,
 }
 
 #[derive(Debug, Default)]
@@ -392,6 +396,15 @@ impl Bench {
                 [&pg_proxy, &my_proxy, &kafka_proxy],
             )
             .await;
+        // Whatever happened, the servers run again for whoever comes next.
+        for service in ["postgres", "mariadb"] {
+            if let Err(e) = services(&args.services_script, "start", service).await {
+                eprintln!("soak: {e:#}");
+            }
+        }
+        if let Ok(sql) = workload::connect(&self.services.conn_string()).await {
+            self.sql = sql;
+        }
         self.drop_inbox_tables(&inbox_run.name).await;
         result
     }
@@ -491,7 +504,7 @@ impl Bench {
             let hold = Duration::from_secs_f64(rng.gen_range(
                 args.fault_min_seconds..=args.fault_max_seconds.max(args.fault_min_seconds),
             ));
-            let mut target = String::new();
+            let (mut target, mut note) = (String::new(), String::new());
             let all: Vec<usize> = (0..=inbox).collect();
             let on = |source: Source| -> Vec<usize> {
                 (relays.iter().enumerate())
@@ -514,12 +527,25 @@ impl Bench {
                     all
                 }
                 Kind::PostgresRestart => {
-                    faults::restart_postgres().await?;
+                    if let Err(e) = faults::restart_postgres().await {
+                        // A fast shutdown waits for every walsender to have its WAL
+                        // confirmed: a client that never confirms holds it.
+                        note = format!(
+                            "{e:#} (a fast shutdown not done in 60 s); stopped with -m \
+                             immediate and started"
+                        );
+                        eprintln!("soak: {note}");
+                        if let Err(e) = faults::stop_postgres_at_once().await {
+                            eprintln!("soak: {e:#}");
+                        }
+                        services(&args.services_script, "start", "postgres").await?;
+                    }
                     self.sql = workload::connect(&self.services.conn_string()).await?;
                     [on(Source::PgLog), vec![inbox]].concat()
                 }
                 Kind::MariadbRestart => {
-                    restart_mariadb(&args.services_script).await?;
+                    services(&args.services_script, "stop", "mariadb").await?;
+                    services(&args.services_script, "start", "mariadb").await?;
                     on(Source::Mysql)
                 }
                 Kind::PostgresBlackHole | Kind::MariadbBlackHole | Kind::KafkaBlackHole => {
@@ -605,6 +631,7 @@ impl Bench {
             faults.push(Fault {
                 kind,
                 target,
+                note,
                 started: fault_start,
                 length,
                 recovered,
@@ -757,6 +784,16 @@ impl Bench {
                     .count(),
             });
         }
+        report.notes = (faults.iter().filter(|f| !f.note.is_empty()))
+            .map(|f| {
+                format!(
+                    "{} at {:.1} s: {}",
+                    f.kind.name(),
+                    (f.started - started).as_secs_f64(),
+                    f.note
+                )
+            })
+            .collect();
         let names: Vec<String> = procs.iter().map(|p| p.name.clone()).collect();
         report.log = faults
             .iter()
@@ -765,6 +802,7 @@ impl Bench {
                     "at_seconds": (f.started - started).as_secs_f64(),
                     "kind": f.kind.name(),
                     "target": f.target,
+                    "note": f.note,
                     "length_seconds": f.length.as_secs_f64(),
                     "streaming_again_seconds": f.recovered.iter().map(|(p, at)| {
                         (names[*p].clone(), json!(at.map(|d| d.as_secs_f64())))
@@ -844,21 +882,19 @@ impl Drop for Frozen {
     }
 }
 
-/// MariaDB stopped and started again through `scripts/services`.
-async fn restart_mariadb(script: &std::path::Path) -> anyhow::Result<()> {
-    for step in ["stop", "start"] {
-        let out = tokio::process::Command::new(script)
-            .args([step, "mariadb"])
-            .output()
-            .await
-            .with_context(|| format!("running {} {step} mariadb", script.display()))?;
-        anyhow::ensure!(
-            out.status.success(),
-            "{} {step} mariadb: {}",
-            script.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+/// `scripts/services <step> <service>` (`stop`, `start`).
+async fn services(script: &std::path::Path, step: &str, service: &str) -> anyhow::Result<()> {
+    let out = tokio::process::Command::new(script)
+        .args([step, service])
+        .output()
+        .await
+        .with_context(|| format!("running {} {step} {service}", script.display()))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{} {step} {service}: {}",
+        script.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
     Ok(())
 }
 
@@ -1105,6 +1141,9 @@ impl SoakReport {
         for (target, verdict) in self.verdicts() {
             let _ = writeln!(t, "{verdict:<8} {target}");
         }
+        for note in &self.notes {
+            let _ = writeln!(t, "note: {note}");
+        }
         for r in &self.relays {
             for e in &r.examples {
                 let _ = writeln!(t, "order: {}: {e}", r.label);
@@ -1210,6 +1249,7 @@ impl SoakReport {
             })).collect::<Vec<_>>(),
             "verdicts": self.verdicts().into_iter().map(|(t, v)| json!({"target": t, "verdict": v})).collect::<Vec<_>>(),
             "log": self.log,
+            "notes": self.notes,
         })
     }
 }
