@@ -1,14 +1,15 @@
 //! The engine registry: the one file of the core that names database engines.
 //!
-//! Everything else is generic over [`Engine`] (the contract in `outboxd-connector`):
-//! the relay, the claim worker and the CLI never learn which database they talk to.
-//! Adding an engine is its crate under `connectors/` (a `Connector` and an `Engine`
-//! impl, passing the conformance suite) plus one line in the `engines!` list below; the
-//! line gives its `source.kind`, and its `[source]` keys are its `Engine::Config`.
+//! Everything else is generic over the engine's connector, a [`ConfiguredConnector`] (the
+//! contract in `outboxd-connector`): the relay, the claim worker and the CLI never learn
+//! which database they talk to. Adding an engine is its crate under `connectors/` (a
+//! connector type implementing `Connector` and `ConfiguredConnector`, passing the
+//! conformance suite) plus one line in the `engines!` list below; the line gives its
+//! `source.kind`, and its `[source]` keys are its `ConfiguredConnector::Config`.
 
 use std::future::Future;
 
-use outboxd_connector::{ConnectorError, Engine, OutboxLayout};
+use outboxd_connector::{ConfiguredConnector, ConnectorError, OutboxLayout};
 use serde::Deserialize;
 
 /// Work that runs with whichever engine the configuration names: the registry builds the
@@ -18,17 +19,17 @@ pub(crate) trait WithEngine {
     type Output;
 
     /// Runs the work with `connector`.
-    fn run<E: Engine>(self, connector: E) -> impl Future<Output = Self::Output>;
+    fn run<C: ConfiguredConnector>(self, connector: C) -> impl Future<Output = Self::Output>;
 }
 
 /// Declares the engines: the `[source]` enum tagged by `kind`, and the dispatch from it.
 macro_rules! engines {
-    ($( $(#[$doc:meta])* $kind:literal => $variant:ident($engine:ty), )+) => {
+    ($( $(#[$doc:meta])* $kind:literal => $variant:ident($connector:ty), )+) => {
         /// `[source]`, selected by `kind`: the chosen engine's own keys.
         #[derive(Clone, Debug, Deserialize)]
         #[serde(tag = "kind")]
         pub enum SourceConfig {
-            $( $(#[$doc])* #[serde(rename = $kind)] $variant(<$engine as Engine>::Config), )+
+            $( $(#[$doc])* #[serde(rename = $kind)] $variant(<$connector as ConfiguredConnector>::Config), )+
         }
 
         impl SourceConfig {
@@ -45,14 +46,14 @@ macro_rules! engines {
                 var: &dyn Fn(&str) -> Option<String>,
             ) -> Result<(), outboxd_connector::SecretError> {
                 match self {
-                    $( Self::$variant(config) => <$engine as Engine>::resolve_secrets(config, var), )+
+                    $( Self::$variant(config) => <$connector as ConfiguredConnector>::resolve_secrets(config, var), )+
                 }
             }
 
             /// Checks the ranges of the engine's keys.
             pub(crate) fn validate(&self) -> Result<(), String> {
                 match self {
-                    $( Self::$variant(config) => <$engine as Engine>::validate(config), )+
+                    $( Self::$variant(config) => <$connector as ConfiguredConnector>::validate(config), )+
                 }
             }
 
@@ -66,7 +67,7 @@ macro_rules! engines {
                 match self {
                     $( Self::$variant(config) => {
                         let connector =
-                            <$engine as Engine>::from_config(config.clone(), pipeline, layout)?;
+                            <$connector as ConfiguredConnector>::from_config(config.clone(), pipeline, layout)?;
                         Ok(work.run(connector).await)
                     } )+
                 }

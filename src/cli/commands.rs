@@ -7,7 +7,8 @@ use std::time::Duration;
 use std::path::Path;
 
 use outboxd_connector::{
-    CheckLine, CheckStatus, ClaimScope, Connector, Engine, ReadMode, RowLifecycle, TableKind,
+    CheckLine, CheckStatus, ClaimScope, ConfiguredConnector, Connector, ReadMode, RowLifecycle,
+    TableKind,
 };
 use tokio::sync::{mpsc, watch, Notify};
 
@@ -100,7 +101,7 @@ struct Execute<'a> {
 impl WithEngine for Execute<'_> {
     type Output = anyhow::Result<i32>;
 
-    async fn run<E: Engine>(self, connector: E) -> anyhow::Result<i32> {
+    async fn run<C: ConfiguredConnector>(self, connector: C) -> anyhow::Result<i32> {
         execute_with(self.command, self.config, &connector, self.handlers).await
     }
 }

@@ -103,10 +103,14 @@ pub trait Connector: Send + Sync {
     fn describe(&self) -> String;
 }
 
-/// An engine as the binary's registry sees it: the type of its `[source]` keys and how
-/// a connector is made from them. The registry (`src/engines.rs`) maps each
-/// `source.kind` to one `Engine`; nothing else in the core names an engine.
-pub trait Engine: Connector + Clone + 'static {
+/// A connector as the binary's registry makes it: the type of its engine's `[source]`
+/// keys and how the connector is made from them. The registry (`src/engines.rs`) maps
+/// each `source.kind` — each database engine — to one `ConfiguredConnector`; nothing else
+/// in the core names an engine.
+///
+/// "Engine" names the database engine alone (PostgreSQL, MySQL/MariaDB); this trait's
+/// implementor is that engine's connector type.
+pub trait ConfiguredConnector: Connector + Clone + 'static {
     /// The engine's own `[source]` keys (all but `kind` and `mode`), deserialized by the
     /// registry with `deny_unknown_fields`.
     type Config: Clone + fmt::Debug + Send + Sync;

@@ -38,7 +38,7 @@ pub use claim::{
     ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack, ParkedEvent, ReapPolicy,
     ReapReport, RetrySchedule,
 };
-pub use connector::{Connector, Engine, ReadMode, ENV_SOURCE_PASSWORD};
+pub use connector::{ConfiguredConnector, Connector, ReadMode, ENV_SOURCE_PASSWORD};
 pub use error::{ConnectorError, ErrorKind, ErrorReason};
 pub use event::OutboxEvent;
 pub use headers::headers_from_json;

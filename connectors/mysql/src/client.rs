@@ -7,8 +7,8 @@ use openssl::pkcs12::Pkcs12;
 use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
 use openssl::stack::Stack;
 use outboxd_connector::{
-    CheckReport, Connector, ConnectorError, Engine, ErrorReason, OutboxLayout, ReadMode,
-    SecretError, ENV_SOURCE_PASSWORD,
+    CheckReport, ConfiguredConnector, Connector, ConnectorError, ErrorReason, OutboxLayout,
+    ReadMode, SecretError, ENV_SOURCE_PASSWORD,
 };
 use outboxd_connector_kit::tls::{self, read_file, root_certificates, Roots, TlsUse, Verification};
 use outboxd_connector_kit::TlsPolicy;
@@ -445,7 +445,7 @@ impl MysqlConnector {
     }
 }
 
-impl Engine for MysqlConnector {
+impl ConfiguredConnector for MysqlConnector {
     type Config = MysqlConfig;
 
     fn from_config(

@@ -1,8 +1,8 @@
 use std::sync::Arc;
 
 use outboxd_connector::{
-    CheckReport, Connector, ConnectorError, Engine, ErrorReason, OutboxLayout, ReadMode,
-    SecretError, ENV_SOURCE_PASSWORD,
+    CheckReport, ConfiguredConnector, Connector, ConnectorError, ErrorReason, OutboxLayout,
+    ReadMode, SecretError, ENV_SOURCE_PASSWORD,
 };
 use outboxd_connector_kit::tls::{Negotiated, TlsUse};
 use tokio::net::TcpStream;
@@ -263,7 +263,7 @@ const LOG_ONLY_CHECKS: &[&str] = &[
     "replication tls",
 ];
 
-impl Engine for PostgresConnector {
+impl ConfiguredConnector for PostgresConnector {
     type Config = PostgresConfig;
 
     fn from_config(

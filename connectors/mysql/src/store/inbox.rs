@@ -82,12 +82,12 @@ pub struct MysqlInboxStore {
     /// The table, quoted for SQL.
     pub(super) table: String,
     pub(super) payload: Payload,
-    session: Mutex<Option<Session>>,
+    conn: Mutex<Option<InboxConn>>,
 }
 
 /// The held connection and what was read about it once.
 #[derive(Debug)]
-pub(super) struct Session {
+pub(super) struct InboxConn {
     pub(super) conn: Conn,
     /// `max_allowed_packet`: the server refuses (and would refuse on every retry) a longer
     /// query text.
@@ -116,10 +116,10 @@ impl MysqlInboxStore {
             connector: connector.clone(),
             table,
             payload: Payload::Text,
-            session: Mutex::new(None),
+            conn: Mutex::new(None),
         };
-        let mut session = store.connect().await?;
-        let conn = &mut session.conn;
+        let mut held = store.connect().await?;
+        let conn = &mut held.conn;
         let context = store.context("reading the inbox table", NO_SUCH_TABLE);
         let probe = format!(
             "SELECT {CLAIM_COLUMNS}, status, next_retry_time, claimed_at, last_error, updated_at, \
@@ -128,11 +128,11 @@ impl MysqlInboxStore {
         );
         query(conn, &probe, &context).await?;
         store.payload = payload_kind(conn, connector, &context).await?;
-        *store.session.get_mut() = Some(session);
+        *store.conn.get_mut() = Some(held);
         Ok(store)
     }
 
-    async fn connect(&self) -> Result<Session, ConnectorError> {
+    async fn connect(&self) -> Result<InboxConn, ConnectorError> {
         let mut conn = self.connector.sql_conn().await?;
         let row = query_first(
             &mut conn,
@@ -146,7 +146,7 @@ impl MysqlInboxStore {
             .flatten()
             .and_then(|v| usize::try_from(v).ok())
             .unwrap_or(MIN_PACKET);
-        Ok(Session { conn, max_packet })
+        Ok(InboxConn { conn, max_packet })
     }
 
     /// `what` with the table and server; with the fix when `code` says the table or a
@@ -176,18 +176,18 @@ impl MysqlInboxStore {
 
     /// Runs `work` on the connection (reconnecting first when the last one broke); drops
     /// the connection when `work` fails, so the server rolls back an open transaction.
-    pub(super) async fn with_session<T>(
+    pub(super) async fn with_conn<T>(
         &self,
-        work: impl AsyncFnOnce(&mut Session) -> Result<T, ConnectorError>,
+        work: impl AsyncFnOnce(&mut InboxConn) -> Result<T, ConnectorError>,
     ) -> Result<T, ConnectorError> {
-        let mut slot = self.session.lock().await;
+        let mut slot = self.conn.lock().await;
         if slot.is_none() {
             *slot = Some(self.connect().await?);
         }
-        let Some(session) = slot.as_mut() else {
+        let Some(held) = slot.as_mut() else {
             return Err(ConnectorError::transient("no MySQL connection"));
         };
-        let result = work(session).await;
+        let result = work(held).await;
         if result.is_err() {
             *slot = None;
         }
@@ -197,7 +197,7 @@ impl MysqlInboxStore {
     /// Runs one statement (outside an explicit transaction, so atomic by itself); returns
     /// the rows it changed.
     pub(super) async fn change(&self, sql: &str, what: &str) -> Result<u64, ConnectorError> {
-        self.with_session(async |s| {
+        self.with_conn(async |s| {
             s.conn
                 .query_drop(sql)
                 .await
@@ -430,7 +430,7 @@ impl InboxStore for MysqlInboxStore {
         );
         let table = &self.table;
         let rows = self
-            .with_session(async |s| {
+            .with_conn(async |s| {
                 let mut answers = answers_of(self, &mut s.conn, &select, what).await?;
                 let mut due = Vec::new();
                 for at in [BEGIN_STATEMENTS, BEGIN_STATEMENTS + 1] {
@@ -488,7 +488,7 @@ impl InboxStore for MysqlInboxStore {
             .map(|f| Value::from(f.text(message)))
             .collect();
         let begin = format!("{BEGIN}; {update}");
-        self.with_session(async |s| {
+        self.with_conn(async |s| {
             let mut answers = answers_of(self, &mut s.conn, &begin, &what).await?;
             if answer(&mut answers, BEGIN_STATEMENTS)?.affected == 0 {
                 // Not this worker's row any more: the handler's statement must not run.
@@ -554,7 +554,7 @@ impl InboxStore for MysqlInboxStore {
         let reason = sql_string(&policy.reaped_reason());
         let delay = next_retry(&delay_ms(policy.retry_delay).to_string());
         let statuses = self
-            .with_session(async |s| {
+            .with_conn(async |s| {
                 let mut answers = answers_of(self, &mut s.conn, &select, what).await?;
                 let ids = (answer(&mut answers, BEGIN_STATEMENTS)?.rows.iter())
                     .map(|row| int(row, 0)?.ok_or_else(|| no_id(table)))
@@ -597,7 +597,7 @@ impl InboxStore for MysqlInboxStore {
         );
         let what = "reading the inbox schedule";
         let row = self
-            .with_session(async |s| {
+            .with_conn(async |s| {
                 (s.conn.query_first::<Row, _>(sql.as_str()).await).map_err(|e| self.fail(what, &e))
             })
             .await?;

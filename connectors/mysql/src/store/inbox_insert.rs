@@ -119,7 +119,7 @@ impl MysqlInboxStore {
             .map(|m| format!("({}, {})", sql_string(&m.source), sql_string(&m.message_id)))
             .collect();
         let what = naming(None, messages.len());
-        self.with_session(async |s| {
+        self.with_conn(async |s| {
             let packet = s.max_packet.saturating_sub(PACKET_MARGIN);
             let fixed = BEGIN.len() + head.len() + tail.len() + select.len() + 8;
             if let Some(at) =
@@ -200,7 +200,7 @@ impl MysqlInboxStore {
             )
         };
         let counts = self
-            .with_session(async |s| {
+            .with_conn(async |s| {
                 let packet = s.max_packet.saturating_sub(PACKET_MARGIN);
                 if let Some(at) =
                     (0..statements.len()).find(|&i| statements[i].len() + BEGIN.len() + 8 > packet)

@@ -30,7 +30,7 @@ impl TableAdmin for MysqlInboxStore {
         );
         let what = "counting inbox rows";
         let rows: Vec<Row> = self
-            .with_session(async |s| {
+            .with_conn(async |s| {
                 (s.conn.query(sql.as_str()).await).map_err(|e| self.fail(what, &e))
             })
             .await?;
@@ -133,7 +133,7 @@ impl TableAdmin for MysqlInboxStore {
             JanitorAction::Delete => "deleting old DONE inbox rows".to_owned(),
             JanitorAction::Archive(name) => format!("moving old DONE inbox rows to {name}"),
         };
-        self.with_session(async |s| {
+        self.with_conn(async |s| {
             let mut answers = answers_of(self, &mut s.conn, &select, &what).await?;
             let ids = (answer(&mut answers, BEGIN_STATEMENTS)?.rows.iter())
                 .map(|row| int(row, 0)?.ok_or_else(|| no_id(table)))
@@ -166,7 +166,7 @@ impl MysqlInboxStore {
         let archive = qualified(name);
         let (db, table) = table_ident(name, &self.connector.config().database);
         let what = format!("creating the archive table {name}");
-        self.with_session(async |s| {
+        self.with_conn(async |s| {
             let conn = &mut s.conn;
             let exists = format!(
                 "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = {} \
