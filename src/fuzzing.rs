@@ -8,7 +8,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::config::Config;
 use crate::inbox::http::{to_message, Source};
-use crate::inbox::signature::Secret;
+use crate::webhooks::signature::Secret;
 
 /// The signing secret of the source `signed` (the seeds are signed with it).
 pub const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";

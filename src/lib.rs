@@ -27,6 +27,7 @@ mod secrets;
 pub mod sink;
 #[cfg(test)]
 mod testing;
+pub mod webhooks;
 
 /// The CLI commands (`outboxd::commands::{execute, Command}`), kept at their old path.
 pub use cli::commands;

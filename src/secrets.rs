@@ -91,6 +91,27 @@ pub struct ConfigWarning {
     pub fix: String,
 }
 
+/// The secrets of a `*_file` key that holds several, one per line (blank lines ignored);
+/// an empty file is an error.
+pub(crate) fn read_secret_lines(
+    file_key: &str,
+    path: &Path,
+) -> Result<Vec<outboxd_connector::Secret>, outboxd_connector::SecretError> {
+    let text = outboxd_connector::secret::read_file(file_key, path)?;
+    let secrets: Vec<outboxd_connector::Secret> = (text.expose().lines())
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(outboxd_connector::Secret::from)
+        .collect();
+    if secrets.is_empty() {
+        return Err(outboxd_connector::SecretError::Empty {
+            file_key: file_key.to_owned(),
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(secrets)
+}
+
 /// The keys of `table` (the config file as parsed) that hold a secret in the file itself.
 pub(crate) fn inline_secrets(table: &toml::Table) -> Vec<String> {
     let section = |path: &[&str]| -> Option<&toml::Table> {
@@ -125,6 +146,14 @@ pub(crate) fn inline_secrets(table: &toml::Table) -> Vec<String> {
     }
     if section(&["inbox", "http", "secrets"]).is_some_and(|s| !s.is_empty()) {
         found.push("inbox.http.secrets".into());
+    }
+    if let Some(endpoints) = section(&["http", "endpoints"]) {
+        for (name, endpoint) in endpoints {
+            let secrets = endpoint.get("secrets").and_then(|s| s.as_array());
+            if secrets.is_some_and(|s| !s.is_empty()) {
+                found.push(format!("http.endpoints.{name}.secrets"));
+            }
+        }
     }
     if section(&["metrics"]).is_some_and(|m| m.contains_key("bearer_token")) {
         found.push("metrics.bearer_token".into());

@@ -290,6 +290,11 @@ fn keys_outboxd_accepts() -> BTreeSet<String> {
         (vec!["outbox", "columns"], vec![]),
         (vec!["kafka"], vec![]),
         (vec!["kafka", "cloudevents"], vec![]),
+        (vec!["http"], vec![]),
+        (
+            vec!["http", "endpoints", "<name>"],
+            vec![("url", text("http://127.0.0.1:1/"))],
+        ),
         (vec!["delivery"], vec![]),
         (vec!["retry"], vec![]),
         (vec!["poll"], vec![]),

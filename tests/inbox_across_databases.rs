@@ -127,11 +127,53 @@ impl Receiver {
     }
 }
 
-/// Relays `Src`'s outbox into `receiver`'s inbox; kills each outboxd once midway.
-async fn events_cross_once_with_both_killed<Src: Engine>(receiver: Receiver, prefix: &str) {
+/// How the events go from the relay to the inbox.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// The relay's Kafka sink; the inbox consumes the topic.
+    Kafka,
+    /// The relay's HTTP sink (envelope, signed) POSTs to the inbox's HTTP ingress: no
+    /// Kafka on the way.
+    Http,
+}
+
+/// The Standard Webhooks secret the HTTP relay signs with and the inbox verifies.
+const CHAIN_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+/// `config`'s `[kafka]` section replaced by an `[http]` sink that POSTs to `port`'s inbox
+/// source `orders`.
+fn send_over_http(config_path: &std::path::Path, port: u16) {
+    let config = std::fs::read_to_string(config_path).expect("read config");
+    let start = config.find("\n[kafka]\n").expect("a [kafka] section");
+    let end = config[start..]
+        .find("message_timeout = \"10s\"\n")
+        .map(|i| start + i + "message_timeout = \"10s\"\n".len())
+        .expect("the harness's [kafka] section");
+    let http = format!(
+        "\n[http]\nbody = \"envelope\"\ntimeout = \"3s\"\n\
+         [http.endpoints.default]\nurl = \"http://127.0.0.1:{port}/v1/inbox/orders\"\n\
+         secrets = [\"{CHAIN_SECRET}\"]\nopen_after = 3\n"
+    );
+    let config = format!("{}{http}{}", &config[..start], &config[end..]);
+    std::fs::write(config_path, config).expect("write config");
+}
+
+/// Relays `Src`'s outbox into `receiver`'s inbox `via` Kafka or HTTP; kills each outboxd
+/// midway (the relay twice over HTTP).
+async fn events_cross_once_with_both_killed<Src: Engine>(
+    receiver: Receiver,
+    via: Via,
+    prefix: &str,
+) {
     let relay = Pipeline::<Src>::new(prefix, 2, "").await;
+    let inbox_port = common::free_port();
+    if via == Via::Http {
+        send_over_http(&relay.config_path, inbox_port);
+    }
     relay.init();
-    let mut relay_daemon = relay.spawn_run("relay-1.log");
+    // Over Kafka the relay starts first (the topic holds what the inbox has not read);
+    // over HTTP once the inbox answers.
+    let mut relay_daemon = (via == Via::Kafka).then(|| relay.spawn_run("relay-1.log"));
 
     let name = format!("in_{}", relay.name);
     let effects = format!("effects_{name}");
@@ -158,18 +200,26 @@ workers = 4
 claim_timeout = "5s"
 idle_check = "500ms"
 
-[inbox.kafka]
-bootstrap_servers = "{kafka}"
-topics = ["{topic}"]
-group_id = "it-{name}"
+{ingress}
 
 [inbox.handlers.default]
 kind = "sql"
 statement = "INSERT INTO {effects} (message_id, biz_key) VALUES (:message_id, :biz_key)"
 "#,
             source = receiver.source_section(),
-            kafka = relay.services.kafka(),
-            topic = relay.topic,
+            ingress = match via {
+                Via::Kafka => format!(
+                    "[inbox.kafka]\nbootstrap_servers = \"{}\"\ntopics = [\"{}\"]\n\
+                     group_id = \"it-{name}\"\n",
+                    relay.services.kafka(),
+                    relay.topic
+                ),
+                Via::Http => format!(
+                    "{}[inbox.http.secrets]\norders = [\"{CHAIN_SECRET}\"]\n\
+                     [inbox.http.sources.orders]\nkey_field = \"key\"\n",
+                    common::metrics_section(inbox_port)
+                ),
+            },
         ),
     )
     .expect("inbox config");
@@ -182,23 +232,41 @@ statement = "INSERT INTO {effects} (message_id, biz_key) VALUES (:message_id, :b
     let inbox = format!("inbox_{name}");
     let init = common::run_outboxd(&admin_config, &["init"]);
     let said = String::from_utf8_lossy(&init.stdout).into_owned();
-    assert!(init.status.success(), "{said}{}", String::from_utf8_lossy(&init.stderr));
+    assert!(
+        init.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&init.stderr)
+    );
     let lines: Vec<&str> = said.lines().collect();
     assert_eq!(lines.len(), 2, "{said}");
     assert_eq!(lines[0], format!("created table {inbox}"), "{said}");
-    assert!(lines[1].starts_with("inbox only: no outbox relay"), "{said}");
+    assert!(
+        lines[1].starts_with("inbox only: no outbox relay"),
+        "{said}"
+    );
     let schema = common::run_outboxd(&admin_config, &["schema"]);
     let script = String::from_utf8_lossy(&schema.stdout).into_owned();
-    assert!(script.contains("inbox only") && script.contains(&inbox), "{script}");
+    assert!(
+        script.contains("inbox only") && script.contains(&inbox),
+        "{script}"
+    );
     assert!(!script.to_lowercase().contains("outbox_"), "{script}");
     receiver.grant_inbox_runtime(&inbox, &effects).await;
     let check = common::run_outboxd(&config, &["check"]);
     let report = String::from_utf8_lossy(&check.stdout).into_owned();
     assert!(check.status.success(), "{report}");
     assert!(report.contains("] inbox table"), "{report}");
-    let relay_lines = ["] kafka", "] replication", "] binlog", "] outbox", "] checkpoint"];
+    let relay_lines = [
+        "] kafka",
+        "] replication",
+        "] binlog",
+        "] outbox",
+        "] checkpoint",
+    ];
     assert!(
-        !report.lines().any(|l| relay_lines.iter().any(|r| l.contains(r))),
+        !report
+            .lines()
+            .any(|l| relay_lines.iter().any(|r| l.contains(r))),
         "{report}"
     );
     let mut inbox_daemon = spawn_outboxd(
@@ -206,6 +274,17 @@ statement = "INSERT INTO {effects} (message_id, biz_key) VALUES (:message_id, :b
         &relay.dir.join("inbox-1.log"),
         "info,outboxd=debug",
     );
+    let mut relay_daemon = match relay_daemon.take() {
+        Some(daemon) => daemon,
+        None => {
+            wait_for("the inbox's /readyz", Duration::from_secs(30), || async {
+                let ready = common::http_get(inbox_port, "/readyz").await;
+                ready.filter(|(status, _)| *status == 200).map(|_| ())
+            })
+            .await;
+            relay.spawn_run("relay-1.log")
+        }
+    };
 
     let mut writer = relay.writer().await;
     let total: u32 = 300;
@@ -220,9 +299,9 @@ statement = "INSERT INTO {effects} (message_id, biz_key) VALUES (:message_id, :b
             .collect();
         writer.commit(&events, "x").await;
         written += events.len() as u32;
-        if batch == 10 {
+        if batch == 10 || (via == Via::Http && batch == 25) {
             relay_daemon.kill9();
-            relay_daemon = relay.spawn_run("relay-2.log");
+            relay_daemon = relay.spawn_run(&format!("relay-{batch}.log"));
         }
         if batch == 20 {
             inbox_daemon.kill9();
@@ -275,10 +354,20 @@ statement = "INSERT INTO {effects} (message_id, biz_key) VALUES (:message_id, :b
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_outbox_to_mariadb_inbox_exactly_once_across_kill_9() {
-    events_cross_once_with_both_killed::<PgServices>(Receiver::Mariadb, "xdb_pg").await;
+    events_cross_once_with_both_killed::<PgServices>(Receiver::Mariadb, Via::Kafka, "xdb_pg").await;
+}
+
+/// The pattern on databases alone: PostgreSQL's outbox POSTed by the HTTP sink (signed
+/// Standard Webhooks, the envelope) to a MariaDB inbox's HTTP ingress, no Kafka between;
+/// the relay killed twice and the inbox once under load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_outbox_over_http_to_mariadb_inbox_exactly_once_across_kill_9() {
+    events_cross_once_with_both_killed::<PgServices>(Receiver::Mariadb, Via::Http, "xhttp_pg")
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_outbox_to_postgres_inbox_exactly_once_across_kill_9() {
-    events_cross_once_with_both_killed::<MysqlServices>(Receiver::Postgres, "xdb_my").await;
+    events_cross_once_with_both_killed::<MysqlServices>(Receiver::Postgres, Via::Kafka, "xdb_my")
+        .await;
 }

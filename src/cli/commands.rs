@@ -20,7 +20,9 @@ use crate::engines::WithEngine;
 use crate::inbox::{self, Handlers, InboxStats, Ingest};
 use crate::observability;
 use crate::relay::{self, PipelineError, PipelineSettings, PipelineStats, RetryLink};
+use crate::sink::http::HttpSink;
 use crate::sink::kafka::KafkaSink;
+use crate::sink::AnySink;
 use crate::sink::Sink;
 
 /// A command of the CLI.
@@ -138,15 +140,15 @@ async fn execute_with<C: Connector + Clone + 'static>(
             // Exactly-once: the log relay gets a transactional producer of its own; the
             // claim worker, the endpoint and the inbox keep the ordinary one.
             if !config.relays_outbox() {
-                let no_sink: Option<Arc<KafkaSink>> = None;
+                let no_sink: Option<Arc<AnySink>> = None;
                 return Box::pin(run(config, connector, no_sink, None, handlers)).await;
             }
             let relay_sink = match config.delivery.exactly_once {
-                true => Some(
-                    open_sink(config)?
+                true => Some(AnySink::Kafka(
+                    open_kafka(config)?
                         .transactional(&config.kafka)
                         .map_err(anyhow::Error::msg)?,
-                ),
+                )),
                 false => None,
             };
             Box::pin(run(
@@ -210,8 +212,21 @@ async fn execute_with<C: Connector + Clone + 'static>(
     }
 }
 
-/// The one place the sink is chosen; a second sink is a branch here on its config.
-fn open_sink(config: &Config) -> Result<KafkaSink, anyhow::Error> {
+/// The one place the sink is chosen: `[http]` or `[kafka]`.
+fn open_sink(config: &Config) -> Result<AnySink, anyhow::Error> {
+    match &config.http {
+        Some(http) => {
+            let strict = config.pipeline.ordering == crate::config::Ordering::Strict;
+            let tables = config.outbox.layout().outbox_tables;
+            HttpSink::new(http, &config.pipeline.name, strict, &tables)
+                .map(AnySink::Http)
+                .map_err(anyhow::Error::msg)
+        }
+        None => open_kafka(config).map(AnySink::Kafka),
+    }
+}
+
+fn open_kafka(config: &Config) -> Result<KafkaSink, anyhow::Error> {
     let strict = config.pipeline.ordering == crate::config::Ordering::Strict;
     KafkaSink::new(
         &config.kafka,
@@ -248,6 +263,9 @@ async fn check<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i
     match open_sink(config) {
         Ok(sink) => {
             report.push(sink.check(Duration::from_secs(5)).await);
+            if !config.sends_to_kafka() {
+                return print_report(&report);
+            }
             report.push(crate::sink::kafka::security_line(&config.kafka.options));
             if config.delivery.exactly_once {
                 report.push(
@@ -257,9 +275,13 @@ async fn check<C: Connector>(config: &Config, connector: &C) -> anyhow::Result<i
             }
         }
         Err(e) => report.push(CheckLine::fail(
-            "kafka",
+            if config.sends_to_kafka() {
+                "kafka"
+            } else {
+                "http"
+            },
             e.to_string(),
-            "fix the [kafka] section",
+            "fix the sink's section ([kafka] or [http])",
         )),
     }
     print_report(&report)
@@ -333,8 +355,8 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
                     delivery: config.delivery.clone(),
                     retry: config.retry.clone(),
                     ordering: config.pipeline.ordering,
-                    stall_warning: config.kafka.message_timeout,
-                    stuck_after: (config.kafka.message_timeout * 3).max(Duration::from_secs(10)),
+                    stall_warning: config.sink_timeout(),
+                    stuck_after: (config.sink_timeout() * 3).max(Duration::from_secs(10)),
                     rows: config.outbox.rows(),
                 };
                 let worker_settings = WorkerSettings {
@@ -348,7 +370,7 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
                         Some(DEFAULT_IDLE_CHECK)
                     }),
                     strict_order: strict,
-                    delivery_timeout: config.kafka.message_timeout,
+                    delivery_timeout: config.sink_timeout(),
                 };
                 let mut link = RetryLink {
                     wake_worker: Arc::clone(&wake),
@@ -401,7 +423,7 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
                     batch_size: config.poll.batch_size,
                     idle_check: Some(config.poll.interval),
                     strict_order: strict,
-                    delivery_timeout: config.kafka.message_timeout,
+                    delivery_timeout: config.sink_timeout(),
                 };
                 run_worker(
                     connector,

@@ -137,7 +137,7 @@ async fn publish_batch<O: OutboxStore, S: Sink>(
     let mut sink_failure = None;
     // Under strict ordering the sink waits out a broker outage without limit; an
     // operator's command reports a failure instead.
-    let deadline = tokio::time::Instant::now() + config.kafka.message_timeout;
+    let deadline = tokio::time::Instant::now() + config.sink_timeout();
     for (event, span, delivery) in pending {
         let result = acknowledged_by(deadline, delivery)
             .instrument(span.clone())

@@ -1,5 +1,5 @@
-//! Which halves a process runs, read from the sections its file has: `[outbox]` (or
-//! `[kafka]`) turns the outbox relay on, `[inbox]` the inbox. `[source]` names the
+//! Which halves a process runs, read from the sections its file has: `[outbox]` (or its
+//! sink, `[kafka]` or `[http]`) turns the outbox relay on, `[inbox]` the inbox. `[source]` names the
 //! database both use. An inbox-only process is `[source]` and `[inbox]`, nothing else.
 //!
 //! Files written before the features had their own sections keep working: `source.mode`
@@ -57,11 +57,11 @@ impl Config {
                     .into(),
             });
         }
-        self.outbox.relay = (has("outbox") || has("kafka")) && !relay_off;
+        self.outbox.relay = (has("outbox") || has("kafka") || has("http")) && !relay_off;
         if !self.outbox.relay && self.inbox.is_none() {
             return Err(ConfigError::Invalid(
-                "nothing to run: add [outbox] and [kafka] to relay the outbox table, or [inbox] \
-                 to receive messages (or both)"
+                "nothing to run: add [outbox] and a sink ([kafka] or [http]) to relay the outbox \
+                 table, or [inbox] to receive messages (or both)"
                     .into(),
             ));
         }
@@ -105,12 +105,23 @@ impl Config {
                         .into(),
                 ));
             }
-            if !has("kafka") {
-                return Err(ConfigError::Invalid(
-                    "the outbox relay needs [kafka] with `bootstrap_servers`: where it sends \
-                     the rows"
-                        .into(),
-                ));
+            match (has("kafka"), has("http")) {
+                (false, false) => {
+                    return Err(ConfigError::Invalid(
+                        "the outbox relay needs a sink, where it sends the rows: [kafka] with \
+                         `bootstrap_servers`, or [http] with an endpoint"
+                            .into(),
+                    ))
+                }
+                (true, true) => {
+                    return Err(ConfigError::Invalid(
+                        "[kafka] and [http] are both set: the outbox relay sends to one sink \
+                         (an inbox beside an HTTP relay names its brokers in \
+                         inbox.kafka.bootstrap_servers)"
+                            .into(),
+                    ))
+                }
+                _ => {}
             }
         } else if self.pipeline.name.is_empty() {
             self.pipeline.name = INBOX_ONLY_NAME.into();
@@ -121,6 +132,20 @@ impl Config {
             ));
         }
         Ok(())
+    }
+
+    /// Whether the relay's sink is Kafka (the relay runs without `[http]`).
+    pub fn sends_to_kafka(&self) -> bool {
+        self.relays_outbox() && self.http.is_none()
+    }
+
+    /// How long the sink may take to decide one record: `kafka.message_timeout`, or
+    /// `http.timeout` with the HTTP sink. A claimed row's delivery waits this long.
+    pub fn sink_timeout(&self) -> std::time::Duration {
+        match &self.http {
+            Some(http) => http.timeout,
+            None => self.kafka.message_timeout,
+        }
     }
 
     /// The brokers of the inbox's Kafka ingress: its own, or `[kafka]`'s.

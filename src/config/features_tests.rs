@@ -112,7 +112,7 @@ fn files_that_run_nothing_or_half_a_relay_are_refused() {
         ),
         (
             format!("[pipeline]\nname = \"p\"\n{SOURCE}server_id = 7\n[outbox]\n"),
-            "needs [kafka]",
+            "needs a sink",
         ),
         (
             format!(

@@ -84,9 +84,12 @@ pub struct Config {
     /// tables and how it finds rows.
     #[serde(default)]
     pub outbox: OutboxConfig,
-    /// `[kafka]`: the relay's producer; absent in an inbox-only process.
+    /// `[kafka]`: the relay's producer; absent in an inbox-only process or with `[http]`.
     #[serde(default)]
     pub kafka: KafkaConfig,
+    /// `[http]`: the relay's HTTP sink, instead of `[kafka]`.
+    #[serde(default)]
+    pub http: Option<crate::sink::http::HttpSinkConfig>,
     /// `[delivery]`: in-flight bounds, write-back batching, shutdown.
     #[serde(default)]
     pub delivery: DeliveryConfig,
@@ -241,6 +244,9 @@ impl Config {
         if let Some(http) = self.inbox.as_mut().and_then(|i| i.http.as_mut()) {
             http.resolve_secret_files()?;
         }
+        if let Some(http) = self.http.as_mut() {
+            http.resolve_secret_files()?;
+        }
         if let Some(metrics) = self.metrics.as_mut() {
             outboxd_connector::secret::resolve(
                 "metrics.bearer_token",
@@ -339,7 +345,24 @@ impl Config {
                  (it names the replication slot and publication)"
             )));
         }
-        if self.relays_outbox() && self.kafka.bootstrap_servers.trim().is_empty() {
+        if let Some(http) = &self.http {
+            http.validate().map_err(ConfigError::Invalid)?;
+            crate::sink::kafka::TopicTemplate::parse(&http.endpoint_template)
+                .and_then(|t| t.with_tables(&self.outbox.layout().outbox_tables))
+                .map_err(|e| {
+                    ConfigError::Invalid(
+                        e.replace("kafka.topic_template", "http.endpoint_template"),
+                    )
+                })?;
+            if self.delivery.exactly_once {
+                return Err(ConfigError::Invalid(
+                    "delivery.exactly_once = true needs the Kafka sink: HTTP has no \
+                     transactions to commit the log position with"
+                        .into(),
+                ));
+            }
+        }
+        if self.sends_to_kafka() && self.kafka.bootstrap_servers.trim().is_empty() {
             return Err(ConfigError::Invalid(
                 "kafka.bootstrap_servers is empty".into(),
             ));
@@ -453,11 +476,13 @@ impl Config {
                 )));
             }
         }
-        if self.retry.claim_timeout <= self.kafka.message_timeout {
+        if self.retry.claim_timeout <= self.sink_timeout() {
             return Err(ConfigError::Invalid(format!(
-                "retry.claim_timeout ({:?}) must be longer than kafka.message_timeout ({:?}): \
-                 otherwise the reaper takes back rows whose delivery is still being retried",
-                self.retry.claim_timeout, self.kafka.message_timeout
+                "retry.claim_timeout ({:?}) must be longer than kafka.message_timeout or \
+                 http.timeout ({:?}): otherwise the reaper takes back rows whose delivery is \
+                 still being retried",
+                self.retry.claim_timeout,
+                self.sink_timeout()
             )));
         }
         if let Some(inbox) = &self.inbox {

@@ -215,20 +215,7 @@ impl HttpIngressConfig {
                     file_key,
                 });
             }
-            let text = outboxd_connector::secret::read_file(&file_key, path)?;
-            let secrets: Vec<Secret> = text
-                .expose()
-                .lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .map(Secret::from)
-                .collect();
-            if secrets.is_empty() {
-                return Err(SecretError::Empty {
-                    file_key,
-                    path: path.clone(),
-                });
-            }
+            let secrets = crate::secrets::read_secret_lines(&file_key, path)?;
             self.secrets.insert(source.clone(), secrets);
         }
         Ok(())
@@ -467,7 +454,7 @@ impl InboxConfig {
             }
             for (source, secrets) in &http.secrets {
                 for secret in secrets {
-                    super::signature::Secret::parse(secret.expose())
+                    crate::webhooks::signature::Secret::parse(secret.expose())
                         .map_err(|e| format!("inbox.http.secrets.{source}: {e}"))?;
                 }
             }

@@ -51,8 +51,8 @@ use tokio::sync::Semaphore;
 
 use super::body_fields::{self, BodyFieldsError};
 use super::config::{HttpIngressConfig, SourceAuth};
-use super::signature::{self, Secret};
 use super::Ingest;
+use crate::webhooks::signature::{self, Secret};
 
 /// How one configured source's requests are checked.
 #[derive(Clone, Debug)]
@@ -492,7 +492,7 @@ mod tests {
     use std::time::{Duration, UNIX_EPOCH};
 
     use super::*;
-    use crate::inbox::signature::sign;
+    use crate::webhooks::signature::sign;
 
     const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
     const NOW: u64 = 1_700_000_000;

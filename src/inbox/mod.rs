@@ -19,7 +19,8 @@ pub mod handler;
 pub(crate) mod http;
 mod ingest;
 pub(crate) mod kafka;
-pub mod signature;
+/// Standard Webhooks signatures (in `crate::webhooks`, shared with the HTTP sink).
+pub use crate::webhooks::signature;
 mod stats;
 mod worker;
 

@@ -1,12 +1,14 @@
 //! Where events go: the [`Sink`] boundary.
 //!
 //! The relay and the claim worker hand each outbox event to a sink and get back, later, a
-//! [`Receipt`] or a classified [`SinkFailure`]; they never name the destination. Kafka
-//! ([`kafka::KafkaSink`]) is the one production sink; `memory.rs` is an in-memory twin
-//! that unit tests of the core drive instead of a broker.
+//! [`Receipt`] or a classified [`SinkFailure`]; they never name the destination. Two
+//! production sinks: Kafka ([`kafka::KafkaSink`], `[kafka]`) and HTTP endpoints
+//! ([`http::HttpSink`], `[http]`); [`AnySink`] is whichever the config chooses.
+//! `memory.rs` is an in-memory twin that unit tests of the core drive instead.
 //!
-//! Adding a sink: a module beside `kafka/` implementing [`Sink`], keeping the guarantee
-//! stated on the trait, and a line where `cli/commands.rs` builds the sink.
+//! Adding a sink: a module beside `kafka/` and `http/` implementing [`Sink`], keeping the
+//! guarantee stated on the trait, a variant of [`AnySink`], and its branch where
+//! `cli/commands.rs` opens the sink.
 
 use std::fmt;
 use std::future::Future;
@@ -14,9 +16,13 @@ use std::time::Duration;
 
 use outboxd_connector::{CheckLine, OutboxEvent, Position};
 
+mod any;
+pub mod http;
 pub mod kafka;
 #[cfg(test)]
 pub(crate) mod memory;
+
+pub use any::AnySink;
 
 /// Where a delivered record landed: Kafka's partition and offset, or the sink's
 /// equivalent (written to the row's `kafka_partition` / `kafka_offset`).
@@ -87,8 +93,9 @@ pub async fn acknowledged_by<D: Future<Output = SinkResult>>(
         Ok(result) => result,
         Err(_) => Err(SinkFailure {
             kind: FailureKind::Retryable,
-            error: "no acknowledgement from the destination within kafka.message_timeout; \
-                    retried later (the record may still arrive: a duplicate then)"
+            error: "no acknowledgement from the destination within kafka.message_timeout \
+                    (http.timeout); retried later (the record may still arrive: a duplicate \
+                    then)"
                 .to_owned(),
         }),
     }

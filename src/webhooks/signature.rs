@@ -134,14 +134,33 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
 
 /// `v1,<base64>` for `body`, as a sender signs it (tests, and the demo's sender).
 pub fn sign(secret: &str, id: &str, timestamp: u64, body: &[u8]) -> Result<String, String> {
-    let secret = Secret::parse(secret)?;
-    let mut mac = Hmac::<Sha256>::new_from_slice(&secret.0).map_err(|e| e.to_string())?;
-    mac.update(format!("{id}.{timestamp}.").as_bytes());
-    mac.update(body);
-    Ok(format!(
-        "v1,{}",
-        STANDARD.encode(mac.finalize().into_bytes())
-    ))
+    Ok(Secret::parse(secret)?.sign(id, timestamp, body))
+}
+
+impl Secret {
+    /// This secret's `v1,<base64>` entry for a message: the HMAC-SHA256 of
+    /// `<id>.<timestamp>.<body>`.
+    pub(crate) fn sign(&self, id: &str, timestamp: u64, body: &[u8]) -> String {
+        // An HMAC takes a key of any length: this cannot fail.
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC accepts any key");
+        mac.update(format!("{id}.{timestamp}.").as_bytes());
+        mac.update(body);
+        format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()))
+    }
+}
+
+/// The `webhook-signature` header for a message: one entry per secret (several while the
+/// receiver rotates), separated by spaces.
+pub(crate) fn signature_header(
+    secrets: &[Secret],
+    id: &str,
+    timestamp: u64,
+    body: &[u8],
+) -> String {
+    let entries: Vec<String> = (secrets.iter())
+        .map(|secret| secret.sign(id, timestamp, body))
+        .collect();
+    entries.join(" ")
 }
 
 #[cfg(test)]

@@ -1,0 +1,343 @@
+//! The HTTP sink: each outbox event POSTed to an endpoint of `[http.endpoints]`, as a
+//! Standard Webhooks message: `webhook-id` is the row's `message_id`, `webhook-timestamp`
+//! the sending time, `webhook-signature` one `v1,` HMAC-SHA256 entry per configured
+//! secret; `Idempotency-Key` is the `message_id` too, `Message-Type` and `Biz-Key` the
+//! row's; the body is the payload (or the envelope of `http.body`); the row's trace
+//! context and the headers `http.forward_headers` lists go along.
+//!
+//! The answer decides the row, as Kafka's does: 2xx → SUCCESS (the row's
+//! `kafka_partition` holds the HTTP status and `kafka_offset` the answer's latency in
+//! milliseconds); no answer, 408, 425, 429 or 5xx → FAILED with backoff; another 4xx or a
+//! redirect (never followed) → FAILED with the status and the start of the answer's body,
+//! MANUAL_REQUIRED once the row's attempts are spent. Order, concurrency and outages per
+//! endpoint: `endpoint.rs`.
+//!
+//! The endpoint of an event is a name: the row's `topic` column when set, else
+//! `http.endpoint_template`; its URL comes from the config, never from a row. HTTP has
+//! no transactions: `delivery.exactly_once` needs Kafka.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
+use outboxd_connector::{CheckLine, OutboxEvent};
+use tokio::sync::oneshot;
+
+use crate::sink::kafka::TopicTemplate;
+use crate::sink::{FailureKind, Sink, SinkFailure, SinkResult};
+use crate::webhooks::client::{forwarded, Poster};
+use crate::webhooks::signature::Secret;
+
+pub mod config;
+mod endpoint;
+
+pub use config::{BodyFormat, EndpointConfig, HttpSinkConfig};
+use endpoint::{Endpoint, Prepared};
+
+/// See the module documentation.
+pub struct HttpSink {
+    template: TopicTemplate,
+    pipeline: String,
+    endpoints: BTreeMap<String, Arc<Endpoint>>,
+    body: BodyFormat,
+    forward: Vec<String>,
+    in_flight: Arc<AtomicI64>,
+}
+
+impl HttpSink {
+    /// The sink of `config` for `pipeline`, whose outbox tables are `tables` (for the
+    /// template's `{schema}` and `{table}`). `strict`: a key's request is not sent after
+    /// an earlier one of its key failed.
+    pub fn new(
+        config: &HttpSinkConfig,
+        pipeline: &str,
+        strict: bool,
+        tables: &[String],
+    ) -> Result<Self, String> {
+        let rename = |e: String| e.replace("kafka.topic_template", "http.endpoint_template");
+        let template = TopicTemplate::parse(&config.endpoint_template)
+            .and_then(|t| t.with_tables(tables))
+            .map_err(rename)?;
+        let mut endpoints = BTreeMap::new();
+        for (name, endpoint) in &config.endpoints {
+            let poster = Poster::new(&endpoint.url, config.timeout)
+                .map_err(|e| format!("http.endpoints.{name}.{e}"))?;
+            let secrets = (endpoint.secrets.iter())
+                .map(|s| Secret::parse(s.expose()))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("http.endpoints.{name}.secrets: {e}"))?;
+            let endpoint = Endpoint::new(
+                name,
+                poster,
+                secrets,
+                endpoint.concurrency,
+                endpoint.open_after,
+                strict,
+            );
+            endpoints.insert(name.clone(), Arc::new(endpoint));
+        }
+        Ok(Self {
+            template,
+            pipeline: pipeline.to_owned(),
+            endpoints,
+            body: config.body,
+            forward: (config.forward_headers.iter())
+                .map(|n| n.to_ascii_lowercase())
+                .collect(),
+            in_flight: Arc::new(AtomicI64::new(0)),
+        })
+    }
+
+    /// The endpoint name of `event`: its `topic` column, else the template's.
+    fn endpoint_name(&self, event: &OutboxEvent) -> String {
+        match event.topic.as_deref().filter(|t| !t.is_empty()) {
+            Some(named) => named.to_owned(),
+            None => self.template.render(event, &self.pipeline),
+        }
+    }
+
+    /// The request for `event`, but for its signature and timestamp.
+    fn prepare(&self, event: &OutboxEvent) -> Result<Prepared, String> {
+        let mut headers = HeaderMap::new();
+        let mut content_type = None;
+        for (name, value) in &event.headers {
+            let lower = name.to_ascii_lowercase();
+            if lower == "content-type" {
+                content_type = Some(value.clone());
+                continue;
+            }
+            let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(lower.as_bytes()),
+                HeaderValue::from_bytes(value),
+            ) else {
+                continue;
+            };
+            if forwarded(name.as_str(), &self.forward) {
+                headers.append(name, value);
+            }
+        }
+        let text = |what: &str, value: &str| {
+            HeaderValue::from_bytes(value.as_bytes())
+                .map_err(|_| format!("its {what} cannot be an HTTP header value"))
+        };
+        headers.insert("webhook-id", text("message_id", &event.message_id)?);
+        headers.insert("idempotency-key", text("message_id", &event.message_id)?);
+        headers.insert("message-type", text("message_type", &event.message_type)?);
+        headers.insert("biz-key", text("biz_key", &event.biz_key)?);
+        let body = match self.body {
+            BodyFormat::Payload => {
+                let content_type = match content_type {
+                    Some(value) => HeaderValue::from_bytes(&value)
+                        .map_err(|_| "its content-type header is not a header value")?,
+                    None => HeaderValue::from_static("application/json"),
+                };
+                headers.insert(CONTENT_TYPE, content_type);
+                event.payload.clone()
+            }
+            BodyFormat::Envelope => {
+                headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                envelope(event)
+            }
+        };
+        Ok(Prepared {
+            key: event.key.clone(),
+            message_id: event.message_id.clone(),
+            headers,
+            body,
+        })
+    }
+}
+
+/// `{"type", "timestamp", "key", "data"}`: the payload as JSON when it is JSON, else as
+/// `data_base64`.
+fn envelope(event: &OutboxEvent) -> Bytes {
+    use base64::Engine as _;
+    let mut object = serde_json::Map::new();
+    object.insert("type".into(), event.message_type.clone().into());
+    object.insert("timestamp".into(), event.created_at.clone().into());
+    object.insert("key".into(), event.biz_key.clone().into());
+    match serde_json::from_slice::<serde_json::Value>(&event.payload) {
+        Ok(data) => object.insert("data".into(), data),
+        Err(_) => object.insert(
+            "data_base64".into(),
+            base64::engine::general_purpose::STANDARD
+                .encode(&event.payload)
+                .into(),
+        ),
+    };
+    Bytes::from(serde_json::Value::Object(object).to_string())
+}
+
+/// The outcome of one request.
+pub struct HttpDelivery(Delivery);
+
+enum Delivery {
+    Queued(oneshot::Receiver<SinkResult>, Arc<AtomicI64>),
+    Decided(Option<SinkResult>),
+}
+
+impl Future for HttpDelivery {
+    type Output = SinkResult;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<SinkResult> {
+        match &mut self.0 {
+            Delivery::Decided(result) => Poll::Ready(result.take().unwrap_or_else(|| {
+                Err(SinkFailure {
+                    kind: FailureKind::Fatal,
+                    error: "an HTTP delivery was polled after it completed".into(),
+                })
+            })),
+            Delivery::Queued(receiver, in_flight) => {
+                let result = match Pin::new(receiver).poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Ok(result)) => result,
+                    Poll::Ready(Err(_)) => Err(SinkFailure {
+                        kind: FailureKind::Fatal,
+                        error: "the HTTP request's task ended without an outcome".into(),
+                    }),
+                };
+                in_flight.fetch_sub(1, Ordering::Relaxed);
+                self.0 = Delivery::Decided(None);
+                Poll::Ready(result)
+            }
+        }
+    }
+}
+
+impl Drop for HttpDelivery {
+    fn drop(&mut self) {
+        // A delivery dropped before its outcome (a claim's deadline): no longer counted.
+        if let Delivery::Queued(_, in_flight) = &self.0 {
+            in_flight.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Sink for HttpSink {
+    type Delivery = HttpDelivery;
+
+    async fn send(&self, event: &OutboxEvent) -> HttpDelivery {
+        let name = self.endpoint_name(event);
+        let refused = |error: String| {
+            HttpDelivery(Delivery::Decided(Some(Err(SinkFailure {
+                kind: FailureKind::Rejected,
+                error,
+            }))))
+        };
+        let Some(endpoint) = self.endpoints.get(&name) else {
+            return refused(no_endpoint(&name));
+        };
+        let request = match self.prepare(event) {
+            Ok(request) => request,
+            Err(e) => return refused(format!("cannot send it over HTTP: {e}")),
+        };
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        HttpDelivery(Delivery::Queued(
+            endpoint.enqueue(request),
+            Arc::clone(&self.in_flight),
+        ))
+    }
+
+    fn destination(&self, event: &OutboxEvent) -> String {
+        self.endpoint_name(event)
+    }
+
+    fn refusal(&self, event: &OutboxEvent) -> Option<String> {
+        let unrouted = event.topic.as_deref().is_none_or(str::is_empty)
+            && self.template.uses_routing()
+            && event.routing.as_deref().is_none_or(str::is_empty);
+        if unrouted {
+            return Some(
+                "http.endpoint_template uses {routing} and the row's routing column \
+                 (outbox.columns.routing) is NULL or empty: set it on the row"
+                    .into(),
+            );
+        }
+        let name = self.endpoint_name(event);
+        if !self.endpoints.contains_key(&name) {
+            return Some(no_endpoint(&name));
+        }
+        self.prepare(event)
+            .err()
+            .map(|e| format!("cannot send it over HTTP: {e}"))
+    }
+
+    async fn flush(&self, deadline: Duration) {
+        let until = tokio::time::Instant::now() + deadline;
+        while self.in_flight.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn check(&self, timeout: Duration) -> CheckLine {
+        let mut reached = Vec::new();
+        for (name, endpoint) in &self.endpoints {
+            match reachable(endpoint.poster(), timeout).await {
+                Ok(()) => reached.push(name.as_str()),
+                Err(e) => {
+                    return CheckLine::fail(
+                        "http",
+                        format!("endpoint `{name}` ({}): {e}", endpoint.shown()),
+                        "check http.endpoints.<name>.url and that the service is up and \
+                         reachable from this host",
+                    )
+                }
+            }
+        }
+        CheckLine::ok(
+            "http",
+            format!("endpoints reachable: {}", reached.join(", ")),
+        )
+    }
+
+    fn queue_depth(&self) -> i64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    async fn destination_healthy(&self, _timeout: Duration) -> Result<bool, String> {
+        // Nothing to rebuild: each request has its own answer or timeout.
+        Ok(false)
+    }
+
+    async fn rebuild(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    async fn recover(&self) -> Result<bool, String> {
+        Ok(false)
+    }
+}
+
+fn no_endpoint(name: &str) -> String {
+    format!(
+        "no endpoint `{name}` in [http.endpoints] (the row's topic column or \
+         http.endpoint_template names it)"
+    )
+}
+
+/// Whether a TCP connection to the endpoint's host and port opens within `timeout`.
+async fn reachable(poster: &Poster, timeout: Duration) -> Result<(), String> {
+    let url = poster.url();
+    let host = url.host().unwrap_or_default().trim_matches(['[', ']']);
+    let port = url
+        .port_u16()
+        .unwrap_or(if url.scheme_str() == Some("https") {
+            443
+        } else {
+            80
+        });
+    match tokio::time::timeout(timeout, tokio::net::TcpStream::connect((host, port))).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no connection within {timeout:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests;

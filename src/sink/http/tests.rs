@@ -1,0 +1,355 @@
+//! The HTTP sink against a real HTTP server on loopback (axum, started by each test): the
+//! requests it makes, how it reads the answers, per-key order and the circuit breaker.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::Router;
+use bytes::Bytes;
+
+use super::*;
+use crate::testing::event;
+
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+const NEXT_SECRET: &str = "whsec_b2xkLXNlY3JldC1vbGQtc2VjcmV0LWFiY2Q=";
+
+/// What the server saw and how it answers.
+#[derive(Default)]
+struct Server {
+    /// Every request, in arrival order: its headers and body.
+    requests: Mutex<Vec<(HeaderMap, Bytes)>>,
+    /// The status of every answer (200 unless set).
+    status: AtomicU16,
+    /// How long each answer takes.
+    delay_ms: AtomicU16,
+    /// Message ids answered 500 whatever `status` says.
+    failing: Mutex<Vec<String>>,
+    /// Requests being answered now, per key, and the most seen at once.
+    in_flight: Mutex<BTreeMap<String, usize>>,
+    most_per_key: AtomicUsize,
+    most_at_once: AtomicUsize,
+}
+
+async fn receive(
+    State(server): State<Arc<Server>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> (StatusCode, String) {
+    let key = header(&headers, "biz-key");
+    let id = header(&headers, "webhook-id");
+    {
+        let mut in_flight = server.in_flight.lock().unwrap();
+        *in_flight.entry(key.clone()).or_default() += 1;
+        let per_key = in_flight.values().copied().max().unwrap_or(0);
+        let at_once: usize = in_flight.values().sum();
+        server
+            .most_per_key
+            .fetch_max(per_key, AtomicOrdering::SeqCst);
+        server
+            .most_at_once
+            .fetch_max(at_once, AtomicOrdering::SeqCst);
+    }
+    server.requests.lock().unwrap().push((headers, body));
+    let delay = server.delay_ms.load(AtomicOrdering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(u64::from(delay))).await;
+    *server.in_flight.lock().unwrap().get_mut(&key).unwrap() -= 1;
+    if server.failing.lock().unwrap().contains(&id) {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "try later".into());
+    }
+    let status = match server.status.load(AtomicOrdering::SeqCst) {
+        0 => StatusCode::OK,
+        code => StatusCode::from_u16(code).unwrap(),
+    };
+    (status, format!("answer {status} for {id}"))
+}
+
+fn header(headers: &HeaderMap, name: &str) -> String {
+    headers
+        .get(name)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .unwrap_or_default()
+}
+
+/// A server on a free loopback port; its URL.
+async fn start(server: &Arc<Server>) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let app = Router::new()
+        .route("/hooks/{rest}", post(receive))
+        .with_state(Arc::clone(server));
+    // Served as outboxd serves its own endpoint (its thread, hyper under axum's router).
+    tokio::spawn(crate::observability::serve_while(
+        Some(listener),
+        app,
+        std::future::pending::<()>(),
+    ));
+    format!("http://127.0.0.1:{port}/hooks/orders")
+}
+
+fn sink_to(url: &str, body: &str, tweak: impl FnOnce(&mut HttpSinkConfig)) -> HttpSink {
+    let text = format!(
+        "endpoint_template = \"default\"\ntimeout = \"2s\"\nbody = \"{body}\"\n\
+         forward_headers = [\"x-tenant\"]\n\
+         [endpoints.default]\nurl = \"{url}\"\nsecrets = [\"{SECRET}\", \"{NEXT_SECRET}\"]\n"
+    );
+    let mut config: HttpSinkConfig = toml::from_str(&text).unwrap();
+    tweak(&mut config);
+    config.validate().unwrap();
+    HttpSink::new(&config, "orders", true, &["outbox".into()]).unwrap()
+}
+
+/// A Standard Webhooks message the reference library verifies with either secret, with
+/// the row's identity, trace context and listed headers, and none it must not carry.
+#[tokio::test]
+async fn each_event_is_a_standard_webhooks_message_the_reference_library_verifies() {
+    let server = Arc::new(Server::default());
+    let url = start(&server).await;
+    let sink = sink_to(&url, "payload", |_| {});
+    let mut sent = event(7, "order-1");
+    sent.payload = Bytes::from_static(br#"{"amount": 12.5}"#);
+    sent.headers = vec![
+        (
+            "traceparent".into(),
+            Bytes::from_static(b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+        ),
+        ("x-tenant".into(), Bytes::from_static(b"acme")),
+        ("authorization".into(), Bytes::from_static(b"Bearer stolen")),
+        ("x-other".into(), Bytes::from_static(b"not listed")),
+    ];
+    let receipt = sink.send(&sent).await.await.expect("delivered");
+    assert_eq!(
+        receipt.partition, 200,
+        "the status is the receipt's partition"
+    );
+
+    let requests = server.requests.lock().unwrap();
+    let (headers, body) = &requests[0];
+    assert_eq!(body.as_ref(), br#"{"amount": 12.5}"#);
+    for secret in [SECRET, NEXT_SECRET] {
+        let reference = standardwebhooks::Webhook::new(secret).unwrap();
+        reference
+            .verify(body, headers)
+            .expect("the reference library verifies it");
+    }
+    assert_eq!(header(headers, "webhook-id"), "m-7");
+    assert_eq!(header(headers, "idempotency-key"), "m-7");
+    assert_eq!(header(headers, "message-type"), "test.event");
+    assert_eq!(header(headers, "biz-key"), "order-1");
+    assert_eq!(header(headers, "content-type"), "application/json");
+    assert_eq!(header(headers, "x-tenant"), "acme");
+    assert!(header(headers, "traceparent").starts_with("00-0af7"));
+    assert!(
+        headers.get("authorization").is_none(),
+        "credentials never forwarded"
+    );
+    assert!(headers.get("x-other").is_none(), "only listed headers");
+    assert_eq!(header(headers, "webhook-signature").split(' ').count(), 2);
+}
+
+/// The envelope carries the type and key a receiver dispatches on (outboxd's inbox).
+#[tokio::test]
+async fn the_envelope_carries_type_timestamp_key_and_data() {
+    let server = Arc::new(Server::default());
+    let url = start(&server).await;
+    let sink = sink_to(&url, "envelope", |_| {});
+    let mut json = event(1, "k1");
+    json.payload = Bytes::from_static(br#"{"a": 1}"#);
+    let mut binary = event(2, "k2");
+    binary.payload = Bytes::from_static(b"\x00\xff");
+    sink.send(&json).await.await.unwrap();
+    sink.send(&binary).await.await.unwrap();
+    let requests = server.requests.lock().unwrap();
+    let parsed =
+        |i: usize| -> serde_json::Value { serde_json::from_slice(&requests[i].1).unwrap() };
+    assert_eq!(
+        parsed(0),
+        serde_json::json!({"type": "test.event", "timestamp": "2026-01-01T00:00:00Z", "key": "k1", "data": {"a": 1}})
+    );
+    assert_eq!(parsed(1)["data_base64"], "AP8=");
+}
+
+/// 2xx → delivered; 5xx, 429, no connection → retried; other 4xx and redirects → refused,
+/// with the status and the start of the answer in the error.
+#[tokio::test]
+async fn answers_decide_the_rows_outcome() {
+    let server = Arc::new(Server::default());
+    let url = start(&server).await;
+    let sink = sink_to(&url, "payload", |_| {});
+    for (status, expected) in [
+        (201, None),
+        (503, Some(FailureKind::Retryable)),
+        (429, Some(FailureKind::Retryable)),
+        (400, Some(FailureKind::Rejected)),
+        (410, Some(FailureKind::Rejected)),
+        (302, Some(FailureKind::Rejected)),
+    ] {
+        server.status.store(status, AtomicOrdering::SeqCst);
+        let result = sink
+            .send(&event(i64::from(status), &format!("k{status}")))
+            .await
+            .await;
+        match (result, expected) {
+            (Ok(receipt), None) => assert_eq!(receipt.partition, i32::from(status)),
+            (Err(failure), Some(kind)) => {
+                assert_eq!(failure.kind, kind, "{status}: {}", failure.error);
+                assert!(
+                    failure.error.contains(&status.to_string()),
+                    "{}",
+                    failure.error
+                );
+                assert!(
+                    failure.error.contains("answer"),
+                    "the body's start: {}",
+                    failure.error
+                );
+                assert!(
+                    !failure.error.contains("/hooks/orders"),
+                    "no path: {}",
+                    failure.error
+                );
+            }
+            (other, _) => panic!("{status}: {other:?}"),
+        }
+    }
+    // Nothing listens: retried.
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let nowhere = sink_to(
+        &format!("http://127.0.0.1:{closed}/hooks/x"),
+        "payload",
+        |_| {},
+    );
+    let failure = nowhere.send(&event(1, "k")).await.await.unwrap_err();
+    assert_eq!(failure.kind, FailureKind::Retryable, "{}", failure.error);
+}
+
+/// A key's requests go one at a time, in send order; other keys in parallel. Under strict
+/// ordering, after one of a key fails, its later ones are not sent.
+#[tokio::test]
+async fn a_key_has_one_request_at_a_time_and_a_failure_stops_the_keys_later_ones() {
+    let server = Arc::new(Server::default());
+    let url = start(&server).await;
+    server.delay_ms.store(20, AtomicOrdering::SeqCst);
+    server.failing.lock().unwrap().push("m-12".into());
+    let sink = sink_to(&url, "payload", |_| {});
+    let mut deliveries = Vec::new();
+    for round in 0..4 {
+        for key in 0..3 {
+            let id = 10 * (key + 1) + round;
+            deliveries.push((id, sink.send(&event(id, &format!("k{key}"))).await));
+        }
+    }
+    let mut outcomes = BTreeMap::new();
+    for (id, delivery) in deliveries {
+        outcomes.insert(id, delivery.await);
+    }
+    assert_eq!(
+        server.most_per_key.load(AtomicOrdering::SeqCst),
+        1,
+        "one request per key at a time"
+    );
+    assert!(
+        server.most_at_once.load(AtomicOrdering::SeqCst) > 1,
+        "keys in parallel"
+    );
+    let arrived: Vec<String> = (server.requests.lock().unwrap().iter())
+        .map(|(h, _)| header(h, "webhook-id"))
+        .collect();
+    for key in 0..3 {
+        let own: Vec<&String> = arrived
+            .iter()
+            .filter(|id| id[2..].parse::<i64>().unwrap() / 10 == key + 1)
+            .collect();
+        let mut sorted = own.clone();
+        sorted.sort();
+        assert_eq!(own, sorted, "key k{key} in send order");
+    }
+    // Key k0: m-12 failed (500), so m-13 was never sent.
+    assert_eq!(
+        outcomes[&12].as_ref().unwrap_err().kind,
+        FailureKind::Retryable
+    );
+    let later = outcomes[&13].as_ref().unwrap_err();
+    assert!(
+        later.error.contains("earlier event of its key"),
+        "{}",
+        later.error
+    );
+    assert!(
+        !arrived.contains(&"m-13".to_owned()),
+        "not sent after its key's failure"
+    );
+    for id in [10, 11, 20, 21, 22, 23, 30, 31, 32, 33] {
+        assert!(outcomes[&id].is_ok(), "m-{id}: {:?}", outcomes[&id]);
+    }
+    assert_eq!(sink.queue_depth(), 0);
+}
+
+/// An endpoint that keeps failing is taken for down after `open_after` failures: later
+/// requests wait (they do not fail), one probe at a time asks it, and once it answers
+/// the waiting requests go.
+#[tokio::test]
+async fn an_endpoint_that_is_down_holds_its_requests_until_it_answers() {
+    let server = Arc::new(Server::default());
+    let url = start(&server).await;
+    server.status.store(503, AtomicOrdering::SeqCst);
+    let sink = sink_to(&url, "payload", |config| {
+        config.endpoints.get_mut("default").unwrap().open_after = 2;
+    });
+    for id in 1..=2 {
+        let failure = sink
+            .send(&event(id, &format!("k{id}")))
+            .await
+            .await
+            .unwrap_err();
+        assert_eq!(failure.kind, FailureKind::Retryable);
+    }
+    // Down now: these wait instead of failing.
+    let mut waiting = Vec::new();
+    for id in 3..=6 {
+        waiting.push(Box::pin(sink.send(&event(id, &format!("k{id}"))).await));
+    }
+    let early = tokio::time::timeout(Duration::from_millis(300), &mut waiting[0]).await;
+    assert!(
+        early.is_err(),
+        "a request to an endpoint taken for down waits"
+    );
+    let seen_while_down = server.requests.lock().unwrap().len();
+    assert!(
+        seen_while_down <= 3,
+        "at most a probe reached it: {seen_while_down}"
+    );
+    // It answers again: the probe succeeds and every waiting request goes.
+    server.status.store(200, AtomicOrdering::SeqCst);
+    for delivery in waiting {
+        let receipt = tokio::time::timeout(Duration::from_secs(10), delivery)
+            .await
+            .expect("delivered once the endpoint answers");
+        assert_eq!(receipt.unwrap().partition, 200);
+    }
+}
+
+/// A row can name only a configured endpoint; a template over the row picks among them.
+#[tokio::test]
+async fn rows_name_only_configured_endpoints() {
+    let server = Arc::new(Server::default());
+    let url = start(&server).await;
+    let sink = sink_to(&url, "payload", |config| {
+        config.endpoint_template = "{message_type}".into();
+        let endpoint = config.endpoints.remove("default").unwrap();
+        config.endpoints.insert("test.event".into(), endpoint);
+    });
+    assert_eq!(sink.refusal(&event(1, "k")), None);
+    let mut elsewhere = event(2, "k");
+    elsewhere.topic = Some("https://attacker.example/".into());
+    let reason = sink.refusal(&elsewhere).expect("refused");
+    assert!(reason.contains("no endpoint"), "{reason}");
+    assert_eq!(sink.destination(&event(3, "k")), "test.event");
+}
