@@ -249,10 +249,7 @@ impl Sink for HttpSink {
     }
 
     fn refusal(&self, event: &OutboxEvent) -> Option<String> {
-        let unrouted = event.topic.as_deref().is_none_or(str::is_empty)
-            && self.template.uses_routing()
-            && event.routing.as_deref().is_none_or(str::is_empty);
-        if unrouted {
+        if self.template.lacks_routing(event) {
             return Some(
                 "http.endpoint_template uses {routing} and the row's routing column \
                  (outbox.columns.routing) is NULL or empty: set it on the row"

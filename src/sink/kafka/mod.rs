@@ -231,10 +231,7 @@ impl Sink for KafkaSink {
     }
 
     fn refusal(&self, event: &OutboxEvent) -> Option<String> {
-        let unrouted = event.topic.as_ref().is_none_or(String::is_empty)
-            && self.template.uses_routing()
-            && event.routing.as_ref().is_none_or(String::is_empty);
-        if unrouted {
+        if self.template.lacks_routing(event) {
             return Some(
                 "kafka.topic_template uses {routing} and the row's routing column \
                  (outbox.columns.routing) is NULL or empty: set it on the row"

@@ -116,6 +116,15 @@ impl TopicTemplate {
         self.parts.contains(&TemplatePart::Routing)
     }
 
+    /// Whether `event` goes by this template (its `topic` column is empty) and the
+    /// template needs the routing value it lacks: such an event cannot be routed, and the
+    /// sink refuses it rather than send it to a name without its routing part.
+    pub fn lacks_routing(&self, event: &OutboxEvent) -> bool {
+        event.topic.as_deref().is_none_or(str::is_empty)
+            && self.uses_routing()
+            && event.routing.as_deref().is_none_or(str::is_empty)
+    }
+
     /// The topic for `event` in `pipeline` (an absent routing value renders empty;
     /// [`TopicTemplate::uses_routing`] lets the sink refuse such an event first).
     pub fn render(&self, event: &OutboxEvent, pipeline: &str) -> String {
