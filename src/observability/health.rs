@@ -95,6 +95,7 @@ impl<C: Connector, S: Sink> Health<C, S> {
             status_ok: status.as_ref().map(|s| s.is_ok()),
             inbox_status: inbox_status.as_ref().and_then(|s| s.as_ref().as_ref().ok()),
             kafka_reachable: self.sink.as_ref().map(|_| kafka.is_ok()),
+            endpoints_up: self.sink.as_ref().map_or_else(Vec::new, |s| s.endpoints_up()),
         };
         metrics::render(&self.stats, &inputs)
     }

@@ -57,6 +57,12 @@ impl UncommittedRecords {
     }
 }
 
+/// The label of the HTTP sink's per-endpoint gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EndpointLabel {
+    endpoint: String,
+}
+
 /// The label of the per-topic counters.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TopicLabel {
@@ -242,6 +248,8 @@ pub(crate) struct ScrapeInputs<'a> {
     pub(crate) inbox_status: Option<&'a StatusSummary>,
     /// Result of the last Kafka reachability check (`None`: not checked yet).
     pub(crate) kafka_reachable: Option<bool>,
+    /// The HTTP sink's endpoints, each with whether it is up.
+    pub(crate) endpoints_up: Vec<(String, bool)>,
 }
 
 /// Renders every metric in the Prometheus text format ([`CONTENT_TYPE`]).
@@ -345,6 +353,22 @@ fn registry(stats: &PipelineStats, inputs: &ScrapeInputs<'_>) -> Registry {
             "outboxd_kafka_reachable",
             "1 if the last cluster metadata request (at most every 10 s) succeeded",
             flag(reachable),
+        );
+    }
+
+    if !inputs.endpoints_up.is_empty() {
+        let up = Family::<EndpointLabel, Gauge>::default();
+        for (endpoint, is_up) in &inputs.endpoints_up {
+            let label = EndpointLabel {
+                endpoint: endpoint.clone(),
+            };
+            up.get_or_create(&label).set(i64::from(*is_up));
+        }
+        r.register(
+            "outboxd_http_endpoint_up",
+            "0 while the HTTP sink takes the endpoint for down (its rows wait, one request \
+             probes it), else 1",
+            up,
         );
     }
 
@@ -540,9 +564,13 @@ mod tests {
                 status_ok: Some(true),
                 inbox_status: None,
                 kafka_reachable: Some(true),
+                endpoints_up: vec![("orders".into(), true), ("billing".into(), false)],
             },
         );
         for line in [
+            "# TYPE outboxd_http_endpoint_up gauge",
+            "outboxd_http_endpoint_up{endpoint=\"orders\"} 1",
+            "outboxd_http_endpoint_up{endpoint=\"billing\"} 0",
             "# HELP outboxd_events_published_total Records acknowledged by Kafka, by topic.",
             "# TYPE outboxd_events_published_total counter",
             "outboxd_events_published_total{topic=\"t.\\\"a\\\"\"} 1",

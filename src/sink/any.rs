@@ -88,4 +88,8 @@ impl Sink for AnySink {
     async fn recover(&self) -> Result<bool, String> {
         each!(self, sink => sink.recover().await)
     }
+
+    fn endpoints_up(&self) -> Vec<(String, bool)> {
+        each!(self, sink => sink.endpoints_up())
+    }
 }

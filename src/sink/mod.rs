@@ -211,6 +211,13 @@ pub trait Sink: Send + Sync {
     /// be rebuilt. Records the old client did not acknowledge are the caller's to send
     /// again: a fatal failure says nothing about the row, so it costs the row no attempt.
     fn recover(&self) -> impl Future<Output = Result<bool, String>> + Send;
+
+    /// The destinations the sink keeps a state of its own for, each with whether it is
+    /// up (the HTTP sink: each endpoint, down while its circuit breaker holds its rows),
+    /// for the `outboxd_http_endpoint_up` gauge. None by default.
+    fn endpoints_up(&self) -> Vec<(String, bool)> {
+        Vec::new()
+    }
 }
 
 #[cfg(test)]

@@ -83,6 +83,11 @@ impl Endpoint {
         self.poster.shown()
     }
 
+    /// Whether the endpoint is taken for down (its circuit breaker holds its requests).
+    pub(super) fn is_down(&self) -> bool {
+        lock(&self.breaker.state).open
+    }
+
     /// The client (for `check`).
     pub(super) fn poster(&self) -> &Poster {
         &self.poster

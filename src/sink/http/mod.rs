@@ -309,6 +309,12 @@ impl Sink for HttpSink {
     async fn recover(&self) -> Result<bool, String> {
         Ok(false)
     }
+
+    fn endpoints_up(&self) -> Vec<(String, bool)> {
+        (self.endpoints.iter())
+            .map(|(name, endpoint)| (name.clone(), !endpoint.is_down()))
+            .collect()
+    }
 }
 
 fn no_endpoint(name: &str) -> String {

@@ -326,6 +326,7 @@ async fn an_endpoint_that_is_down_holds_its_requests_until_it_answers() {
         seen_while_down <= 3,
         "at most a probe reached it: {seen_while_down}"
     );
+    assert_eq!(sink.endpoints_up(), [("default".to_owned(), false)]);
     // It answers again: the probe succeeds and every waiting request goes.
     server.status.store(200, AtomicOrdering::SeqCst);
     for delivery in waiting {
@@ -334,6 +335,7 @@ async fn an_endpoint_that_is_down_holds_its_requests_until_it_answers() {
             .expect("delivered once the endpoint answers");
         assert_eq!(receipt.unwrap().partition, 200);
     }
+    assert_eq!(sink.endpoints_up(), [("default".to_owned(), true)]);
 }
 
 /// A row can name only a configured endpoint; a template over the row picks among them.
