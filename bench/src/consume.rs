@@ -100,6 +100,22 @@ pub(crate) fn from_beginning(
     topics: &[&str],
     partitions: i32,
 ) -> anyhow::Result<BaseConsumer> {
+    let mut assignment = TopicPartitionList::new();
+    for topic in topics {
+        for p in 0..partitions {
+            assignment.add_partition_offset(topic, p, rdkafka::Offset::Beginning)?;
+        }
+    }
+    from(kafka, group, &assignment)
+}
+
+/// A consumer of `assignment` (topics, partitions and where to start), in group `group`
+/// (no offsets committed).
+pub(crate) fn from(
+    kafka: &str,
+    group: &str,
+    assignment: &TopicPartitionList,
+) -> anyhow::Result<BaseConsumer> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", kafka)
         .set("group.id", group)
@@ -108,13 +124,7 @@ pub(crate) fn from_beginning(
         // librdkafka's default, stated: with exactly-once, aborted records are not counted.
         .set("isolation.level", "read_committed")
         .create()?;
-    let mut assignment = TopicPartitionList::new();
-    for topic in topics {
-        for p in 0..partitions {
-            assignment.add_partition_offset(topic, p, rdkafka::Offset::Beginning)?;
-        }
-    }
-    consumer.assign(&assignment)?;
+    consumer.assign(assignment)?;
     Ok(consumer)
 }
 

@@ -66,6 +66,8 @@ const INBOX_TIMEOUTS: (&str, &str) = (
     "claim_timeout = \"10s\"",
     "[inbox.kafka.options]\n\"session.timeout.ms\" = \"10000\"",
 );
+/// How long the bench's reader may read nothing before it is made anew.
+const READER_SILENCE: Duration = Duration::from_secs(10);
 /// At the end: how long the relays and the inbox may take to deliver what was written.
 const DRAIN: Duration = Duration::from_secs(300);
 
@@ -986,7 +988,10 @@ fn read(
     stop: &AtomicBool,
 ) -> anyhow::Result<Vec<Delivered>> {
     let names: Vec<&str> = topics.iter().map(String::as_str).collect();
-    let consumer = consume::from_beginning(kafka, group, &names, partitions)?;
+    let mut consumer = consume::from_beginning(kafka, group, &names, partitions)?;
+    // Per topic and partition, the next offset to read: where a new consumer starts.
+    let mut next: HashMap<(usize, i32), i64> = HashMap::new();
+    let mut last_message = Instant::now();
     let mut out: Vec<Delivered> = topics.iter().map(|_| Delivered::default()).collect();
     let mut seen: Vec<HashSet<(usize, usize, usize)>> =
         topics.iter().map(|_| HashSet::new()).collect();
@@ -994,6 +999,26 @@ fn read(
     let mut latest: Vec<HashMap<Vec<u8>, (usize, usize)>> =
         topics.iter().map(|_| HashMap::new()).collect();
     while !stop.load(Ordering::SeqCst) {
+        // A consumer silent for 10 s is made anew where it was: after a broker freeze a
+        // consumer was once seen to read nothing more while the topics grew.
+        if last_message.elapsed() > READER_SILENCE {
+            let mut assignment = rdkafka::TopicPartitionList::new();
+            for (r, topic) in topics.iter().enumerate() {
+                for p in 0..partitions {
+                    let offset = next
+                        .get(&(r, p))
+                        .map_or(rdkafka::Offset::Beginning, |o| rdkafka::Offset::Offset(*o));
+                    assignment.add_partition_offset(topic, p, offset)?;
+                }
+            }
+            eprintln!(
+                "soak reader: nothing read for {READER_SILENCE:?}; a new consumer from {} offsets",
+                next.len()
+            );
+            drop(consumer);
+            consumer = consume::from(kafka, group, &assignment)?;
+            last_message = Instant::now();
+        }
         let m = match consumer.poll(Duration::from_millis(50)) {
             Some(Ok(m)) => m,
             Some(Err(e)) => {
@@ -1002,9 +1027,11 @@ fn read(
             }
             None => continue,
         };
+        last_message = Instant::now();
         let Some(r) = topics.iter().position(|t| t == m.topic()) else {
             continue;
         };
+        next.insert((r, m.partition()), m.offset() + 1);
         let (tag, progress) = &watched[r];
         let Some(id) = consume::message_id(&m) else {
             continue;
