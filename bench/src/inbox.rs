@@ -56,12 +56,8 @@ impl Bench {
             .local_addr()?
             .port();
         let text = format!(
-            r#"[pipeline]
-name = "{name}"
-
-[source]
+            r#"[source]
 kind = "postgres"
-mode = "poll"
 host = "{}"
 port = {}
 user = "{}"
@@ -69,22 +65,16 @@ password = "{}"
 database = "{}"
 sslmode = "disable"
 
-[outbox]
-relay = false
-table = "outbox_{name}"
-inbox_table = "inbox_{name}"
-
-[kafka]
-bootstrap_servers = "{}"
-
 [metrics]
 listen = "127.0.0.1:{port}"
 
 [inbox]
+table = "inbox_{name}"
 workers = 16
 {inbox_keys}
 
 [inbox.kafka]
+bootstrap_servers = "{}"
 topics = ["{topic}"]
 group_id = "{name}"
 
