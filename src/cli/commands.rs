@@ -160,7 +160,15 @@ async fn execute_with<C: Connector + Clone + 'static>(
             ))
             .await
         }
-        Command::Recover => recover(config, connector, &open_sink(config)?).await,
+        Command::Recover => {
+            if !config.relays_outbox() {
+                anyhow::bail!(
+                    "this config runs no outbox relay (no [outbox] or sink section): recover \
+                     restarts the relay's log position, and there is none"
+                );
+            }
+            recover(config, connector, &open_sink(config)?).await
+        }
         Command::Admin {
             table: TableKind::Outbox,
             command,
@@ -342,7 +350,8 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
     let relay_sink = relay_sink.map(Arc::new);
     let health =
         observability::Health::new(Arc::clone(&stats), shared_sink.clone(), connector.clone())
-            .with_relay_sink(relay_sink.clone());
+            .with_relay_sink(relay_sink.clone())
+            .sink_gates_readiness(config.sends_to_kafka());
     let inbox_shutdown = shutdown.clone();
     let outbox = async {
         // Present exactly when the relay runs (see `execute_with`).

@@ -136,6 +136,25 @@ fn files_that_run_nothing_or_half_a_relay_are_refused() {
             "disagree",
         ),
     ];
+    let http = format!(
+        "[pipeline]\nname = \"p\"\n{SOURCE}server_id = 7\n[outbox]\n\
+         [http.endpoints.default]\nurl = \"http://127.0.0.1:1/\"\n"
+    );
+    let cases = cases.into_iter().chain([
+        (
+            format!("{http}[kafka]\nbootstrap_servers = \"k:1\"\n"),
+            "one sink",
+        ),
+        (
+            format!("{http}[delivery]\nexactly_once = true\n"),
+            "needs the Kafka sink",
+        ),
+        (
+            format!("{}", http.replace("[outbox]\n", "[outbox]\nrows = \"deleted\"\n")),
+            "needs the Kafka sink",
+        ),
+    ]);
+    load(&http).expect("an HTTP relay");
     for (text, expected) in cases {
         let err = load(&text).map(|_| ()).unwrap_err().to_string();
         assert!(

@@ -361,6 +361,15 @@ impl Config {
                         .into(),
                 ));
             }
+            if self.outbox.rows() == outboxd_connector::RowLifecycle::Deleted {
+                return Err(ConfigError::Invalid(
+                    "outbox.rows = \"deleted\" (the Debezium layout's default) needs the Kafka \
+                     sink: with no row to mark FAILED, an endpoint's refusal (a 4xx while a \
+                     secret rotates, a 404 during a deploy) would stop the relay; keep the rows \
+                     (outbox.rows = \"kept\")"
+                        .into(),
+                ));
+            }
         }
         if self.sends_to_kafka() && self.kafka.bootstrap_servers.trim().is_empty() {
             return Err(ConfigError::Invalid(

@@ -37,6 +37,11 @@ pub(crate) struct Health<C: Connector, S: Sink> {
     /// Exactly-once: the log relay's own (transactional) producer, counted in the
     /// producer queue beside the shared one.
     relay_sink: Option<Arc<S>>,
+    /// Whether the sink's reachability gates `/readyz` (Kafka: one cluster the relay
+    /// cannot work without). Not the HTTP sink's endpoints: one partner's endpoint down
+    /// must not take the process (and an inbox it serves) out of rotation; its rows wait
+    /// and `outboxd_http_endpoint_up` says so.
+    sink_gates_readiness: bool,
     connector: C,
     /// The SQL connection for status queries, opened on the first scrape, dropped after
     /// an error.
@@ -55,6 +60,7 @@ impl<C: Connector, S: Sink> Health<C, S> {
             stats,
             sink,
             relay_sink: None,
+            sink_gates_readiness: true,
             connector,
             store: Mutex::new(None),
             status: TtlCache::new(STATUS_CACHE),
@@ -62,6 +68,13 @@ impl<C: Connector, S: Sink> Health<C, S> {
             inbox_status: TtlCache::new(STATUS_CACHE),
             kafka: TtlCache::new(KAFKA_CHECK),
         }
+    }
+
+    /// Whether the sink's reachability gates `/readyz` and shows as
+    /// `outboxd_kafka_reachable` (the Kafka sink: yes; the HTTP sink: no).
+    pub(crate) fn sink_gates_readiness(mut self, gates: bool) -> Self {
+        self.sink_gates_readiness = gates;
+        self
     }
 
     /// Counts the log relay's own producer too (exactly-once).
@@ -94,15 +107,20 @@ impl<C: Connector, S: Sink> Health<C, S> {
             status: status.as_ref().and_then(|s| s.as_ref().as_ref().ok()),
             status_ok: status.as_ref().map(|s| s.is_ok()),
             inbox_status: inbox_status.as_ref().and_then(|s| s.as_ref().as_ref().ok()),
-            kafka_reachable: self.sink.as_ref().map(|_| kafka.is_ok()),
-            endpoints_up: self.sink.as_ref().map_or_else(Vec::new, |s| s.endpoints_up()),
+            kafka_reachable: (self.sink.as_ref())
+                .filter(|_| self.sink_gates_readiness)
+                .map(|_| kafka.is_ok()),
+            endpoints_up: self
+                .sink
+                .as_ref()
+                .map_or_else(Vec::new, |s| s.endpoints_up()),
         };
         metrics::render(&self.stats, &inputs)
     }
 
     /// Kafka's reachability, checked at most every [`KAFKA_CHECK`]; `Ok` without a sink.
     async fn kafka_reachable(&self) -> Result<(), String> {
-        let Some(sink) = &self.sink else {
+        let Some(sink) = self.sink.as_ref().filter(|_| self.sink_gates_readiness) else {
             return Ok(());
         };
         self.kafka

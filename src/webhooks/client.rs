@@ -53,7 +53,7 @@ const NEVER_FORWARDED: [&str; 22] = [
 ];
 
 /// Header name prefixes never copied (`X-Forwarded-For`, `-Host`, `-Proto`, …).
-const NEVER_FORWARDED_PREFIXES: [&str; 3] = ["x-forwarded-", "inbox-", "webhook-"];
+const NEVER_FORWARDED_PREFIXES: [&str; 2] = ["x-forwarded-", "inbox-"];
 
 /// Whether `name` may be listed in a `forward_headers` (a name, or a prefix ending in `*`).
 pub(crate) fn check_forwardable(name: &str) -> Result<(), String> {
@@ -324,7 +324,6 @@ mod tests {
             "biz-key",
             "user-agent",
             "ce-source",
-            "webhook-signature",
         ] {
             assert!(!forwarded(name, &listed), "{name}");
         }
@@ -341,7 +340,6 @@ mod tests {
             "",
             "a b",
             "inbox-attempt",
-            "webhook-id",
         ] {
             assert!(check_forwardable(refused).is_err(), "{refused}");
         }

@@ -31,6 +31,43 @@ pub(super) const MAX_PROBE_PAUSE: Duration = Duration::from_secs(30);
 /// The pause before the first probe.
 const FIRST_PROBE_PAUSE: Duration = Duration::from_secs(1);
 
+/// A request handed to the endpoint: its outcome, and what to forget once it is taken.
+pub(super) struct Queued {
+    outcome: oneshot::Receiver<SinkResult>,
+    endpoint: Arc<Endpoint>,
+    key: Bytes,
+    seq: u64,
+}
+
+impl Queued {
+    /// Polls for the outcome; once it is in, the key's chain lets go of the request.
+    pub(super) fn poll_outcome(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<SinkResult> {
+        use std::future::Future;
+        let result = match std::pin::Pin::new(&mut self.outcome).poll(cx) {
+            std::task::Poll::Pending => return std::task::Poll::Pending,
+            std::task::Poll::Ready(Ok(result)) => result,
+            std::task::Poll::Ready(Err(_)) => Err(SinkFailure {
+                kind: FailureKind::Fatal,
+                error: "the HTTP request's task ended without an outcome".into(),
+            }),
+        };
+        self.endpoint.forget(&self.key, self.seq);
+        std::task::Poll::Ready(result)
+    }
+
+    /// The caller stops waiting. If the outcome is in already, it counts as taken; if not,
+    /// the task sees nobody waits (it is not sent if its turn has not come) and forgets.
+    pub(super) fn abandon(&mut self) {
+        self.outcome.close();
+        if self.outcome.try_recv().is_ok() {
+            self.endpoint.forget(&self.key, self.seq);
+        }
+    }
+}
+
 /// A request ready to go but for its signature, which is made when it is sent (its
 /// timestamp must be fresh at the receiver, however long it waited for its key).
 pub(super) struct Prepared {
@@ -93,37 +130,65 @@ impl Endpoint {
         &self.poster
     }
 
-    /// Queues `request` behind the last one of its key and returns where its outcome will
-    /// arrive. The request runs on a task of its own: a caller that stops waiting (a
-    /// claim's deadline) leaves it to finish, which makes a duplicate at worst, never a
-    /// reorder.
-    pub(super) fn enqueue(self: &Arc<Self>, request: Prepared) -> oneshot::Receiver<SinkResult> {
-        let (outcome_tx, outcome_rx) = oneshot::channel();
+    /// Queues `request` behind the last one of its key; its outcome arrives through the
+    /// returned [`Queued`]. The request runs on a task of its own. While it waits for its
+    /// turn (its key's previous request, a slot, the circuit breaker), a caller that stops
+    /// waiting (a claim's deadline) cancels it: it is not sent, and counts as not
+    /// delivered for its key's later requests. Once sent, it runs to its answer.
+    pub(super) fn enqueue(self: &Arc<Self>, request: Prepared) -> Queued {
+        let (mut outcome_tx, outcome_rx) = oneshot::channel();
         let (done_tx, done_rx) = watch::channel(None);
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        let key = request.key.clone();
         let previous = lock(&self.keys)
-            .insert(request.key.clone(), (seq, done_rx))
+            .insert(key.clone(), (seq, done_rx))
             .map(|(_, rx)| rx);
         let endpoint = Arc::clone(self);
+        let task_key = key.clone();
         tokio::spawn(async move {
-            let key = request.key.clone();
-            let result = endpoint.deliver_after(previous, request).await;
+            let turn = tokio::select! {
+                turn = endpoint.wait_turn(previous) => Some(turn),
+                () = outcome_tx.closed() => None,
+            };
+            let result = match turn {
+                None => Err(SinkFailure {
+                    kind: FailureKind::Retryable,
+                    error: "not sent: nothing waits for its outcome any more".into(),
+                }),
+                Some(Err(failure)) => Err(failure),
+                Some(Ok((_slot, probe))) => endpoint.post_and_record(request, probe).await,
+            };
             done_tx.send_replace(Some(result.is_ok()));
-            let mut keys = lock(&endpoint.keys);
-            if keys.get(&key).is_some_and(|(last, _)| *last == seq) {
-                keys.remove(&key);
+            // Nobody takes the outcome: the key's entry is this task's to forget.
+            if outcome_tx.send(result).is_err() {
+                endpoint.forget(&task_key, seq);
             }
-            drop(keys);
-            let _ = outcome_tx.send(result);
         });
-        outcome_rx
+        Queued {
+            outcome: outcome_rx,
+            endpoint: Arc::clone(self),
+            key,
+            seq,
+        }
     }
 
-    async fn deliver_after(
+    /// Drops the key's entry if `seq` is still its last request. Only once its outcome was
+    /// taken (or nobody waits for it): until the relay has seen a failure and holds the
+    /// key back, a later request of the key must find the failed one and not be sent.
+    fn forget(&self, key: &Bytes, seq: u64) {
+        let mut keys = lock(&self.keys);
+        if keys.get(key).is_some_and(|(last, _)| *last == seq) {
+            keys.remove(key);
+        }
+    }
+
+    /// Waits for the request's turn: its key's previous request answered (under strict
+    /// ordering, delivered), a slot, and the circuit breaker's leave. The slot's permit and
+    /// whether this request is the breaker's probe.
+    async fn wait_turn(
         &self,
         previous: Option<watch::Receiver<Option<bool>>>,
-        request: Prepared,
-    ) -> SinkResult {
+    ) -> Result<(tokio::sync::SemaphorePermit<'_>, bool), SinkFailure> {
         if let Some(mut previous) = previous {
             // A task that ended without saying (it cannot: it always sends) counts as failed.
             let delivered = matches!(
@@ -141,13 +206,18 @@ impl Endpoint {
                 });
             }
         }
-        let Ok(_slot) = self.slots.acquire().await else {
+        let Ok(slot) = self.slots.acquire().await else {
             return Err(SinkFailure {
                 kind: FailureKind::Fatal,
                 error: format!("endpoint `{}` is closed", self.name),
             });
         };
         let probe = self.breaker.admit(&self.name).await;
+        Ok((slot, probe))
+    }
+
+    /// POSTs, tells the breaker what the answer showed, and maps the answer.
+    async fn post_and_record(&self, request: Prepared, probe: bool) -> SinkResult {
         let answer = self.post(request).await;
         let up = !matches!(answer, Answer::Retry { .. });
         self.breaker.record(&self.name, self.shown(), probe, up);
@@ -239,11 +309,17 @@ impl Breaker {
                     tracing::debug!(endpoint = name, "probing an endpoint taken for down");
                     return true;
                 }
-                state.next_probe
+                // While a probe is under way only its answer can change anything: no timer
+                // (its `next_probe` is past, and would wake this loop at once, again and
+                // again).
+                (!state.probing).then_some(state.next_probe)
             };
-            tokio::select! {
-                () = changed => {}
-                () = tokio::time::sleep_until(wait_until) => {}
+            match wait_until {
+                Some(at) => tokio::select! {
+                    () = changed => {}
+                    () = tokio::time::sleep_until(at) => {}
+                },
+                None => changed.await,
             }
         }
     }

@@ -27,7 +27,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use outboxd_connector::{CheckLine, OutboxEvent};
-use tokio::sync::oneshot;
 
 use crate::sink::kafka::TopicTemplate;
 use crate::sink::{FailureKind, Sink, SinkFailure, SinkResult};
@@ -38,7 +37,7 @@ pub mod config;
 mod endpoint;
 
 pub use config::{BodyFormat, EndpointConfig, HttpSinkConfig};
-use endpoint::{Endpoint, Prepared};
+use endpoint::{Endpoint, Prepared, Queued};
 
 /// See the module documentation.
 pub struct HttpSink {
@@ -112,6 +111,10 @@ impl HttpSink {
                 content_type = Some(value.clone());
                 continue;
             }
+            // Standard Webhooks' own headers are the sink's to set, never a row's.
+            if lower.starts_with("webhook-") {
+                continue;
+            }
             let (Ok(name), Ok(value)) = (
                 HeaderName::from_bytes(lower.as_bytes()),
                 HeaderValue::from_bytes(value),
@@ -178,7 +181,7 @@ fn envelope(event: &OutboxEvent) -> Bytes {
 pub struct HttpDelivery(Delivery);
 
 enum Delivery {
-    Queued(oneshot::Receiver<SinkResult>, Arc<AtomicI64>),
+    Queued(Queued, Arc<AtomicI64>),
     Decided(Option<SinkResult>),
 }
 
@@ -193,14 +196,9 @@ impl Future for HttpDelivery {
                     error: "an HTTP delivery was polled after it completed".into(),
                 })
             })),
-            Delivery::Queued(receiver, in_flight) => {
-                let result = match Pin::new(receiver).poll(cx) {
-                    Poll::Pending => return Poll::Pending,
-                    Poll::Ready(Ok(result)) => result,
-                    Poll::Ready(Err(_)) => Err(SinkFailure {
-                        kind: FailureKind::Fatal,
-                        error: "the HTTP request's task ended without an outcome".into(),
-                    }),
+            Delivery::Queued(queued, in_flight) => {
+                let Poll::Ready(result) = queued.poll_outcome(cx) else {
+                    return Poll::Pending;
                 };
                 in_flight.fetch_sub(1, Ordering::Relaxed);
                 self.0 = Delivery::Decided(None);
@@ -212,8 +210,10 @@ impl Future for HttpDelivery {
 
 impl Drop for HttpDelivery {
     fn drop(&mut self) {
-        // A delivery dropped before its outcome (a claim's deadline): no longer counted.
-        if let Delivery::Queued(_, in_flight) = &self.0 {
+        // A delivery dropped before its outcome (a claim's deadline): no longer counted,
+        // and not sent if its turn has not come.
+        if let Delivery::Queued(queued, in_flight) = &mut self.0 {
+            queued.abandon();
             in_flight.fetch_sub(1, Ordering::Relaxed);
         }
     }
