@@ -2,7 +2,9 @@
 //! ids or keys with a chosen [`FailureKind`], and can hold deliveries until the test
 //! completes them, in whatever order the test picks. Transactional (exactly-once), it
 //! keeps records invisible until a commit, and a failed record dooms the open transaction
-//! as in Kafka.
+//! as in Kafka. The sink conformance suite (`sink/conformance/`) holds it to what the real
+//! sinks do: per-key order, failure kinds, recover, and a `flush` that waits for held
+//! deliveries.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -27,12 +29,16 @@ struct State {
     sent: Vec<OutboxEvent>,
     fail_ids: HashMap<i64, FailureKind>,
     fail_keys: HashMap<String, FailureKind>,
+    /// Every record fails with this kind (a destination nobody answers at).
+    fail_all: Option<FailureKind>,
     hold: bool,
     /// Every send fails [`FailureKind::Fatal`] until [`Sink::recover`].
     fatal: bool,
     recoveries: usize,
     /// Held deliveries by row id, with the outcome they will get.
     held: BTreeMap<i64, (oneshot::Sender<SinkResult>, SinkResult)>,
+    /// Ids of the records the destination took (their `Ok` released), in that order.
+    delivered: Vec<i64>,
     next_offset: i64,
     /// Exactly-once: records go into an open transaction that only a commit makes
     /// visible; a new [`Sink::committed_position`] or [`Sink::abort`] aborts it.
@@ -103,6 +109,11 @@ impl MemorySink {
         self.state().fail_keys.insert(key.to_owned(), kind);
     }
 
+    /// Every record fails with `kind`, as against a destination nobody answers at.
+    pub(crate) fn fail_all(&self, kind: FailureKind) {
+        self.state().fail_all = Some(kind);
+    }
+
     /// Exactly-once: commits fail while `fail` (records stay uncommitted).
     pub(crate) fn fail_commits(&self, fail: bool) {
         self.state().fail_commits = fail;
@@ -113,6 +124,7 @@ impl MemorySink {
         let mut state = self.state();
         state.fail_ids.clear();
         state.fail_keys.clear();
+        state.fail_all = None;
     }
 
     /// From now on every send fails fatally, as a librdkafka producer does after a fatal
@@ -156,8 +168,12 @@ impl MemorySink {
 
     /// Resolves the held delivery of row `id`; false when none is held.
     pub(crate) fn complete(&self, id: i64) -> bool {
-        match self.state().held.remove(&id) {
+        let mut state = self.state();
+        match state.held.remove(&id) {
             Some((tx, result)) => {
+                if result.is_ok() {
+                    state.delivered.push(id);
+                }
                 let _ = tx.send(result);
                 true
             }
@@ -168,6 +184,12 @@ impl MemorySink {
     /// Ids of the deliveries held, ascending.
     pub(crate) fn held(&self) -> Vec<i64> {
         self.state().held.keys().copied().collect()
+    }
+
+    /// Ids of the records the destination took, in that order: sent while not holding, or
+    /// held and then completed, with a receipt (whether or not anyone still waited).
+    pub(crate) fn delivered_ids(&self) -> Vec<i64> {
+        self.state().delivered.clone()
     }
 
     /// Ids of every record sent, in send order.
@@ -204,6 +226,7 @@ impl Sink for MemorySink {
             .get(&event.id)
             .or_else(|| state.fail_keys.get(&event.biz_key))
             .copied()
+            .or(state.fail_all)
             .or(state.fatal.then_some(FailureKind::Fatal));
         let result = match failure {
             Some(kind) => Err(SinkFailure {
@@ -229,6 +252,9 @@ impl Sink for MemorySink {
         if state.hold {
             state.held.insert(event.id, (tx, result));
         } else {
+            if result.is_ok() {
+                state.delivered.push(event.id);
+            }
             let _ = tx.send(result);
         }
         MemoryDelivery(rx)
@@ -281,7 +307,17 @@ impl Sink for MemorySink {
         state.doomed = false;
     }
 
-    async fn flush(&self, _deadline: Duration) {}
+    /// Waits until no delivery is held (the test completes them), up to `deadline`.
+    async fn flush(&self, deadline: Duration) {
+        let until = tokio::time::Instant::now() + deadline;
+        loop {
+            let held = !self.state().held.is_empty();
+            if !held || tokio::time::Instant::now() >= until {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
 
     async fn check(&self, _timeout: Duration) -> CheckLine {
         CheckLine::ok("memory", "in-memory sink")

@@ -17,6 +17,8 @@ use std::time::Duration;
 use outboxd_connector::{CheckLine, OutboxEvent, Position};
 
 mod any;
+#[cfg(test)]
+mod conformance;
 pub mod http;
 pub mod kafka;
 #[cfg(test)]

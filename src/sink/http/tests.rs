@@ -1,95 +1,20 @@
-//! The HTTP sink against a real HTTP server on loopback (axum, started by each test): the
+//! The HTTP sink against a real HTTP server on loopback (axum, started by each test; the
+//! server is shared with the sink conformance suite: `sink/conformance/loopback.rs`): the
 //! requests it makes, how it reads the answers, per-key order and the circuit breaker.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering as AtomicOrdering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering as AtomicOrdering;
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
-use axum::routing::post;
-use axum::Router;
 use bytes::Bytes;
 
 use super::*;
+use crate::sink::conformance::loopback::{closed_url, header, start, Server};
 use crate::testing::event;
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const NEXT_SECRET: &str = "whsec_b2xkLXNlY3JldC1vbGQtc2VjcmV0LWFiY2Q=";
-
-/// What the server saw and how it answers.
-#[derive(Default)]
-struct Server {
-    /// Every request, in arrival order: its headers and body.
-    requests: Mutex<Vec<(HeaderMap, Bytes)>>,
-    /// The status of every answer (200 unless set).
-    status: AtomicU16,
-    /// How long each answer takes.
-    delay_ms: AtomicU16,
-    /// Message ids answered 500 whatever `status` says.
-    failing: Mutex<Vec<String>>,
-    /// Requests being answered now, per key, and the most seen at once.
-    in_flight: Mutex<BTreeMap<String, usize>>,
-    most_per_key: AtomicUsize,
-    most_at_once: AtomicUsize,
-}
-
-async fn receive(
-    State(server): State<Arc<Server>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> (StatusCode, String) {
-    let key = header(&headers, "biz-key");
-    let id = header(&headers, "webhook-id");
-    {
-        let mut in_flight = server.in_flight.lock().unwrap();
-        *in_flight.entry(key.clone()).or_default() += 1;
-        let per_key = in_flight.values().copied().max().unwrap_or(0);
-        let at_once: usize = in_flight.values().sum();
-        server
-            .most_per_key
-            .fetch_max(per_key, AtomicOrdering::SeqCst);
-        server
-            .most_at_once
-            .fetch_max(at_once, AtomicOrdering::SeqCst);
-    }
-    server.requests.lock().unwrap().push((headers, body));
-    let delay = server.delay_ms.load(AtomicOrdering::SeqCst);
-    tokio::time::sleep(Duration::from_millis(u64::from(delay))).await;
-    *server.in_flight.lock().unwrap().get_mut(&key).unwrap() -= 1;
-    if server.failing.lock().unwrap().contains(&id) {
-        return (StatusCode::INTERNAL_SERVER_ERROR, "try later".into());
-    }
-    let status = match server.status.load(AtomicOrdering::SeqCst) {
-        0 => StatusCode::OK,
-        code => StatusCode::from_u16(code).unwrap(),
-    };
-    (status, format!("answer {status} for {id}"))
-}
-
-fn header(headers: &HeaderMap, name: &str) -> String {
-    headers
-        .get(name)
-        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-        .unwrap_or_default()
-}
-
-/// A server on a free loopback port; its URL.
-async fn start(server: &Arc<Server>) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let app = Router::new()
-        .route("/hooks/{rest}", post(receive))
-        .with_state(Arc::clone(server));
-    // Served as outboxd serves its own endpoint (its thread, hyper under axum's router).
-    tokio::spawn(crate::observability::serve_while(
-        Some(listener),
-        app,
-        std::future::pending::<()>(),
-    ));
-    format!("http://127.0.0.1:{port}/hooks/orders")
-}
 
 fn sink_to(url: &str, body: &str, tweak: impl FnOnce(&mut HttpSinkConfig)) -> HttpSink {
     let text = format!(
@@ -217,15 +142,7 @@ async fn answers_decide_the_rows_outcome() {
         }
     }
     // Nothing listens: retried.
-    let closed = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap().port()
-    };
-    let nowhere = sink_to(
-        &format!("http://127.0.0.1:{closed}/hooks/x"),
-        "payload",
-        |_| {},
-    );
+    let nowhere = sink_to(&closed_url(), "payload", |_| {});
     let failure = nowhere.send(&event(1, "k")).await.await.unwrap_err();
     assert_eq!(failure.kind, FailureKind::Retryable, "{}", failure.error);
 }
