@@ -142,9 +142,13 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 15.0)]
     fault_max_seconds: f64,
     /// `soak`: a pipeline not streaming this many seconds after a fault's end, beyond the
-    /// fault's length, is wedged (and its outboxd killed and started again).
+    /// fault's length, is wedged.
     #[arg(long, default_value_t = 60.0)]
     recovery_budget: f64,
+    /// `soak`: a pipeline not streaming this many seconds after a fault's end, beyond the
+    /// fault's length, is stuck: its outboxd is killed and started again.
+    #[arg(long, default_value_t = 300.0)]
+    stuck_limit: f64,
     /// `soak`: at most this many faults.
     #[arg(long, default_value_t = 1000)]
     max_faults: usize,

@@ -22,8 +22,8 @@
 //! record of a transaction its writers began after the end (in log mode that also means
 //! everything before it was read); the inbox, when it has handled everything its topic
 //! held at the end. The goal is within 2 × the fault's length + 5 s; past the fault's
-//! length + `--recovery-budget` it is a wedge, and that outboxd is killed and started again
-//! so the soak goes on.
+//! length + `--recovery-budget` it is a wedge; past the length + `--stuck-limit` it is
+//! stuck, and that outboxd is killed and started again so the soak goes on.
 //!
 //! At the end the writers stop, the relays drain, and the counts are taken: events written
 //! (rows in each outbox), delivered, lost, duplicates (each counted against the last fault
@@ -224,6 +224,8 @@ struct Fault {
     note: String,
     started: Instant,
     length: Duration,
+    /// Streaming again later than this after the end is a wedge.
+    budget: Duration,
     /// Per pipeline it touched (relays by index, the inbox as `relays.len()`): when it
     /// streamed again after the fault's end, `None` for a wedge.
     recovered: Vec<(usize, Option<Duration>)>,
@@ -232,6 +234,12 @@ struct Fault {
 impl Fault {
     fn goal(&self) -> Duration {
         self.length * 2 + Duration::from_secs(5)
+    }
+
+    /// `at` (a pipeline's time to streaming again) is a wedge: later than the budget, or
+    /// never (stuck: killed and started again).
+    fn wedged(&self, at: Option<Duration>) -> bool {
+        at.is_none_or(|at| at > self.budget)
     }
 
     fn touched(&self, pipeline: usize) -> bool {
@@ -256,6 +264,7 @@ pub(crate) struct SoakReport {
     rate: f64,
     fault_seconds: (f64, f64),
     budget_seconds: f64,
+    stuck_seconds: f64,
     elapsed: Duration,
     relays: Vec<RelayResult>,
     inbox: InboxResult,
@@ -275,6 +284,7 @@ struct RelayResult {
     duplicates: usize,
     order_violations: usize,
     wedges: usize,
+    stuck: usize,
     exits: usize,
     kills: usize,
     abandoned: usize,
@@ -288,6 +298,7 @@ struct InboxResult {
     rows: usize,
     done: usize,
     wedges: usize,
+    stuck: usize,
     exits: usize,
     kills: usize,
     longest: Option<(Duration, Duration, Kind)>,
@@ -305,6 +316,7 @@ struct FaultRow {
     longest: Option<(Duration, Duration)>,
     within_goal: usize,
     wedges: usize,
+    stuck: usize,
 }
 
 impl Bench {
@@ -582,10 +594,12 @@ impl Bench {
             let snapshots: Vec<Vec<usize>> = relays.iter().map(|r| r.progress.snapshot()).collect();
             let inbox_target = relays[0].progress.unique.load(Ordering::SeqCst);
             let budget = length + Duration::from_secs_f64(args.recovery_budget);
+            let limit =
+                length + Duration::from_secs_f64(args.stuck_limit.max(args.recovery_budget));
             let mut recovered: Vec<(usize, Option<Duration>)> =
                 affected.iter().map(|i| (*i, None)).collect();
             let mut next_inbox_look = Instant::now();
-            while recovered.iter().any(|(_, r)| r.is_none()) && ended.elapsed() < budget {
+            while recovered.iter().any(|(_, r)| r.is_none()) && ended.elapsed() < limit {
                 // An outboxd that exited is started again at once (and counted): its
                 // pipeline's time to stream again includes that start.
                 for proc in &mut procs {
@@ -609,6 +623,11 @@ impl Bench {
             }
             for (i, at) in &recovered {
                 match at {
+                    Some(d) if *d > budget => eprintln!(
+                        "soak:          WEDGE: {} streamed again only {:.1} s after the end",
+                        procs[*i].name,
+                        d.as_secs_f64()
+                    ),
                     Some(d) if *d > length * 2 + Duration::from_secs(5) => eprintln!(
                         "soak:          {} streamed again {:.1} s after the end (goal missed)",
                         procs[*i].name,
@@ -617,10 +636,10 @@ impl Bench {
                     Some(_) => {}
                     None => {
                         eprintln!(
-                            "soak:          WEDGE: {} not streaming {:.0} s after the end; \
+                            "soak:          STUCK: {} not streaming {:.0} s after the end; \
                              killed and started again:\n{}",
                             procs[*i].name,
-                            budget.as_secs_f64(),
+                            limit.as_secs_f64(),
                             procs[*i]
                                 .daemon
                                 .as_ref()
@@ -637,6 +656,7 @@ impl Bench {
                 note,
                 started: fault_start,
                 length,
+                budget,
                 recovered,
             });
             let pause = Duration::from_secs_f64(rng.gen_range(PAUSE.0..PAUSE.1));
@@ -694,6 +714,7 @@ impl Bench {
             rate: args.soak_rate,
             fault_seconds: (args.fault_min_seconds, args.fault_max_seconds),
             budget_seconds: args.recovery_budget,
+            stuck_seconds: args.stuck_limit.max(args.recovery_budget),
             elapsed: started.elapsed(),
             ..SoakReport::default()
         };
@@ -707,6 +728,12 @@ impl Bench {
                 .max_by_key(|(at, _, _)| *at)
         };
         let wedges = |pipeline: usize| {
+            (faults.iter())
+                .flat_map(|f| f.recovered.iter().map(move |(p, at)| (f, *p, *at)))
+                .filter(|(f, p, at)| *p == pipeline && f.wedged(*at))
+                .count()
+        };
+        let stuck = |pipeline: usize| {
             (faults.iter().flat_map(|f| &f.recovered))
                 .filter(|(p, at)| *p == pipeline && at.is_none())
                 .count()
@@ -720,6 +747,7 @@ impl Bench {
                 duplicates: d.duplicates.len(),
                 order_violations: d.order_violations,
                 wedges: wedges(i),
+                stuck: stuck(i),
                 exits: procs[i].exits,
                 kills: procs[i].kills,
                 abandoned: r.progress.abandoned.load(Ordering::SeqCst),
@@ -732,6 +760,7 @@ impl Bench {
             rows: inbox_rows,
             done: inbox_done,
             wedges: wedges(inbox),
+            stuck: stuck(inbox),
             exits: procs[inbox].exits,
             kills: procs[inbox].kills,
             longest: longest(inbox),
@@ -781,6 +810,10 @@ impl Bench {
                     })
                     .count(),
                 wedges: of_kind
+                    .iter()
+                    .map(|f| f.recovered.iter().filter(|(_, at)| f.wedged(*at)).count())
+                    .sum(),
+                stuck: of_kind
                     .iter()
                     .flat_map(|f| &f.recovered)
                     .filter(|(_, at)| at.is_none())
@@ -1083,20 +1116,21 @@ impl SoakReport {
             "soak: {:.1} min ({:.1} min with the drain), {} relays at {} events/s each \
              ({WRITERS} writers of {KEYS_PER_WRITER} keys, {TX_ROWS}-row transactions) and an \
              inbox; freezes and black holes of {}–{} s; wedge = not streaming {} s after a \
-             fault's end plus its length",
+             fault's end plus its length, stuck = not after {} s (then killed and started again)",
             self.minutes,
             self.elapsed.as_secs_f64() / 60.0,
             self.relays.len(),
             self.rate,
             self.fault_seconds.0,
             self.fault_seconds.1,
-            self.budget_seconds
+            self.budget_seconds,
+            self.stuck_seconds
         );
         let _ = writeln!(t);
         let _ = writeln!(
             t,
-            "{:<28} {:>8} {:>9} {:>5} {:>6} {:>6} {:>6} {:>5} {:>5}  longest to streaming again",
-            "pipeline", "written", "delivered", "lost", "dups", "order", "wedges", "exits", "kills"
+            "{:<28} {:>8} {:>9} {:>5} {:>6} {:>6} {:>6} {:>5} {:>5} {:>5}  longest to streaming again",
+            "pipeline", "written", "delivered", "lost", "dups", "order", "wedges", "stuck", "exits", "kills"
         );
         let longest = |l: Option<(Duration, Duration, Kind)>| {
             l.map_or("-".to_owned(), |(at, length, kind)| {
@@ -1106,7 +1140,7 @@ impl SoakReport {
         for r in &self.relays {
             let _ = writeln!(
                 t,
-                "{:<28} {:>8} {:>9} {:>5} {:>6} {:>6} {:>6} {:>5} {:>5}  {}",
+                "{:<28} {:>8} {:>9} {:>5} {:>6} {:>6} {:>6} {:>5} {:>5} {:>5}  {}",
                 r.label,
                 r.written,
                 r.delivered,
@@ -1114,6 +1148,7 @@ impl SoakReport {
                 r.duplicates,
                 r.order_violations,
                 r.wedges,
+                r.stuck,
                 r.exits,
                 r.kills,
                 longest(r.longest)
@@ -1122,7 +1157,7 @@ impl SoakReport {
         let i = &self.inbox;
         let _ = writeln!(
             t,
-            "{:<28} {:>8} {:>9} {:>5} {:>6} {:>6} {:>6} {:>5} {:>5}  {}",
+            "{:<28} {:>8} {:>9} {:>5} {:>6} {:>6} {:>6} {:>5} {:>5} {:>5}  {}",
             "inbox (PostgreSQL's first)",
             i.unique_in_topic,
             i.done,
@@ -1130,6 +1165,7 @@ impl SoakReport {
             i.rows.saturating_sub(i.unique_in_topic),
             "-",
             i.wedges,
+            i.stuck,
             i.exits,
             i.kills,
             longest(i.longest)
@@ -1137,7 +1173,7 @@ impl SoakReport {
         let _ = writeln!(t);
         let _ = writeln!(
             t,
-            "{:<26} {:>6} {:>11} {:>9} {:>9}  {:<30} {:>12} {:>6}",
+            "{:<26} {:>6} {:>11} {:>9} {:>9}  {:<30} {:>12} {:>6} {:>5}",
             "fault",
             "count",
             "length s",
@@ -1145,12 +1181,13 @@ impl SoakReport {
             "dups EOS",
             "longest to streaming again",
             "within goal",
-            "wedges"
+            "wedges",
+            "stuck"
         );
         for f in &self.faults {
             let _ = writeln!(
                 t,
-                "{:<26} {:>6} {:>11} {:>9} {:>9}  {:<30} {:>12} {:>6}",
+                "{:<26} {:>6} {:>11} {:>9} {:>9}  {:<30} {:>12} {:>6} {:>5}",
                 f.kind.name(),
                 f.count,
                 format!("{}–{}", secs(f.min_length), secs(f.max_length)),
@@ -1162,7 +1199,8 @@ impl SoakReport {
                     secs(length)
                 )),
                 format!("{} of {}", f.within_goal, f.count),
-                f.wedges
+                f.wedges,
+                f.stuck
             );
         }
         let _ = writeln!(t);
@@ -1188,6 +1226,7 @@ impl SoakReport {
         let unhandled = self.inbox.unique_in_topic.saturating_sub(self.inbox.done);
         let order: usize = self.relays.iter().map(|r| r.order_violations).sum();
         let wedges: usize = self.relays.iter().map(|r| r.wedges).sum::<usize>() + self.inbox.wedges;
+        let stuck: usize = self.relays.iter().map(|r| r.stuck).sum::<usize>() + self.inbox.stuck;
         let eos_dups: usize = (self.relays.iter().filter(|r| r.exactly_once))
             .map(|r| r.duplicates)
             .sum();
@@ -1205,6 +1244,10 @@ impl SoakReport {
                 verdict(order == 0),
             ),
             (format!("no wedge: {wedges}"), verdict(wedges == 0)),
+            (
+                format!("none stuck (killed to go on): {stuck}"),
+                verdict(stuck == 0),
+            ),
             (
                 format!("no outboxd exit on its own: {exits}"),
                 verdict(exits == 0),
@@ -1238,6 +1281,7 @@ impl SoakReport {
             "rows_per_transaction": TX_ROWS,
             "fault_seconds": [self.fault_seconds.0, self.fault_seconds.1],
             "recovery_budget_seconds": self.budget_seconds,
+            "stuck_limit_seconds": self.stuck_seconds,
             "relays": self.relays.iter().map(|r| json!({
                 "pipeline": r.label,
                 "exactly_once": r.exactly_once,
@@ -1248,6 +1292,7 @@ impl SoakReport {
                 "order_violations": r.order_violations,
                 "order_examples": r.examples,
                 "wedges": r.wedges,
+                "stuck": r.stuck,
                 "exits": r.exits,
                 "kills": r.kills,
                 "transactions_abandoned": r.abandoned,
@@ -1259,6 +1304,7 @@ impl SoakReport {
                 "done": self.inbox.done,
                 "missing": self.inbox.unique_in_topic.saturating_sub(self.inbox.done),
                 "wedges": self.inbox.wedges,
+                "stuck": self.inbox.stuck,
                 "exits": self.inbox.exits,
                 "kills": self.inbox.kills,
                 "longest_to_caught_up": longest(&self.inbox.longest),
@@ -1274,6 +1320,7 @@ impl SoakReport {
                 "longest_fault_length_seconds": f.longest.map(|(_, l)| secs(l)),
                 "within_goal": f.within_goal,
                 "wedges": f.wedges,
+                "stuck": f.stuck,
             })).collect::<Vec<_>>(),
             "verdicts": self.verdicts().into_iter().map(|(t, v)| json!({"target": t, "verdict": v})).collect::<Vec<_>>(),
             "log": self.log,
