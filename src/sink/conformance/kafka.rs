@@ -87,14 +87,23 @@ impl KafkaHarness {
     }
 
     /// A transactional (exactly-once) sink to this scenario's topic, its session started.
+    /// A start may fail while the positions topic it has just created is not yet known to
+    /// the reader (UnknownPartition): it is tried again, as the relay's next session does.
     async fn started_transactional(&self) -> KafkaSink {
         let config = self.config(&self.brokers, Duration::from_secs(10));
         let sink = build(&config, true, 64 << 20)
             .transactional(&config)
             .expect("a transactional Kafka sink");
-        sink.committed_position()
-            .await
-            .expect("init_transactions and the position read");
+        for attempt in 1.. {
+            match sink.committed_position().await {
+                Ok(_) => break,
+                Err(failure) if attempt < 3 => {
+                    eprintln!("a session start failed, tried again: {}", failure.error);
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(failure) => panic!("init_transactions and the position read: {failure:?}"),
+            }
+        }
         sink
     }
 }
@@ -127,6 +136,8 @@ async fn create_topic(brokers: &str, topic: &str) {
 
 /// Row ids of `topic`'s committed records, partition by partition in offset order: read
 /// until there are `at_least` and every partition is at its end, or [`DECIDED_WITHIN`].
+/// The consumer's errors are passing ones (a topic a moment old may not be known to every
+/// broker yet): it reads on, and the last one is shown if the read comes up short.
 fn read(brokers: &str, topic: &str, at_least: usize) -> Vec<i64> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
@@ -146,6 +157,7 @@ fn read(brokers: &str, topic: &str, at_least: usize) -> Vec<i64> {
     let deadline = Instant::now() + DECIDED_WITHIN;
     let mut records = Vec::new();
     let mut at_end = BTreeSet::new();
+    let mut last_error = None;
     while Instant::now() < deadline {
         match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(message)) => {
@@ -160,12 +172,19 @@ fn read(brokers: &str, topic: &str, at_least: usize) -> Vec<i64> {
             Some(Err(KafkaError::PartitionEOF(partition))) => {
                 at_end.insert(partition);
             }
-            Some(Err(e)) => panic!("reading {topic}: {e}"),
+            Some(Err(e)) => last_error = Some(e),
             None => {}
         }
         if records.len() >= at_least && at_end.len() == PARTITIONS as usize {
             break;
         }
+    }
+    if records.len() < at_least {
+        eprintln!(
+            "reading {topic}: {} of {at_least} records within {DECIDED_WITHIN:?}; last \
+             consumer error: {last_error:?}",
+            records.len()
+        );
     }
     records.sort_unstable();
     records.into_iter().map(|(_, _, id)| id).collect()
