@@ -150,7 +150,7 @@ fn files_that_run_nothing_or_half_a_relay_are_refused() {
             "needs the Kafka sink",
         ),
         (
-            format!("{}", http.replace("[outbox]\n", "[outbox]\nrows = \"deleted\"\n")),
+            http.replace("[outbox]\n", "[outbox]\nrows = \"deleted\"\n"),
             "needs the Kafka sink",
         ),
     ]);

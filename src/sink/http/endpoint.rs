@@ -13,7 +13,7 @@
 //!   answers. Any answer but those (2xx, another 4xx) closes it.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -135,7 +135,14 @@ impl Endpoint {
     /// turn (its key's previous request, a slot, the circuit breaker), a caller that stops
     /// waiting (a claim's deadline) cancels it: it is not sent, and counts as not
     /// delivered for its key's later requests. Once sent, it runs to its answer.
-    pub(super) fn enqueue(self: &Arc<Self>, request: Prepared) -> Queued {
+    /// `in_flight` counts it until its task ends (answered, or not sent): what `flush` and
+    /// `queue_depth` see, whether or not anyone still waits for its outcome.
+    pub(super) fn enqueue(
+        self: &Arc<Self>,
+        request: Prepared,
+        in_flight: Arc<AtomicI64>,
+    ) -> Queued {
+        in_flight.fetch_add(1, Ordering::Relaxed);
         let (mut outcome_tx, outcome_rx) = oneshot::channel();
         let (done_tx, done_rx) = watch::channel(None);
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
@@ -163,6 +170,7 @@ impl Endpoint {
             if outcome_tx.send(result).is_err() {
                 endpoint.forget(&task_key, seq);
             }
+            in_flight.fetch_sub(1, Ordering::Relaxed);
         });
         Queued {
             outcome: outcome_rx,

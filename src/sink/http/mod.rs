@@ -181,7 +181,7 @@ fn envelope(event: &OutboxEvent) -> Bytes {
 pub struct HttpDelivery(Delivery);
 
 enum Delivery {
-    Queued(Queued, Arc<AtomicI64>),
+    Queued(Queued),
     Decided(Option<SinkResult>),
 }
 
@@ -196,11 +196,10 @@ impl Future for HttpDelivery {
                     error: "an HTTP delivery was polled after it completed".into(),
                 })
             })),
-            Delivery::Queued(queued, in_flight) => {
+            Delivery::Queued(queued) => {
                 let Poll::Ready(result) = queued.poll_outcome(cx) else {
                     return Poll::Pending;
                 };
-                in_flight.fetch_sub(1, Ordering::Relaxed);
                 self.0 = Delivery::Decided(None);
                 Poll::Ready(result)
             }
@@ -210,11 +209,10 @@ impl Future for HttpDelivery {
 
 impl Drop for HttpDelivery {
     fn drop(&mut self) {
-        // A delivery dropped before its outcome (a claim's deadline): no longer counted,
-        // and not sent if its turn has not come.
-        if let Delivery::Queued(queued, in_flight) = &mut self.0 {
+        // A delivery dropped before its outcome (a claim's deadline): not sent if its
+        // turn has not come; a request already on its way still counts until it is done.
+        if let Delivery::Queued(queued) = &mut self.0 {
             queued.abandon();
-            in_flight.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
@@ -237,10 +235,8 @@ impl Sink for HttpSink {
             Ok(request) => request,
             Err(e) => return refused(format!("cannot send it over HTTP: {e}")),
         };
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
         HttpDelivery(Delivery::Queued(
-            endpoint.enqueue(request),
-            Arc::clone(&self.in_flight),
+            endpoint.enqueue(request, Arc::clone(&self.in_flight)),
         ))
     }
 

@@ -272,3 +272,64 @@ async fn rows_name_only_configured_endpoints() {
     assert!(reason.contains("no endpoint"), "{reason}");
     assert_eq!(sink.destination(&event(3, "k")), "test.event");
 }
+
+/// Strict ordering when the relay has not yet taken a failure: a later event of the key
+/// handed over in that moment finds the failed one and is not sent; once the failure is
+/// taken, the key's next event goes.
+#[tokio::test]
+async fn a_failure_not_yet_taken_still_holds_its_keys_next_event() {
+    let server = Arc::new(Server::default());
+    let url = start(&server).await;
+    server.failing.lock().unwrap().push("m-1".into());
+    let sink = sink_to(&url, "payload", |_| {});
+    let first = sink.send(&event(1, "k")).await;
+    // The answer (500) is in, but nobody has taken the outcome yet.
+    for _ in 0..200 {
+        if server.requests.lock().unwrap().len() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let second = sink.send(&event(2, "k")).await.await.unwrap_err();
+    assert!(
+        second.error.contains("earlier event of its key"),
+        "{}",
+        second.error
+    );
+    assert_eq!(first.await.unwrap_err().kind, FailureKind::Retryable);
+    // Taken: the key goes on (its retry, then what follows).
+    assert!(sink.send(&event(3, "k")).await.await.is_ok());
+    let ids: Vec<String> = (server.requests.lock().unwrap().iter())
+        .map(|(h, _)| header(h, "webhook-id"))
+        .collect();
+    assert_eq!(ids, ["m-1", "m-3"], "m-2 never sent");
+}
+
+/// A request whose caller stopped waiting before its turn came (a claim's deadline while
+/// the endpoint was down) is never sent.
+#[tokio::test]
+async fn a_request_nobody_waits_for_is_not_sent_when_its_turn_comes() {
+    let server = Arc::new(Server::default());
+    let url = start(&server).await;
+    server.status.store(503, AtomicOrdering::SeqCst);
+    let sink = sink_to(&url, "payload", |config| {
+        config.endpoints.get_mut("default").unwrap().open_after = 1;
+    });
+    assert!(sink.send(&event(1, "k1")).await.await.is_err());
+    let abandoned = sink.send(&event(2, "k2")).await;
+    let waited = tokio::time::timeout(Duration::from_millis(200), abandoned).await;
+    assert!(waited.is_err(), "waits while the endpoint is down");
+    server.status.store(200, AtomicOrdering::SeqCst);
+    // The probe (a new request) finds the endpoint up; the abandoned one never went.
+    let probe = tokio::time::timeout(Duration::from_secs(10), sink.send(&event(3, "k3")).await)
+        .await
+        .expect("the probe answered");
+    assert!(probe.is_ok());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let ids: Vec<String> = (server.requests.lock().unwrap().iter())
+        .map(|(h, _)| header(h, "webhook-id"))
+        .collect();
+    assert!(!ids.contains(&"m-2".to_owned()), "{ids:?}");
+    assert_eq!(sink.queue_depth(), 0);
+}
