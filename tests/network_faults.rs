@@ -354,11 +354,42 @@ fn point_source_at(p_config: &std::path::Path, from: u16, to: u16) {
 /// relay bounded by `delivery.store_timeout`.
 const NOTICE_SILENCE: &str = "\n[delivery]\nstore_timeout = \"5s\"\n";
 
+/// The delivery mode of a database fault's pipeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    AtLeastOnce,
+    /// Kafka transactions with the log position: read back `read_committed`, no row may
+    /// come twice.
+    ExactlyOnce,
+}
+
+impl Mode {
+    /// The `[delivery]` section: the database's silence noticed in seconds, and the mode.
+    fn delivery(self) -> String {
+        match self {
+            Mode::AtLeastOnce => NOTICE_SILENCE.to_owned(),
+            Mode::ExactlyOnce => {
+                format!("{NOTICE_SILENCE}exactly_once = true\ntransaction_interval = \"50ms\"\n")
+            }
+        }
+    }
+
+    /// Checks what the mode promises of the records read back.
+    fn check(self, what: &str, timings: &Timings) {
+        if self == Mode::ExactlyOnce {
+            assert_eq!(
+                timings.duplicates, 0,
+                "{what}: read_committed sees each row once"
+            );
+        }
+    }
+}
+
 /// A PostgreSQL pipeline whose outboxd reaches the server through a proxy, under `fault`.
-async fn postgres_fault(fault: Fault, hold: Hold, prefix: &str) {
+async fn postgres_fault(fault: Fault, hold: Hold, mode: Mode, prefix: &str) {
     let toxiproxy = Toxiproxy::from_env();
     let port = free_port();
-    let extra = format!("{}{NOTICE_SILENCE}", metrics_section(port));
+    let extra = format!("{}{}", metrics_section(port), mode.delivery());
     let p = Pipeline::<PgServices>::new(prefix, 3, &extra).await;
     p.init();
     let upstream = format!("{}:{}", p.services.pg_host, p.services.pg_port);
@@ -376,55 +407,57 @@ async fn postgres_fault(fault: Fault, hold: Hold, prefix: &str) {
     );
     std::fs::write(&p.config_path, config).expect("write config");
     let timings = fault_under_load(&p, port, &proxy, fault, hold).await;
-    report::<PgServices>(&format!("{fault:?}"), &timings);
+    report::<PgServices>(&format!("{fault:?}, {mode:?}"), &timings);
+    mode.check(&format!("{fault:?}"), &timings);
     drop(proxy);
     p.cleanup().await;
 }
 
 /// The same on MariaDB: the binlog stream and the SQL store through the proxy.
-async fn mariadb_fault(fault: Fault, hold: Hold, prefix: &str) {
+async fn mariadb_fault(fault: Fault, hold: Hold, mode: Mode, prefix: &str) {
     let toxiproxy = Toxiproxy::from_env();
     let port = free_port();
-    let extra = format!("{}{NOTICE_SILENCE}", metrics_section(port));
+    let extra = format!("{}{}", metrics_section(port), mode.delivery());
     let p = Pipeline::<MysqlServices>::new(prefix, 3, &extra).await;
     p.init();
     let upstream = format!("{}:{}", p.services.host, p.services.port);
     let proxy = toxiproxy.proxy(&format!("nf_{}", p.name), &upstream);
     point_source_at(&p.config_path, p.services.port, proxy.port);
     let timings = fault_under_load(&p, port, &proxy, fault, hold).await;
-    report::<MysqlServices>(&format!("{fault:?}"), &timings);
+    report::<MysqlServices>(&format!("{fault:?}, {mode:?}"), &timings);
+    mode.check(&format!("{fault:?}"), &timings);
     drop(proxy);
     p.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_black_holed_under_load_loses_nothing_and_streams_again() {
-    postgres_fault(Fault::BlackHole, Hold::Fixed, "nfpgbh").await;
+    postgres_fault(Fault::BlackHole, Hold::Fixed, Mode::AtLeastOnce, "nfpgbh").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_connections_reset_under_load_lose_nothing_and_stream_again() {
-    postgres_fault(Fault::ResetPeer, Hold::Fixed, "nfpgrst").await;
+    postgres_fault(Fault::ResetPeer, Hold::Fixed, Mode::AtLeastOnce, "nfpgrst").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_cut_for_ten_seconds_under_load_loses_nothing_and_streams_again() {
-    postgres_fault(Fault::Cut, Hold::Fixed, "nfpgcut").await;
+    postgres_fault(Fault::Cut, Hold::Fixed, Mode::AtLeastOnce, "nfpgcut").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_black_holed_under_load_loses_nothing_and_streams_again() {
-    mariadb_fault(Fault::BlackHole, Hold::Fixed, "nfmybh").await;
+    mariadb_fault(Fault::BlackHole, Hold::Fixed, Mode::AtLeastOnce, "nfmybh").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_connections_reset_under_load_lose_nothing_and_stream_again() {
-    mariadb_fault(Fault::ResetPeer, Hold::Fixed, "nfmyrst").await;
+    mariadb_fault(Fault::ResetPeer, Hold::Fixed, Mode::AtLeastOnce, "nfmyrst").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_cut_for_ten_seconds_under_load_loses_nothing_and_streams_again() {
-    mariadb_fault(Fault::Cut, Hold::Fixed, "nfmycut").await;
+    mariadb_fault(Fault::Cut, Hold::Fixed, Mode::AtLeastOnce, "nfmycut").await;
 }
 
 /// A black hole that lasts: outboxd must notice the silent database (`/readyz` not ready)
@@ -435,24 +468,48 @@ async fn mariadb_cut_for_ten_seconds_under_load_loses_nothing_and_streams_again(
 /// connection is noticed after `source.silence_timeout`, then the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_black_hole_is_noticed_while_it_lasts() {
-    mariadb_fault(Fault::BlackHole, Hold::UntilNoticed, "nfmyseen").await;
+    mariadb_fault(
+        Fault::BlackHole,
+        Hold::UntilNoticed,
+        Mode::AtLeastOnce,
+        "nfmyseen",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_black_hole_is_noticed_while_it_lasts() {
-    postgres_fault(Fault::BlackHole, Hold::UntilNoticed, "nfpgseen").await;
+    postgres_fault(
+        Fault::BlackHole,
+        Hold::UntilNoticed,
+        Mode::AtLeastOnce,
+        "nfpgseen",
+    )
+    .await;
+}
+
+/// Exactly-once through a black-holed database: the Kafka transactions and the write-back
+/// resume on new connections, and a `read_committed` reader sees every row once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_black_holed_under_exactly_once_sends_nothing_twice() {
+    postgres_fault(Fault::BlackHole, Hold::Fixed, Mode::ExactlyOnce, "nfpgeos").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_black_holed_under_exactly_once_sends_nothing_twice() {
+    mariadb_fault(Fault::BlackHole, Hold::Fixed, Mode::ExactlyOnce, "nfmyeos").await;
 }
 
 /// A slow link (every chunk delayed a quarter second each way) for [`FAULT`] under load:
 /// slower, nothing lost, nothing reordered, no session given up for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_slow_link_under_load_loses_nothing() {
-    postgres_fault(Fault::Slow, Hold::Fixed, "nfpgslow").await;
+    postgres_fault(Fault::Slow, Hold::Fixed, Mode::AtLeastOnce, "nfpgslow").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_slow_link_under_load_loses_nothing() {
-    mariadb_fault(Fault::Slow, Hold::Fixed, "nfmyslow").await;
+    mariadb_fault(Fault::Slow, Hold::Fixed, Mode::AtLeastOnce, "nfmyslow").await;
 }
 
 /// Kafka black-holed for [`FAULT`] under load, strict ordering (the default), with a
