@@ -66,6 +66,8 @@ const INBOX_TIMEOUTS: (&str, &str) = (
     "claim_timeout = \"10s\"",
     "[inbox.kafka.options]\n\"session.timeout.ms\" = \"10000\"",
 );
+/// Between faults, how soon every relay must stream what is written from then on.
+const STEADY: Duration = Duration::from_secs(5);
 /// How long the bench's reader may read nothing before it is made anew (four relays write
 /// 400 events/s: silence is a fault's, or a stuck consumer's).
 const READER_SILENCE: Duration = Duration::from_secs(3);
@@ -110,6 +112,14 @@ impl Progress {
         (self.seen_upto.iter().zip(snapshot))
             .any(|(seen, snap)| seen.load(Ordering::SeqCst) > *snap)
     }
+}
+
+/// What the waits for streaming need of the soak.
+struct Watch<'a> {
+    relays: &'a [Relay],
+    inbox_table: &'a str,
+    bin: PathBuf,
+    dir: PathBuf,
 }
 
 /// One relay of the soak.
@@ -223,6 +233,7 @@ struct Fault {
     /// What went otherwise than planned.
     note: String,
     started: Instant,
+    ended: Instant,
     length: Duration,
     /// Streaming again later than this after the end is a wedge.
     budget: Duration,
@@ -511,6 +522,12 @@ impl Bench {
 
         let mut rng = rand::thread_rng();
         let mut faults: Vec<Fault> = Vec::new();
+        let mut watch = Watch {
+            relays,
+            inbox_table,
+            bin: bin.clone(),
+            dir: dir.clone(),
+        };
         while Instant::now() < deadline && faults.len() < args.max_faults {
             for proc in &mut procs {
                 proc.restart_if_exited(&bin, &dir)?;
@@ -596,31 +613,16 @@ impl Bench {
             let budget = length + Duration::from_secs_f64(args.recovery_budget);
             let limit =
                 length + Duration::from_secs_f64(args.stuck_limit.max(args.recovery_budget));
-            let mut recovered: Vec<(usize, Option<Duration>)> =
-                affected.iter().map(|i| (*i, None)).collect();
-            let mut next_inbox_look = Instant::now();
-            while recovered.iter().any(|(_, r)| r.is_none()) && ended.elapsed() < limit {
-                // An outboxd that exited is started again at once (and counted): its
-                // pipeline's time to stream again includes that start.
-                for proc in &mut procs {
-                    proc.restart_if_exited(&bin, &dir)?;
-                }
-                for (i, at) in recovered.iter_mut().filter(|(_, r)| r.is_none()) {
-                    let done = if *i == inbox {
-                        if Instant::now() < next_inbox_look {
-                            continue;
-                        }
-                        next_inbox_look = Instant::now() + Duration::from_millis(250);
-                        self.inbox_done(inbox_table).await >= inbox_target
-                    } else {
-                        relays[*i].progress.streams_past(&snapshots[*i])
-                    };
-                    if done {
-                        *at = Some(ended.elapsed());
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            let recovered = self
+                .wait_streaming(
+                    &mut watch,
+                    &mut procs,
+                    &affected,
+                    &snapshots,
+                    inbox_target,
+                    limit,
+                )
+                .await?;
             for (i, at) in &recovered {
                 match at {
                     Some(d) if *d > budget => eprintln!(
@@ -633,21 +635,7 @@ impl Bench {
                         procs[*i].name,
                         d.as_secs_f64()
                     ),
-                    Some(_) => {}
-                    None => {
-                        eprintln!(
-                            "soak:          STUCK: {} not streaming {:.0} s after the end; \
-                             killed and started again:\n{}",
-                            procs[*i].name,
-                            limit.as_secs_f64(),
-                            procs[*i]
-                                .daemon
-                                .as_ref()
-                                .map(Daemon::log_tail)
-                                .unwrap_or_default()
-                        );
-                        procs[*i].kill9_and_start(&bin, &dir, false).await?;
-                    }
+                    _ => {}
                 }
             }
             faults.push(Fault {
@@ -655,14 +643,19 @@ impl Bench {
                 target,
                 note,
                 started: fault_start,
+                ended,
                 length,
                 budget,
                 recovered,
             });
             let pause = Duration::from_secs_f64(rng.gen_range(PAUSE.0..PAUSE.1));
             tokio::time::sleep(pause.min(deadline.saturating_duration_since(Instant::now()))).await;
+            self.steady(&mut watch, &mut procs, relays, &mut faults, args)
+                .await?;
         }
 
+        self.steady(&mut watch, &mut procs, relays, &mut faults, args)
+            .await?;
         // The end: writers stop, everything written is delivered.
         eprintln!(
             "soak: {} faults; writers stopping, the relays draining",
@@ -847,6 +840,120 @@ impl Bench {
             })
             .collect();
         Ok(report)
+    }
+
+    /// Waits until each of `pipelines` streams again: a relay when Kafka holds a record of
+    /// a transaction begun at or after its `snapshots`, the inbox when it has handled
+    /// `inbox_target` messages; each one's time from now, `None` for one still not
+    /// streaming after `limit` (stuck: its outboxd is killed and started again). An outboxd
+    /// that exits meanwhile is started again at once (and counted): its time includes that.
+    async fn wait_streaming(
+        &mut self,
+        watch: &mut Watch<'_>,
+        procs: &mut [Proc],
+        pipelines: &[usize],
+        snapshots: &[Vec<usize>],
+        inbox_target: usize,
+        limit: Duration,
+    ) -> anyhow::Result<Vec<(usize, Option<Duration>)>> {
+        let from = Instant::now();
+        let inbox = watch.relays.len();
+        let mut out: Vec<(usize, Option<Duration>)> =
+            pipelines.iter().map(|i| (*i, None)).collect();
+        let mut next_inbox_look = Instant::now();
+        while out.iter().any(|(_, r)| r.is_none()) && from.elapsed() < limit {
+            for proc in procs.iter_mut() {
+                proc.restart_if_exited(&watch.bin, &watch.dir)?;
+            }
+            for (i, at) in out.iter_mut().filter(|(_, r)| r.is_none()) {
+                let done = if *i == inbox {
+                    if Instant::now() < next_inbox_look {
+                        continue;
+                    }
+                    next_inbox_look = Instant::now() + Duration::from_millis(250);
+                    self.inbox_done(watch.inbox_table).await >= inbox_target
+                } else {
+                    watch.relays[*i].progress.streams_past(&snapshots[*i])
+                };
+                if done {
+                    *at = Some(from.elapsed());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for (i, _) in out.iter().filter(|(_, at)| at.is_none()) {
+            let proc = &mut procs[*i];
+            eprintln!(
+                "soak:          STUCK: {} not streaming {:.0} s on; killed and started \
+                 again:\n{}",
+                proc.name,
+                limit.as_secs_f64(),
+                proc.daemon
+                    .as_ref()
+                    .map(Daemon::log_tail)
+                    .unwrap_or_default()
+            );
+            proc.kill9_and_start(&watch.bin, &watch.dir, false).await?;
+        }
+        Ok(out)
+    }
+
+    /// Between faults: every relay streams what is written from now on within
+    /// [`STEADY`]. One that does not (it streamed again after the last fault that touched
+    /// it, then stopped) is waited for, and that fault's time to streaming again for it
+    /// becomes the time from its end to now.
+    async fn steady(
+        &mut self,
+        watch: &mut Watch<'_>,
+        procs: &mut [Proc],
+        relays: &[Relay],
+        faults: &mut [Fault],
+        args: &crate::Args,
+    ) -> anyhow::Result<()> {
+        let checked = Instant::now();
+        let snapshots: Vec<Vec<usize>> = relays.iter().map(|r| r.progress.snapshot()).collect();
+        let all: Vec<usize> = (0..relays.len()).collect();
+        let limit = Duration::from_secs_f64(args.stuck_limit.max(args.recovery_budget));
+        let quick = self
+            .wait_streaming(watch, procs, &all, &snapshots, 0, STEADY)
+            .await?;
+        let slow: Vec<usize> = (quick.iter().filter(|(_, at)| at.is_none()))
+            .map(|(i, _)| *i)
+            .collect();
+        if slow.is_empty() {
+            return Ok(());
+        }
+        let late = self
+            .wait_streaming(
+                watch,
+                procs,
+                &slow,
+                &snapshots,
+                0,
+                limit.saturating_sub(STEADY),
+            )
+            .await?;
+        for (i, at) in late {
+            let Some(fault) = faults.iter_mut().rev().find(|f| f.touched(i)) else {
+                continue;
+            };
+            let since_end = at.map(|at| checked.duration_since(fault.ended) + STEADY + at);
+            eprintln!(
+                "soak:          STALL: {} stopped streaming after the {} that ended {:.1} s \
+                 before; {}",
+                procs[i].name,
+                fault.kind.name(),
+                checked.duration_since(fault.ended).as_secs_f64(),
+                since_end.map_or("stuck".to_owned(), |d| format!(
+                    "streaming again {:.1} s after that fault's end",
+                    d.as_secs_f64()
+                ))
+            );
+            if let Some((_, recovered)) = fault.recovered.iter_mut().find(|(p, _)| *p == i) {
+                *recovered = since_end;
+            }
+        }
+        Ok(())
     }
 
     /// Rows in `p`'s outbox: what the writers committed.
