@@ -44,7 +44,11 @@ impl Outcome {
                     id,
                     table,
                     error: failure.error,
-                    retry_delay: next_retry_delay(retry, retry_count),
+                    // The backoff, or the destination's `Retry-After` when it asks for
+                    // longer (up to `retry.cap`: a hostile answer cannot park a row for
+                    // years).
+                    retry_delay: next_retry_delay(retry, retry_count)
+                        .max(failure.retry_after.unwrap_or_default().min(retry.cap)),
                 },
                 kind: failure.kind,
             },
@@ -79,6 +83,7 @@ mod tests {
         let failure = SinkFailure {
             kind: FailureKind::Rejected,
             error: "Message size too large".into(),
+            retry_after: None,
         };
         match Outcome::new(RowId { table: 1, id: 8 }, 2, Err(failure), &retry) {
             Outcome::Failed { failure, kind } => {
@@ -88,6 +93,20 @@ mod tests {
                 assert_eq!(failure.retry_delay, Duration::from_secs(4));
             }
             other => panic!("{other:?}"),
+        }
+        // A `Retry-After` longer than the backoff wins, up to `retry.cap`.
+        for (asked, due_in) in [(2, 4), (30, 30), (3600, 60)] {
+            let failure = SinkFailure {
+                kind: FailureKind::Retryable,
+                error: "503".into(),
+                retry_after: Some(Duration::from_secs(asked)),
+            };
+            match Outcome::new(RowId { table: 0, id: 9 }, 2, Err(failure), &retry) {
+                Outcome::Failed { failure, .. } => {
+                    assert_eq!(failure.retry_delay, Duration::from_secs(due_in), "{asked}")
+                }
+                other => panic!("{other:?}"),
+            }
         }
     }
 }

@@ -210,6 +210,7 @@ impl Future for MemoryDelivery {
                 Err(SinkFailure {
                     kind: FailureKind::Fatal,
                     error: "the memory sink dropped the record".into(),
+                    retry_after: None,
                 })
             })
         })
@@ -232,6 +233,7 @@ impl Sink for MemorySink {
             Some(kind) => Err(SinkFailure {
                 kind,
                 error: format!("memory sink: {kind:?} failure of row {}", event.id),
+                retry_after: None,
             }),
             None => {
                 state.next_offset += 1;
@@ -285,6 +287,7 @@ impl Sink for MemorySink {
             return Err(SinkFailure {
                 kind: FailureKind::Fatal,
                 error: "memory sink: the commit failed".into(),
+                retry_after: None,
             });
         }
         if state.doomed {
@@ -292,6 +295,7 @@ impl Sink for MemorySink {
                 kind: FailureKind::Fatal,
                 error: "memory sink: a record of the transaction failed; it can only be aborted"
                     .into(),
+                retry_after: None,
             });
         }
         let records = std::mem::take(&mut state.uncommitted);
@@ -341,6 +345,7 @@ impl Sink for MemorySink {
             let _ = tx.send(Err(SinkFailure {
                 kind: FailureKind::Fatal,
                 error: "memory sink: rebuilt before the record was acknowledged".into(),
+                retry_after: None,
             }));
         }
         Ok(())

@@ -59,6 +59,9 @@ pub struct SinkFailure {
     pub kind: FailureKind,
     /// The destination's or client's error text, stored in `last_error` as is.
     pub error: String,
+    /// How long the destination asked to be left alone (an HTTP `Retry-After`): a
+    /// retryable row is not due before it (capped at `retry.cap`), whatever the backoff.
+    pub retry_after: Option<Duration>,
 }
 
 impl fmt::Display for SinkFailure {
@@ -99,6 +102,7 @@ pub async fn acknowledged_by<D: Future<Output = SinkResult>>(
                     (http.timeout); retried later (the record may still arrive: a duplicate \
                     then)"
                 .to_owned(),
+            retry_after: None,
         }),
     }
 }

@@ -52,6 +52,7 @@ impl Queued {
             std::task::Poll::Ready(Err(_)) => Err(SinkFailure {
                 kind: FailureKind::Fatal,
                 error: "the HTTP request's task ended without an outcome".into(),
+                retry_after: None,
             }),
         };
         self.endpoint.forget(&self.key, self.seq);
@@ -161,6 +162,7 @@ impl Endpoint {
                 None => Err(SinkFailure {
                     kind: FailureKind::Retryable,
                     error: "not sent: nothing waits for its outcome any more".into(),
+                    retry_after: None,
                 }),
                 Some(Err(failure)) => Err(failure),
                 Some(Ok((_slot, probe))) => endpoint.post_and_record(request, probe).await,
@@ -211,6 +213,7 @@ impl Endpoint {
                          delivered (strict ordering sends it after that one)",
                         self.name
                     ),
+                    retry_after: None,
                 });
             }
         }
@@ -218,6 +221,7 @@ impl Endpoint {
             return Err(SinkFailure {
                 kind: FailureKind::Fatal,
                 error: format!("endpoint `{}` is closed", self.name),
+                retry_after: None,
             });
         };
         let probe = self.breaker.admit(&self.name).await;
@@ -234,13 +238,15 @@ impl Endpoint {
                 partition: i32::from(status),
                 offset: i64::try_from(latency.as_millis()).unwrap_or(i64::MAX),
             }),
-            Answer::Retry { error, .. } => Err(SinkFailure {
+            Answer::Retry { error, after } => Err(SinkFailure {
                 kind: FailureKind::Retryable,
                 error,
+                retry_after: after,
             }),
             Answer::Refused { error } => Err(SinkFailure {
                 kind: FailureKind::Rejected,
                 error,
+                retry_after: None,
             }),
         }
     }

@@ -194,6 +194,7 @@ impl Future for HttpDelivery {
                 Err(SinkFailure {
                     kind: FailureKind::Fatal,
                     error: "an HTTP delivery was polled after it completed".into(),
+                    retry_after: None,
                 })
             })),
             Delivery::Queued(queued) => {
@@ -226,6 +227,7 @@ impl Sink for HttpSink {
             HttpDelivery(Delivery::Decided(Some(Err(SinkFailure {
                 kind: FailureKind::Rejected,
                 error,
+                retry_after: None,
             }))))
         };
         let Some(endpoint) = self.endpoints.get(&name) else {

@@ -63,6 +63,7 @@ impl KafkaDelivery {
         let failure = SinkFailure {
             kind: FailureKind::Fatal,
             error,
+            retry_after: None,
         };
         Self(State::Done(Some(failure)), Transactional::No)
     }
@@ -83,6 +84,7 @@ impl KafkaDelivery {
                 Poll::Ready(Err(failure.take().unwrap_or_else(|| SinkFailure {
                     kind: FailureKind::Fatal,
                     error: "a Kafka delivery was polled after it completed".into(),
+                    retry_after: None,
                 })))
             }
             State::InFlight(future) => Pin::new(future).poll(cx).map(|result| match result {
@@ -105,6 +107,7 @@ impl KafkaDelivery {
                         error: "the Kafka producer was rebuilt before the record was \
                                 acknowledged; it is read again from the log and sent again"
                             .into(),
+                        retry_after: None,
                     })
                 }
                 Ok(Err((e, _message))) => Err(classify(&e)),
@@ -112,6 +115,7 @@ impl KafkaDelivery {
                     kind: FailureKind::Fatal,
                     error: "the Kafka producer was shut down before the record was acknowledged"
                         .into(),
+                    retry_after: None,
                 }),
             }),
         }
@@ -139,6 +143,7 @@ fn in_transaction_failure(e: &KafkaError) -> SinkFailure {
                 "{}; the Kafka transaction holding it is aborted",
                 failure.error
             ),
+            retry_after: None,
         },
         false => SinkFailure {
             kind: FailureKind::Fatal,
@@ -147,6 +152,7 @@ fn in_transaction_failure(e: &KafkaError) -> SinkFailure {
                  again",
                 failure.error
             ),
+            retry_after: None,
         },
     }
 }
@@ -169,6 +175,7 @@ fn classify(e: &KafkaError) -> SinkFailure {
     SinkFailure {
         kind,
         error: e.to_string(),
+        retry_after: None,
     }
 }
 

@@ -295,6 +295,7 @@ impl Sink for KafkaSink {
         let failure = |error: String| SinkFailure {
             kind: FailureKind::Fatal,
             error,
+            retry_after: None,
         };
         let producer = self.replace_producer().await.map_err(failure)?;
         transactions.start(producer).await.map_err(failure)
@@ -310,6 +311,7 @@ impl Sink for KafkaSink {
             .map_err(|error| SinkFailure {
                 kind: FailureKind::Fatal,
                 error,
+                retry_after: None,
             })
     }
 
