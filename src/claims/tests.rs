@@ -136,3 +136,42 @@ async fn a_fatal_sink_is_rebuilt_and_costs_the_rows_no_attempt() {
     }
     assert_eq!(stats.retry_failed.load(Ordering::Relaxed), 0);
 }
+
+/// A claimed row the destination refuses for good (an HTTP 4xx) becomes MANUAL_REQUIRED at
+/// once, its attempts untouched, and is not claimed again.
+#[tokio::test]
+async fn a_claimed_row_the_destination_refuses_becomes_manual_required() {
+    let store = MemoryStore::default();
+    let sink = MemorySink::default();
+    let stats = PipelineStats::default();
+    store.insert(&[(1, "A"), (2, "B")]);
+    sink.fail_id(1, FailureKind::Refused);
+    let settings = WorkerSettings {
+        retry: RetryConfig::default(),
+        scope: ClaimScope::NewAndDueFailed,
+        batch_size: 10,
+        idle_check: Some(Duration::from_secs(60)),
+        strict_order: true,
+        delivery_timeout: Duration::from_secs(30),
+    };
+    let (keys_tx, _keys) = mpsc::unbounded_channel();
+    let worker = ClaimWorker::new(
+        &store,
+        &sink,
+        settings,
+        &stats,
+        Arc::new(Notify::new()),
+        keys_tx,
+    );
+    run_until(&worker, "rows not written back", || {
+        store.status(1) == "MANUAL_REQUIRED" && store.status(2) == "SUCCESS"
+    })
+    .await;
+    let refused = store.row(1).unwrap();
+    assert_eq!(refused.retry_count, 0, "no attempt counted: an operator's turn");
+    assert_eq!(
+        refused.last_error.as_deref(),
+        Some("memory sink: Refused failure of row 1")
+    );
+    assert_eq!(sink.sent_ids(), [1, 2], "not claimed again");
+}

@@ -231,6 +231,27 @@ impl<'a, O: OutboxStore, S: Sink> ClaimWorker<'a, O, S> {
                     ));
                     sink_failure.get_or_insert(failure.error);
                 }
+                Outcome::Failed {
+                    failure,
+                    kind: FailureKind::Refused,
+                } => {
+                    // The destination refused the record itself: an operator's turn.
+                    self.stats.metrics.failed(&self.sink.destination(&c.event));
+                    tracing::warn!(
+                        id = c.event.id,
+                        message_id = %c.event.message_id,
+                        error = %failure.error,
+                        "the destination refused the record; the row becomes MANUAL_REQUIRED"
+                    );
+                    rejected.push((
+                        ParkedEvent {
+                            id: failure.id,
+                            table: failure.table,
+                            reason: failure.error,
+                        },
+                        c.claim_token,
+                    ));
+                }
                 Outcome::Failed { failure, .. } => {
                     self.stats.metrics.failed(&self.sink.destination(&c.event));
                     tracing::warn!(

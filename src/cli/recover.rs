@@ -152,6 +152,20 @@ async fn publish_batch<O: OutboxStore, S: Sink>(
             } => {
                 sink_failure.get_or_insert(failure.error);
             }
+            Outcome::Failed {
+                failure,
+                kind: FailureKind::Refused,
+            } => {
+                tracing::warn!(id = event.id, message_id = %event.message_id, error = %failure.error, "recover: the destination refused the record; the row becomes MANUAL_REQUIRED");
+                if strict {
+                    failed_keys.insert(event.biz_key.clone());
+                }
+                rejected.push(ParkedEvent {
+                    id: failure.id,
+                    table: failure.table,
+                    reason: failure.error,
+                });
+            }
             Outcome::Failed { failure, .. } => {
                 tracing::warn!(id = event.id, message_id = %event.message_id, error = %failure.error, "recover: delivery failed");
                 if strict {

@@ -45,6 +45,12 @@ pub enum FailureKind {
     /// This record can never go as it is (too large, invalid): the row becomes FAILED
     /// with the reason, so an operator sees it; retries reach MANUAL_REQUIRED.
     Rejected,
+    /// The destination looked at this record and answered that it is wrong and will stay
+    /// wrong (the HTTP sink: a 4xx other than 408/425/429, a redirect): the row becomes
+    /// MANUAL_REQUIRED at once with the answer (under strict ordering its key waits), for
+    /// an operator to fix the cause and `retry` it. Retrying it by itself would only
+    /// repeat the answer.
+    Refused,
     /// The sink itself is unusable (for Kafka: a fatal idempotent-producer error). The
     /// row is not to blame: it is sent again, uncounted, once [`Sink::recover`] has
     /// rebuilt the sink (the relay reads it again from the log; the claim worker

@@ -283,7 +283,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                     "delivery failed; the log position is held and the record is sent again"
                 );
                 self.halt.get_or_insert(match kind {
-                    FailureKind::Rejected => PipelineError::Unpublishable {
+                    FailureKind::Rejected | FailureKind::Refused => PipelineError::Unpublishable {
                         message_id: done.message_id,
                         reason: failure.error,
                     },
@@ -327,6 +327,28 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                     .in_flight
                     .store(self.in_flight as u64, Ordering::Relaxed);
                 return;
+            }
+            Outcome::Failed {
+                failure,
+                kind: FailureKind::Refused,
+            } => {
+                self.stats.metrics.failed(&done.topic);
+                tracing::warn!(
+                    id = done.row.id,
+                    message_id = %done.message_id,
+                    topic = %done.topic,
+                    error = %failure.error,
+                    "the destination refused the record; the row becomes MANUAL_REQUIRED \
+                     (fix the cause, then `outboxd retry`)"
+                );
+                if self.strict() {
+                    self.blocked.insert(done.biz_key);
+                }
+                self.rejected.push(ParkedEvent {
+                    id: failure.id,
+                    table: failure.table,
+                    reason: failure.error,
+                });
             }
             Outcome::Failed { failure, .. } => {
                 self.stats.metrics.failed(&done.topic);

@@ -576,3 +576,49 @@ async fn a_traced_events_failure_is_logged_inside_its_span() {
     let untraced = failed_line("\"m-2\"");
     assert!(untraced.get("span").is_none(), "{untraced}");
 }
+
+/// A record the destination refuses for good (an HTTP 4xx): its row is MANUAL_REQUIRED at
+/// once, with the answer, and under strict ordering its key's later event waits behind it
+/// (parked) while other keys flow.
+#[tokio::test(start_paused = true)]
+async fn a_refused_record_is_manual_required_at_once_and_holds_its_key() {
+    let h = Harness::new(Duration::from_secs(2));
+    let (mut stream, log, confirmed) = MemoryStream::new(Arc::clone(&h.store));
+    let (mut link, _keys) = link();
+    let (stop, shutdown) = watch::channel(false);
+    h.store.insert(&[(1, "K"), (2, "K"), (3, "L")]);
+    h.sink.fail_id(1, FailureKind::Refused);
+
+    let driver = async {
+        log.commit(10, vec![event(1, "K")]);
+        wait_until("row 1 MANUAL_REQUIRED", || {
+            h.store.status(1) == "MANUAL_REQUIRED"
+        })
+        .await;
+        log.commit(20, vec![event(2, "K"), event(3, "L")]);
+        wait_until("20 confirmed", || {
+            last_confirmed(&confirmed) == Some(lsn(20))
+        })
+        .await;
+        stop.send_replace(true);
+    };
+    let (result, ()) = tokio::join!(h.session(&mut stream, &mut link, shutdown), driver);
+    result.unwrap();
+    assert_eq!(
+        h.sink.sent_ids(),
+        [1, 3],
+        "row 2 waits behind its key's refused row"
+    );
+    assert_eq!(
+        [1, 2, 3].map(|id| h.store.status(id)),
+        ["MANUAL_REQUIRED", "FAILED", "SUCCESS"]
+    );
+    let row = h.store.row(1).expect("row 1");
+    assert!(
+        row.last_error
+            .unwrap_or_default()
+            .contains("Refused failure of row 1"),
+        "the answer is the row's last_error"
+    );
+    assert_no_violations(&confirmed);
+}

@@ -59,7 +59,7 @@ pub(crate) trait SinkHarness: Sized {
     fn slow_down(&self);
 
     /// An event the destination refuses for good (too large for the topic; an endpoint
-    /// answering 422): its delivery fails [`FailureKind::Rejected`](crate::sink::FailureKind).
+    /// answering 422): its delivery fails refused for good: [`FailureKind::Rejected`](crate::sink::FailureKind) or `Refused`.
     fn refused_event(&self, id: i64, key: &str) -> OutboxEvent;
 
     /// A sink to a destination nobody answers at; it gives a record up as retryable

@@ -244,7 +244,7 @@ impl Endpoint {
                 retry_after: after,
             }),
             Answer::Refused { error } => Err(SinkFailure {
-                kind: FailureKind::Rejected,
+                kind: FailureKind::Refused,
                 error,
                 retry_after: None,
             }),

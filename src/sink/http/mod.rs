@@ -7,9 +7,9 @@
 //!
 //! The answer decides the row, as Kafka's does: 2xx → SUCCESS (the row's
 //! `kafka_partition` holds the HTTP status and `kafka_offset` the answer's latency in
-//! milliseconds); no answer, 408, 425, 429 or 5xx → FAILED with backoff; another 4xx or a
-//! redirect (never followed) → FAILED with the status and the start of the answer's body,
-//! MANUAL_REQUIRED once the row's attempts are spent. Order, concurrency and outages per
+//! milliseconds); no answer, 408, 425, 429 or 5xx → FAILED with backoff (or the answer's
+//! `Retry-After`); another 4xx or a redirect (never followed) → MANUAL_REQUIRED at once
+//! ([`FailureKind::Refused`]) with the status and the start of the answer's body. Order, concurrency and outages per
 //! endpoint: `endpoint.rs`.
 //!
 //! The endpoint of an event is a name: the row's `topic` column when set, else

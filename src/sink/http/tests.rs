@@ -109,9 +109,9 @@ async fn answers_decide_the_rows_outcome() {
         (201, None),
         (503, Some(FailureKind::Retryable)),
         (429, Some(FailureKind::Retryable)),
-        (400, Some(FailureKind::Rejected)),
-        (410, Some(FailureKind::Rejected)),
-        (302, Some(FailureKind::Rejected)),
+        (400, Some(FailureKind::Refused)),
+        (410, Some(FailureKind::Refused)),
+        (302, Some(FailureKind::Refused)),
     ] {
         server.status.store(status, AtomicOrdering::SeqCst);
         let result = sink
