@@ -70,6 +70,11 @@ pub struct EndpointConfig {
     /// growing pause, until it answers.
     #[serde(default = "default_open_after")]
     pub open_after: u32,
+    /// Bytes of requests (bodies and headers) handed to this endpoint and not yet
+    /// answered, at most: past it, sending waits (as Kafka's producer queue makes it wait),
+    /// so an endpoint that is slow or down holds a bounded amount of memory.
+    #[serde(default = "default_max_queued_bytes")]
+    pub max_queued_bytes: usize,
 }
 
 impl std::fmt::Debug for EndpointConfig {
@@ -79,6 +84,7 @@ impl std::fmt::Debug for EndpointConfig {
             .field("secrets", &self.secrets.len())
             .field("concurrency", &self.concurrency)
             .field("open_after", &self.open_after)
+            .field("max_queued_bytes", &self.max_queued_bytes)
             .finish_non_exhaustive()
     }
 }
@@ -97,6 +103,10 @@ fn default_concurrency() -> usize {
 
 fn default_open_after() -> u32 {
     5
+}
+
+fn default_max_queued_bytes() -> usize {
+    16 << 20
 }
 
 impl HttpSinkConfig {
@@ -146,6 +156,12 @@ impl HttpSinkConfig {
             if endpoint.concurrency == 0 || endpoint.concurrency > 1024 {
                 return Err(format!(
                     "http.endpoints.{name}.concurrency must be between 1 and 1024"
+                ));
+            }
+            if endpoint.max_queued_bytes < (64 << 10) || endpoint.max_queued_bytes > (1 << 30) {
+                return Err(format!(
+                    "http.endpoints.{name}.max_queued_bytes must be between 65536 (64 KiB) \
+                     and 1073741824 (1 GiB)"
                 ));
             }
             if endpoint.open_after == 0 || endpoint.open_after > 1000 {

@@ -89,6 +89,9 @@ pub(super) struct Endpoint {
     secrets: Vec<Secret>,
     strict: bool,
     slots: Semaphore,
+    /// `max_queued_bytes`, as permits: one per byte of a request until its task ends.
+    queued_bytes: Arc<Semaphore>,
+    max_queued_bytes: usize,
     /// Per key: the last request handed over.
     keys: Mutex<HashMap<Bytes, LastOfKey>>,
     next_seq: AtomicU64,
@@ -102,6 +105,7 @@ impl Endpoint {
         secrets: Vec<Secret>,
         concurrency: usize,
         open_after: u32,
+        max_queued_bytes: usize,
         strict: bool,
     ) -> Self {
         Self {
@@ -110,6 +114,8 @@ impl Endpoint {
             secrets,
             strict,
             slots: Semaphore::new(concurrency),
+            queued_bytes: Arc::new(Semaphore::new(max_queued_bytes)),
+            max_queued_bytes,
             keys: Mutex::new(HashMap::new()),
             next_seq: AtomicU64::new(0),
             breaker: Breaker::new(open_after),
@@ -119,6 +125,17 @@ impl Endpoint {
     /// The URL as logs show it.
     pub(super) fn shown(&self) -> &str {
         self.poster.shown()
+    }
+
+    /// Waits until `bytes` more fit under `max_queued_bytes` (a request larger than the
+    /// whole bound waits for the queue to empty, then goes alone); the permit travels with
+    /// the request until its task ends.
+    pub(super) async fn reserve(&self, bytes: usize) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let wanted = u32::try_from(bytes.clamp(1, self.max_queued_bytes)).unwrap_or(u32::MAX);
+        Arc::clone(&self.queued_bytes)
+            .acquire_many_owned(wanted)
+            .await
+            .ok()
     }
 
     /// Whether the endpoint is taken for down (its circuit breaker holds its requests).
@@ -142,6 +159,7 @@ impl Endpoint {
         self: &Arc<Self>,
         request: Prepared,
         in_flight: Arc<AtomicI64>,
+        bytes: Option<tokio::sync::OwnedSemaphorePermit>,
     ) -> Queued {
         in_flight.fetch_add(1, Ordering::Relaxed);
         let (mut outcome_tx, outcome_rx) = oneshot::channel();
@@ -173,6 +191,7 @@ impl Endpoint {
                 endpoint.forget(&task_key, seq);
             }
             in_flight.fetch_sub(1, Ordering::Relaxed);
+            drop(bytes);
         });
         Queued {
             outcome: outcome_rx,

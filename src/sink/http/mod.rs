@@ -77,6 +77,7 @@ impl HttpSink {
                 secrets,
                 endpoint.concurrency,
                 endpoint.open_after,
+                endpoint.max_queued_bytes,
                 strict,
             );
             endpoints.insert(name.clone(), Arc::new(endpoint));
@@ -237,9 +238,18 @@ impl Sink for HttpSink {
             Ok(request) => request,
             Err(e) => return refused(format!("cannot send it over HTTP: {e}")),
         };
-        HttpDelivery(Delivery::Queued(
-            endpoint.enqueue(request, Arc::clone(&self.in_flight)),
-        ))
+        // Waits here, as Kafka's full producer queue makes a send wait, while the endpoint
+        // holds `max_queued_bytes` of requests not yet answered.
+        let size = request.body.len()
+            + (request.headers.iter())
+                .map(|(name, value)| name.as_str().len() + value.len())
+                .sum::<usize>();
+        let bytes = endpoint.reserve(size).await;
+        HttpDelivery(Delivery::Queued(endpoint.enqueue(
+            request,
+            Arc::clone(&self.in_flight),
+            bytes,
+        )))
     }
 
     fn destination(&self, event: &OutboxEvent) -> String {
