@@ -1,6 +1,7 @@
-//! The webhook handler verifies an https:// service's certificate: a service presenting a
-//! self-signed certificate is refused (a failed attempt naming the certificate problem),
-//! never sent the message.
+//! The webhook handler and the HTTP sink verify an https:// service's certificate: a
+//! service presenting a self-signed certificate is refused (a failed attempt naming the
+//! certificate problem), never sent the message; the HTTP sink trusts it once its
+//! endpoint names it in `ca_file` (a private CA).
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -43,12 +44,26 @@ fn self_signed() -> (X509, PKey<openssl::pkey::Private>) {
     (cert.build(), key)
 }
 
-#[tokio::test]
-async fn an_untrusted_certificate_is_refused_and_nothing_is_sent() {
-    let (cert, key) = self_signed();
+/// A TLS server on loopback presenting `cert`, answering 200 to every request: its port
+/// and how many requests reached it (only from a client that accepted the certificate).
+/// With `client_ca`, only a client presenting that certificate gets through (mutual TLS).
+async fn tls_server(
+    cert: &X509,
+    key: &PKey<openssl::pkey::Private>,
+    client_ca: Option<&X509>,
+) -> (u16, Arc<AtomicUsize>) {
     let mut acceptor = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls()).unwrap();
-    acceptor.set_certificate(&cert).unwrap();
-    acceptor.set_private_key(&key).unwrap();
+    acceptor.set_certificate(cert).unwrap();
+    acceptor.set_private_key(key).unwrap();
+    if let Some(client_ca) = client_ca {
+        acceptor
+            .cert_store_mut()
+            .add_cert(client_ca.clone())
+            .unwrap();
+        acceptor.set_verify(
+            openssl::ssl::SslVerifyMode::PEER | openssl::ssl::SslVerifyMode::FAIL_IF_NO_PEER_CERT,
+        );
+    }
     let acceptor = acceptor.build();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -69,7 +84,13 @@ async fn an_untrusted_certificate_is_refused_and_nothing_is_sent() {
             }
         }
     });
+    (port, requests)
+}
 
+#[tokio::test]
+async fn an_untrusted_certificate_is_refused_and_nothing_is_sent() {
+    let (cert, key) = self_signed();
+    let (port, requests) = tls_server(&cert, &key, None).await;
     let handler = WebhookHandler::new(
         &format!("https://127.0.0.1:{port}/hooks"),
         Duration::from_secs(5),
@@ -99,4 +120,73 @@ async fn an_untrusted_certificate_is_refused_and_nothing_is_sent() {
         other => panic!("an untrusted certificate must not pass: {other:?}"),
     }
     assert_eq!(requests.load(Ordering::Relaxed), 0, "nothing sent");
+}
+
+/// The HTTP sink: refused without the certificate (nothing sent); with the endpoint's
+/// `ca_file` naming it, still refused by a server that asks for a client certificate until
+/// `client_cert`/`client_key` give one; then delivered.
+#[tokio::test]
+async fn the_http_sink_trusts_a_private_ca_and_presents_a_client_certificate() {
+    use outboxd::sink::http::{HttpSink, HttpSinkConfig};
+    use outboxd::sink::{FailureKind, Sink};
+    let (cert, key) = self_signed();
+    let (client, client_key) = self_signed();
+    let (port, requests) = tls_server(&cert, &key, Some(&client)).await;
+    let dir = std::env::temp_dir().join(format!("outboxd-sink-tls-{port}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca = dir.join("ca.pem");
+    std::fs::write(&ca, cert.to_pem().unwrap()).unwrap();
+    let (client_pem, client_key_pem) = (dir.join("client.pem"), dir.join("client.key"));
+    std::fs::write(&client_pem, client.to_pem().unwrap()).unwrap();
+    std::fs::write(
+        &client_key_pem,
+        client_key.private_key_to_pem_pkcs8().unwrap(),
+    )
+    .unwrap();
+    let sink = |extra: &str| {
+        let text =
+            format!("[endpoints.default]\nurl = \"https://127.0.0.1:{port}/hooks\"\n{extra}");
+        let config: HttpSinkConfig = toml::from_str(&text).expect("[http]");
+        HttpSink::new(&config, "tls", true, &["outbox".into()]).expect("sink")
+    };
+    let event = outboxd_connector::OutboxEvent {
+        id: 1,
+        table: 0,
+        message_id: "m-1".into(),
+        message_type: "t".into(),
+        biz_key: "k".into(),
+        key: bytes::Bytes::from_static(b"k"),
+        topic: None,
+        routing: None,
+        payload: bytes::Bytes::from_static(b"{}"),
+        headers: Vec::new(),
+        created_at: "2026-01-01T00:00:00Z".into(),
+        retry_count: 0,
+        max_retry_count: 10,
+        commit_time: None,
+        rejected: None,
+    };
+
+    let untrusting = sink("");
+    let failure = untrusting.send(&event).await.await.unwrap_err();
+    assert_eq!(failure.kind, FailureKind::Retryable);
+    assert!(failure.error.contains("certificate"), "{}", failure.error);
+    assert_eq!(requests.load(Ordering::Relaxed), 0, "nothing sent");
+
+    // The server asks for a client certificate: trusting it is not enough.
+    let anonymous = sink(&format!("ca_file = \"{}\"\n", ca.display()));
+    let failure = anonymous.send(&event).await.await.unwrap_err();
+    assert_eq!(failure.kind, FailureKind::Retryable, "{}", failure.error);
+    assert_eq!(requests.load(Ordering::Relaxed), 0, "nothing sent");
+
+    let trusting = sink(&format!(
+        "ca_file = \"{}\"\nclient_cert = \"{}\"\nclient_key = \"{}\"\n",
+        ca.display(),
+        client_pem.display(),
+        client_key_pem.display()
+    ));
+    let receipt = trusting.send(&event).await.await.expect("delivered");
+    assert_eq!(receipt.partition, 200);
+    assert_eq!(requests.load(Ordering::Relaxed), 1);
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -155,6 +155,70 @@ pub(crate) struct Poster {
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
 }
 
+/// PEM files for an endpoint's TLS: a private CA, and a client certificate with its key.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct TlsFiles {
+    /// Certificates (one or more, PEM) trusted besides the system's roots.
+    pub(crate) ca_file: Option<std::path::PathBuf>,
+    /// The client's certificate chain (PEM) and its PKCS#8 key (PEM).
+    pub(crate) client_cert: Option<(std::path::PathBuf, std::path::PathBuf)>,
+}
+
+impl TlsFiles {
+    fn connector(&self) -> Result<native_tls::TlsConnector, String> {
+        let read = |path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+        };
+        let mut builder = native_tls::TlsConnector::builder();
+        if let Some(path) = &self.ca_file {
+            let pem = read(path)?;
+            let mut found = 0;
+            for block in pem_blocks(&pem, "CERTIFICATE") {
+                let cert = native_tls::Certificate::from_pem(&block)
+                    .map_err(|e| format!("{}: not a PEM certificate: {e}", path.display()))?;
+                builder.add_root_certificate(cert);
+                found += 1;
+            }
+            if found == 0 {
+                return Err(format!("{}: no PEM certificate in it", path.display()));
+            }
+        }
+        if let Some((cert, key)) = &self.client_cert {
+            let identity =
+                native_tls::Identity::from_pkcs8(&read(cert)?, &read(key)?).map_err(|e| {
+                    format!(
+                        "{} and {}: not a PEM certificate and PKCS#8 key (`openssl pkcs8 \
+                         -topk8 -nocrypt` converts an RSA key): {e}",
+                        cert.display(),
+                        key.display()
+                    )
+                })?;
+            builder.identity(identity);
+        }
+        builder.build().map_err(|e| e.to_string())
+    }
+}
+
+/// Each `-----BEGIN <label>-----` … `-----END <label>-----` block of `pem`, whole.
+fn pem_blocks(pem: &[u8], label: &str) -> Vec<Vec<u8>> {
+    let text = String::from_utf8_lossy(pem);
+    let (begin, end) = (
+        format!("-----BEGIN {label}-----"),
+        format!("-----END {label}-----"),
+    );
+    let mut blocks = Vec::new();
+    let mut rest = text.as_ref();
+    while let Some(start) = rest.find(&begin) {
+        let Some(stop) = rest[start..].find(&end) else {
+            break;
+        };
+        let stop = start + stop + end.len();
+        blocks.push(rest.as_bytes()[start..stop].to_vec());
+        rest = &rest[stop..];
+    }
+    blocks
+}
+
 /// What a POST came to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Answer {
@@ -187,6 +251,12 @@ impl Poster {
     /// A client for `url` (http:// or https://) whose requests wait at most `timeout`
     /// (connecting included) for an answer.
     pub(crate) fn new(url: &str, timeout: Duration) -> Result<Self, String> {
+        Self::with_tls(url, timeout, &TlsFiles::default())
+    }
+
+    /// As [`Poster::new`], with a private CA's certificates trusted besides the system's,
+    /// and a client certificate for endpoints that ask for one (PEM files, read now).
+    pub(crate) fn with_tls(url: &str, timeout: Duration, files: &TlsFiles) -> Result<Self, String> {
         let url: Uri = url
             .parse()
             .map_err(|e| format!("url `{url}` is not a URL: {e}"))?;
@@ -201,7 +271,8 @@ impl Poster {
         http.set_nodelay(true);
         // Lets https:// through the inner connector; plain http:// URLs stay plain.
         http.enforce_http(false);
-        let tls = native_tls::TlsConnector::new()
+        let tls = files
+            .connector()
             .map_err(|e| format!("cannot set up TLS for url {}: {e}", redacted(&url)))?;
         let connector = HttpsConnector::from((http, tls.into()));
         let client = Client::builder(TokioExecutor::new())

@@ -62,6 +62,16 @@ pub struct EndpointConfig {
     /// A file holding the secrets, one per line, instead of `secrets`.
     #[serde(default)]
     pub secrets_file: Option<PathBuf>,
+    /// PEM file of certificates trusted besides the system's roots (a private CA).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// PEM file of the client certificate (with `client_key`), for an endpoint that asks
+    /// for one (mutual TLS).
+    #[serde(default)]
+    pub client_cert: Option<PathBuf>,
+    /// PEM file of the client certificate's PKCS#8 key.
+    #[serde(default)]
+    pub client_key: Option<PathBuf>,
     /// Requests in flight to this endpoint at once, at most (never two of one key).
     #[serde(default = "default_concurrency")]
     pub concurrency: usize,
@@ -109,6 +119,21 @@ fn default_max_queued_bytes() -> usize {
     16 << 20
 }
 
+impl EndpointConfig {
+    /// The endpoint's TLS files; `client_cert` and `client_key` go together.
+    pub(crate) fn tls(&self) -> Result<crate::webhooks::client::TlsFiles, String> {
+        let client_cert = match (&self.client_cert, &self.client_key) {
+            (Some(cert), Some(key)) => Some((cert.clone(), key.clone())),
+            (None, None) => None,
+            _ => return Err("client_cert and client_key go together".into()),
+        };
+        Ok(crate::webhooks::client::TlsFiles {
+            ca_file: self.ca_file.clone(),
+            client_cert,
+        })
+    }
+}
+
 impl HttpSinkConfig {
     /// Reads each endpoint's `secrets_file` into its `secrets`.
     pub(crate) fn resolve_secret_files(&mut self) -> Result<(), SecretError> {
@@ -147,8 +172,12 @@ impl HttpSinkConfig {
                 .map_err(|e| format!("http.forward_headers: {e}"))?;
         }
         for (name, endpoint) in &self.endpoints {
-            crate::webhooks::client::Poster::new(&endpoint.url, self.timeout)
-                .map_err(|e| format!("http.endpoints.{name}.{e}"))?;
+            crate::webhooks::client::Poster::with_tls(
+                &endpoint.url,
+                self.timeout,
+                &endpoint.tls()?,
+            )
+            .map_err(|e| format!("http.endpoints.{name}.{e}"))?;
             for secret in &endpoint.secrets {
                 crate::webhooks::signature::Secret::parse(secret.expose())
                     .map_err(|e| format!("http.endpoints.{name}.secrets: {e}"))?;

@@ -65,7 +65,9 @@ impl HttpSink {
             .map_err(rename)?;
         let mut endpoints = BTreeMap::new();
         for (name, endpoint) in &config.endpoints {
-            let poster = Poster::new(&endpoint.url, config.timeout)
+            let poster = endpoint
+                .tls()
+                .and_then(|tls| Poster::with_tls(&endpoint.url, config.timeout, &tls))
                 .map_err(|e| format!("http.endpoints.{name}.{e}"))?;
             let secrets = (endpoint.secrets.iter())
                 .map(|s| Secret::parse(s.expose()))
