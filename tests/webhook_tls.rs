@@ -190,3 +190,94 @@ async fn the_http_sink_trusts_a_private_ca_and_presents_a_client_certificate() {
     assert_eq!(requests.load(Ordering::Relaxed), 1);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// HTTP/2 where the endpoint offers it: a server that selects `h2` by ALPN receives the
+/// sink's requests as HTTP/2, on one connection.
+#[tokio::test]
+async fn the_http_sink_speaks_http2_where_the_endpoint_offers_it() {
+    use http_body_util::Full;
+    use hyper::service::service_fn;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use outboxd::sink::http::{HttpSink, HttpSinkConfig};
+    use outboxd::sink::Sink;
+    use std::sync::Mutex;
+
+    let (cert, key) = self_signed();
+    let mut acceptor = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls()).unwrap();
+    acceptor.set_certificate(&cert).unwrap();
+    acceptor.set_private_key(&key).unwrap();
+    acceptor.set_alpn_select_callback(|_, offered| {
+        openssl::ssl::select_next_proto(b"\x02h2", offered).ok_or(openssl::ssl::AlpnError::NOACK)
+    });
+    let acceptor = acceptor.build();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let versions = Arc::new(Mutex::new(Vec::new()));
+    let connections = Arc::new(AtomicUsize::new(0));
+    let (seen, accepted) = (Arc::clone(&versions), Arc::clone(&connections));
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let ssl = openssl::ssl::Ssl::new(acceptor.context()).unwrap();
+            let mut tls = tokio_openssl::SslStream::new(ssl, tcp).unwrap();
+            if Pin::new(&mut tls).accept().await.is_err() {
+                continue;
+            }
+            accepted.fetch_add(1, Ordering::Relaxed);
+            let seen = Arc::clone(&seen);
+            let service = service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+                seen.lock()
+                    .unwrap()
+                    .push(format!("{:?}", request.version()));
+                async {
+                    Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
+                        bytes::Bytes::new(),
+                    )))
+                }
+            });
+            tokio::spawn(
+                hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), service),
+            );
+        }
+    });
+
+    let dir = std::env::temp_dir().join(format!("outboxd-sink-h2-{port}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca = dir.join("ca.pem");
+    std::fs::write(&ca, cert.to_pem().unwrap()).unwrap();
+    let text = format!(
+        "[endpoints.default]\nurl = \"https://127.0.0.1:{port}/hooks\"\nca_file = \"{}\"\n",
+        ca.display()
+    );
+    let config: HttpSinkConfig = toml::from_str(&text).expect("[http]");
+    let sink = HttpSink::new(&config, "h2", true, &["outbox".into()]).expect("sink");
+    for id in 1..=3 {
+        let mut event = outboxd_connector::OutboxEvent {
+            id,
+            table: 0,
+            message_id: format!("m-{id}"),
+            message_type: "t".into(),
+            biz_key: "k".into(),
+            key: bytes::Bytes::from_static(b"k"),
+            topic: None,
+            routing: None,
+            payload: bytes::Bytes::from_static(b"{}"),
+            headers: Vec::new(),
+            created_at: "2026-01-01T00:00:00Z".into(),
+            retry_count: 0,
+            max_retry_count: 10,
+            commit_time: None,
+            rejected: None,
+        };
+        event.biz_key = format!("k{id}");
+        let receipt = sink.send(&event).await.await.expect("delivered");
+        assert_eq!(receipt.partition, 200);
+    }
+    assert_eq!(*versions.lock().unwrap(), ["HTTP/2.0"; 3]);
+    assert_eq!(
+        connections.load(Ordering::Relaxed),
+        1,
+        "one connection, kept"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -3,7 +3,8 @@
 //! bound, URLs shown without their secrets, and the rules for which of a message's own
 //! headers may go onto a request.
 //!
-//! hyper's pooled client keeps connections open between requests (HTTP/1.1 keep-alive).
+//! hyper's pooled client keeps connections open between requests: HTTP/2 where an
+//! `https://` endpoint offers it (ALPN), else HTTP/1.1 with keep-alive.
 //! Redirects are never followed: a 3xx is an answer like any other. An `https://` URL is
 //! verified as a browser would: the server's certificate must chain to the system's
 //! trusted roots and name the URL's host (OpenSSL through `native-tls`).
@@ -170,6 +171,8 @@ impl TlsFiles {
             std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
         };
         let mut builder = native_tls::TlsConnector::builder();
+        // HTTP/2 where the endpoint offers it (ALPN), else HTTP/1.1 with keep-alive.
+        builder.request_alpns(&["h2", "http/1.1"]);
         if let Some(path) = &self.ca_file {
             let pem = read(path)?;
             let mut found = 0;
