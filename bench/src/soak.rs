@@ -621,6 +621,7 @@ impl Bench {
                     &snapshots,
                     inbox_target,
                     limit,
+                    true,
                 )
                 .await?;
             for (i, at) in &recovered {
@@ -845,8 +846,10 @@ impl Bench {
     /// Waits until each of `pipelines` streams again: a relay when Kafka holds a record of
     /// a transaction begun at or after its `snapshots`, the inbox when it has handled
     /// `inbox_target` messages; each one's time from now, `None` for one still not
-    /// streaming after `limit` (stuck: its outboxd is killed and started again). An outboxd
-    /// that exits meanwhile is started again at once (and counted): its time includes that.
+    /// streaming after `limit` (with `stuck`, its outboxd is then killed and started
+    /// again). An outboxd that exits meanwhile is started again at once (and counted): its
+    /// time includes that.
+    #[allow(clippy::too_many_arguments)]
     async fn wait_streaming(
         &mut self,
         watch: &mut Watch<'_>,
@@ -855,6 +858,7 @@ impl Bench {
         snapshots: &[Vec<usize>],
         inbox_target: usize,
         limit: Duration,
+        stuck: bool,
     ) -> anyhow::Result<Vec<(usize, Option<Duration>)>> {
         let from = Instant::now();
         let inbox = watch.relays.len();
@@ -881,7 +885,7 @@ impl Bench {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        for (i, _) in out.iter().filter(|(_, at)| at.is_none()) {
+        for (i, _) in out.iter().filter(|(_, at)| stuck && at.is_none()) {
             let proc = &mut procs[*i];
             eprintln!(
                 "soak:          STUCK: {} not streaming {:.0} s on; killed and started \
@@ -915,7 +919,7 @@ impl Bench {
         let all: Vec<usize> = (0..relays.len()).collect();
         let limit = Duration::from_secs_f64(args.stuck_limit.max(args.recovery_budget));
         let quick = self
-            .wait_streaming(watch, procs, &all, &snapshots, 0, STEADY)
+            .wait_streaming(watch, procs, &all, &snapshots, 0, STEADY, false)
             .await?;
         let slow: Vec<usize> = (quick.iter().filter(|(_, at)| at.is_none()))
             .map(|(i, _)| *i)
@@ -931,6 +935,7 @@ impl Bench {
                 &snapshots,
                 0,
                 limit.saturating_sub(STEADY),
+                true,
             )
             .await?;
         for (i, at) in late {
