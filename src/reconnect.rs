@@ -92,6 +92,30 @@ pub(crate) async fn reconnecting<E: SessionError>(
     Ok(())
 }
 
+/// One call to the store, bounded by `delivery.store_timeout`: a database that stops
+/// answering (a network black hole, a frozen server) fails the call as transient, which
+/// ends the relay's session or the claim worker's round, and the loop opens new
+/// connections. Without this bound they would wait on the silent connection for as long as
+/// the silence lasts, working as far as `/readyz` can tell.
+pub(crate) async fn answered<T>(
+    limit: Duration,
+    what: &str,
+    call: impl std::future::Future<Output = Result<T, outboxd_connector::ConnectorError>>,
+) -> Result<T, outboxd_connector::ConnectorError> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(result) => result,
+        Err(_) => Err(unanswered(what, limit)),
+    }
+}
+
+/// The error of a store call that got no answer within `limit`.
+pub(crate) fn unanswered(what: &str, limit: Duration) -> outboxd_connector::ConnectorError {
+    outboxd_connector::ConnectorError::transient(format!(
+        "the database did not answer {what} within {limit:?} (delivery.store_timeout): taking \
+         the connection for dead and reconnecting"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};

@@ -112,6 +112,10 @@ pub(crate) struct MemoryStore {
     hold_write_backs: std::sync::atomic::AtomicBool,
     /// Write-backs waiting behind `hold_write_backs`.
     held_write_backs: std::sync::atomic::AtomicUsize,
+    /// Claims get no answer while set (a silent database).
+    silent_claims: std::sync::atomic::AtomicBool,
+    /// Calls of `claim`, answered or not.
+    claim_calls: std::sync::atomic::AtomicUsize,
 }
 
 impl MemoryStore {
@@ -163,6 +167,17 @@ impl MemoryStore {
     }
 
     /// Write-backs wait while `held` (a slow commit), and go on once it is cleared.
+    /// Claims wait with no answer while `silent` (a database behind a network black hole).
+    pub(crate) fn silence_claims(&self, silent: bool) {
+        self.silent_claims
+            .store(silent, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Calls of `claim` so far, answered or not.
+    pub(crate) fn claim_calls(&self) -> usize {
+        self.claim_calls.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     pub(crate) fn hold_write_backs(&self, held: bool) {
         self.hold_write_backs
             .store(held, std::sync::atomic::Ordering::SeqCst);
@@ -263,6 +278,11 @@ impl OutboxStore for MemoryStore {
     }
 
     async fn claim(&self, request: ClaimRequest) -> Result<Vec<ClaimedEvent>, ConnectorError> {
+        self.claim_calls
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        while self.silent_claims.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
         let mut state = lock(&self.state);
         state.claims += 1;
         let claim = state.claims;

@@ -50,6 +50,7 @@ async fn claimed_rows_are_sent_written_back_and_their_keys_reported() {
         idle_check: Some(Duration::from_secs(60)),
         strict_order: true,
         delivery_timeout: Duration::from_secs(30),
+        store_timeout: Duration::from_secs(60),
     };
     let (keys_tx, mut keys) = mpsc::unbounded_channel();
     let worker = ClaimWorker::new(
@@ -106,6 +107,7 @@ async fn a_fatal_sink_is_rebuilt_and_costs_the_rows_no_attempt() {
         idle_check: Some(Duration::from_millis(10)),
         strict_order: true,
         delivery_timeout: Duration::from_secs(30),
+        store_timeout: Duration::from_secs(60),
     };
     let (keys_tx, _keys) = mpsc::unbounded_channel();
     let worker = ClaimWorker::new(
@@ -153,6 +155,7 @@ async fn a_claimed_row_the_destination_refuses_becomes_manual_required() {
         idle_check: Some(Duration::from_secs(60)),
         strict_order: true,
         delivery_timeout: Duration::from_secs(30),
+        store_timeout: Duration::from_secs(60),
     };
     let (keys_tx, _keys) = mpsc::unbounded_channel();
     let worker = ClaimWorker::new(
@@ -168,10 +171,62 @@ async fn a_claimed_row_the_destination_refuses_becomes_manual_required() {
     })
     .await;
     let refused = store.row(1).unwrap();
-    assert_eq!(refused.retry_count, 0, "no attempt counted: an operator's turn");
+    assert_eq!(
+        refused.retry_count, 0,
+        "no attempt counted: an operator's turn"
+    );
     assert_eq!(
         refused.last_error.as_deref(),
         Some("memory sink: Refused failure of row 1")
     );
     assert_eq!(sink.sent_ids(), [1, 2], "not claimed again");
+}
+
+/// A database that stops answering a claim (a network black hole: no error, no close):
+/// after `store_timeout` the call is given up as transient and the worker claims again (on
+/// a new connection, with a real store), instead of waiting for as long as the silence
+/// lasts; once the database answers, the row goes. Paused clock.
+#[tokio::test(start_paused = true)]
+async fn a_claim_the_database_never_answers_is_given_up_after_store_timeout() {
+    let store = MemoryStore::default();
+    let sink = MemorySink::default();
+    let stats = PipelineStats::default();
+    store.insert(&[(1, "A")]);
+    store.silence_claims(true);
+    let settings = WorkerSettings {
+        retry: RetryConfig::default(),
+        scope: ClaimScope::NewAndDueFailed,
+        batch_size: 10,
+        idle_check: Some(Duration::from_secs(1)),
+        strict_order: true,
+        delivery_timeout: Duration::from_secs(30),
+        store_timeout: Duration::from_secs(2),
+    };
+    let (keys_tx, _keys) = mpsc::unbounded_channel();
+    let worker = ClaimWorker::new(
+        &store,
+        &sink,
+        settings,
+        &stats,
+        Arc::new(Notify::new()),
+        keys_tx,
+    );
+    let (stop, shutdown) = watch::channel(false);
+    let driver = async {
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        assert!(
+            store.claim_calls() >= 3,
+            "a silent claim is given up after store_timeout and made again: {} calls in 8 s",
+            store.claim_calls()
+        );
+        assert!(sink.sent_ids().is_empty());
+        store.silence_claims(false);
+        while store.status(1) != "SUCCESS" {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        stop.send_replace(true);
+    };
+    let (result, ()) = tokio::join!(worker.run(shutdown), driver);
+    result.unwrap();
+    assert_eq!(sink.sent_ids(), [1]);
 }

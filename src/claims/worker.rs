@@ -38,6 +38,9 @@ pub struct WorkerSettings {
     /// (`kafka.message_timeout`); shorter than the claim timeout, so the rows are written
     /// back while the claim still holds.
     pub delivery_timeout: Duration,
+    /// How long one call to the store may go unanswered (`delivery.store_timeout`): a
+    /// silent database ends the round, and the loop reconnects.
+    pub store_timeout: Duration,
 }
 
 /// The claim worker: retries due FAILED rows beside the log pipeline, or, in poll mode,
@@ -56,6 +59,17 @@ pub struct ClaimWorker<'a, O, S> {
     stats: &'a PipelineStats,
     wake: Arc<Notify>,
     delivered_keys: mpsc::UnboundedSender<String>,
+}
+
+impl<O: OutboxStore, S: Sink> ClaimWorker<'_, O, S> {
+    /// `call` bounded by `store_timeout` (see [`crate::reconnect::answered`]).
+    async fn ask<T>(
+        &self,
+        what: &str,
+        call: impl std::future::Future<Output = Result<T, outboxd_connector::ConnectorError>>,
+    ) -> Result<T, outboxd_connector::ConnectorError> {
+        crate::reconnect::answered(self.settings.store_timeout, what, call).await
+    }
 }
 
 impl<'a, O: OutboxStore, S: Sink> ClaimWorker<'a, O, S> {
@@ -114,7 +128,7 @@ impl<'a, O: OutboxStore, S: Sink> ClaimWorker<'a, O, S> {
                 limit: self.settings.batch_size,
                 strict_order: self.settings.strict_order,
             };
-            let claimed = self.store.claim(request).await?;
+            let claimed = self.ask("the claim", self.store.claim(request)).await?;
             let full = claimed.len() == self.settings.batch_size;
             if !claimed.is_empty() {
                 self.publish_claimed(claimed).await?;
@@ -127,14 +141,14 @@ impl<'a, O: OutboxStore, S: Sink> ClaimWorker<'a, O, S> {
             claim_timeout: self.settings.retry.claim_timeout,
             retry_delay: self.settings.retry.base,
         };
-        let mut schedule = self.store.retry_schedule().await?;
+        let mut schedule = (self.ask("the retry schedule", self.store.retry_schedule())).await?;
         let now = SystemTime::now();
         let expired = |s: &RetrySchedule| {
             s.oldest_claim
                 .is_some_and(|claimed| claimed + policy.claim_timeout <= now)
         };
         if expired(&schedule) {
-            let report = self.store.reap(policy).await?;
+            let report = self.ask("the reaper", self.store.reap(policy)).await?;
             if report.failed + report.manual_required > 0 {
                 tracing::warn!(
                     failed = report.failed,
@@ -145,7 +159,7 @@ impl<'a, O: OutboxStore, S: Sink> ClaimWorker<'a, O, S> {
                     .reaped
                     .fetch_add(report.failed + report.manual_required, Ordering::Relaxed);
             }
-            schedule = self.store.retry_schedule().await?;
+            schedule = (self.ask("the retry schedule", self.store.retry_schedule())).await?;
         }
         Ok(next_look(
             &schedule,
@@ -271,7 +285,11 @@ impl<'a, O: OutboxStore, S: Sink> ClaimWorker<'a, O, S> {
             released: &released,
             rejected: &rejected,
         };
-        let updated = self.store.complete_claimed(batch).await?;
+        let updated = (self.ask(
+            "the claimed rows' write-back",
+            self.store.complete_claimed(batch),
+        ))
+        .await?;
         let expected = (delivered.len() + failed.len() + released.len() + rejected.len()) as u64;
         if updated < expected {
             tracing::warn!(

@@ -380,6 +380,7 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
                     }),
                     strict_order: strict,
                     delivery_timeout: config.sink_timeout(),
+                    store_timeout: config.delivery.store_timeout,
                 };
                 let mut link = RetryLink {
                     wake_worker: Arc::clone(&wake),
@@ -433,6 +434,7 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
                     idle_check: Some(config.poll.interval),
                     strict_order: strict,
                     delivery_timeout: config.sink_timeout(),
+                    store_timeout: config.delivery.store_timeout,
                 };
                 run_worker(
                     connector,

@@ -217,7 +217,7 @@ pub async fn run<C: Connector, S: Sink>(
             // Exactly-once: fence the instance that held the transactions before reading
             // the checkpoint, which that instance may still have been writing.
             let committed = session.take_over_transactions().await?;
-            let checkpoint = session::answered(
+            let checkpoint = crate::reconnect::answered(
                 settings.delivery.store_timeout,
                 "the checkpoint",
                 store.load_checkpoint(),

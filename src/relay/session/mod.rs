@@ -458,13 +458,13 @@ struct RunState<'a> {
 }
 
 impl<O: OutboxStore, S: Sink> Session<'_, O, S> {
-    /// `call` bounded by `delivery.store_timeout` (see [`answered`]).
+    /// `call` bounded by `delivery.store_timeout` (see [`crate::reconnect::answered`]).
     pub(in crate::relay) async fn ask<T>(
         &self,
         what: &str,
         call: impl std::future::Future<Output = Result<T, ConnectorError>>,
     ) -> Result<T, ConnectorError> {
-        answered(self.settings.delivery.store_timeout, what, call).await
+        crate::reconnect::answered(self.settings.delivery.store_timeout, what, call).await
     }
 }
 
@@ -479,28 +479,4 @@ fn reset_timer(timer: std::pin::Pin<&mut tokio::time::Sleep>, at: Instant) {
 /// A position for logs; `none` before the first confirmation.
 fn display_position(position: Option<&Position>) -> String {
     position.map_or_else(|| "none".to_owned(), ToString::to_string)
-}
-
-/// One call to the store, bounded by `delivery.store_timeout`: a database that stops
-/// answering (a network black hole, a frozen server) fails the call as transient, which
-/// ends the session; the next one opens new connections. Without this bound the session
-/// would wait on the silent connection for as long as the silence lasts, streaming as far
-/// as `/readyz` can tell.
-pub(in crate::relay) async fn answered<T>(
-    limit: Duration,
-    what: &str,
-    call: impl std::future::Future<Output = Result<T, ConnectorError>>,
-) -> Result<T, ConnectorError> {
-    match tokio::time::timeout(limit, call).await {
-        Ok(result) => result,
-        Err(_) => Err(unanswered(what, limit)),
-    }
-}
-
-/// The error of a store call that got no answer within `limit`.
-pub(in crate::relay) fn unanswered(what: &str, limit: Duration) -> ConnectorError {
-    ConnectorError::transient(format!(
-        "the database did not answer {what} within {limit:?} (delivery.store_timeout): taking \
-         the connection for dead and reconnecting"
-    ))
 }

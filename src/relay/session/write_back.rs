@@ -531,7 +531,7 @@ async fn write_back_with_retries<O: OutboxStore>(
     loop {
         let answer = tokio::time::timeout(limit, store.write_back(batch)).await;
         let Ok(result) = answer else {
-            return Err(super::unanswered("the status write-back", limit));
+            return Err(crate::reconnect::unanswered("the status write-back", limit));
         };
         match result {
             Ok(()) => return Ok(()),
