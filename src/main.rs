@@ -297,7 +297,7 @@ fn main() -> ExitCode {
     // database decodes and writes back, the broker stores), and a task handing events to
     // another on a different thread paid a futex wake-up each time: measured on the 2-core
     // bench, the multi-threaded runtime cost more CPU per event at a fixed rate and 10–15
-    // MB more peak memory in a drain (glibc's per-thread arenas). BENCHMARKS.md, "One
+    // MB more peak memory in a drain (glibc's per-thread arenas). docs/benchmarks.md, "One
     // runtime thread".
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -33,7 +33,7 @@ pub const CHANNEL_CAPACITY: usize = 1024;
 /// large transaction ([`outboxd_connector::PART_BYTES`]). The count is proportional to
 /// the memory, not equal to it (an event's strings and buffers are allocated apart):
 /// 16 MiB of them held about 40 MB, most of a million-row transaction's 102 MB peak
-/// (BENCHMARKS.md); at 4 MiB the peak is 60 MB, and the drain no slower.
+/// (docs/benchmarks.md); at 4 MiB the peak is 60 MB, and the drain no slower.
 pub const CHANNEL_BYTES: usize = 4 << 20;
 /// Progress items are sent at most this often.
 pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);

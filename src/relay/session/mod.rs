@@ -307,7 +307,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         self.waiting_since = tokio::time::Instant::now();
         // The two timers of the busy path live across iterations and are moved, not made
         // anew: a fresh `Sleep` per iteration registers a timer entry each time (6 % of
-        // outboxd's CPU in a drain, BENCHMARKS.md).
+        // outboxd's CPU in a drain, docs/benchmarks.md).
         let flush_timer = tokio::time::sleep_until(far_future.into());
         let stall_timer = tokio::time::sleep_until(far_future.into());
         tokio::pin!(flush_timer, stall_timer);

@@ -85,7 +85,7 @@ impl KafkaSink {
         // 10 ms, not librdkafka's 5: at a steady few thousand events per second most of the
         // relay's CPU is wake-ups (librdkafka's broker thread per produce request, the
         // delivery poller, the kernel switching between them), one round per linger
-        // window. Measured in BENCHMARKS.md: 5 → 10 ms cut outboxd's CPU per event at
+        // window. Measured in docs/benchmarks.md: 5 → 10 ms cut outboxd's CPU per event at
         // 5,000 events/s by about a fifth, p99 still within 20 ms; `[kafka.options]` may
         // set it either way.
         client.set("linger.ms", "10");

@@ -269,7 +269,7 @@ fn invalid(what: &str) -> std::io::Error {
 ///
 /// Written here rather than taken from `mysql_common`'s `BinlogRow`, which builds a
 /// `Column` (schema, table and name strings, flags, a shared slice made unique) for every
-/// column of every row: half of the binlog task's CPU in a drain (BENCHMARKS.md). The
+/// column of every row: half of the binlog task's CPU in a drain (docs/benchmarks.md). The
 /// values are parsed by `mysql_common`'s own value parser, borrowed from the event, in
 /// the layout `BinlogRow` reads (a null bitmap over the image's columns, then the
 /// values): only the per-row metadata is left out. A write rows event carries no shared
