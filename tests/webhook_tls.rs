@@ -44,6 +44,27 @@ fn self_signed() -> (X509, PKey<openssl::pkey::Private>) {
     (cert.build(), key)
 }
 
+/// An outbox event `m-<id>` of key `biz_key`, for the HTTP sink's requests.
+fn outbox_event(id: i64, biz_key: &str) -> outboxd_connector::OutboxEvent {
+    outboxd_connector::OutboxEvent {
+        id,
+        table: 0,
+        message_id: format!("m-{id}"),
+        message_type: "t".into(),
+        biz_key: biz_key.into(),
+        key: bytes::Bytes::from_static(b"k"),
+        topic: None,
+        routing: None,
+        payload: bytes::Bytes::from_static(b"{}"),
+        headers: Vec::new(),
+        created_at: "2026-01-01T00:00:00Z".into(),
+        retry_count: 0,
+        max_retry_count: 10,
+        commit_time: None,
+        rejected: None,
+    }
+}
+
 /// A TLS server on loopback presenting `cert`, answering 200 to every request: its port
 /// and how many requests reached it (only from a client that accepted the certificate).
 /// With `client_ca`, only a client presenting that certificate gets through (mutual TLS).
@@ -149,23 +170,7 @@ async fn the_http_sink_trusts_a_private_ca_and_presents_a_client_certificate() {
         let config: HttpSinkConfig = toml::from_str(&text).expect("[http]");
         HttpSink::new(&config, "tls", true, &["outbox".into()]).expect("sink")
     };
-    let event = outboxd_connector::OutboxEvent {
-        id: 1,
-        table: 0,
-        message_id: "m-1".into(),
-        message_type: "t".into(),
-        biz_key: "k".into(),
-        key: bytes::Bytes::from_static(b"k"),
-        topic: None,
-        routing: None,
-        payload: bytes::Bytes::from_static(b"{}"),
-        headers: Vec::new(),
-        created_at: "2026-01-01T00:00:00Z".into(),
-        retry_count: 0,
-        max_retry_count: 10,
-        commit_time: None,
-        rejected: None,
-    };
+    let event = outbox_event(1, "k");
 
     let untrusting = sink("");
     let failure = untrusting.send(&event).await.await.unwrap_err();
@@ -252,24 +257,7 @@ async fn the_http_sink_speaks_http2_where_the_endpoint_offers_it() {
     let config: HttpSinkConfig = toml::from_str(&text).expect("[http]");
     let sink = HttpSink::new(&config, "h2", true, &["outbox".into()]).expect("sink");
     for id in 1..=3 {
-        let mut event = outboxd_connector::OutboxEvent {
-            id,
-            table: 0,
-            message_id: format!("m-{id}"),
-            message_type: "t".into(),
-            biz_key: "k".into(),
-            key: bytes::Bytes::from_static(b"k"),
-            topic: None,
-            routing: None,
-            payload: bytes::Bytes::from_static(b"{}"),
-            headers: Vec::new(),
-            created_at: "2026-01-01T00:00:00Z".into(),
-            retry_count: 0,
-            max_retry_count: 10,
-            commit_time: None,
-            rejected: None,
-        };
-        event.biz_key = format!("k{id}");
+        let event = outbox_event(id, &format!("k{id}"));
         let receipt = sink.send(&event).await.await.expect("delivered");
         assert_eq!(receipt.partition, 200);
     }

@@ -16,6 +16,20 @@ use crate::sink::memory::MemorySink;
 use crate::sink::FailureKind;
 use crate::testing::MemoryStore;
 
+/// Poll mode's settings (INIT rows in scope), strict order: `batch_size` rows a claim,
+/// looking again after `idle_check` at most.
+fn poll_mode(batch_size: usize, idle_check: Duration) -> WorkerSettings {
+    WorkerSettings {
+        retry: RetryConfig::default(),
+        scope: ClaimScope::NewAndDueFailed,
+        batch_size,
+        idle_check: Some(idle_check),
+        strict_order: true,
+        delivery_timeout: Duration::from_secs(30),
+        store_timeout: Duration::from_secs(60),
+    }
+}
+
 /// Runs `worker` until `done` holds, then stops it; fails with `what` after 5 s.
 async fn run_until(
     worker: &ClaimWorker<'_, MemoryStore, MemorySink>,
@@ -42,16 +56,7 @@ async fn claimed_rows_are_sent_written_back_and_their_keys_reported() {
     let stats = PipelineStats::default();
     store.insert(&[(1, "A"), (2, "B"), (3, "A")]);
     sink.fail_id(2, FailureKind::Retryable);
-    let settings = WorkerSettings {
-        retry: RetryConfig::default(),
-        // Poll mode: INIT rows are in scope.
-        scope: ClaimScope::NewAndDueFailed,
-        batch_size: 2,
-        idle_check: Some(Duration::from_secs(60)),
-        strict_order: true,
-        delivery_timeout: Duration::from_secs(30),
-        store_timeout: Duration::from_secs(60),
-    };
+    let settings = poll_mode(2, Duration::from_secs(60));
     let (keys_tx, mut keys) = mpsc::unbounded_channel();
     let worker = ClaimWorker::new(
         &store,
@@ -100,15 +105,7 @@ async fn a_fatal_sink_is_rebuilt_and_costs_the_rows_no_attempt() {
     let stats = PipelineStats::default();
     store.insert(&[(1, "A"), (2, "B")]);
     sink.turn_fatal();
-    let settings = WorkerSettings {
-        retry: RetryConfig::default(),
-        scope: ClaimScope::NewAndDueFailed,
-        batch_size: 10,
-        idle_check: Some(Duration::from_millis(10)),
-        strict_order: true,
-        delivery_timeout: Duration::from_secs(30),
-        store_timeout: Duration::from_secs(60),
-    };
+    let settings = poll_mode(10, Duration::from_millis(10));
     let (keys_tx, _keys) = mpsc::unbounded_channel();
     let worker = ClaimWorker::new(
         &store,
@@ -148,15 +145,7 @@ async fn a_claimed_row_the_destination_refuses_becomes_manual_required() {
     let stats = PipelineStats::default();
     store.insert(&[(1, "A"), (2, "B")]);
     sink.fail_id(1, FailureKind::Refused);
-    let settings = WorkerSettings {
-        retry: RetryConfig::default(),
-        scope: ClaimScope::NewAndDueFailed,
-        batch_size: 10,
-        idle_check: Some(Duration::from_secs(60)),
-        strict_order: true,
-        delivery_timeout: Duration::from_secs(30),
-        store_timeout: Duration::from_secs(60),
-    };
+    let settings = poll_mode(10, Duration::from_secs(60));
     let (keys_tx, _keys) = mpsc::unbounded_channel();
     let worker = ClaimWorker::new(
         &store,
@@ -193,15 +182,8 @@ async fn a_claim_the_database_never_answers_is_given_up_after_store_timeout() {
     let stats = PipelineStats::default();
     store.insert(&[(1, "A")]);
     store.silence_claims(true);
-    let settings = WorkerSettings {
-        retry: RetryConfig::default(),
-        scope: ClaimScope::NewAndDueFailed,
-        batch_size: 10,
-        idle_check: Some(Duration::from_secs(1)),
-        strict_order: true,
-        delivery_timeout: Duration::from_secs(30),
-        store_timeout: Duration::from_secs(2),
-    };
+    let mut settings = poll_mode(10, Duration::from_secs(1));
+    settings.store_timeout = Duration::from_secs(2);
     let (keys_tx, _keys) = mpsc::unbounded_channel();
     let worker = ClaimWorker::new(
         &store,
