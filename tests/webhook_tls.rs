@@ -96,8 +96,11 @@ async fn tls_server(
             let mut tls = tokio_openssl::SslStream::new(ssl, tcp).unwrap();
             if Pin::new(&mut tls).accept().await.is_ok() {
                 // Only a client that accepted the certificate gets this far.
+                // A connection closed without a request (`check`'s probe) is not counted.
                 let mut buf = [0u8; 1024];
-                let _ = tls.read(&mut buf).await;
+                if !matches!(tls.read(&mut buf).await, Ok(n) if n > 0) {
+                    continue;
+                }
                 seen.fetch_add(1, Ordering::Relaxed);
                 let _ = tls
                     .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
@@ -193,6 +196,59 @@ async fn the_http_sink_trusts_a_private_ca_and_presents_a_client_certificate() {
     let receipt = trusting.send(&event).await.await.expect("delivered");
     assert_eq!(receipt.partition, 200);
     assert_eq!(requests.load(Ordering::Relaxed), 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `check` probes each endpoint without sending an event: a name that does not resolve
+/// fails at DNS, a certificate nobody trusts fails naming the certificate, and a trusted
+/// one passes with the handshake's result; the server gets no request.
+#[tokio::test]
+async fn check_probes_dns_connection_and_tls_without_sending_anything() {
+    use outboxd::sink::http::{HttpSink, HttpSinkConfig};
+    use outboxd::sink::Sink;
+    use outboxd_connector::CheckStatus;
+    let (cert, key) = self_signed();
+    let (port, requests) = tls_server(&cert, &key, None).await;
+    let dir = std::env::temp_dir().join(format!("outboxd-sink-check-{port}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca = dir.join("ca.pem");
+    std::fs::write(&ca, cert.to_pem().unwrap()).unwrap();
+    let sink = |url: &str, extra: &str| {
+        let text = format!("[endpoints.default]\nurl = \"{url}\"\n{extra}");
+        let config: HttpSinkConfig = toml::from_str(&text).expect("[http]");
+        HttpSink::new(&config, "check", true, &["outbox".into()]).expect("sink")
+    };
+    let url = format!("https://127.0.0.1:{port}/hooks");
+    let timeout = Duration::from_secs(5);
+
+    let unknown = sink("https://no-such-host.invalid/hooks", "")
+        .check(timeout)
+        .await;
+    assert_eq!(unknown.status, CheckStatus::Fail, "{unknown}");
+    assert!(unknown.detail.contains("DNS"), "{unknown}");
+
+    let untrusted = sink(&url, "").check(timeout).await;
+    assert_eq!(untrusted.status, CheckStatus::Fail, "{untrusted}");
+    assert!(untrusted.detail.contains("certificate"), "{untrusted}");
+
+    let trusted = sink(&url, &format!("ca_file = \"{}\"\n", ca.display()))
+        .check(timeout)
+        .await;
+    assert_eq!(trusted.status, CheckStatus::Ok, "{trusted}");
+    assert!(trusted.detail.contains("TLS verified"), "{trusted}");
+    // The server takes one connection at a time: once an event sent after the probes is
+    // counted, the probes' connections were seen before it, and none carried a request.
+    let delivering = sink(&url, &format!("ca_file = \"{}\"\n", ca.display()));
+    delivering
+        .send(&outbox_event(1, "k"))
+        .await
+        .await
+        .expect("delivered");
+    assert_eq!(
+        requests.load(Ordering::Relaxed),
+        1,
+        "only the event was a request"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -110,10 +110,7 @@ impl<C: Connector, S: Sink> Health<C, S> {
             kafka_reachable: (self.sink.as_ref())
                 .filter(|_| self.sink_gates_readiness)
                 .map(|_| kafka.is_ok()),
-            endpoints_up: self
-                .sink
-                .as_ref()
-                .map_or_else(Vec::new, |s| s.endpoints_up()),
+            endpoints: self.sink.as_ref().and_then(|s| s.endpoint_metrics()),
         };
         metrics::render(&self.stats, &inputs)
     }

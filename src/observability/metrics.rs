@@ -26,6 +26,7 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use super::endpoint_metrics::EndpointMetrics;
 use super::process::ProcessCollector;
 use crate::relay::PipelineStats;
 
@@ -55,12 +56,6 @@ impl UncommittedRecords {
         *self.by_topic.entry(topic).or_default() += 1;
         self.commit_times.extend(commit_time);
     }
-}
-
-/// The label of the HTTP sink's per-endpoint gauge.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct EndpointLabel {
-    endpoint: String,
 }
 
 /// The label of the per-topic counters.
@@ -248,8 +243,8 @@ pub(crate) struct ScrapeInputs<'a> {
     pub(crate) inbox_status: Option<&'a StatusSummary>,
     /// Result of the last Kafka reachability check (`None`: not checked yet).
     pub(crate) kafka_reachable: Option<bool>,
-    /// The HTTP sink's endpoints, each with whether it is up.
-    pub(crate) endpoints_up: Vec<(String, bool)>,
+    /// The HTTP sink's per-endpoint series.
+    pub(crate) endpoints: Option<EndpointMetrics>,
 }
 
 /// Renders every metric in the Prometheus text format ([`CONTENT_TYPE`]).
@@ -356,20 +351,8 @@ fn registry(stats: &PipelineStats, inputs: &ScrapeInputs<'_>) -> Registry {
         );
     }
 
-    if !inputs.endpoints_up.is_empty() {
-        let up = Family::<EndpointLabel, Gauge>::default();
-        for (endpoint, is_up) in &inputs.endpoints_up {
-            let label = EndpointLabel {
-                endpoint: endpoint.clone(),
-            };
-            up.get_or_create(&label).set(i64::from(*is_up));
-        }
-        r.register(
-            "outboxd_http_endpoint_up",
-            "0 while the HTTP sink takes the endpoint for down (its rows wait, one request \
-             probes it), else 1",
-            up,
-        );
+    if let Some(endpoints) = &inputs.endpoints {
+        endpoints.register(&mut r);
     }
 
     let confirmed = stats.confirmed.lock().ok().and_then(|c| c.clone());
@@ -536,6 +519,9 @@ mod tests {
         stats.metrics.failed("t.b");
         stats.metrics.confirmed();
         stats.retried.store(4, Ordering::Relaxed);
+        let endpoints = EndpointMetrics::default();
+        endpoints.endpoint("orders").answered(Some(204), 0.001);
+        endpoints.endpoint("billing").set_up(false);
         if let Ok(mut c) = stats.confirmed.lock() {
             *c = Some(Position::new(0x16_0000_0010, "lsn:16/10"));
         }
@@ -564,13 +550,14 @@ mod tests {
                 status_ok: Some(true),
                 inbox_status: None,
                 kafka_reachable: Some(true),
-                endpoints_up: vec![("orders".into(), true), ("billing".into(), false)],
+                endpoints: Some(endpoints),
             },
         );
         for line in [
             "# TYPE outboxd_http_endpoint_up gauge",
             "outboxd_http_endpoint_up{endpoint=\"orders\"} 1",
             "outboxd_http_endpoint_up{endpoint=\"billing\"} 0",
+            "outboxd_http_requests_total{endpoint=\"orders\",class=\"2xx\"} 1",
             "# HELP outboxd_events_published_total Records acknowledged by Kafka, by topic.",
             "# TYPE outboxd_events_published_total counter",
             "outboxd_events_published_total{topic=\"t.\\\"a\\\"\"} 1",

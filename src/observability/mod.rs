@@ -11,6 +11,7 @@
 //!
 //! [`PipelineStats`]: crate::relay::PipelineStats
 
+pub mod endpoint_metrics;
 mod health;
 mod metrics;
 pub mod otlp;

@@ -10,6 +10,7 @@ use outboxd_connector::{CheckLine, OutboxEvent};
 use super::http::{HttpDelivery, HttpSink};
 use super::kafka::{KafkaDelivery, KafkaSink};
 use super::{CommittedPosition, Sink, SinkFailure};
+use crate::observability::endpoint_metrics::EndpointMetrics;
 
 /// See the module documentation. One per process, built once: the variants' sizes do
 /// not matter.
@@ -89,7 +90,7 @@ impl Sink for AnySink {
         each!(self, sink => sink.recover().await)
     }
 
-    fn endpoints_up(&self) -> Vec<(String, bool)> {
-        each!(self, sink => sink.endpoints_up())
+    fn endpoint_metrics(&self) -> Option<EndpointMetrics> {
+        each!(self, sink => sink.endpoint_metrics())
     }
 }

@@ -16,6 +16,8 @@ use std::time::Duration;
 
 use outboxd_connector::{CheckLine, OutboxEvent, Position};
 
+use crate::observability::endpoint_metrics::EndpointMetrics;
+
 mod any;
 #[cfg(test)]
 mod conformance;
@@ -224,11 +226,11 @@ pub trait Sink: Send + Sync {
     /// again: a fatal failure says nothing about the row, so it costs the row no attempt.
     fn recover(&self) -> impl Future<Output = Result<bool, String>> + Send;
 
-    /// The destinations the sink keeps a state of its own for, each with whether it is
-    /// up (the HTTP sink: each endpoint, down while its circuit breaker holds its rows),
-    /// for the `outboxd_http_endpoint_up` gauge. None by default.
-    fn endpoints_up(&self) -> Vec<(String, bool)> {
-        Vec::new()
+    /// The series the sink keeps per destination, for `/metrics` (the HTTP sink: each
+    /// endpoint's requests, their duration, those in flight, and whether its circuit
+    /// breaker holds its rows). None by default.
+    fn endpoint_metrics(&self) -> Option<EndpointMetrics> {
+        None
     }
 }
 

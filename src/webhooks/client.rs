@@ -154,6 +154,8 @@ pub(crate) struct Poster {
     shown: String,
     timeout: Duration,
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    /// The client's connector, for [`Poster::probe`].
+    connector: HttpsConnector<HttpConnector>,
 }
 
 /// PEM files for an endpoint's TLS: a private CA, and a client certificate with its key.
@@ -241,13 +243,27 @@ pub(crate) enum Answer {
         error: String,
         /// The answer's `Retry-After`.
         after: Option<Duration>,
+        /// The answer's status code; `None` when no answer came.
+        status: Option<u16>,
     },
     /// The request itself is wrong and will stay wrong: another 4xx, or a redirect (never
     /// followed).
     Refused {
         /// As for [`Answer::Retry`].
         error: String,
+        /// The answer's status code.
+        status: u16,
     },
+}
+
+impl Answer {
+    /// The answer's status code; `None` when no answer came.
+    pub(crate) fn status(&self) -> Option<u16> {
+        match self {
+            Self::Accepted { status, .. } | Self::Refused { status, .. } => Some(*status),
+            Self::Retry { status, .. } => *status,
+        }
+    }
 }
 
 impl Poster {
@@ -280,12 +296,13 @@ impl Poster {
         let connector = HttpsConnector::from((http, tls.into()));
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
-            .build(connector);
+            .build(connector.clone());
         Ok(Self {
             shown: redacted(&url),
             url,
             timeout,
             client,
+            connector,
         })
     }
 
@@ -294,14 +311,48 @@ impl Poster {
         &self.shown
     }
 
-    /// The URL.
-    pub(crate) fn url(&self) -> &Uri {
-        &self.url
-    }
-
     /// How long a request may wait for its answer.
     pub(crate) fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// Whether the URL's host resolves, a connection opens and, for `https://`, the TLS
+    /// handshake verifies the server, each within `timeout`; no request is sent. What it
+    /// found (`"TLS verified, h2"`), or which step failed and why.
+    pub(crate) async fn probe(&self, timeout: Duration) -> Result<String, String> {
+        use tower_service::Service as _;
+        let host = self.url.host().unwrap_or_default().trim_matches(['[', ']']);
+        let https = self.url.scheme_str() == Some("https");
+        let port = self.url.port_u16().unwrap_or(if https { 443 } else { 80 });
+        let addresses =
+            match tokio::time::timeout(timeout, tokio::net::lookup_host((host, port))).await {
+                Err(_) => return Err(format!("DNS: `{host}` not resolved within {timeout:?}")),
+                Ok(Err(e)) => return Err(format!("DNS: cannot resolve `{host}`: {e}")),
+                Ok(Ok(addresses)) => addresses.count(),
+            };
+        let mut connector = self.connector.clone();
+        let connecting = async {
+            std::future::poll_fn(|cx| connector.poll_ready(cx)).await?;
+            connector.call(self.url.clone()).await
+        };
+        let stream = match tokio::time::timeout(timeout, connecting).await {
+            Err(_) => return Err(format!("no connection within {timeout:?}")),
+            Ok(Err(e)) => {
+                let what = if https { "connect or TLS" } else { "connect" };
+                return Err(format!("{what}: {}", with_causes(e.as_ref())));
+            }
+            Ok(Ok(stream)) => stream,
+        };
+        let resolved = format!("{addresses} address(es)");
+        Ok(match stream {
+            hyper_tls::MaybeHttpsStream::Http(_) => format!("{resolved}, connected (plain HTTP)"),
+            hyper_tls::MaybeHttpsStream::Https(tls) => {
+                let alpn = (tls.inner().get_ref().negotiated_alpn().ok().flatten())
+                    .map(|p| String::from_utf8_lossy(&p).into_owned())
+                    .unwrap_or_else(|| "http/1.1".into());
+                format!("{resolved}, TLS verified, {alpn}")
+            }
+        })
     }
 
     /// POSTs `body` with `headers`; `also_retried` are 4xx codes the caller retries too.
@@ -322,12 +373,14 @@ impl Poster {
                 return Answer::Retry {
                     error: format!("{}: no answer within {:?}", self.shown, self.timeout),
                     after: None,
+                    status: None,
                 }
             }
             Ok(Err(e)) => {
                 return Answer::Retry {
                     error: format!("{}: {}", self.shown, with_causes(&e)),
                     after: None,
+                    status: None,
                 }
             }
             Ok(Ok(response)) => response,
@@ -369,9 +422,16 @@ fn classify(
         || also_retried.contains(&code)
         || status.is_informational();
     if retry {
-        Answer::Retry { error, after }
+        Answer::Retry {
+            error,
+            after,
+            status: Some(code),
+        }
     } else {
-        Answer::Refused { error }
+        Answer::Refused {
+            error,
+            status: code,
+        }
     }
 }
 
@@ -457,7 +517,8 @@ mod tests {
             after,
             Answer::Retry {
                 error: "e".into(),
-                after: Some(Duration::from_secs(7))
+                after: Some(Duration::from_secs(7)),
+                status: Some(429),
             }
         );
     }

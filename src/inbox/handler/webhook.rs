@@ -91,11 +91,11 @@ impl WebhookHandler {
         let body = Bytes::from(message.payload.clone());
         match self.poster.post(headers, body, &self.retryable).await {
             Answer::Accepted { .. } => Handled::Done,
-            Answer::Retry { error, after } => Handled::Retry {
+            Answer::Retry { error, after, .. } => Handled::Retry {
                 error: format!("webhook {error}"),
                 after,
             },
-            Answer::Refused { error } => Handled::Manual {
+            Answer::Refused { error, .. } => Handled::Manual {
                 reason: format!("webhook {error}"),
             },
         }

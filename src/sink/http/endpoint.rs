@@ -22,6 +22,8 @@ use hyper::header::{HeaderMap, HeaderValue};
 use tokio::sync::{oneshot, watch, Notify, Semaphore};
 use tokio::time::Instant;
 
+use super::config::EndpointConfig;
+use crate::observability::endpoint_metrics::EndpointSeries;
 use crate::sink::{FailureKind, Receipt, SinkFailure, SinkResult};
 use crate::webhooks::client::{Answer, Poster};
 use crate::webhooks::signature::{signature_header, Secret};
@@ -96,29 +98,32 @@ pub(super) struct Endpoint {
     keys: Mutex<HashMap<Bytes, LastOfKey>>,
     next_seq: AtomicU64,
     breaker: Breaker,
+    series: EndpointSeries,
 }
 
 impl Endpoint {
+    /// The endpoint `name` of `config` (its limits: `concurrency`, `open_after`,
+    /// `max_queued_bytes`), sending with `poster`, signing with `secrets`.
     pub(super) fn new(
         name: &str,
+        config: &EndpointConfig,
         poster: Poster,
         secrets: Vec<Secret>,
-        concurrency: usize,
-        open_after: u32,
-        max_queued_bytes: usize,
         strict: bool,
+        series: EndpointSeries,
     ) -> Self {
         Self {
             name: name.to_owned(),
             poster,
             secrets,
             strict,
-            slots: Semaphore::new(concurrency),
-            queued_bytes: Arc::new(Semaphore::new(max_queued_bytes)),
-            max_queued_bytes,
+            slots: Semaphore::new(config.concurrency),
+            queued_bytes: Arc::new(Semaphore::new(config.max_queued_bytes)),
+            max_queued_bytes: config.max_queued_bytes,
             keys: Mutex::new(HashMap::new()),
             next_seq: AtomicU64::new(0),
-            breaker: Breaker::new(open_after),
+            breaker: Breaker::new(config.open_after),
+            series,
         }
     }
 
@@ -136,11 +141,6 @@ impl Endpoint {
             .acquire_many_owned(wanted)
             .await
             .ok()
-    }
-
-    /// Whether the endpoint is taken for down (its circuit breaker holds its requests).
-    pub(super) fn is_down(&self) -> bool {
-        lock(&self.breaker.state).open
     }
 
     /// The client (for `check`).
@@ -247,22 +247,29 @@ impl Endpoint {
         Ok((slot, probe))
     }
 
-    /// POSTs, tells the breaker what the answer showed, and maps the answer.
+    /// POSTs, tells the breaker and the endpoint's series what the answer showed, and
+    /// maps the answer.
     async fn post_and_record(&self, request: Prepared, probe: bool) -> SinkResult {
+        let sent = self.series.sending();
+        let started = Instant::now();
         let answer = self.post(request).await;
+        self.series
+            .answered(answer.status(), started.elapsed().as_secs_f64());
+        drop(sent);
         let up = !matches!(answer, Answer::Retry { .. });
-        self.breaker.record(&self.name, self.shown(), probe, up);
+        let open = self.breaker.record(&self.name, self.shown(), probe, up);
+        self.series.set_up(!open);
         match answer {
             Answer::Accepted { status, latency } => Ok(Receipt {
                 partition: i32::from(status),
                 offset: i64::try_from(latency.as_millis()).unwrap_or(i64::MAX),
             }),
-            Answer::Retry { error, after } => Err(SinkFailure {
+            Answer::Retry { error, after, .. } => Err(SinkFailure {
                 kind: FailureKind::Retryable,
                 error,
                 retry_after: after,
             }),
-            Answer::Refused { error } => Err(SinkFailure {
+            Answer::Refused { error, .. } => Err(SinkFailure {
                 kind: FailureKind::Refused,
                 error,
                 retry_after: None,
@@ -358,8 +365,8 @@ impl Breaker {
     }
 
     /// What an attempt showed: `up` when the endpoint answered (anything but no answer,
-    /// 408/425/429 or 5xx).
-    fn record(&self, name: &str, shown: &str, probe: bool, up: bool) {
+    /// 408/425/429 or 5xx). Whether the endpoint is taken for down now.
+    fn record(&self, name: &str, shown: &str, probe: bool, up: bool) -> bool {
         let mut state = lock(&self.state);
         if up {
             state.failures = 0;
@@ -374,7 +381,7 @@ impl Breaker {
                 );
                 self.changed.notify_waiters();
             }
-            return;
+            return false;
         }
         state.failures = state.failures.saturating_add(1);
         if probe {
@@ -394,6 +401,7 @@ impl Breaker {
                  wait (their attempts are kept) while one request at a time probes it"
             );
         }
+        state.open
     }
 }
 

@@ -28,6 +28,7 @@ use bytes::Bytes;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use outboxd_connector::{CheckLine, OutboxEvent};
 
+use crate::observability::endpoint_metrics::EndpointMetrics;
 use crate::sink::kafka::TopicTemplate;
 use crate::sink::{FailureKind, Sink, SinkFailure, SinkResult};
 use crate::webhooks::client::{forwarded, Poster};
@@ -47,6 +48,7 @@ pub struct HttpSink {
     body: BodyFormat,
     forward: Vec<String>,
     in_flight: Arc<AtomicI64>,
+    metrics: EndpointMetrics,
 }
 
 impl HttpSink {
@@ -63,6 +65,7 @@ impl HttpSink {
         let template = TopicTemplate::parse(&config.endpoint_template)
             .and_then(|t| t.with_tables(tables))
             .map_err(rename)?;
+        let metrics = EndpointMetrics::default();
         let mut endpoints = BTreeMap::new();
         for (name, endpoint) in &config.endpoints {
             let poster = endpoint
@@ -75,12 +78,11 @@ impl HttpSink {
                 .map_err(|e| format!("http.endpoints.{name}.secrets: {e}"))?;
             let endpoint = Endpoint::new(
                 name,
+                endpoint,
                 poster,
                 secrets,
-                endpoint.concurrency,
-                endpoint.open_after,
-                endpoint.max_queued_bytes,
                 strict,
+                metrics.endpoint(name),
             );
             endpoints.insert(name.clone(), Arc::new(endpoint));
         }
@@ -93,6 +95,7 @@ impl HttpSink {
                 .map(|n| n.to_ascii_lowercase())
                 .collect(),
             in_flight: Arc::new(AtomicI64::new(0)),
+            metrics,
         })
     }
 
@@ -285,14 +288,15 @@ impl Sink for HttpSink {
     async fn check(&self, timeout: Duration) -> CheckLine {
         let mut reached = Vec::new();
         for (name, endpoint) in &self.endpoints {
-            match reachable(endpoint.poster(), timeout).await {
-                Ok(()) => reached.push(name.as_str()),
+            match endpoint.poster().probe(timeout).await {
+                Ok(found) => reached.push(format!("{name} ({found})")),
                 Err(e) => {
                     return CheckLine::fail(
                         "http",
                         format!("endpoint `{name}` ({}): {e}", endpoint.shown()),
-                        "check http.endpoints.<name>.url and that the service is up and \
-                         reachable from this host",
+                        "check http.endpoints.<name>.url, that the service is up and \
+                         reachable from this host, and for https:// that its certificate \
+                         chains to a trusted root (or ca_file) and names its host",
                     )
                 }
             }
@@ -320,10 +324,8 @@ impl Sink for HttpSink {
         Ok(false)
     }
 
-    fn endpoints_up(&self) -> Vec<(String, bool)> {
-        (self.endpoints.iter())
-            .map(|(name, endpoint)| (name.clone(), !endpoint.is_down()))
-            .collect()
+    fn endpoint_metrics(&self) -> Option<EndpointMetrics> {
+        Some(self.metrics.clone())
     }
 }
 
@@ -332,24 +334,6 @@ fn no_endpoint(name: &str) -> String {
         "no endpoint `{name}` in [http.endpoints] (the row's topic column or \
          http.endpoint_template names it)"
     )
-}
-
-/// Whether a TCP connection to the endpoint's host and port opens within `timeout`.
-async fn reachable(poster: &Poster, timeout: Duration) -> Result<(), String> {
-    let url = poster.url();
-    let host = url.host().unwrap_or_default().trim_matches(['[', ']']);
-    let port = url
-        .port_u16()
-        .unwrap_or(if url.scheme_str() == Some("https") {
-            443
-        } else {
-            80
-        });
-    match tokio::time::timeout(timeout, tokio::net::TcpStream::connect((host, port))).await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("no connection within {timeout:?}")),
-    }
 }
 
 #[cfg(test)]

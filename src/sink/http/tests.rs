@@ -243,7 +243,15 @@ async fn an_endpoint_that_is_down_holds_its_requests_until_it_answers() {
         seen_while_down <= 3,
         "at most a probe reached it: {seen_while_down}"
     );
-    assert_eq!(sink.endpoints_up(), [("default".to_owned(), false)]);
+    let series = scrape(&sink);
+    assert!(has(
+        &series,
+        "outboxd_http_endpoint_up{endpoint=\"default\"} 0"
+    ));
+    assert!(has(
+        &series,
+        "outboxd_http_requests_total{endpoint=\"default\",class=\"2xx\"} 0"
+    ));
     // It answers again: the probe succeeds and every waiting request goes.
     server.status.store(200, AtomicOrdering::SeqCst);
     for delivery in waiting {
@@ -252,7 +260,48 @@ async fn an_endpoint_that_is_down_holds_its_requests_until_it_answers() {
             .expect("delivered once the endpoint answers");
         assert_eq!(receipt.unwrap().partition, 200);
     }
-    assert_eq!(sink.endpoints_up(), [("default".to_owned(), true)]);
+    let series = scrape(&sink);
+    assert!(has(
+        &series,
+        "outboxd_http_endpoint_up{endpoint=\"default\"} 1"
+    ));
+    assert!(has(
+        &series,
+        "outboxd_http_requests_total{endpoint=\"default\",class=\"2xx\"} 4"
+    ));
+    assert!(has(
+        &series,
+        "outboxd_http_requests_in_flight{endpoint=\"default\"} 0"
+    ));
+    let failed: u64 = (series.lines())
+        .find_map(|l| {
+            l.strip_prefix("outboxd_http_requests_total{endpoint=\"default\",class=\"5xx\"} ")
+        })
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_default();
+    assert!(failed >= 2, "the 503s are counted: {failed}");
+    assert!(has(
+        &series,
+        "outboxd_http_request_duration_seconds_count{endpoint=\"default\"} ",
+    ));
+}
+
+/// The sink's series as `/metrics` shows them.
+fn scrape(sink: &HttpSink) -> String {
+    let mut registry = prometheus_client::registry::Registry::default();
+    sink.endpoint_metrics()
+        .expect("the HTTP sink has series")
+        .register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::prometheus_text::encode(&mut text, &registry).unwrap();
+    text
+}
+
+/// Whether `text` has a line that is `line` (or, when `line` ends with a space, starts
+/// with it).
+fn has(text: &str, line: &str) -> bool {
+    text.lines()
+        .any(|l| l == line || (line.ends_with(' ') && l.starts_with(line)))
 }
 
 /// A row can name only a configured endpoint; a template over the row picks among them.
