@@ -103,6 +103,22 @@ pub(crate) struct Args {
     /// `ingress-flood`: clients sending costly requests to the inbox's HTTP door at once.
     #[arg(long, default_value_t = 50)]
     pub(crate) flood_clients: usize,
+    /// `http`: the HTTP endpoint's `concurrency` (requests in flight at once) in every HTTP
+    /// scenario, and the bench client's concurrency in the limit run beside the drain.
+    #[arg(long, default_value_t = 64)]
+    pub(crate) http_concurrency: usize,
+    /// `http`: the latency run's rate, events per second (for `rate_seconds`).
+    #[arg(long, default_value_t = 1000.0)]
+    pub(crate) http_rate: f64,
+    /// `http`: how long the receiver holds every request unanswered, seconds.
+    #[arg(long, default_value_t = 30.0)]
+    pub(crate) http_stall_seconds: f64,
+    /// `http`: the writers' rate around and during the stall, events per second.
+    #[arg(long, default_value_t = 1000.0)]
+    pub(crate) http_stall_rate: f64,
+    /// `http`: the backlog drained by the HTTP sink in poll mode.
+    #[arg(long, default_value_t = 50_000)]
+    pub(crate) http_poll_backlog_events: usize,
     /// `soak`: how long faults are injected, minutes (then the relays drain).
     #[arg(long, default_value_t = 30.0)]
     pub(crate) minutes: f64,
@@ -127,7 +143,9 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 1000)]
     pub(crate) max_faults: usize,
     /// Scenarios to run, comma-separated: rate,idle,limits,backlog,max,eos,poll,mariadb,inbox;
-    /// the fault scenarios pgrestart and kill9, ingress-flood and soak run only when named.
+    /// the fault scenarios pgrestart and kill9, ingress-flood, soak and the HTTP sink's
+    /// `http` (its backlog drain and limit, latency, receiver stall and poll mode; one
+    /// alone: http-drain, http-rate, http-stall, http-poll) run only when named.
     #[arg(long, default_value = DEFAULT_SCENARIOS)]
     pub(crate) scenarios: String,
     /// TOML appended to every generated outboxd config, e.g. "[delivery]\nmax_in_flight = 5000"

@@ -11,6 +11,8 @@ mod consume;
 mod daemon;
 mod exactly_once;
 mod faults;
+mod http;
+mod http_receiver;
 mod idle;
 mod inbox;
 mod ingress_flood;
@@ -177,6 +179,12 @@ impl Bench {
                 "ingress flood",
                 "inbox HTTP: ingress flood",
             ));
+        }
+        if ["http", "http-drain", "http-rate", "http-stall", "http-poll"]
+            .iter()
+            .any(|s| self.args.wants(s))
+        {
+            self.http_sink(report).await?;
         }
         for fault in ["pgrestart", "kill9"] {
             if !self.args.wants(fault) {

@@ -113,6 +113,7 @@ fn title(set: &str) -> String {
     match set {
         "default" => "Default scenarios (`scripts/bench`)".to_owned(),
         "soak" => "Soak: faults at random (`--scenarios soak`)".to_owned(),
+        "http" => "HTTP sink (`--scenarios http`)".to_owned(),
         _ => format!("Scenarios {set}"),
     }
 }

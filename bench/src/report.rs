@@ -7,6 +7,7 @@ use tokio_postgres::Client;
 
 use crate::consume::Consumed;
 use crate::daemon::{CpuSnapshot, ProcSample};
+use crate::http::HttpCheck;
 use crate::soak::SoakReport;
 use crate::workload::Written;
 use crate::Args;
@@ -57,6 +58,11 @@ pub(crate) struct Row {
     /// The MariaDB backlog drain: compared with the binlog's own pair of limits
     /// ([`Limits::lower_binlog`]).
     pub(crate) is_binlog_drain: bool,
+    /// The HTTP sink's backlog drain: compared with the bench client's requests/s
+    /// ([`Limits::http_client`]).
+    pub(crate) is_http_drain: bool,
+    /// An HTTP scenario: what its receiver got, against what was written.
+    pub(crate) http: Option<HttpCheck>,
     pub(crate) unavailable: bool,
 }
 
@@ -130,6 +136,11 @@ pub(crate) struct Limits {
     /// `mysqlbinlog --read-from-remote-server --verbose` reading the MariaDB backlog's
     /// binlog to /dev/null, events/s.
     pub(crate) mysqlbinlog: Option<f64>,
+    /// The bench's keep-alive HTTP client driving the bench's receiver, requests/s: the
+    /// HTTP sink's limit.
+    pub(crate) http_client: Option<f64>,
+    /// Its requests at once (the endpoint's `concurrency` in the drain).
+    pub(crate) http_concurrency: Option<usize>,
 }
 
 impl Limits {
@@ -222,6 +233,11 @@ impl Report {
             "poll_backlog_events": args.poll_backlog_events,
             "max_events": args.max_events,
             "idle_seconds": args.idle_seconds,
+            "http_concurrency": args.http_concurrency,
+            "http_rate": args.http_rate,
+            "http_stall_seconds": args.http_stall_seconds,
+            "http_stall_rate": args.http_stall_rate,
+            "http_poll_backlog_events": args.http_poll_backlog_events,
         });
         Self {
             machine,
@@ -267,6 +283,16 @@ impl Report {
             row.note = "--read-from-remote-server --verbose, the MariaDB backlog's binlog".into();
             rows.push(row);
         }
+        if let Some(rate) = self.limits.http_client {
+            let mut row = Row::named("limit: HTTP keep-alive client → receiver");
+            row.events_per_s = Some(rate);
+            row.note = format!(
+                "hyper-util pooled client, {} requests at once, the sink's headers, same body \
+                 size; requests/s",
+                self.limits.http_concurrency.unwrap_or(0)
+            );
+            rows.push(row);
+        }
         if let Some(rate) = self.limits.kafka_rdkafka_keyed {
             let mut row = Row::named("info: rdkafka keyed producer");
             row.events_per_s = Some(rate);
@@ -278,6 +304,9 @@ impl Report {
     }
 
     fn ratio(&self, row: &Row) -> Option<f64> {
+        if row.is_http_drain {
+            return Some(row.events_per_s? / self.limits.http_client?);
+        }
         if row.is_binlog_drain {
             return Some(row.events_per_s? / self.limits.lower_binlog()?);
         }
@@ -435,6 +464,7 @@ impl Report {
                 "n/a".into(),
             )),
         }
+        out.extend(self.http_targets());
         let ingest = (self.rows.iter())
             .find(|r| r.name.starts_with("inbox ingest backlog") && !r.unavailable)
             .and_then(|r| r.events_per_s);
@@ -467,6 +497,96 @@ impl Report {
         out
     }
 
+    /// The HTTP sink's targets, when an HTTP scenario ran.
+    fn http_targets(&self) -> Vec<(String, String)> {
+        let verdict = |ok: bool| if ok { "PASS" } else { "MISS" }.to_owned();
+        let http: Vec<&Row> = (self.rows.iter())
+            .filter(|r| r.name.starts_with("http "))
+            .collect();
+        let mut out = Vec::new();
+        if http.is_empty() {
+            return out;
+        }
+        let drain = http.iter().find(|r| r.is_http_drain);
+        match (drain.and_then(|r| self.ratio(r)), self.limits.http_client) {
+            (Some(ratio), Some(limit)) => out.push((
+                format!("HTTP drain ≥ 0.6 × the HTTP limit ({limit:.0} req/s): {ratio:.2}"),
+                verdict(ratio >= 0.6),
+            )),
+            _ => out.push(("HTTP drain ≥ 0.6 × the HTTP limit".into(), "n/a".into())),
+        }
+        match drain.and_then(|r| r.events_per_s) {
+            Some(rate) => out.push((
+                format!("HTTP drain ≥ 20,000 events/s: {rate:.0}"),
+                verdict(rate >= 20_000.0),
+            )),
+            None => out.push(("HTTP drain ≥ 20,000 events/s".into(), "n/a".into())),
+        }
+        let rate = http
+            .iter()
+            .find(|r| r.name.starts_with("http (PostgreSQL) @"));
+        match rate.and_then(|r| r.latency) {
+            Some(l) => out.push((
+                format!(
+                    "HTTP p99 commit → receiver ≤ 25 ms at the fixed rate: {:.1} ms",
+                    l.p99
+                ),
+                verdict(l.p99 <= 25.0),
+            )),
+            None => out.push((
+                "HTTP p99 commit → receiver ≤ 25 ms at the fixed rate".into(),
+                "n/a".into(),
+            )),
+        }
+        let measured: Vec<&&Row> = http.iter().filter(|r| r.peak_rss.is_some()).collect();
+        match measured.iter().max_by_key(|r| r.peak_rss) {
+            Some(top) => {
+                let rss = top.peak_rss.unwrap_or(0);
+                let all = measured.len() == http.len();
+                out.push((
+                    format!(
+                        "HTTP peak RSS ≤ 64 MB in every HTTP scenario: {:.1} MB ({}){}",
+                        rss as f64 / 1048576.0,
+                        top.name,
+                        if all { "" } else { "; a scenario did not run" }
+                    ),
+                    verdict(all && rss <= 64 * 1024 * 1024),
+                ));
+            }
+            None => out.push((
+                "HTTP peak RSS ≤ 64 MB in every HTTP scenario".into(),
+                "n/a".into(),
+            )),
+        }
+        let stall = http.iter().find(|r| r.name.contains("receiver stalled"));
+        match stall.and_then(|r| r.http) {
+            Some(c) => out.push((
+                format!(
+                    "HTTP: everything delivered after the receiver's stall: {} of {}",
+                    c.delivered, c.written
+                ),
+                verdict(c.ok()),
+            )),
+            None => out.push((
+                "HTTP: everything delivered after the receiver's stall".into(),
+                "n/a".into(),
+            )),
+        }
+        let checks: Vec<HttpCheck> = http.iter().filter_map(|r| r.http).collect();
+        let lost: usize = checks.iter().map(HttpCheck::lost).sum();
+        let order: usize = checks.iter().map(|c| c.order_violations).sum();
+        let unknown: usize = checks.iter().map(|c| c.unknown + c.bad).sum();
+        out.push((
+            format!(
+                "HTTP: nothing lost, out of order or unknown at the receiver: {lost} lost, \
+                 {order} order violations, {unknown} unknown in {} scenarios",
+                checks.len()
+            ),
+            verdict(checks.len() == http.len() && checks.iter().all(HttpCheck::ok)),
+        ));
+        out
+    }
+
     pub(crate) fn write_json(&self, path: &Path) -> anyhow::Result<()> {
         let rows: Vec<Value> = self
             .rows
@@ -488,6 +608,11 @@ impl Report {
                     "wal_bytes_per_event": r.wal_per_event,
                     "duplicates": r.duplicates,
                     "ratio_to_lower_limit": self.ratio(r),
+                    "http_receiver": r.http.map(|c| json!({
+                        "written": c.written, "delivered": c.delivered, "lost": c.lost(),
+                        "unknown": c.unknown, "order_violations": c.order_violations,
+                        "refused": c.bad, "all_rows_success": c.all_success,
+                    })),
                     "note": r.note,
                 })
             })
@@ -508,6 +633,8 @@ impl Report {
                 "kafka_producer_performance_summary": self.limits.kafka_producer_performance_summary,
                 "kafka_rdkafka_keyed_events_per_s": self.limits.kafka_rdkafka_keyed,
                 "mysqlbinlog_events_per_s": self.limits.mysqlbinlog,
+                "http_client_requests_per_s": self.limits.http_client,
+                "http_client_concurrency": self.limits.http_concurrency,
                 "lower_binlog": self.limits.lower_binlog(),
                 "lower": self.limits.lower(),
             },
