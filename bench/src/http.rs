@@ -170,6 +170,16 @@ listen = "127.0.0.1:{metrics_port}"
              {concurrency} at a time"
         );
         let limit_tag = format!("{}L", self.run);
+        // Warm-up (connections opened, the receiver's allocations made), not counted.
+        http_receiver::drive(
+            &url,
+            (events / 10).min(20_000),
+            concurrency,
+            self.args.payload_bytes,
+            &format!("{}W", self.run),
+        )
+        .await?;
+        let _ = receiver.take();
         let rate = http_receiver::drive(
             &url,
             events,
@@ -343,10 +353,15 @@ listen = "127.0.0.1:{metrics_port}"
         row.http = Some(check);
         row.duplicates = Some(got.duplicates);
         let after = got.last_at_us().saturating_sub(answered_again_us) as f64 / 1e6;
+        // What outboxd said: its circuit breaker opening and closing.
+        let log = std::fs::read_to_string(&daemon.log).unwrap_or_default();
+        let down = log.matches("is taken for down").count();
+        let up = log.matches("the endpoint answers again").count();
         row.note = match (&received, &sent) {
             (Ok(()), Ok(())) => format!(
-                "{held} requests held at most; every event in {after:.1} s after the receiver \
-                 answered again, all rows SUCCESS; {}",
+                "{held} requests held at most; endpoint taken for down {down}×, up again {up}×; \
+                 every event in {after:.1} s after the receiver answered again, all rows \
+                 SUCCESS; {}",
                 describe(&got, &tag, &written)
             ),
             _ => format!(
