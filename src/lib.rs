@@ -12,6 +12,7 @@
 //! - `reconnect.rs`: the one reconnect loop the long-running paths share;
 //! - `engines.rs`: the engine registry, the one file that names database engines.
 
+pub mod canary;
 pub mod claims;
 pub mod cli;
 pub mod config;

@@ -3,15 +3,15 @@
 //! and a [`ChangeStream`] fed by the test that checks, at every confirmation, that no
 //! transaction at or before the confirmed position still has an INIT row.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use bytes::Bytes;
 use outboxd_connector::{
     ChangeItem, ChangeStream, ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack,
-    CommittedTransaction, ConnectorError, OutboxEvent, OutboxStore, Position, ReapPolicy,
-    ReapReport, RetrySchedule, RowId, TransactionPart, WriteBack,
+    CommittedTransaction, ConnectorError, NewOutboxRow, OutboxEvent, OutboxStore, Position,
+    ReapPolicy, ReapReport, RetrySchedule, RowId, TransactionPart, WriteBack,
 };
 use tokio::sync::mpsc;
 
@@ -100,6 +100,8 @@ struct StoreState {
     unavailable: bool,
     /// Write-backs refused while unavailable.
     refused: usize,
+    /// The ids of the rows `insert_row` wrote, by message id.
+    own_rows: HashMap<String, i64>,
 }
 
 /// An outbox table and checkpoint row in memory, with the write-back rules of the
@@ -392,6 +394,42 @@ impl OutboxStore for MemoryStore {
     }
 
     /// One table (index 0): its INIT rows after `after_id`, in id order.
+    async fn insert_row(&self, new: &NewOutboxRow) -> Result<(), ConnectorError> {
+        let mut state = lock(&self.state);
+        let id = state.rows.keys().next_back().map_or(1, |last| last + 1);
+        state.rows.insert(
+            id,
+            Row {
+                status: "INIT",
+                biz_key: new.biz_key.clone(),
+                last_error: None,
+                retry_count: 0,
+                claim_token: None,
+                due_at: None,
+                offset: None,
+            },
+        );
+        state.own_rows.insert(new.message_id.clone(), id);
+        Ok(())
+    }
+
+    async fn delete_delivered_row(&self, message_id: &str) -> Result<bool, ConnectorError> {
+        let mut state = lock(&self.state);
+        let Some(&id) = state.own_rows.get(message_id) else {
+            return Ok(false);
+        };
+        if state
+            .rows
+            .get(&id)
+            .is_some_and(|row| row.status == "SUCCESS")
+        {
+            state.rows.remove(&id);
+            state.own_rows.remove(message_id);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
     async fn scan_init(
         &self,
         table: u16,

@@ -26,6 +26,11 @@ GRANT USAGE ON SCHEMA :"schema" TO :"run_role";
 -- statuses written back; DELETE only for `outboxd janitor`.
 GRANT SELECT, UPDATE, DELETE ON :"schema".:"outbox_table" TO :"run_role";
 \endif
+-- With [canary], add `-v canary=1`: its rows are inserted into the outbox like the
+-- application's (and deleted once delivered).
+\if :{?canary}
+GRANT INSERT ON :"schema".:"outbox_table" TO :"run_role";
+\endif
 -- Received messages stored (INSERT), claimed, written back; DELETE only for the janitor.
 -- Its id is an identity column, whose sequence needs no grant.
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".:"inbox_table" TO :"run_role";

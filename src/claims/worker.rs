@@ -222,6 +222,7 @@ impl<'a, O: OutboxStore, S: Sink> ClaimWorker<'a, O, S> {
                         "delivered"
                     );
                     self.stats.metrics.acked(&topic, c.event.commit_time);
+                    self.stats.canary.delivered(&c.event.message_id);
                     delivered.push((d, c.claim_token));
                     keys.push(c.event.biz_key);
                 }

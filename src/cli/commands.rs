@@ -325,6 +325,10 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
     stats.metrics.limit_topic_series(metrics.max_topic_series);
     let (stop, shutdown) = watch::channel(false);
     let stop = Arc::new(stop);
+    if let Some(canary) = config.canary.as_ref().filter(|_| shared_sink.is_some()) {
+        stats.canary.enable(canary.clone());
+    }
+    let canary_shutdown = shutdown.clone();
     tokio::spawn(stop_on_signals(Arc::clone(&stop)));
     // When one half fails for good, the other half stops too.
     let stop_on_error = |result: Result<(), PipelineError>| {
@@ -500,8 +504,16 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
             .map_err(PipelineError::from);
         stop_on_error(result)
     };
+    let canary = crate::canary::run(
+        connector,
+        &stats.canary,
+        &config.pipeline.name,
+        config.delivery.store_timeout,
+        canary_shutdown,
+    );
     let work = async {
-        let (outbox, inbox) = tokio::join!(Box::pin(outbox), Box::pin(inbox_work));
+        let (outbox, inbox, ()) =
+            tokio::join!(Box::pin(outbox), Box::pin(inbox_work), Box::pin(canary));
         outbox.and(inbox)
     };
     // The endpoint answers while the pipeline runs, drain included.

@@ -163,3 +163,43 @@ fn files_that_run_nothing_or_half_a_relay_are_refused() {
         );
     }
 }
+
+/// `[canary]` rides on the relay: refused without it, with rows deleted, or with a topic
+/// the table has no column for; its own values are checked too.
+#[test]
+fn the_canary_needs_the_relay_with_kept_rows() {
+    let source = format!("{SOURCE}    server_id = 7\n");
+    let relay = "[pipeline]\nname = \"orders\"\n[outbox]\ntable = \"outbox\"\n\
+                 [kafka]\nbootstrap_servers = \"127.0.0.1:9092\"\n";
+    let config = load(&format!(
+        "{source}{relay}[canary]\ninterval = \"10s\"\ntopic = \"canary\"\n"
+    ))
+    .unwrap();
+    let canary = config.canary.as_ref().unwrap();
+    assert_eq!(canary.unready_after(), std::time::Duration::from_secs(40));
+    assert_eq!(canary.message_type, "outboxd.canary");
+
+    let refused = |text: &str, says: &str| {
+        let e = load(text).unwrap_err().to_string();
+        assert!(e.contains(says), "`{says}` not in: {e}");
+    };
+    refused(
+        &format!("{SOURCE}{INBOX}[canary]\n"),
+        "[canary] needs the outbox relay",
+    );
+    refused(
+        &format!("{source}{relay}[canary]\n").replace(
+            "table = \"outbox\"\n",
+            "table = \"outbox\"\nrows = \"deleted\"\n",
+        ),
+        "outbox.rows = \"kept\"",
+    );
+    refused(
+        &format!("{source}{relay}[canary]\nunready_after = 1\n"),
+        "canary.unready_after must be at least 2",
+    );
+    refused(
+        &format!("{source}{relay}[canary]\ninterval = \"10ms\"\n"),
+        "canary.interval must be between",
+    );
+}

@@ -110,6 +110,10 @@ pub struct Config {
     /// the section is absent.
     #[serde(default)]
     pub otlp: Option<crate::observability::otlp::OtlpConfig>,
+    /// `[canary]`: one row through the outbox every interval, its latency measured and
+    /// `/readyz` failing when none arrives; off when the section is absent.
+    #[serde(default)]
+    pub canary: Option<crate::canary::CanaryConfig>,
     /// What [`Config::load`] found wrong with the file itself (secrets in a file others
     /// may read); `check` prints it and `run` logs it.
     #[serde(skip)]
@@ -330,6 +334,33 @@ impl Config {
         self.source.engine.validate().map_err(ConfigError::Invalid)
     }
 
+    /// `[canary]` with the rest of the file: it needs the relay (it writes an outbox row
+    /// and waits for the sink), rows kept (it deletes its row once SUCCESS), and for a
+    /// `topic` a topic column to write it into.
+    fn validate_canary(&self, canary: &crate::canary::CanaryConfig) -> Result<(), String> {
+        canary.validate()?;
+        if !self.relays_outbox() {
+            return Err(
+                "[canary] needs the outbox relay ([outbox] with [kafka] or [http]): it \
+                        sends a row through it"
+                    .into(),
+            );
+        }
+        if self.outbox.rows() == outboxd_connector::RowLifecycle::Deleted {
+            return Err(
+                "[canary] needs outbox.rows = \"kept\": it finds its row by its status".into(),
+            );
+        }
+        if canary.topic.is_some() && self.outbox.layout().columns.topic.is_none() {
+            return Err(
+                "canary.topic needs a topic column (outbox.columns.topic); without one, \
+                        remove canary.topic and let the template route canary.message_type"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
     /// Checks what serde cannot: names, bounds, and librdkafka options that would
     /// weaken the delivery guarantee.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -407,6 +438,9 @@ impl Config {
         }
         if let Some(otlp) = &self.otlp {
             otlp.validate().map_err(ConfigError::Invalid)?;
+        }
+        if let Some(canary) = &self.canary {
+            self.validate_canary(canary).map_err(ConfigError::Invalid)?;
         }
         let d = &self.delivery;
         if d.max_in_flight_bytes < (1 << 20) || d.max_in_flight_bytes > (16 << 30) {

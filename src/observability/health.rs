@@ -86,7 +86,12 @@ impl<C: Connector, S: Sink> Health<C, S> {
     /// `/readyz`: the reason text, `Ok` when the source streams and Kafka is reachable.
     pub(crate) async fn readiness(&self) -> Result<String, String> {
         let streaming = self.stats.streaming.load(Ordering::Relaxed);
-        readiness(streaming, self.kafka_reachable().await)
+        let ready = readiness(streaming, self.kafka_reachable().await);
+        match (ready, self.stats.canary.overdue()) {
+            (ready, None) => ready,
+            (Ok(_), Some(late)) => Err(format!("not ready: {late}\n")),
+            (Err(reasons), Some(late)) => Err(format!("{}; {late}\n", reasons.trim_end())),
+        }
     }
 
     /// `/metrics`: every series, in the Prometheus text format.

@@ -354,6 +354,20 @@ fn registry(stats: &PipelineStats, inputs: &ScrapeInputs<'_>) -> Registry {
     if let Some(endpoints) = &inputs.endpoints {
         endpoints.register(&mut r);
     }
+    if stats.canary.enabled() {
+        r.register(
+            "outboxd_canary_latency_seconds",
+            "Canary rows ([canary]): from writing the row to the sink's acknowledgement",
+            stats.canary.latency().clone(),
+        );
+        if let Some(at) = stats.canary.last_success() {
+            r.register(
+                "outboxd_canary_last_success_timestamp_seconds",
+                "Unix time when the last canary row was acknowledged by the sink",
+                ConstGauge::new(at),
+            );
+        }
+    }
 
     let confirmed = stats.confirmed.lock().ok().and_then(|c| c.clone());
     if let Some(position) = confirmed {

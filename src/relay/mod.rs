@@ -63,6 +63,8 @@ pub struct PipelineStats {
     pub metrics: crate::observability::PipelineMetrics,
     /// The inbox's counters, when this process runs one (`/metrics`).
     pub inbox: std::sync::OnceLock<Arc<crate::inbox::InboxStats>>,
+    /// The canary (`[canary]`), told of every delivered event.
+    pub canary: crate::canary::Canary,
 }
 
 /// What a pipeline needs besides its connector and sink.

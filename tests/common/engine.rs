@@ -68,6 +68,9 @@ pub trait Engine: Sized + Sync {
     /// Gives the runtime role its table grants (`schemas/<engine>/grants.sql`) on the
     /// pipeline's tables, as the administrator does after `init`.
     fn grant_runtime(p: &Pipeline<Self>) -> impl Future<Output = ()> + Send;
+    /// Adds the grant `[canary]` needs (INSERT on the outbox table), as the
+    /// administrator does with `grants.sql`'s canary line.
+    fn grant_canary(p: &Pipeline<Self>) -> impl Future<Output = ()> + Send;
 
     fn writer(p: &Pipeline<Self>) -> impl Future<Output = Self::Writer>;
     /// Rows by status.

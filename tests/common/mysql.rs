@@ -97,6 +97,18 @@ pub fn runtime_grants(run_user: &str, outbox: &str, inbox: &str, checkpoint: &st
         .collect()
 }
 
+/// The grant `schemas/mysql/grants.sql` gives (commented) for `[canary]`, for `outbox`.
+pub fn canary_grant(run_user: &str, outbox: &str) -> String {
+    let line = GRANTS_SQL
+        .lines()
+        .find_map(|l| l.strip_prefix("-- GRANT INSERT ON `outbox`"))
+        .expect("grants.sql has the canary's line");
+    format!("GRANT INSERT ON `{outbox}`{line}")
+        .replace("'outboxd_run'", &format!("'{run_user}'"))
+        .trim_end_matches(';')
+        .to_owned()
+}
+
 /// `INSERT` of one [`Event`] into `table`.
 fn insert_sql(table: &str, key: &str, seq: u32, tag: &str) -> String {
     format!(
@@ -170,6 +182,13 @@ heartbeat = "1s""#,
         ) {
             conn.query_drop(&sql).await.expect(&sql);
         }
+        let _ = conn.disconnect().await;
+    }
+
+    async fn grant_canary(p: &MysqlPipeline) {
+        let mut conn = p.sql().await;
+        let sql = canary_grant(&p.services.run_user, &p.table);
+        conn.query_drop(&sql).await.expect(&sql);
         let _ = conn.disconnect().await;
     }
 

@@ -39,9 +39,19 @@ pub fn runtime_grants(
     checkpoint: &str,
 ) -> String {
     let quote = |name: &str| format!("\"{}\"", name.replace('"', "\"\""));
+    // Without `-v canary=1`: its block is left out, as psql leaves it out.
+    let mut in_canary_block = false;
     let grants = GRANTS_SQL
         .lines()
-        .filter(|l| !l.starts_with('\\'))
+        .filter(|l| {
+            if l.starts_with("\\if :{?canary}") {
+                in_canary_block = true;
+            } else if in_canary_block && l.starts_with("\\endif") {
+                in_canary_block = false;
+                return false;
+            }
+            !in_canary_block && !l.starts_with('\\')
+        })
         .collect::<Vec<_>>()
         .join("\n")
         .replace(":\"run_role\"", &quote(run_role))
@@ -50,6 +60,20 @@ pub fn runtime_grants(
         .replace(":\"inbox_table\"", &quote(inbox))
         .replace(":\"checkpoint_table\"", &quote(checkpoint));
     serialized(&grants)
+}
+
+/// The grant `schemas/postgres/grants.sql` adds with `-v canary=1`, for `outbox`.
+pub fn canary_grant(run_role: &str, schema: &str, outbox: &str) -> String {
+    let quote = |name: &str| format!("\"{}\"", name.replace('"', "\"\""));
+    let block = GRANTS_SQL
+        .split("\\if :{?canary}")
+        .nth(1)
+        .and_then(|rest| rest.split("\\endif").next())
+        .expect("grants.sql has a canary block");
+    block
+        .replace(":\"run_role\"", &quote(run_role))
+        .replace(":\"schema\"", &quote(schema))
+        .replace(":\"outbox_table\"", &quote(outbox))
 }
 
 impl PgServices {
@@ -142,6 +166,11 @@ status_interval = "1s""#,
             "inbox",
             "outboxd_checkpoint",
         );
+        p.sql().await.batch_execute(&sql).await.expect(&sql);
+    }
+
+    async fn grant_canary(p: &TestPipeline) {
+        let sql = canary_grant(&p.services.run_user, "public", &p.table);
         p.sql().await.batch_execute(&sql).await.expect(&sql);
     }
 

@@ -75,6 +75,23 @@ pub struct WriteBack<'a> {
     pub replace_positions: bool,
 }
 
+/// A row outboxd writes into the outbox itself, as an application would (the canary of
+/// `[canary]`): into the first outbox table, in a transaction of its own, the other
+/// columns taking their defaults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewOutboxRow {
+    /// Unique: the row is found (and deleted) by it.
+    pub message_id: String,
+    /// The message type.
+    pub message_type: String,
+    /// The business key; unique per message type on outboxd's table.
+    pub biz_key: String,
+    /// For the table's topic column, when it has one; `None` leaves it NULL.
+    pub topic: Option<String>,
+    /// A JSON document, written as text (a JSON or binary payload column takes it).
+    pub payload: String,
+}
+
 /// The SQL side of a connector: the outbox row is the source of truth.
 pub trait OutboxStore: Send + Sync {
     /// Applies `batch` in **one** database transaction: the status updates and the
@@ -158,4 +175,18 @@ pub trait OutboxStore: Send + Sync {
         after_id: i64,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<OutboxEvent>, ConnectorError>> + Send;
+
+    /// Writes `row` into the first outbox table in a transaction of its own (committed
+    /// when it returns `Ok`): the relay then reads it as any other row.
+    fn insert_row(
+        &self,
+        row: &NewOutboxRow,
+    ) -> impl Future<Output = Result<(), ConnectorError>> + Send;
+
+    /// Deletes the row of the first outbox table whose message id is `message_id`, only
+    /// if it is SUCCESS (a row still on its way is left alone). Returns whether it was.
+    fn delete_delivered_row(
+        &self,
+        message_id: &str,
+    ) -> impl Future<Output = Result<bool, ConnectorError>> + Send;
 }

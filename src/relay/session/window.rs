@@ -238,6 +238,7 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         );
         match outcome {
             Outcome::Delivered(delivered) => {
+                self.stats.canary.delivered(&done.message_id);
                 if self.exactly_once {
                     self.uncommitted.add(done.topic, done.commit_time);
                 } else {

@@ -15,6 +15,7 @@ pub mod inbox;
 mod inbox_insert;
 mod inbox_operator;
 mod operator;
+mod own_rows;
 mod sql;
 mod table;
 mod write_back;
@@ -27,8 +28,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::SystemTime;
 
 use outboxd_connector::{
-    ClaimRequest, ClaimedEvent, ClaimedWriteBack, ConnectorError, OutboxEvent, OutboxStore,
-    Position, ReapPolicy, ReapReport, RetrySchedule, RowId, WriteBack,
+    ClaimRequest, ClaimedEvent, ClaimedWriteBack, ConnectorError, NewOutboxRow, OutboxEvent,
+    OutboxStore, Position, ReapPolicy, ReapReport, RetrySchedule, RowId, WriteBack,
 };
 use outboxd_connector_kit::store as kit_store;
 use outboxd_connector_kit::tables;
@@ -221,6 +222,14 @@ impl OutboxStore for MysqlOutboxStore {
             blocked.extend(self.blocked(outbox, keys).await?);
         }
         Ok(blocked)
+    }
+
+    async fn insert_row(&self, row: &NewOutboxRow) -> Result<(), ConnectorError> {
+        self.insert_own_row(row).await
+    }
+
+    async fn delete_delivered_row(&self, message_id: &str) -> Result<bool, ConnectorError> {
+        self.delete_own_row(message_id).await
     }
 
     async fn scan_init(

@@ -25,6 +25,7 @@ mod claims;
 pub mod inbox;
 mod inbox_operator;
 pub mod operator;
+mod own_rows;
 mod sql;
 mod write_back;
 
@@ -32,8 +33,8 @@ use std::collections::HashSet;
 use std::sync::atomic::AtomicUsize;
 
 use outboxd_connector::{
-    ClaimRequest, ClaimedEvent, ClaimedWriteBack, ConnectorError, OutboxEvent, OutboxStore,
-    Position, ReapPolicy, ReapReport, RetrySchedule, RowId, WriteBack,
+    ClaimRequest, ClaimedEvent, ClaimedWriteBack, ConnectorError, NewOutboxRow, OutboxEvent,
+    OutboxStore, Position, ReapPolicy, ReapReport, RetrySchedule, RowId, WriteBack,
 };
 use tokio::sync::{Mutex, MutexGuard};
 use tokio_postgres::types::Type;
@@ -575,6 +576,14 @@ impl OutboxStore for PgOutboxStore {
         keys: Option<&[String]>,
     ) -> Result<HashSet<String>, ConnectorError> {
         self.blocked(keys).await
+    }
+
+    async fn insert_row(&self, row: &NewOutboxRow) -> Result<(), ConnectorError> {
+        self.insert_own_row(row).await
+    }
+
+    async fn delete_delivered_row(&self, message_id: &str) -> Result<bool, ConnectorError> {
+        self.delete_own_row(message_id).await
     }
 
     async fn scan_init(

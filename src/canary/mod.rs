@@ -1,0 +1,345 @@
+//! The canary (`[canary]`): a live end-to-end check of a running relay. Every interval it
+//! writes one row into the outbox through the database, in a transaction of its own, as
+//! the application does (its own `message_type`, routed by `canary.topic`), and measures
+//! how long until the sink acknowledges it. Every process may look alive while nothing is
+//! delivered (a frozen broker, a wedged producer, a replication slot that stopped
+//! advancing); the canary notices, because its own row does not arrive:
+//!
+//! - `outboxd_canary_latency_seconds`: insert → acknowledgement of each canary;
+//! - `outboxd_canary_last_success_timestamp_seconds`: when the last one arrived;
+//! - `/readyz` fails once none arrived for `unready_after` intervals (from the start, or
+//!   from the last one), so an orchestrator can restart the wedged process.
+//!
+//! The relay tells [`Canary::delivered`] of every acknowledged event; while no canary is
+//! on its way that is one atomic load. A delivered canary's row is deleted once it shows
+//! SUCCESS (the next round), so the outbox does not fill with them.
+
+pub mod config;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use outboxd_connector::{Connector, NewOutboxRow, OutboxStore};
+use prometheus_client::metrics::histogram::Histogram;
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+
+pub use config::CanaryConfig;
+
+/// Upper bounds, in seconds, of the canary latency histogram's buckets.
+const LATENCY_BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
+/// Delivered canary rows not deleted yet, at most: past it the oldest is forgotten (and
+/// left to the janitor), so a table that refuses deletes cannot grow this list.
+const MAX_UNDELETED: usize = 64;
+
+/// What the canary shares with the relay (which reports deliveries) and with `/metrics`
+/// and `/readyz` (which read its state). Inert until [`Canary::enable`].
+#[derive(Debug)]
+pub struct Canary {
+    settings: OnceLock<CanaryConfig>,
+    /// A canary is on its way: the relay's deliveries are compared with it.
+    waiting: AtomicBool,
+    /// Its message id and when it was written.
+    pending: Mutex<Option<(String, Instant)>>,
+    arrived: Notify,
+    /// When the canary started, then when the last canary arrived: what `/readyz` counts
+    /// from.
+    since: Mutex<Option<Instant>>,
+    /// Unix time in milliseconds of the last arrival (0: none yet).
+    last_success_ms: AtomicU64,
+    latency: Histogram,
+}
+
+impl Default for Canary {
+    fn default() -> Self {
+        Self {
+            settings: OnceLock::new(),
+            waiting: AtomicBool::new(false),
+            pending: Mutex::new(None),
+            arrived: Notify::new(),
+            since: Mutex::new(None),
+            last_success_ms: AtomicU64::new(0),
+            latency: Histogram::new(LATENCY_BUCKETS),
+        }
+    }
+}
+
+impl Canary {
+    /// Turns the canary on with `settings` (once; later calls change nothing).
+    pub fn enable(&self, settings: CanaryConfig) {
+        let _ = self.settings.set(settings);
+        *lock(&self.since) = Some(Instant::now());
+    }
+
+    /// Whether the canary is on.
+    pub fn enabled(&self) -> bool {
+        self.settings.get().is_some()
+    }
+
+    /// The relay acknowledged the event `message_id`. Cheap unless a canary is on its way.
+    pub fn delivered(&self, message_id: &str) {
+        if !self.waiting.load(Ordering::Acquire) {
+            return;
+        }
+        let mut pending = lock(&self.pending);
+        let Some((_, written)) = pending.as_ref().filter(|(id, _)| id == message_id) else {
+            return;
+        };
+        let latency = written.elapsed();
+        *pending = None;
+        self.waiting.store(false, Ordering::Release);
+        drop(pending);
+        self.latency.observe(latency.as_secs_f64());
+        *lock(&self.since) = Some(Instant::now());
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        self.last_success_ms.store(now_ms, Ordering::Relaxed);
+        self.arrived.notify_waiters();
+    }
+
+    /// `/readyz`: why the process is not ready, when no canary arrived for
+    /// `unready_after` intervals.
+    pub fn overdue(&self) -> Option<String> {
+        let settings = self.settings.get()?;
+        let since = (*lock(&self.since))?;
+        let quiet = since.elapsed();
+        (quiet > settings.unready_after()).then(|| {
+            format!(
+                "no canary delivered for {}s (canary.unready_after = {} intervals of {:?}): \
+                 events are not getting through",
+                quiet.as_secs(),
+                settings.unready_after,
+                settings.interval
+            )
+        })
+    }
+
+    /// The latency histogram (`/metrics`).
+    pub(crate) fn latency(&self) -> &Histogram {
+        &self.latency
+    }
+
+    /// Unix time in seconds of the last arrival; `None` before the first.
+    pub(crate) fn last_success(&self) -> Option<f64> {
+        match self.last_success_ms.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(ms as f64 / 1000.0),
+        }
+    }
+
+    /// A canary is written now (one unanswered before it is given up).
+    fn expect(&self, message_id: String) {
+        *lock(&self.pending) = Some((message_id, Instant::now()));
+        self.waiting.store(true, Ordering::Release);
+    }
+
+    /// Waits until the expected canary arrives, or `deadline`. Whether it arrived.
+    async fn arrival(&self, deadline: Instant) -> bool {
+        loop {
+            let arrived = self.arrived.notified();
+            if !self.waiting.load(Ordering::Acquire) {
+                return true;
+            }
+            tokio::select! {
+                () = arrived => {}
+                () = tokio::time::sleep_until(deadline) => {
+                    return !self.waiting.load(Ordering::Acquire);
+                }
+            }
+        }
+    }
+}
+
+/// Writes one canary every interval until `shutdown`, on a connection of its own (opened
+/// again after an error); `store_timeout` bounds each database call.
+pub async fn run<C: Connector>(
+    connector: &C,
+    canary: &Canary,
+    pipeline: &str,
+    store_timeout: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let Some(settings) = canary.settings.get() else {
+        return;
+    };
+    tracing::info!(
+        interval = ?settings.interval,
+        unready_after = ?settings.unready_after(),
+        "canary: one row through the outbox every interval"
+    );
+    let mut store: Option<C::Store> = None;
+    let mut undeleted: Vec<String> = Vec::new();
+    let mut sequence: u64 = 0;
+    let mut ticks = tokio::time::interval(settings.interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+        if store.is_none() {
+            match crate::reconnect::answered(store_timeout, "opening", connector.open_store()).await
+            {
+                Ok(opened) => store = Some(opened),
+                Err(e) => {
+                    tracing::warn!(error = %e, "canary: cannot open a database connection");
+                    continue;
+                }
+            }
+        }
+        let Some(open) = store.as_ref() else { continue };
+        // Rows of earlier canaries, SUCCESS by now: deleted, so the outbox keeps none.
+        let mut kept = Vec::new();
+        for message_id in undeleted.drain(..) {
+            let deleted = crate::reconnect::answered(
+                store_timeout,
+                "deleting a canary row",
+                open.delete_delivered_row(&message_id),
+            )
+            .await;
+            match deleted {
+                Ok(true) => {}
+                Ok(false) => kept.push(message_id),
+                Err(e) => {
+                    tracing::debug!(error = %e, "canary: cannot delete a delivered canary row");
+                    kept.push(message_id);
+                }
+            }
+        }
+        undeleted = kept;
+
+        sequence += 1;
+        let row = canary_row(settings, pipeline, sequence);
+        let message_id = row.message_id.clone();
+        canary.expect(message_id.clone());
+        let written = crate::reconnect::answered(
+            store_timeout,
+            "writing a canary row",
+            open.insert_row(&row),
+        )
+        .await;
+        if let Err(e) = written {
+            tracing::warn!(error = %e, "canary: cannot write the canary row");
+            store = None;
+            continue;
+        }
+        // Wait for it until the next canary is due.
+        if canary.arrival(Instant::now() + settings.interval).await {
+            undeleted.push(message_id);
+            if undeleted.len() > MAX_UNDELETED {
+                undeleted.remove(0);
+            }
+        } else {
+            tracing::warn!(
+                message_id = %message_id,
+                interval = ?settings.interval,
+                "canary: the canary row is not delivered within the interval"
+            );
+        }
+    }
+}
+
+/// The row of canary number `sequence`: its message id and key unique to this process
+/// and moment (outboxd's table allows one event of a type per key).
+fn canary_row(settings: &CanaryConfig, pipeline: &str, sequence: u64) -> NewOutboxRow {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let message_id = format!(
+        "canary-{pipeline}-{}-{}-{sequence}",
+        std::process::id(),
+        now.as_millis()
+    );
+    let written_at = jiff::Timestamp::try_from(SystemTime::now())
+        .map(|t| t.to_string())
+        .unwrap_or_default();
+    NewOutboxRow {
+        biz_key: message_id.clone(),
+        message_type: settings.message_type.clone(),
+        topic: settings.topic.clone(),
+        payload: serde_json::json!({
+            "canary": sequence,
+            "pipeline": pipeline,
+            "written_at": written_at,
+        })
+        .to_string(),
+        message_id,
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn enabled(interval_ms: u64) -> Canary {
+        let canary = Canary::default();
+        canary.enable(CanaryConfig {
+            interval: Duration::from_millis(interval_ms),
+            ..CanaryConfig::default()
+        });
+        canary
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn readiness_fails_after_unready_after_intervals_without_a_canary_and_recovers() {
+        let canary = enabled(1000);
+        assert_eq!(canary.overdue(), None, "a fresh canary has its grace");
+        tokio::time::advance(Duration::from_millis(4100)).await;
+        let late = canary.overdue().expect("4 intervals without a canary");
+        assert!(late.contains("no canary delivered for 4s"), "{late}");
+
+        canary.expect("m-1".into());
+        canary.delivered("m-0");
+        assert!(
+            canary.overdue().is_some(),
+            "another event is not the canary"
+        );
+        tokio::time::advance(Duration::from_millis(30)).await;
+        canary.delivered("m-1");
+        assert_eq!(canary.overdue(), None);
+        assert!(canary.last_success().is_some());
+        let mut text = String::new();
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register("c", "c", canary.latency().clone());
+        prometheus_client::encoding::prometheus_text::encode(&mut text, &registry).unwrap();
+        assert!(text.contains("c_count 1"), "{text}");
+        assert!(text.contains("c_bucket{le=\"0.05\"} 1"), "{text}");
+        assert!(text.contains("c_bucket{le=\"0.025\"} 0"), "{text}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waiting_ends_at_the_arrival_or_the_deadline() {
+        let canary = enabled(1000);
+        canary.expect("m-1".into());
+        let deadline = Instant::now() + Duration::from_secs(1);
+        assert!(!canary.arrival(deadline).await, "nothing arrived");
+        canary.expect("m-2".into());
+        let waiting = canary.arrival(Instant::now() + Duration::from_secs(1));
+        let arriving = async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            canary.delivered("m-2");
+        };
+        let (arrived, ()) = tokio::join!(waiting, arriving);
+        assert!(arrived);
+    }
+
+    #[test]
+    fn a_disabled_canary_is_never_overdue() {
+        let canary = Canary::default();
+        canary.expect("m".into());
+        canary.delivered("m");
+        assert_eq!(canary.overdue(), None);
+        assert!(!canary.enabled());
+    }
+}
