@@ -138,6 +138,12 @@ impl Canary {
         self.waiting.store(true, Ordering::Release);
     }
 
+    /// The expected canary was not written after all: deliveries are not compared.
+    fn forget(&self) {
+        self.waiting.store(false, Ordering::Release);
+        *lock(&self.pending) = None;
+    }
+
     /// Waits until the expected canary arrives, or `deadline`. Whether it arrived.
     async fn arrival(&self, deadline: Instant) -> bool {
         loop {
@@ -225,6 +231,7 @@ pub async fn run<C: Connector>(
         .await;
         if let Err(e) = written {
             tracing::warn!(error = %e, "canary: cannot write the canary row");
+            canary.forget();
             store = None;
             continue;
         }
