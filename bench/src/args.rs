@@ -21,7 +21,7 @@ pub(crate) struct Args {
     #[arg(long, default_value = "scripts/services")]
     pub(crate) services_script: PathBuf,
     /// Where the JSON results go [default: bench/results/latest.json; a soak alone:
-    /// bench/results/soak.json].
+    /// bench/results/soak.json; the HTTP scenarios alone: bench/results/http.json].
     #[arg(long)]
     pub(crate) json: Option<PathBuf>,
     /// The page whose results section the run rewrites (its scenarios' block, between the
@@ -189,6 +189,7 @@ impl Args {
         self.json.clone().unwrap_or_else(|| {
             PathBuf::from(match self.scenario_set().as_str() {
                 "soak" => "bench/results/soak.json",
+                "http" => "bench/results/http.json",
                 _ => "bench/results/latest.json",
             })
         })
