@@ -99,6 +99,8 @@ pub(super) struct Endpoint {
     next_seq: AtomicU64,
     breaker: Breaker,
     series: EndpointSeries,
+    /// Where the requests' tasks run: the sink's own runtime thread (see `io_thread.rs`).
+    io: tokio::runtime::Handle,
 }
 
 impl Endpoint {
@@ -111,6 +113,7 @@ impl Endpoint {
         secrets: Vec<Secret>,
         strict: bool,
         series: EndpointSeries,
+        io: tokio::runtime::Handle,
     ) -> Self {
         Self {
             name: name.to_owned(),
@@ -124,6 +127,7 @@ impl Endpoint {
             next_seq: AtomicU64::new(0),
             breaker: Breaker::new(config.open_after),
             series,
+            io,
         }
     }
 
@@ -153,7 +157,7 @@ impl Endpoint {
     /// turn (its key's previous request, a slot, the circuit breaker), a caller that stops
     /// waiting (a claim's deadline) cancels it: it is not sent, and counts as not
     /// delivered for its key's later requests. Once sent, it runs to its answer.
-    /// `in_flight` counts it until its task ends (answered, or not sent): what `flush` and
+    /// `in_flight` counts it until its outcome is decided (answered, or not sent): what `flush` and
     /// `queue_depth` see, whether or not anyone still waits for its outcome.
     pub(super) fn enqueue(
         self: &Arc<Self>,
@@ -171,7 +175,7 @@ impl Endpoint {
             .map(|(_, rx)| rx);
         let endpoint = Arc::clone(self);
         let task_key = key.clone();
-        tokio::spawn(async move {
+        self.io.spawn(async move {
             let turn = tokio::select! {
                 turn = endpoint.wait_turn(previous) => Some(turn),
                 () = outcome_tx.closed() => None,
@@ -183,15 +187,21 @@ impl Endpoint {
                     retry_after: None,
                 }),
                 Some(Err(failure)) => Err(failure),
-                Some(Ok((_slot, probe))) => endpoint.post_and_record(request, probe).await,
+                // Boxed: the request's state (hyper's send) is allocated only once it is
+                // sent, not by each of the many tasks waiting for their turn.
+                Some(Ok((_slot, probe))) => {
+                    Box::pin(endpoint.post_and_record(request, probe)).await
+                }
             };
             done_tx.send_replace(Some(result.is_ok()));
+            // Counted out before the outcome is handed over (the caller may be on another
+            // thread and look at once), and its bytes given back.
+            in_flight.fetch_sub(1, Ordering::Relaxed);
+            drop(bytes);
             // Nobody takes the outcome: the key's entry is this task's to forget.
             if outcome_tx.send(result).is_err() {
                 endpoint.forget(&task_key, seq);
             }
-            in_flight.fetch_sub(1, Ordering::Relaxed);
-            drop(bytes);
         });
         Queued {
             outcome: outcome_rx,

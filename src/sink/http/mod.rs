@@ -9,8 +9,9 @@
 //! `kafka_partition` holds the HTTP status and `kafka_offset` the answer's latency in
 //! milliseconds); no answer, 408, 425, 429 or 5xx → FAILED with backoff (or the answer's
 //! `Retry-After`); another 4xx or a redirect (never followed) → MANUAL_REQUIRED at once
-//! ([`FailureKind::Refused`]) with the status and the start of the answer's body. Order, concurrency and outages per
-//! endpoint: `endpoint.rs`.
+//! ([`FailureKind::Refused`]) with the status and the start of the answer's body. Order,
+//! concurrency and outages per endpoint: `endpoint.rs`; the requests run on the sink's own
+//! thread: `io_thread.rs`.
 //!
 //! The endpoint of an event is a name: the row's `topic` column when set, else
 //! `http.endpoint_template`; its URL comes from the config, never from a row. HTTP has
@@ -36,6 +37,7 @@ use crate::webhooks::signature::Secret;
 
 pub mod config;
 mod endpoint;
+mod io_thread;
 
 pub use config::{BodyFormat, EndpointConfig, HttpSinkConfig};
 use endpoint::{Endpoint, Prepared, Queued};
@@ -49,6 +51,8 @@ pub struct HttpSink {
     forward: Vec<String>,
     in_flight: Arc<AtomicI64>,
     metrics: EndpointMetrics,
+    /// Declared last: dropped after the endpoints, whose tasks run on it.
+    _io: io_thread::IoThread,
 }
 
 impl HttpSink {
@@ -66,6 +70,7 @@ impl HttpSink {
             .and_then(|t| t.with_tables(tables))
             .map_err(rename)?;
         let metrics = EndpointMetrics::default();
+        let io = io_thread::IoThread::start()?;
         let mut endpoints = BTreeMap::new();
         for (name, endpoint) in &config.endpoints {
             let poster = endpoint
@@ -83,6 +88,7 @@ impl HttpSink {
                 secrets,
                 strict,
                 metrics.endpoint(name),
+                io.handle().clone(),
             );
             endpoints.insert(name.clone(), Arc::new(endpoint));
         }
@@ -96,6 +102,7 @@ impl HttpSink {
                 .collect(),
             in_flight: Arc::new(AtomicI64::new(0)),
             metrics,
+            _io: io,
         })
     }
 
