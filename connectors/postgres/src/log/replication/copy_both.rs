@@ -137,13 +137,23 @@ impl ReplicationStream {
                         ),
                     ))
                 }
-                Message::CopyDone => {
-                    return Err(ConnectorError::transient(format!(
-                        "{}: the server ended replication from slot `{}`",
-                        self.conn.context(),
-                        self.slot
-                    )))
+                // The server ends the stream. A walsender in a fast or smart shutdown
+                // (`WalSndDone`, walsender.c), once the client has confirmed all it was
+                // sent, sends CommandComplete `COPY 0` while still in CopyBoth mode, with
+                // no CopyDone before it, and exits: no ReadyForQuery follows, the socket
+                // closes. CopyDone (then CommandComplete, ReadyForQuery) is the orderly
+                // end a walsender uses otherwise. Either way the server is done with
+                // this session, not broken: transient, the relay reconnects once the
+                // server is back. Nothing is answered (no CopyDone of ours): the
+                // connection is dropped with the error, which ends the walsender too.
+                Message::CopyDone => return Err(self.ended("CopyDone")),
+                Message::CommandComplete(body) => {
+                    let tag = body.tag().unwrap_or("?").to_owned();
+                    return Err(self.ended(&format!(
+                        "CommandComplete `{tag}`, as a walsender does at a server shutdown"
+                    )));
                 }
+                Message::ReadyForQuery(_) => return Err(self.ended("ReadyForQuery")),
                 Message::NoticeResponse(body) => {
                     // From PostgreSQL 18 on, pgoutput skips a publication that does not
                     // exist at a change's point in the WAL with a WARNING (55000, naming
@@ -168,6 +178,15 @@ impl ReplicationStream {
                 _ => return Err(self.conn.unexpected("message in CopyBoth mode")),
             }
         }
+    }
+
+    /// The server ended the stream with `how` (see [`Self::recv`]): transient.
+    fn ended(&self, how: &str) -> ConnectorError {
+        ConnectorError::transient(format!(
+            "{}: the server ended replication from slot `{}` ({how}); reconnecting",
+            self.conn.context(),
+            self.slot
+        ))
     }
 
     /// Sends a standby status update with write = flush = apply = `lsn`. Not
@@ -234,6 +253,87 @@ mod tests {
             assert!(ReplicationMessage::parse(k.slice(..len)).is_err());
         }
         assert!(ReplicationMessage::parse(Bytes::from_static(b"x")).is_err());
+    }
+
+    /// One backend message: tag, length (itself included), body.
+    fn backend(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut m = vec![tag];
+        m.extend_from_slice(&(u32::try_from(body.len()).unwrap() + 4).to_be_bytes());
+        m.extend_from_slice(body);
+        m
+    }
+
+    /// A [`ReplicationStream`] in CopyBoth mode whose server sends `bytes` and closes the
+    /// connection (a loopback socket: the reader reads a real stream).
+    async fn stream_from(bytes: Vec<u8>) -> ReplicationStream {
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            socket.write_all(&bytes).await.unwrap();
+            // What a walsender does after its last message: proc_exit, the socket closes.
+            let _ = socket.shutdown().await;
+        });
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        ReplicationStream {
+            conn: ReplicationConnection {
+                io: super::super::PgStream::Plain(tcp),
+                rbuf: BytesMut::new(),
+                wbuf: BytesMut::new(),
+                endpoint: "test:5432/db".to_owned(),
+                tls: false,
+                negotiated: outboxd_connector_kit::tls::Negotiated::Plain,
+                channel_binding: None,
+            },
+            slot: "outboxd_test".to_owned(),
+            publication: "outboxd_test".to_owned(),
+        }
+    }
+
+    /// A walsender in a fast (or smart) shutdown (`WalSndDone` in walsender.c): it asks
+    /// for a reply (a keepalive with the reply flag) until the client has confirmed all it
+    /// was sent, then ends the stream with CommandComplete `COPY 0`, without CopyDone and
+    /// without ReadyForQuery, and exits. That is the server ending the stream, which the
+    /// relay reconnects after (transient), not a protocol violation.
+    #[tokio::test]
+    async fn a_server_shutdown_ends_the_stream_with_a_transient_error() {
+        let mut keepalive = vec![b'k'];
+        keepalive.extend_from_slice(&0x16_0000_0060u64.to_be_bytes());
+        keepalive.extend_from_slice(&42i64.to_be_bytes());
+        keepalive.push(1);
+        let mut bytes = backend(b'd', &keepalive);
+        bytes.extend(backend(b'C', b"COPY 0\0"));
+        let mut stream = stream_from(bytes).await;
+        assert_eq!(
+            stream.recv().await.unwrap(),
+            ReplicationMessage::Keepalive {
+                wal_end: Lsn(0x16_0000_0060),
+                server_clock: 42,
+                reply_requested: true
+            }
+        );
+        let error = stream.recv().await.expect_err("the stream ended");
+        assert!(error.is_transient(), "{error}");
+        assert!(error.message().contains("ended"), "{error}");
+
+        // The other ways a server ends it: CopyDone (then CommandComplete and
+        // ReadyForQuery once the client answers), and a FATAL ErrorResponse
+        // (57P01: terminated by the administrator, a fast shutdown's backends).
+        let mut bytes = backend(b'c', b"");
+        bytes.extend(backend(b'C', b"COPY 0\0"));
+        bytes.extend(backend(b'Z', b"I"));
+        let error = stream_from(bytes).await.recv().await.expect_err("CopyDone");
+        assert!(error.is_transient(), "{error}");
+        let fatal =
+            b"SFATAL\0VFATAL\0C57P01\0Mterminating connection due to administrator command\0\0";
+        let error = stream_from(backend(b'E', fatal))
+            .await
+            .recv()
+            .await
+            .expect_err("FATAL");
+        assert!(error.is_transient(), "{error}");
+        assert!(error.message().contains("57P01"), "{error}");
     }
 
     #[test]
