@@ -32,6 +32,11 @@ use crate::webhooks::signature::{signature_header, Secret};
 pub(super) const MAX_PROBE_PAUSE: Duration = Duration::from_secs(30);
 /// The pause before the first probe.
 const FIRST_PROBE_PAUSE: Duration = Duration::from_secs(1);
+/// At most this many requests per slot of `concurrency` wait at an endpoint; past it
+/// `send` waits, as on a full Kafka producer queue. Each waiting request is a task with its
+/// request (a few kB); unbounded, `delivery.max_in_flight` of them (10,000) would be the
+/// sink's memory. Eight per slot keep every slot busy.
+const QUEUED_PER_SLOT: usize = 8;
 
 /// A request handed to the endpoint: its outcome, and what to forget once it is taken.
 pub(super) struct Queued {
@@ -91,9 +96,12 @@ pub(super) struct Endpoint {
     secrets: Vec<Secret>,
     strict: bool,
     slots: Semaphore,
-    /// `max_queued_bytes`, as permits: one per byte of a request until its task ends.
+    /// `max_queued_bytes`, as permits: one per byte of a request until its outcome.
     queued_bytes: Arc<Semaphore>,
     max_queued_bytes: usize,
+    /// The fewest bytes a request counts for: `max_queued_bytes` over
+    /// [`QUEUED_PER_SLOT`] × `concurrency`, so that at most that many requests wait.
+    least_bytes: usize,
     /// Per key: the last request handed over.
     keys: Mutex<HashMap<Bytes, LastOfKey>>,
     next_seq: AtomicU64,
@@ -123,6 +131,7 @@ impl Endpoint {
             slots: Semaphore::new(config.concurrency),
             queued_bytes: Arc::new(Semaphore::new(config.max_queued_bytes)),
             max_queued_bytes: config.max_queued_bytes,
+            least_bytes: config.max_queued_bytes / (QUEUED_PER_SLOT * config.concurrency.max(1)),
             keys: Mutex::new(HashMap::new()),
             next_seq: AtomicU64::new(0),
             breaker: Breaker::new(config.open_after),
@@ -137,10 +146,11 @@ impl Endpoint {
     }
 
     /// Waits until `bytes` more fit under `max_queued_bytes` (a request larger than the
-    /// whole bound waits for the queue to empty, then goes alone); the permit travels with
-    /// the request until its task ends.
+    /// whole bound waits for the queue to empty, then goes alone; a small one counts as
+    /// `least_bytes`); the permit travels with the request until its outcome.
     pub(super) async fn reserve(&self, bytes: usize) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        let wanted = u32::try_from(bytes.clamp(1, self.max_queued_bytes)).unwrap_or(u32::MAX);
+        let counted = bytes.max(self.least_bytes).clamp(1, self.max_queued_bytes);
+        let wanted = u32::try_from(counted).unwrap_or(u32::MAX);
         Arc::clone(&self.queued_bytes)
             .acquire_many_owned(wanted)
             .await
