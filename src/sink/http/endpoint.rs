@@ -32,10 +32,13 @@ use crate::webhooks::signature::{signature_header, Secret};
 pub(super) const MAX_PROBE_PAUSE: Duration = Duration::from_secs(30);
 /// The pause before the first probe.
 const FIRST_PROBE_PAUSE: Duration = Duration::from_secs(1);
-/// At most this many requests per slot of `concurrency` wait at an endpoint; past it
-/// `send` waits, as on a full Kafka producer queue. Each waiting request is a task with its
-/// request (a few kB); unbounded, `delivery.max_in_flight` of them (10,000) would be the
-/// sink's memory. Eight per slot keep every slot busy.
+/// At most this many requests wait at an endpoint (or 8 per slot of `concurrency`, when
+/// more); past it `send` waits, as on a full Kafka producer queue. Each waiting request is
+/// a task with its request (a few kB): unbounded, `delivery.max_in_flight` of them (10,000)
+/// were most of the sink's memory. Not fewer: while an endpoint is down its requests wait
+/// here, and the log relay reads on (other endpoints' rows go) until it is full.
+const MAX_QUEUED: usize = 1024;
+/// See [`MAX_QUEUED`].
 const QUEUED_PER_SLOT: usize = 8;
 
 /// A request handed to the endpoint: its outcome, and what to forget once it is taken.
@@ -99,8 +102,8 @@ pub(super) struct Endpoint {
     /// `max_queued_bytes`, as permits: one per byte of a request until its outcome.
     queued_bytes: Arc<Semaphore>,
     max_queued_bytes: usize,
-    /// The fewest bytes a request counts for: `max_queued_bytes` over
-    /// [`QUEUED_PER_SLOT`] × `concurrency`, so that at most that many requests wait.
+    /// The fewest bytes a request counts for: `max_queued_bytes` over [`MAX_QUEUED`] (or
+    /// [`QUEUED_PER_SLOT`] × `concurrency`), so that at most that many requests wait.
     least_bytes: usize,
     /// Per key: the last request handed over.
     keys: Mutex<HashMap<Bytes, LastOfKey>>,
@@ -131,7 +134,8 @@ impl Endpoint {
             slots: Semaphore::new(config.concurrency),
             queued_bytes: Arc::new(Semaphore::new(config.max_queued_bytes)),
             max_queued_bytes: config.max_queued_bytes,
-            least_bytes: config.max_queued_bytes / (QUEUED_PER_SLOT * config.concurrency.max(1)),
+            least_bytes: config.max_queued_bytes
+                / MAX_QUEUED.max(QUEUED_PER_SLOT * config.concurrency),
             keys: Mutex::new(HashMap::new()),
             next_seq: AtomicU64::new(0),
             breaker: Breaker::new(config.open_after),
