@@ -10,7 +10,9 @@
 //!   408/425/429/5xx), the endpoint is taken for down: its requests wait instead of
 //!   failing (their rows keep their attempts, as during a Kafka outage), and one request
 //!   at a time probes it, with a pause that doubles up to [`MAX_PROBE_PAUSE`], until it
-//!   answers. Any answer but those (2xx, another 4xx) closes it.
+//!   answers. Any answer but those (2xx, another 4xx) closes it. Once its queue is full
+//!   (see [`MAX_QUEUED`]), `send` does not wait for room: the event fails at once, as
+//!   retryable (see [`Endpoint::reserve`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -33,10 +35,12 @@ pub(super) const MAX_PROBE_PAUSE: Duration = Duration::from_secs(30);
 /// The pause before the first probe.
 const FIRST_PROBE_PAUSE: Duration = Duration::from_secs(1);
 /// At most this many requests wait at an endpoint (or 8 per slot of `concurrency`, when
-/// more); past it `send` waits, as on a full Kafka producer queue. Each waiting request is
-/// a task with its request (a few kB): unbounded, `delivery.max_in_flight` of them (10,000)
-/// were most of the sink's memory. Not fewer: while an endpoint is down its requests wait
-/// here, and the log relay reads on (other endpoints' rows go) until it is full.
+/// more); past it `send` waits, as on a full Kafka producer queue, while the endpoint is up
+/// (its requests end within `http.timeout`). Each waiting request is a task with its
+/// request (a few kB): unbounded, `delivery.max_in_flight` of them (10,000) were most of
+/// the sink's memory. Not fewer: while an endpoint is down its requests wait here, and the
+/// log relay reads on (other endpoints' rows go) until it is full; then its events fail at
+/// once instead of waiting (see [`Endpoint::reserve`]).
 const MAX_QUEUED: usize = 1024;
 /// See [`MAX_QUEUED`].
 const QUEUED_PER_SLOT: usize = 8;
@@ -105,6 +109,8 @@ pub(super) struct Endpoint {
     /// The fewest bytes a request counts for: `max_queued_bytes` over [`MAX_QUEUED`] (or
     /// [`QUEUED_PER_SLOT`] × `concurrency`), so that at most that many requests wait.
     least_bytes: usize,
+    /// The most requests that wait (for the error of a full queue).
+    max_queued: usize,
     /// Per key: the last request handed over.
     keys: Mutex<HashMap<Bytes, LastOfKey>>,
     next_seq: AtomicU64,
@@ -136,6 +142,7 @@ impl Endpoint {
             max_queued_bytes: config.max_queued_bytes,
             least_bytes: config.max_queued_bytes
                 / MAX_QUEUED.max(QUEUED_PER_SLOT * config.concurrency),
+            max_queued: MAX_QUEUED.max(QUEUED_PER_SLOT * config.concurrency),
             keys: Mutex::new(HashMap::new()),
             next_seq: AtomicU64::new(0),
             breaker: Breaker::new(config.open_after),
@@ -152,13 +159,49 @@ impl Endpoint {
     /// Waits until `bytes` more fit under `max_queued_bytes` (a request larger than the
     /// whole bound waits for the queue to empty, then goes alone; a small one counts as
     /// `least_bytes`); the permit travels with the request until its outcome.
-    pub(super) async fn reserve(&self, bytes: usize) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    ///
+    /// Only while the endpoint is up: its requests end within `http.timeout`, so the wait
+    /// is short. While it is taken for down its requests wait for it to answer, maybe for
+    /// hours, and waiting for room would stall the caller as long: the claim worker (every
+    /// endpoint's retries), a poll batch larger than the queue (waiting on itself), the log
+    /// relay (deaf to shutdown). So with the endpoint down and no room, or once it is taken
+    /// for down during the wait, the request is not queued: a retryable failure, and the
+    /// row is tried again with its backoff.
+    pub(super) async fn reserve(
+        &self,
+        bytes: usize,
+    ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, SinkFailure> {
         let counted = bytes.max(self.least_bytes).clamp(1, self.max_queued_bytes);
         let wanted = u32::try_from(counted).unwrap_or(u32::MAX);
-        Arc::clone(&self.queued_bytes)
-            .acquire_many_owned(wanted)
-            .await
-            .ok()
+        loop {
+            // Made before looking at the breaker, so an opening right after the look still
+            // wakes this wait (`notify_waiters` reaches every `Notified` made before it).
+            let changed = self.breaker.changed.notified();
+            match Arc::clone(&self.queued_bytes).try_acquire_many_owned(wanted) {
+                Ok(permit) => return Ok(Some(permit)),
+                Err(tokio::sync::TryAcquireError::Closed) => return Ok(None),
+                Err(tokio::sync::TryAcquireError::NoPermits) => {}
+            }
+            if self.breaker.is_open() {
+                return Err(SinkFailure {
+                    kind: FailureKind::Retryable,
+                    error: format!(
+                        "not sent: endpoint `{}` is taken for down and its queue is full \
+                         (up to {} requests, or max_queued_bytes, already wait for it); it is \
+                         tried again with the row's backoff",
+                        self.name, self.max_queued
+                    ),
+                    retry_after: None,
+                });
+            }
+            tokio::select! {
+                permit = Arc::clone(&self.queued_bytes).acquire_many_owned(wanted) => {
+                    return Ok(permit.ok());
+                }
+                // The breaker changed (opened, most likely): look again.
+                () = changed => {}
+            }
+        }
     }
 
     /// The client (for `check`).
@@ -358,6 +401,11 @@ impl Breaker {
         }
     }
 
+    /// Whether the endpoint is taken for down now.
+    fn is_open(&self) -> bool {
+        lock(&self.state).open
+    }
+
     /// Waits until a request may go: at once while the endpoint is up; while it is taken
     /// for down, until this request is the probe (`true`) or the endpoint is up again.
     async fn admit(&self, name: &str) -> bool {
@@ -424,6 +472,9 @@ impl Breaker {
                 "the endpoint failed this many times in a row and is taken for down: its rows \
                  wait (their attempts are kept) while one request at a time probes it"
             );
+            // Wakes the sends waiting for room in its queue (`Endpoint::reserve`): with the
+            // endpoint down, room may not come for hours, and they stop waiting.
+            self.changed.notify_waiters();
         }
         state.open
     }

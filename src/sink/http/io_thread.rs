@@ -16,21 +16,38 @@ pub(super) struct IoThread {
 
 impl IoThread {
     pub(super) fn start() -> Result<Self, String> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| format!("cannot start the HTTP sink's runtime: {e}"))?;
-        let handle = runtime.handle().clone();
+        // The runtime is built on the thread itself and only its handle comes back: a
+        // runtime must not be dropped in an async context (it panics), and built here, it
+        // would be, with the thread's closure, if the thread failed to spawn.
+        let (started, runtime) = std::sync::mpsc::sync_channel(1);
         let (stop, stopped) = oneshot::channel::<()>();
         std::thread::Builder::new()
             .name("outboxd-http-sink".into())
             .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime,
+                    Err(e) => {
+                        let _ =
+                            started.send(Err(format!("cannot start the HTTP sink's runtime: {e}")));
+                        return;
+                    }
+                };
+                if started.send(Ok(runtime.handle().clone())).is_err() {
+                    return;
+                }
                 runtime.block_on(async {
                     // Either the sink sends nothing and drops the sender: both end it.
                     let _ = stopped.await;
                 });
             })
             .map_err(|e| format!("cannot start the HTTP sink's thread: {e}"))?;
+        // Blocks only while the thread builds its runtime (no I/O: a moment).
+        let handle = runtime
+            .recv()
+            .map_err(|_| "the HTTP sink's thread ended before its runtime started".to_owned())??;
         Ok(Self {
             handle,
             _stop: stop,

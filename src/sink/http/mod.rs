@@ -251,12 +251,16 @@ impl Sink for HttpSink {
             Err(e) => return refused(format!("cannot send it over HTTP: {e}")),
         };
         // Waits here, as Kafka's full producer queue makes a send wait, while the endpoint
-        // holds `max_queued_bytes` of requests not yet answered.
+        // holds `max_queued_bytes` of requests not yet answered; but not while it is taken
+        // for down: then the event fails at once, as retryable (see `Endpoint::reserve`).
         let size = request.body.len()
             + (request.headers.iter())
                 .map(|(name, value)| name.as_str().len() + value.len())
                 .sum::<usize>();
-        let bytes = endpoint.reserve(size).await;
+        let bytes = match endpoint.reserve(size).await {
+            Ok(bytes) => bytes,
+            Err(failure) => return HttpDelivery(Delivery::Decided(Some(Err(failure)))),
+        };
         HttpDelivery(Delivery::Queued(endpoint.enqueue(
             request,
             Arc::clone(&self.in_flight),

@@ -286,6 +286,106 @@ async fn an_endpoint_that_is_down_holds_its_requests_until_it_answers() {
     ));
 }
 
+/// The event `id` of key `key` with a payload of `kib` KiB: its request counts that many
+/// bytes of the endpoint's queue.
+fn sized(id: i64, key: &str, kib: usize) -> OutboxEvent {
+    let mut sized = event(id, key);
+    sized.payload = Bytes::from(vec![b'x'; kib << 10]);
+    sized
+}
+
+/// An endpoint taken for down whose queue is full: `send` does not wait for room (which
+/// comes only once the endpoint answers, maybe hours later, and the claim worker, a poll
+/// batch or the log relay's shutdown would wait as long): the event fails at once, as
+/// retryable, and the requests already queued still wait for the endpoint.
+#[tokio::test]
+async fn a_down_endpoint_with_a_full_queue_fails_sends_at_once() {
+    let server = Arc::new(Server::default());
+    let url = start(&server).await;
+    server.status.store(503, AtomicOrdering::SeqCst);
+    // 64 KiB of queue: one 40 KiB request fills it.
+    let sink = sink_to(&url, "payload", |config| {
+        let endpoint = config.endpoints.get_mut("default").unwrap();
+        endpoint.open_after = 1;
+        endpoint.max_queued_bytes = 64 << 10;
+    });
+    let failure = sink.send(&event(1, "k1")).await.await.unwrap_err();
+    assert_eq!(failure.kind, FailureKind::Retryable);
+    // Down now: this one has room and waits for the endpoint.
+    let mut held = Box::pin(sink.send(&sized(2, "k2", 40)).await);
+    let early = tokio::time::timeout(Duration::from_millis(100), &mut held).await;
+    assert!(early.is_err(), "a request with room waits for the endpoint");
+    // No room: decided at once, not queued.
+    let refused = tokio::time::timeout(Duration::from_millis(500), sink.send(&sized(3, "k3", 40)))
+        .await
+        .expect("send does not wait for room at an endpoint taken for down");
+    let failure = tokio::time::timeout(Duration::from_millis(100), refused)
+        .await
+        .expect("its outcome is decided")
+        .unwrap_err();
+    assert_eq!(failure.kind, FailureKind::Retryable);
+    assert!(
+        failure
+            .error
+            .contains("is taken for down and its queue is full"),
+        "{}",
+        failure.error
+    );
+    assert_eq!(sink.queue_depth(), 1, "only the held request is queued");
+    // It answers again: the held request goes, and there is room again.
+    server.status.store(200, AtomicOrdering::SeqCst);
+    let receipt = tokio::time::timeout(Duration::from_secs(10), held)
+        .await
+        .expect("delivered once the endpoint answers");
+    assert_eq!(receipt.unwrap().partition, 200);
+    let receipt = sink.send(&sized(4, "k3", 40)).await.await.unwrap();
+    assert_eq!(receipt.partition, 200);
+}
+
+/// A send waiting for room while the endpoint is up stops waiting once the endpoint is
+/// taken for down meanwhile: room would come only when it answers again.
+#[tokio::test]
+async fn a_send_waiting_for_room_fails_once_the_endpoint_is_taken_for_down() {
+    let server = Arc::new(Server::default());
+    let url = start(&server).await;
+    server.status.store(503, AtomicOrdering::SeqCst);
+    server.delay_ms.store(300, AtomicOrdering::SeqCst);
+    let sink = sink_to(&url, "payload", |config| {
+        let endpoint = config.endpoints.get_mut("default").unwrap();
+        endpoint.open_after = 1;
+        endpoint.concurrency = 1;
+        endpoint.max_queued_bytes = 64 << 10;
+    });
+    // 10 + 50 KiB of the 64: the first is sent (its 503 in 300 ms takes the endpoint for
+    // down), the second waits for the slot, then for the endpoint, holding its 50 KiB.
+    let first = sink.send(&sized(1, "k1", 10)).await;
+    let _second = sink.send(&sized(2, "k2", 50)).await;
+    // 20 KiB: no room even once the first is answered. Without the breaker's notice it
+    // would wait until the second's probe (1 s later) failed and gave its bytes back.
+    let started = tokio::time::Instant::now();
+    let waiting = tokio::time::timeout(Duration::from_secs(5), sink.send(&sized(3, "k3", 20)))
+        .await
+        .expect("send stops waiting");
+    let failure = tokio::time::timeout(Duration::from_millis(100), waiting)
+        .await
+        .expect("its outcome is decided, not queued")
+        .unwrap_err();
+    assert_eq!(failure.kind, FailureKind::Retryable);
+    assert!(
+        failure
+            .error
+            .contains("is taken for down and its queue is full"),
+        "{}",
+        failure.error
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "it stopped when the endpoint was taken for down: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(first.await.unwrap_err().kind, FailureKind::Retryable);
+}
+
 /// The sink's series as `/metrics` shows them.
 fn scrape(sink: &HttpSink) -> String {
     let mut registry = prometheus_client::registry::Registry::default();
