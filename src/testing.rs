@@ -393,7 +393,7 @@ impl OutboxStore for MemoryStore {
             .collect())
     }
 
-    /// One table (index 0): its INIT rows after `after_id`, in id order.
+    /// A row of the one table, INIT, after the last.
     async fn insert_row(&self, new: &NewOutboxRow) -> Result<(), ConnectorError> {
         let mut state = lock(&self.state);
         let id = state.rows.keys().next_back().map_or(1, |last| last + 1);
@@ -430,6 +430,7 @@ impl OutboxStore for MemoryStore {
         Ok(false)
     }
 
+    /// One table (index 0): its INIT rows after `after_id`, in id order.
     async fn scan_init(
         &self,
         table: u16,

@@ -16,6 +16,15 @@ use common::{free_port, http_get, metric_value, metrics_section};
 /// A canary every 300 ms, `/readyz` failing after 4 of them (1.2 s) without one.
 const CANARY: &str = "\n[canary]\ninterval = \"300ms\"\nunready_after = 4\n";
 
+/// `canary.topic` = the pipeline's topic, so the test reads the canaries where it reads
+/// everything (`[canary]` is the config's last section).
+fn canary_to_the_pipelines_topic<E: Engine>(p: &Pipeline<E>) {
+    let mut config = std::fs::read_to_string(&p.config_path).expect("read config");
+    assert!(config.trim_end().ends_with("unready_after = 4"), "{config}");
+    config.push_str(&format!("topic = \"{}\"\n", p.topic));
+    std::fs::write(&p.config_path, config).expect("write config");
+}
+
 async fn scrape(port: u16) -> String {
     http_get(port, "/metrics")
         .await
@@ -27,6 +36,7 @@ async fn canaries_go_through_the_outbox<E: Engine>(prefix: &str) {
     let port = free_port();
     let extra = format!("{}{CANARY}", metrics_section(port));
     let p = Pipeline::<E>::new(prefix, 1, &extra).await;
+    canary_to_the_pipelines_topic(&p);
     p.init();
     E::grant_canary(&p).await;
     let daemon = p.spawn_run("run.log");
@@ -101,6 +111,7 @@ async fn readyz_fails_while_no_canary_arrives_and_recovers() {
         .replacen(&direct, &format!("bootstrap_servers = \"{listen}\""), 1)
         .replacen("message_timeout = \"10s\"", "message_timeout = \"3s\"", 1);
     std::fs::write(&p.config_path, config).expect("write config");
+    canary_to_the_pipelines_topic(&p);
     p.init();
     PgServices::grant_canary(&p).await;
     let daemon = p.spawn_run("run.log");

@@ -13,8 +13,9 @@ pub struct CanaryConfig {
     pub interval: Duration,
     /// The canary rows' `message_type`.
     pub message_type: String,
-    /// Written into the row's topic column: the Kafka topic, or the HTTP sink's endpoint
-    /// name. Unset, the template decides as for any row.
+    /// Written into the row's topic column: the canary's own Kafka topic, or with the HTTP
+    /// sink the endpoint's name. Required: no consumer should take a canary for a
+    /// business event, so it never goes where the template sends the application's rows.
     pub topic: Option<String>,
     /// `/readyz` fails once no canary has been delivered for this many intervals.
     pub unready_after: u32,

@@ -16,6 +16,7 @@
 
 pub mod config;
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -41,15 +42,18 @@ const MAX_UNDELETED: usize = 64;
 #[derive(Debug)]
 pub struct Canary {
     settings: OnceLock<CanaryConfig>,
-    /// A canary is on its way: the relay's deliveries are compared with it.
+    /// Canaries are on their way: the relay's deliveries are compared with them.
     waiting: AtomicBool,
-    /// Its message id and when it was written.
-    pending: Mutex<Option<(String, Instant)>>,
+    /// The canaries on their way, each with when it was written. One arriving late (after
+    /// later ones were written) still counts; one is given up after `unready_after`
+    /// intervals.
+    outstanding: Mutex<HashMap<String, Instant>>,
+    /// Arrived canaries whose rows are to be deleted (once SUCCESS).
+    arrived_ids: Mutex<Vec<String>>,
     arrived: Notify,
-    /// When the canary started, then when the last canary arrived: what `/readyz` counts
-    /// from.
+    /// What `/readyz` counts from: when the source first streamed, then the last arrival.
     since: Mutex<Option<Instant>>,
-    /// Unix time in milliseconds of the last arrival (0: none yet).
+    /// Unix time in milliseconds of the last arrival; the canary's start before the first.
     last_success_ms: AtomicU64,
     latency: Histogram,
 }
@@ -59,7 +63,8 @@ impl Default for Canary {
         Self {
             settings: OnceLock::new(),
             waiting: AtomicBool::new(false),
-            pending: Mutex::new(None),
+            outstanding: Mutex::new(HashMap::new()),
+            arrived_ids: Mutex::new(Vec::new()),
             arrived: Notify::new(),
             since: Mutex::new(None),
             last_success_ms: AtomicU64::new(0),
@@ -68,10 +73,24 @@ impl Default for Canary {
     }
 }
 
+/// Now as Unix milliseconds.
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 impl Canary {
     /// Turns the canary on with `settings` (once; later calls change nothing).
     pub fn enable(&self, settings: CanaryConfig) {
         let _ = self.settings.set(settings);
+        self.start_grace();
+        self.last_success_ms.store(unix_ms(), Ordering::Relaxed);
+    }
+
+    /// `/readyz` counts `unready_after` from now: the source streams (a relay that is
+    /// still connecting is not ready anyway, and must not be found late for it).
+    fn start_grace(&self) {
         *lock(&self.since) = Some(Instant::now());
     }
 
@@ -80,25 +99,28 @@ impl Canary {
         self.settings.get().is_some()
     }
 
+    /// Whether `message_id` is a canary on its way (exactly-once counts it delivered only
+    /// once its Kafka transaction commits).
+    pub fn expects(&self, message_id: &str) -> bool {
+        self.waiting.load(Ordering::Acquire) && lock(&self.outstanding).contains_key(message_id)
+    }
+
     /// The relay acknowledged the event `message_id`. Cheap unless a canary is on its way.
     pub fn delivered(&self, message_id: &str) {
         if !self.waiting.load(Ordering::Acquire) {
             return;
         }
-        let mut pending = lock(&self.pending);
-        let Some((_, written)) = pending.as_ref().filter(|(id, _)| id == message_id) else {
+        let mut outstanding = lock(&self.outstanding);
+        let Some(written) = outstanding.remove(message_id) else {
             return;
         };
-        let latency = written.elapsed();
-        *pending = None;
-        self.waiting.store(false, Ordering::Release);
-        drop(pending);
-        self.latency.observe(latency.as_secs_f64());
+        self.waiting
+            .store(!outstanding.is_empty(), Ordering::Release);
+        drop(outstanding);
+        self.latency.observe(written.elapsed().as_secs_f64());
         *lock(&self.since) = Some(Instant::now());
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        self.last_success_ms.store(now_ms, Ordering::Relaxed);
+        self.last_success_ms.store(unix_ms(), Ordering::Relaxed);
+        lock(&self.arrived_ids).push(message_id.to_owned());
         self.arrived.notify_waiters();
     }
 
@@ -124,48 +146,80 @@ impl Canary {
         &self.latency
     }
 
-    /// Unix time in seconds of the last arrival; `None` before the first.
-    pub(crate) fn last_success(&self) -> Option<f64> {
-        match self.last_success_ms.load(Ordering::Relaxed) {
-            0 => None,
-            ms => Some(ms as f64 / 1000.0),
-        }
+    /// Unix time in seconds of the last arrival (the canary's start before the first).
+    pub(crate) fn last_success(&self) -> f64 {
+        self.last_success_ms.load(Ordering::Relaxed) as f64 / 1000.0
     }
 
-    /// A canary is written now (one unanswered before it is given up).
+    /// A canary is written now.
     fn expect(&self, message_id: String) {
-        *lock(&self.pending) = Some((message_id, Instant::now()));
+        lock(&self.outstanding).insert(message_id, Instant::now());
         self.waiting.store(true, Ordering::Release);
     }
 
-    /// The expected canary was not written after all: deliveries are not compared.
-    fn forget(&self) {
-        self.waiting.store(false, Ordering::Release);
-        *lock(&self.pending) = None;
+    /// The canary `message_id` was not written after all: not waited for.
+    fn forget(&self, message_id: &str) {
+        let mut outstanding = lock(&self.outstanding);
+        outstanding.remove(message_id);
+        self.waiting
+            .store(!outstanding.is_empty(), Ordering::Release);
     }
 
-    /// Waits until the expected canary arrives, or `deadline`. Whether it arrived.
-    async fn arrival(&self, deadline: Instant) -> bool {
+    /// Gives up the canaries written longer than `age` ago; their ids.
+    fn give_up_older_than(&self, age: Duration) -> Vec<String> {
+        let mut outstanding = lock(&self.outstanding);
+        let late: Vec<String> = (outstanding.iter())
+            .filter(|(_, written)| written.elapsed() > age)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &late {
+            outstanding.remove(id);
+        }
+        self.waiting
+            .store(!outstanding.is_empty(), Ordering::Release);
+        late
+    }
+
+    /// The arrived canaries whose rows are still to be deleted.
+    fn take_arrived(&self) -> Vec<String> {
+        std::mem::take(&mut *lock(&self.arrived_ids))
+    }
+
+    /// Waits until the canary `message_id` arrives, or `deadline`. Whether it arrived.
+    async fn arrival(&self, message_id: &str, deadline: Instant) -> bool {
         loop {
             let arrived = self.arrived.notified();
-            if !self.waiting.load(Ordering::Acquire) {
+            if !lock(&self.outstanding).contains_key(message_id) {
                 return true;
             }
             tokio::select! {
                 () = arrived => {}
                 () = tokio::time::sleep_until(deadline) => {
-                    return !self.waiting.load(Ordering::Acquire);
+                    return !lock(&self.outstanding).contains_key(message_id);
                 }
             }
         }
     }
 }
 
+/// `future`, unless `shutdown` comes first (`None`).
+async fn or_stop<T>(
+    shutdown: &mut watch::Receiver<bool>,
+    future: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    tokio::select! {
+        value = future => Some(value),
+        _ = shutdown.wait_for(|stop| *stop) => None,
+    }
+}
+
 /// Writes one canary every interval until `shutdown`, on a connection of its own (opened
-/// again after an error); `store_timeout` bounds each database call.
+/// again after an error), from when the source first streams (`streaming`);
+/// `store_timeout` bounds each database call.
 pub async fn run<C: Connector>(
     connector: &C,
     canary: &Canary,
+    streaming: &AtomicBool,
     pipeline: &str,
     store_timeout: Duration,
     mut shutdown: watch::Receiver<bool>,
@@ -173,6 +227,15 @@ pub async fn run<C: Connector>(
     let Some(settings) = canary.settings.get() else {
         return;
     };
+    let until_streaming = async {
+        while !streaming.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    if or_stop(&mut shutdown, until_streaming).await.is_none() {
+        return;
+    }
+    canary.start_grace();
     tracing::info!(
         interval = ?settings.interval,
         unready_after = ?settings.unready_after(),
@@ -184,69 +247,78 @@ pub async fn run<C: Connector>(
     let mut ticks = tokio::time::interval(settings.interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::select! {
-            _ = ticks.tick() => {}
-            _ = shutdown.wait_for(|stop| *stop) => return,
+        if or_stop(&mut shutdown, ticks.tick()).await.is_none() {
+            return;
+        }
+        for late in canary.give_up_older_than(settings.unready_after()) {
+            tracing::warn!(message_id = %late, "canary: given up, not delivered in canary.unready_after intervals");
         }
         if store.is_none() {
-            match crate::reconnect::answered(store_timeout, "opening", connector.open_store()).await
-            {
-                Ok(opened) => store = Some(opened),
-                Err(e) => {
+            let opened =
+                crate::reconnect::answered(store_timeout, "opening", connector.open_store());
+            match or_stop(&mut shutdown, opened).await {
+                None => return,
+                Some(Ok(opened)) => store = Some(opened),
+                Some(Err(e)) => {
                     tracing::warn!(error = %e, "canary: cannot open a database connection");
                     continue;
                 }
             }
         }
         let Some(open) = store.as_ref() else { continue };
-        // Rows of earlier canaries, SUCCESS by now: deleted, so the outbox keeps none.
+        // Rows of arrived canaries, SUCCESS by now (or at a later round): deleted, so the
+        // outbox keeps none.
+        undeleted.extend(canary.take_arrived());
         let mut kept = Vec::new();
-        for message_id in undeleted.drain(..) {
-            let deleted = crate::reconnect::answered(
+        for message_id in std::mem::take(&mut undeleted) {
+            let deleting = crate::reconnect::answered(
                 store_timeout,
                 "deleting a canary row",
                 open.delete_delivered_row(&message_id),
-            )
-            .await;
-            match deleted {
-                Ok(true) => {}
-                Ok(false) => kept.push(message_id),
-                Err(e) => {
+            );
+            match or_stop(&mut shutdown, deleting).await {
+                None => return,
+                Some(Ok(true)) => {}
+                Some(Ok(false)) => kept.push(message_id),
+                Some(Err(e)) => {
                     tracing::debug!(error = %e, "canary: cannot delete a delivered canary row");
                     kept.push(message_id);
                 }
             }
         }
-        undeleted = kept;
+        // A row that never shows SUCCESS (an operator changed it) is left to the janitor.
+        let excess = kept.len().saturating_sub(MAX_UNDELETED);
+        undeleted = kept.split_off(excess);
 
         sequence += 1;
         let row = canary_row(settings, pipeline, sequence);
         let message_id = row.message_id.clone();
         canary.expect(message_id.clone());
-        let written = crate::reconnect::answered(
+        let writing = crate::reconnect::answered(
             store_timeout,
             "writing a canary row",
             open.insert_row(&row),
-        )
-        .await;
-        if let Err(e) = written {
-            tracing::warn!(error = %e, "canary: cannot write the canary row");
-            canary.forget();
-            store = None;
-            continue;
-        }
-        // Wait for it until the next canary is due.
-        if canary.arrival(Instant::now() + settings.interval).await {
-            undeleted.push(message_id);
-            if undeleted.len() > MAX_UNDELETED {
-                undeleted.remove(0);
+        );
+        match or_stop(&mut shutdown, writing).await {
+            None => return,
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "canary: cannot write the canary row");
+                canary.forget(&message_id);
+                store = None;
+                continue;
             }
-        } else {
-            tracing::warn!(
+        }
+        // Wait for it until the next canary is due; a late one still counts when it comes.
+        let waited = canary.arrival(&message_id, Instant::now() + settings.interval);
+        match or_stop(&mut shutdown, waited).await {
+            None => return,
+            Some(true) => {}
+            Some(false) => tracing::warn!(
                 message_id = %message_id,
                 interval = ?settings.interval,
                 "canary: the canary row is not delivered within the interval"
-            );
+            ),
         }
     }
 }
@@ -306,7 +378,9 @@ mod tests {
         let late = canary.overdue().expect("4 intervals without a canary");
         assert!(late.contains("no canary delivered for 4s"), "{late}");
 
+        let started = canary.last_success();
         canary.expect("m-1".into());
+        canary.expect("m-2".into());
         canary.delivered("m-0");
         assert!(
             canary.overdue().is_some(),
@@ -314,8 +388,17 @@ mod tests {
         );
         tokio::time::advance(Duration::from_millis(30)).await;
         canary.delivered("m-1");
-        assert_eq!(canary.overdue(), None);
-        assert!(canary.last_success().is_some());
+        assert_eq!(
+            canary.overdue(),
+            None,
+            "a canary written before the last counts"
+        );
+        assert!(canary.last_success() >= started);
+        assert!(canary.expects("m-2") && !canary.expects("m-1"));
+        assert_eq!(canary.take_arrived(), ["m-1"]);
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(canary.give_up_older_than(Duration::from_secs(4)), ["m-2"]);
+        assert!(!canary.expects("m-2"));
         let mut text = String::new();
         let mut registry = prometheus_client::registry::Registry::default();
         registry.register("c", "c", canary.latency().clone());
@@ -330,9 +413,9 @@ mod tests {
         let canary = enabled(1000);
         canary.expect("m-1".into());
         let deadline = Instant::now() + Duration::from_secs(1);
-        assert!(!canary.arrival(deadline).await, "nothing arrived");
+        assert!(!canary.arrival("m-1", deadline).await, "nothing arrived");
         canary.expect("m-2".into());
-        let waiting = canary.arrival(Instant::now() + Duration::from_secs(1));
+        let waiting = canary.arrival("m-2", Instant::now() + Duration::from_secs(1));
         let arriving = async {
             tokio::time::sleep(Duration::from_millis(10)).await;
             canary.delivered("m-2");

@@ -507,6 +507,7 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
     let canary = crate::canary::run(
         connector,
         &stats.canary,
+        &stats.streaming,
         &config.pipeline.name,
         config.delivery.store_timeout,
         canary_shutdown,

@@ -164,8 +164,9 @@ fn files_that_run_nothing_or_half_a_relay_are_refused() {
     }
 }
 
-/// `[canary]` rides on the relay: refused without it, with rows deleted, or with a topic
-/// the table has no column for; its own values are checked too.
+/// `[canary]` rides on the relay: refused without it, with rows deleted, without its own
+/// topic (with `[http]`: an endpoint), or on a table not outboxd's own; its own values are
+/// checked too.
 #[test]
 fn the_canary_needs_the_relay_with_kept_rows() {
     let source = format!("{SOURCE}    server_id = 7\n");
@@ -194,6 +195,24 @@ fn the_canary_needs_the_relay_with_kept_rows() {
         ),
         "outbox.rows = \"kept\"",
     );
+    refused(
+        &format!("{source}{relay}[canary]\n"),
+        "canary.topic is missing",
+    );
+    refused(
+        &format!("{source}{relay}[canary]\ntopic = \"c\"\n").replace(
+            "table = \"outbox\"\n",
+            "table = \"outbox\"\nlayout = \"debezium\"\nrows = \"kept\"\n",
+        ),
+        "outboxd's own outbox table",
+    );
+    let http = "[pipeline]\nname = \"orders\"\n[outbox]\ntable = \"outbox\"\n\
+                [http.endpoints.partner]\nurl = \"https://partner.example/hooks\"\n";
+    refused(
+        &format!("{source}{http}[canary]\ntopic = \"outboxd.canary\"\n"),
+        "is not an endpoint of [http.endpoints]",
+    );
+    load(&format!("{source}{http}[canary]\ntopic = \"partner\"\n")).expect("an endpoint");
     refused(
         &format!("{source}{relay}[canary]\nunready_after = 1\n"),
         "canary.unready_after must be at least 2",

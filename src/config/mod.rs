@@ -351,12 +351,26 @@ impl Config {
                 "[canary] needs outbox.rows = \"kept\": it finds its row by its status".into(),
             );
         }
-        if canary.topic.is_some() && self.outbox.layout().columns.topic.is_none() {
+        if self.outbox.layout().columns != outboxd_connector::ColumnNames::default() {
+            return Err("[canary] writes the columns of outboxd's own outbox table \
+                        (schemas/*/outbox.sql); with outbox.columns or the Debezium layout, \
+                        leave [canary] out"
+                .into());
+        }
+        let Some(topic) = &canary.topic else {
             return Err(
-                "canary.topic needs a topic column (outbox.columns.topic); without one, \
-                        remove canary.topic and let the template route canary.message_type"
+                "canary.topic is missing: name the canary's own Kafka topic (with \
+                        [http], the endpoint) that no consumer reads as business events"
                     .into(),
             );
+        };
+        if let Some(http) = &self.http {
+            if !http.endpoints.contains_key(topic) {
+                return Err(format!(
+                    "canary.topic `{topic}` is not an endpoint of [http.endpoints]: with the \
+                     HTTP sink it names the endpoint the canary is sent to"
+                ));
+            }
         }
         Ok(())
     }

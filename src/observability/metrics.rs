@@ -48,6 +48,8 @@ const REPORTED_STATUSES: [&str; 4] = ["INIT", "PROCESSING", "FAILED", "MANUAL_RE
 pub struct UncommittedRecords {
     by_topic: HashMap<String, u64>,
     commit_times: Vec<SystemTime>,
+    /// Canary rows among them ([`crate::canary`]): delivered once the transaction commits.
+    canaries: Vec<String>,
 }
 
 impl UncommittedRecords {
@@ -55,6 +57,16 @@ impl UncommittedRecords {
     pub fn add(&mut self, topic: String, commit_time: Option<SystemTime>) {
         *self.by_topic.entry(topic).or_default() += 1;
         self.commit_times.extend(commit_time);
+    }
+
+    /// The canary row `message_id` is among them.
+    pub fn add_canary(&mut self, message_id: String) {
+        self.canaries.push(message_id);
+    }
+
+    /// The canary rows among them.
+    pub fn canaries(&self) -> &[String] {
+        &self.canaries
     }
 }
 
@@ -360,13 +372,12 @@ fn registry(stats: &PipelineStats, inputs: &ScrapeInputs<'_>) -> Registry {
             "Canary rows ([canary]): from writing the row to the sink's acknowledgement",
             stats.canary.latency().clone(),
         );
-        if let Some(at) = stats.canary.last_success() {
-            r.register(
-                "outboxd_canary_last_success_timestamp_seconds",
-                "Unix time when the last canary row was acknowledged by the sink",
-                ConstGauge::new(at),
-            );
-        }
+        r.register(
+            "outboxd_canary_last_success_timestamp_seconds",
+            "Unix time when the last canary row was acknowledged by the sink (when the \
+             canary started, before the first)",
+            ConstGauge::new(stats.canary.last_success()),
+        );
     }
 
     let confirmed = stats.confirmed.lock().ok().and_then(|c| c.clone());

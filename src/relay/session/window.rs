@@ -238,10 +238,14 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
         );
         match outcome {
             Outcome::Delivered(delivered) => {
-                self.stats.canary.delivered(&done.message_id);
                 if self.exactly_once {
+                    // A canary arrives once the transaction holding it commits.
+                    if self.stats.canary.expects(&done.message_id) {
+                        self.uncommitted.add_canary(done.message_id.clone());
+                    }
                     self.uncommitted.add(done.topic, done.commit_time);
                 } else {
+                    self.stats.canary.delivered(&done.message_id);
                     self.stats.metrics.acked(&done.topic, done.commit_time);
                 }
                 self.delivered.push(delivered);

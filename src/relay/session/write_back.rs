@@ -508,6 +508,9 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                     .published
                     .fetch_add(delivered_in_window as u64, Ordering::Relaxed);
                 self.stats.metrics.committed(&window);
+                for canary in window.canaries() {
+                    self.stats.canary.delivered(canary);
+                }
             }
             self.window_opened = None;
         }
