@@ -252,6 +252,8 @@ pub async fn run<C: Connector>(
         }
         for late in canary.give_up_older_than(settings.unready_after()) {
             tracing::warn!(message_id = %late, "canary: given up, not delivered in canary.unready_after intervals");
+            // Its row goes too, once (if ever) it shows SUCCESS.
+            undeleted.push(late);
         }
         if store.is_none() {
             let opened =
@@ -304,7 +306,11 @@ pub async fn run<C: Connector>(
             Some(Ok(())) => {}
             Some(Err(e)) => {
                 tracing::warn!(error = %e, "canary: cannot write the canary row");
-                canary.forget(&message_id);
+                // A call left unanswered may have committed: it is still waited for (and
+                // given up in time); a refusal did not.
+                if !e.is_transient() {
+                    canary.forget(&message_id);
+                }
                 store = None;
                 continue;
             }

@@ -335,8 +335,9 @@ impl Config {
     }
 
     /// `[canary]` with the rest of the file: it needs the relay (it writes an outbox row
-    /// and waits for the sink), rows kept (it deletes its row once SUCCESS), and for a
-    /// `topic` a topic column to write it into.
+    /// and waits for the sink), rows kept (it deletes its row once SUCCESS), outboxd's own
+    /// table (whose columns it writes, the topic column among them), and its own topic
+    /// (with `[http]`, an endpoint).
     fn validate_canary(&self, canary: &crate::canary::CanaryConfig) -> Result<(), String> {
         canary.validate()?;
         if !self.relays_outbox() {

@@ -204,6 +204,29 @@ impl Endpoint {
         }
     }
 
+    /// A request that failed before it was queued (no room at an endpoint taken for
+    /// down): it still takes its place as the last request of its key, not delivered, so
+    /// that under strict ordering the key's later requests are not sent before its retry
+    /// (a smaller one may find room where it did not).
+    pub(super) fn failed_before_queued(
+        self: &Arc<Self>,
+        key: Bytes,
+        failure: SinkFailure,
+    ) -> Queued {
+        let (outcome_tx, outcome_rx) = oneshot::channel();
+        let (_done_tx, done_rx) = watch::channel(Some(false));
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        lock(&self.keys).insert(key.clone(), (seq, done_rx));
+        // The receiver is right here: the send cannot fail.
+        let _ = outcome_tx.send(Err(failure));
+        Queued {
+            outcome: outcome_rx,
+            endpoint: Arc::clone(self),
+            key,
+            seq,
+        }
+    }
+
     /// The client (for `check`).
     pub(super) fn poster(&self) -> &Poster {
         &self.poster

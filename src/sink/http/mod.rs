@@ -259,7 +259,11 @@ impl Sink for HttpSink {
                 .sum::<usize>();
         let bytes = match endpoint.reserve(size).await {
             Ok(bytes) => bytes,
-            Err(failure) => return HttpDelivery(Delivery::Decided(Some(Err(failure)))),
+            Err(failure) => {
+                return HttpDelivery(Delivery::Queued(
+                    endpoint.failed_before_queued(request.key, failure),
+                ))
+            }
         };
         HttpDelivery(Delivery::Queued(endpoint.enqueue(
             request,

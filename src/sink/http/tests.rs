@@ -319,6 +319,9 @@ async fn a_down_endpoint_with_a_full_queue_fails_sends_at_once() {
     let refused = tokio::time::timeout(Duration::from_millis(500), sink.send(&sized(3, "k3", 40)))
         .await
         .expect("send does not wait for room at an endpoint taken for down");
+    // A smaller event of its key, sent before the relay has seen that failure, finds room
+    // but must not go before the refused one's retry (strict ordering).
+    let later = sink.send(&sized(5, "k3", 1)).await;
     let failure = tokio::time::timeout(Duration::from_millis(100), refused)
         .await
         .expect("its outcome is decided")
@@ -330,6 +333,15 @@ async fn a_down_endpoint_with_a_full_queue_fails_sends_at_once() {
             .contains("is taken for down and its queue is full"),
         "{}",
         failure.error
+    );
+    let later = tokio::time::timeout(Duration::from_secs(2), later)
+        .await
+        .expect("decided without the endpoint")
+        .unwrap_err();
+    assert!(
+        later.error.contains("earlier event of its key"),
+        "{}",
+        later.error
     );
     assert_eq!(sink.queue_depth(), 1, "only the held request is queued");
     // It answers again: the held request goes, and there is room again.
