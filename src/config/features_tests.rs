@@ -214,6 +214,10 @@ fn the_canary_needs_the_relay_with_kept_rows() {
     );
     load(&format!("{source}{http}[canary]\ntopic = \"partner\"\n")).expect("an endpoint");
     refused(
+        &format!("{source}{relay}allowed_topics = [\"orders.*\"]\n[canary]\ntopic = \"c\"\n"),
+        "canary.topic `c`",
+    );
+    refused(
         &format!("{source}{relay}[canary]\nunready_after = 1\n"),
         "canary.unready_after must be at least 2",
     );

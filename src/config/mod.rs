@@ -372,6 +372,15 @@ impl Config {
                      HTTP sink it names the endpoint the canary is sent to"
                 ));
             }
+        } else {
+            // Kafka would refuse every canary row (MANUAL_REQUIRED each interval).
+            let allowed = crate::sink::kafka::AllowedTopics::parse(&self.kafka.allowed_topics)?;
+            let reserved = crate::sink::kafka::ReservedTopics::new(
+                self.kafka.positions_topic(&self.pipeline.name),
+            );
+            if let Some(why) = allowed.refusal(topic).or_else(|| reserved.refusal(topic)) {
+                return Err(format!("canary.topic `{topic}`: {why}"));
+            }
         }
         Ok(())
     }
