@@ -300,6 +300,7 @@ fn keys_outboxd_accepts() -> BTreeSet<String> {
         (vec!["poll"], vec![]),
         (vec!["metrics"], vec![]),
         (vec!["otlp"], vec![]),
+        (vec!["canary"], vec![]),
         (vec!["inbox"], vec![]),
         (
             vec!["inbox", "kafka"],
