@@ -226,6 +226,25 @@ async fn check_probes_dns_connection_and_tls_without_sending_anything() {
         .await;
     assert_eq!(unknown.status, CheckStatus::Fail, "{unknown}");
     assert!(unknown.detail.contains("DNS"), "{unknown}");
+    // Every endpoint is probed: one failing does not hide the others.
+    let text = format!(
+        "[endpoints.a]\nurl = \"https://no-such-host.invalid/a\"\n\
+         [endpoints.b]\nurl = \"https://127.0.0.1:{port}/b\"\nca_file = \"{}\"\n\
+         [endpoints.c]\nurl = \"https://also-no-such-host.invalid/c\"\n",
+        ca.display()
+    );
+    let config: HttpSinkConfig = toml::from_str(&text).expect("[http]");
+    let several = HttpSink::new(&config, "check", true, &["outbox".into()]).expect("sink");
+    let line = several.check(timeout).await;
+    assert_eq!(line.status, CheckStatus::Fail, "{line}");
+    for named in [
+        "endpoint `a`",
+        "endpoint `c`",
+        "reachable: b (",
+        "TLS verified",
+    ] {
+        assert!(line.detail.contains(named), "`{named}` in {line}");
+    }
 
     let untrusted = sink(&url, "").check(timeout).await;
     assert_eq!(untrusted.status, CheckStatus::Fail, "{untrusted}");

@@ -42,6 +42,10 @@ impl Sink for AnySink {
         }
     }
 
+    fn waits_for(&self) -> &'static str {
+        each!(self, sink => sink.waits_for())
+    }
+
     fn destination(&self, event: &OutboxEvent) -> String {
         each!(self, sink => sink.destination(event))
     }

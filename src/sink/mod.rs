@@ -141,6 +141,12 @@ pub trait Sink: Send + Sync {
     /// through the returned delivery, immediately.
     fn send(&self, event: &OutboxEvent) -> impl Future<Output = Self::Delivery> + Send;
 
+    /// What the log says records wait for when they get no outcome (`Kafka`, `the HTTP
+    /// endpoints`).
+    fn waits_for(&self) -> &'static str {
+        "Kafka"
+    }
+
     /// The destination of an event (the Kafka topic), used as the `topic` label of the
     /// outcome metrics.
     fn destination(&self, event: &OutboxEvent) -> String;

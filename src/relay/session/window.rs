@@ -471,9 +471,10 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                 waiting = state.deliveries.len(),
                 for_at_least = ?self.settings.stall_warning,
                 strict_order = self.strict(),
-                "records wait for Kafka with no acknowledgement; under strict \
-                 ordering they are kept and sent in order once the brokers answer \
-                 (their rows stay INIT and the log position is held)"
+                "records wait for {} with no acknowledgement; under strict \
+                 ordering they are kept and sent in order once it answers \
+                 (their rows stay INIT and the log position is held)",
+                self.sink.waits_for()
             );
             state.last_progress = tokio::time::Instant::now();
         }

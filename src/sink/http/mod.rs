@@ -272,6 +272,10 @@ impl Sink for HttpSink {
         )))
     }
 
+    fn waits_for(&self) -> &'static str {
+        "the HTTP endpoints"
+    }
+
     fn destination(&self, event: &OutboxEvent) -> String {
         self.endpoint_name(event)
     }
@@ -301,24 +305,31 @@ impl Sink for HttpSink {
     }
 
     async fn check(&self, timeout: Duration) -> CheckLine {
+        // Every endpoint is probed, so one run names every one that fails.
         let mut reached = Vec::new();
+        let mut failed = Vec::new();
         for (name, endpoint) in &self.endpoints {
             match endpoint.poster().probe(timeout).await {
                 Ok(found) => reached.push(format!("{name} ({found})")),
-                Err(e) => {
-                    return CheckLine::fail(
-                        "http",
-                        format!("endpoint `{name}` ({}): {e}", endpoint.shown()),
-                        "check http.endpoints.<name>.url, that the service is up and \
-                         reachable from this host, and for https:// that its certificate \
-                         chains to a trusted root (or ca_file) and names its host",
-                    )
-                }
+                Err(e) => failed.push(format!("endpoint `{name}` ({}): {e}", endpoint.shown())),
             }
         }
-        CheckLine::ok(
+        if failed.is_empty() {
+            return CheckLine::ok(
+                "http",
+                format!("endpoints reachable: {}", reached.join(", ")),
+            );
+        }
+        let reachable = match reached.is_empty() {
+            true => String::new(),
+            false => format!("; reachable: {}", reached.join(", ")),
+        };
+        CheckLine::fail(
             "http",
-            format!("endpoints reachable: {}", reached.join(", ")),
+            format!("{}{reachable}", failed.join("; ")),
+            "check http.endpoints.<name>.url, that the service is up and reachable from this \
+             host, and for https:// that its certificate chains to a trusted root (or ca_file) \
+             and names its host",
         )
     }
 
