@@ -144,7 +144,33 @@ async fn an_at_least_once_relay_streams_on_across_fast_restarts() {
         if round == RESTARTS {
             break;
         }
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        // Idle: the slot confirmed past everything written so far (what the walsender
+        // waits for before it ends the stream at a shutdown).
+        let sql = p.sql().await;
+        let written_lsn: String = sql
+            .query_one("SELECT pg_current_wal_lsn()::text", &[])
+            .await
+            .expect("the WAL position")
+            .get(0);
+        let slot = format!("outboxd_{}", p.name);
+        running_until(
+            &mut daemon,
+            "the slot confirmed past the rows",
+            Duration::from_secs(60),
+            || async {
+                let row = sql
+                    .query_one(
+                        "SELECT coalesce(confirmed_flush_lsn >= $1::text::pg_lsn, false) \
+                     FROM pg_replication_slots WHERE slot_name = $2",
+                        &[&written_lsn, &slot],
+                    )
+                    .await
+                    .ok()?;
+                row.get::<_, bool>(0).then_some(())
+            },
+        )
+        .await;
+        drop(sql);
         let started = std::time::Instant::now();
         restart_postgres();
         println!("restart {}: pg_ctl took {:?}", round + 1, started.elapsed());

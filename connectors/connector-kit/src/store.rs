@@ -2,7 +2,7 @@
 
 use std::time::SystemTime;
 
-use outboxd_connector::{OutboxLayout, StatusCount, StatusSummary, WriteBack};
+use outboxd_connector::{NewOutboxRow, OutboxLayout, StatusCount, StatusSummary, WriteBack};
 
 use crate::status;
 
@@ -61,6 +61,58 @@ pub fn rows_carry_no_status() -> outboxd_connector::ConnectorError {
     )
 }
 
+/// The `INSERT` of a row outboxd writes into the outbox itself ([`NewOutboxRow`], the
+/// canary's) into `table` (quoted), with the engine's identifier quoting and string
+/// literal: message id, type, key and payload, and the topic where the table has a topic
+/// column. Literals rather than parameters: a literal takes the column's type (text,
+/// uuid, JSON or binary), which a text parameter would not.
+pub fn own_row_insert(
+    table: &str,
+    layout: &OutboxLayout,
+    row: &NewOutboxRow,
+    quote: impl Fn(&str) -> String,
+    literal: impl Fn(&str) -> String,
+) -> String {
+    let names = &layout.columns;
+    let mut columns = vec![
+        quote(&names.message_id),
+        quote(&names.message_type),
+        quote(&names.biz_key),
+        quote(&names.payload),
+    ];
+    let mut values = vec![
+        literal(&row.message_id),
+        literal(&row.message_type),
+        literal(&row.biz_key),
+        literal(&row.payload),
+    ];
+    if let (Some(column), Some(topic)) = (&names.topic, &row.topic) {
+        columns.push(quote(column));
+        values.push(literal(topic));
+    }
+    format!(
+        "INSERT INTO {table} ({}) VALUES ({})",
+        columns.join(", "),
+        values.join(", ")
+    )
+}
+
+/// The `DELETE` of the row of `table` whose message id is `message_id`, only once SUCCESS
+/// (see [`own_row_insert`]).
+pub fn own_row_delete(
+    table: &str,
+    layout: &OutboxLayout,
+    message_id: &str,
+    quote: impl Fn(&str) -> String,
+    literal: impl Fn(&str) -> String,
+) -> String {
+    format!(
+        "DELETE FROM {table} WHERE {} = {} AND status = 'SUCCESS'",
+        quote(&layout.columns.message_id),
+        literal(message_id)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,5 +157,30 @@ mod tests {
         let layout = OutboxLayout::with_tables("app.outbox", "app.inbox", "ops.ckpt");
         let split = |t: &str| t.split_once('.').map(|(q, _)| q.to_owned());
         assert_eq!(table_qualifiers(&layout, split), ["app", "ops"]);
+    }
+
+    #[test]
+    fn own_rows_name_the_layouts_columns_and_the_topic_only_where_there_is_one() {
+        let row = NewOutboxRow {
+            message_id: "c-1".into(),
+            message_type: "outboxd.canary".into(),
+            biz_key: "c-1".into(),
+            topic: Some("canary".into()),
+            payload: "{}".into(),
+        };
+        let quote = |n: &str| format!("\"{n}\"");
+        let literal = |v: &str| format!("'{v}'");
+        let mut layout = OutboxLayout::default();
+        assert_eq!(
+            own_row_insert("o", &layout, &row, quote, literal),
+            "INSERT INTO o (\"message_id\", \"message_type\", \"biz_key\", \"payload\", \"topic\") \
+             VALUES ('c-1', 'outboxd.canary', 'c-1', '{}', 'canary')"
+        );
+        layout.columns.topic = None;
+        assert!(!own_row_insert("o", &layout, &row, quote, literal).contains("topic"));
+        assert_eq!(
+            own_row_delete("o", &layout, "c-1", quote, literal),
+            "DELETE FROM o WHERE \"message_id\" = 'c-1' AND status = 'SUCCESS'"
+        );
     }
 }

@@ -1,9 +1,11 @@
 //! Rows outboxd writes into the outbox itself, as an application would: the canary's
-//! (`[canary]`), and its deletion once delivered. Plain statements with literals, not
-//! prepared ones: a literal takes the column's type (text, uuid, jsonb or bytea), which a
-//! text parameter would not, and a canary runs once an interval, not per event.
+//! (`[canary]`), and its deletion once delivered: the statements of
+//! `outboxd_connector_kit::store::own_row_insert`, with PostgreSQL's literals; plain, not
+//! prepared (a canary runs once an interval, not per event).
 
 use outboxd_connector::{ConnectorError, NewOutboxRow};
+
+use outboxd_connector_kit::store::{own_row_delete, own_row_insert};
 
 use crate::schema::{qualified, quote_ident};
 use crate::store::PgOutboxStore;
@@ -21,29 +23,8 @@ fn literal(value: &str) -> String {
 
 impl PgOutboxStore {
     pub(crate) async fn insert_own_row(&self, row: &NewOutboxRow) -> Result<(), ConnectorError> {
-        let names = &self.connector.layout.columns;
-        let mut columns = vec![
-            quote_ident(&names.message_id),
-            quote_ident(&names.message_type),
-            quote_ident(&names.biz_key),
-            quote_ident(&names.payload),
-        ];
-        let mut values = vec![
-            literal(&row.message_id),
-            literal(&row.message_type),
-            literal(&row.biz_key),
-            literal(&row.payload),
-        ];
-        if let (Some(column), Some(topic)) = (&names.topic, &row.topic) {
-            columns.push(quote_ident(column));
-            values.push(literal(topic));
-        }
-        let sql = format!(
-            "INSERT INTO {} ({}) VALUES ({})",
-            qualified(self.table()),
-            columns.join(", "),
-            values.join(", ")
-        );
+        let table = qualified(self.table());
+        let sql = own_row_insert(&table, &self.connector.layout, row, quote_ident, literal);
         let mut locked = self.lock().await?;
         let conn = locked.conn()?;
         conn.client
@@ -54,11 +35,13 @@ impl PgOutboxStore {
     }
 
     pub(crate) async fn delete_own_row(&self, message_id: &str) -> Result<bool, ConnectorError> {
-        let sql = format!(
-            "DELETE FROM {} WHERE {} = {} AND status = 'SUCCESS'",
-            qualified(self.table()),
-            quote_ident(&self.connector.layout.columns.message_id),
-            literal(message_id)
+        let table = qualified(self.table());
+        let sql = own_row_delete(
+            &table,
+            &self.connector.layout,
+            message_id,
+            quote_ident,
+            literal,
         );
         let mut locked = self.lock().await?;
         let conn = locked.conn()?;
