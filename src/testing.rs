@@ -10,8 +10,9 @@ use std::time::Instant;
 use bytes::Bytes;
 use outboxd_connector::{
     ChangeItem, ChangeStream, ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack,
-    CommittedTransaction, ConnectorError, NewOutboxRow, OutboxEvent, OutboxStore, Position,
-    ReapPolicy, ReapReport, RetrySchedule, RowId, TransactionPart, WriteBack,
+    CommittedTransaction, ConnectorError, NewOutboxRow, OutboxEvent, OutboxStore, OwnRowState,
+    OwnRowsToDelete, Position, ReapPolicy, ReapReport, RetrySchedule, RowId, TransactionEnd,
+    TransactionPart, WriteBack,
 };
 use tokio::sync::mpsc;
 
@@ -100,7 +101,7 @@ struct StoreState {
     unavailable: bool,
     /// Write-backs refused while unavailable.
     refused: usize,
-    /// The ids of the rows `insert_row` wrote, by message id.
+    /// The ids of the rows `insert_rows` wrote, by message id.
     own_rows: HashMap<String, i64>,
 }
 
@@ -393,41 +394,69 @@ impl OutboxStore for MemoryStore {
             .collect())
     }
 
-    /// A row of the one table, INIT, after the last.
-    async fn insert_row(&self, new: &NewOutboxRow) -> Result<(), ConnectorError> {
+    /// Rows of the one table, INIT, after the last (none when rolled back).
+    async fn insert_rows(
+        &self,
+        rows: &[NewOutboxRow],
+        end: TransactionEnd,
+    ) -> Result<(), ConnectorError> {
+        if end == TransactionEnd::Rollback {
+            return Ok(());
+        }
         let mut state = lock(&self.state);
-        let id = state.rows.keys().next_back().map_or(1, |last| last + 1);
-        state.rows.insert(
-            id,
-            Row {
-                status: "INIT",
-                biz_key: new.biz_key.clone(),
-                last_error: None,
-                retry_count: 0,
-                claim_token: None,
-                due_at: None,
-                offset: None,
-            },
-        );
-        state.own_rows.insert(new.message_id.clone(), id);
+        for new in rows {
+            let id = state.rows.keys().next_back().map_or(1, |last| last + 1);
+            state.rows.insert(
+                id,
+                Row {
+                    status: "INIT",
+                    biz_key: new.biz_key.clone(),
+                    last_error: None,
+                    retry_count: 0,
+                    claim_token: None,
+                    due_at: None,
+                    offset: None,
+                },
+            );
+            state.own_rows.insert(new.message_id.clone(), id);
+        }
         Ok(())
     }
 
-    async fn delete_delivered_row(&self, message_id: &str) -> Result<bool, ConnectorError> {
+    async fn own_rows(&self, message_ids: &[String]) -> Result<Vec<OwnRowState>, ConnectorError> {
+        let state = lock(&self.state);
+        let found = message_ids.iter().filter_map(|message_id| {
+            let row = state.rows.get(state.own_rows.get(message_id)?)?;
+            Some(OwnRowState {
+                message_id: message_id.clone(),
+                status: row.status.to_owned(),
+                retry_count: row.retry_count,
+                position: row.offset.map(|offset| (0, offset)),
+                last_error: row.last_error.clone(),
+            })
+        });
+        Ok(found.collect())
+    }
+
+    async fn delete_own_rows(
+        &self,
+        message_ids: &[String],
+        which: OwnRowsToDelete,
+    ) -> Result<u64, ConnectorError> {
         let mut state = lock(&self.state);
-        let Some(&id) = state.own_rows.get(message_id) else {
-            return Ok(false);
-        };
-        if state
-            .rows
-            .get(&id)
-            .is_some_and(|row| row.status == "SUCCESS")
-        {
-            state.rows.remove(&id);
-            state.own_rows.remove(message_id);
-            return Ok(true);
+        let mut deleted = 0;
+        for message_id in message_ids {
+            let Some(&id) = state.own_rows.get(message_id) else {
+                continue;
+            };
+            let delivered = state.rows.get(&id).is_some_and(|r| r.status == "SUCCESS");
+            if which == OwnRowsToDelete::All || delivered {
+                state.rows.remove(&id);
+                state.own_rows.remove(message_id);
+                deleted += 1;
+            }
         }
-        Ok(false)
+        Ok(deleted)
     }
 
     /// One table (index 0): its INIT rows after `after_id`, in id order.

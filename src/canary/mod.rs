@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use outboxd_connector::{Connector, NewOutboxRow, OutboxStore};
+use outboxd_connector::{Connector, NewOutboxRow, OutboxStore, OwnRowsToDelete, TransactionEnd};
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
@@ -276,12 +276,15 @@ pub async fn run<C: Connector>(
             let deleting = crate::reconnect::answered(
                 store_timeout,
                 "deleting a canary row",
-                open.delete_delivered_row(&message_id),
+                open.delete_own_rows(
+                    std::slice::from_ref(&message_id),
+                    OwnRowsToDelete::Delivered,
+                ),
             );
             match or_stop(&mut shutdown, deleting).await {
                 None => return,
-                Some(Ok(true)) => {}
-                Some(Ok(false)) => kept.push(message_id),
+                Some(Ok(deleted)) if deleted > 0 => {}
+                Some(Ok(_)) => kept.push(message_id),
                 Some(Err(e)) => {
                     tracing::debug!(error = %e, "canary: cannot delete a delivered canary row");
                     kept.push(message_id);
@@ -299,7 +302,7 @@ pub async fn run<C: Connector>(
         let writing = crate::reconnect::answered(
             store_timeout,
             "writing a canary row",
-            open.insert_row(&row),
+            open.insert_rows(std::slice::from_ref(&row), TransactionEnd::Commit),
         );
         match or_stop(&mut shutdown, writing).await {
             None => return,

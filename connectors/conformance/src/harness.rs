@@ -250,6 +250,11 @@ pub trait Harness: Sized {
     /// Ids in the archive table, in order.
     async fn archived_ids(&self) -> Vec<i64>;
 
+    /// Lets the runtime role insert into this outbox, as `schemas/<engine>/grants.sql`
+    /// does for `[canary]` and `outboxd verify` (their rows are written like the
+    /// application's).
+    async fn grant_insert_on_outbox(&self);
+
     /// Removes everything the scenario created.
     async fn cleanup(self);
 }

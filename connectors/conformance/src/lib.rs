@@ -105,6 +105,7 @@ pub const SCENARIOS: &[&str] = &[
     "stream::a_second_reader_is_transient",
     "stream::a_lost_log_position_is_a_definite_error",
     "stream::a_checkpoint_from_another_server_is_refused_until_recover",
+    "stream::own_rows_are_written_read_back_and_deleted",
 ];
 
 /// Panics unless `instantiated` names every scenario of [`SCENARIOS`] (used by

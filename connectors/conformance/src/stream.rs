@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use outboxd_connector::{
     ChangeItem, ChangeStream, CheckStatus, CommittedTransaction, Connector, ConnectorError,
-    Delivered, DeliveryFailure, ErrorKind, ErrorReason, OutboxStore, ReadMode, TableAdmin,
-    TransactionPart, WriteBack, PART_EVENTS,
+    Delivered, DeliveryFailure, ErrorKind, ErrorReason, NewOutboxRow, OutboxStore, OwnRowsToDelete,
+    ReadMode, TableAdmin, TransactionEnd, TransactionPart, WriteBack, PART_EVENTS,
 };
 
 use crate::support::{initialised, open_when_free, store, stored_headers};
@@ -372,4 +372,106 @@ async fn first_error<C: Connector>(connector: &C) -> ConnectorError {
             Ok(Err(e)) => return e,
         }
     }
+}
+
+/// The rows outboxd writes into the outbox itself (the canary's, `outboxd verify`'s):
+/// a committed transaction of them is read from the log as the application's rows are, a
+/// rolled-back one never; they are read back by message id with their status and
+/// position, and deleted: only the SUCCESS ones, or all.
+pub async fn own_rows_are_written_read_back_and_deleted<H: Harness>() {
+    let h: H = initialised("sm_own", ReadMode::Log).await;
+    h.grant_insert_on_outbox().await;
+    let mut stream = open_when_free(|| h.connector().open_stream()).await;
+    let store = store(&h).await;
+    let row = |id: &str, key: &str| NewOutboxRow {
+        message_id: id.into(),
+        message_type: format!("outboxd.verify.{id}"),
+        biz_key: key.into(),
+        topic: Some("verify.topic".into()),
+        payload: format!(r#"{{"id": "{id}", "quote": "it's"}}"#),
+    };
+    let written = |rows: Vec<NewOutboxRow>, end| {
+        let store = &store;
+        async move {
+            store
+                .insert_rows(&rows, end)
+                .await
+                .expect("insert own rows")
+        }
+    };
+    written(
+        vec![row("own-1", "a"), row("own-2", "a")],
+        TransactionEnd::Commit,
+    )
+    .await;
+    written(vec![row("own-ghost", "b")], TransactionEnd::Rollback).await;
+    written(vec![row("own-3", "b")], TransactionEnd::Commit).await;
+
+    let first = next_transaction(&mut stream).await;
+    let ids: Vec<&str> = first.events.iter().map(|e| e.message_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        ["own-1", "own-2"],
+        "one transaction, in insertion order"
+    );
+    assert_eq!(keys(&first), ["a", "a"]);
+    assert_eq!(first.events[0].topic.as_deref(), Some("verify.topic"));
+    assert_eq!(
+        &first.events[0].payload[..],
+        br#"{"id": "own-1", "quote": "it's"}"#
+    );
+    let second = next_transaction(&mut stream).await;
+    let ids: Vec<&str> = second
+        .events
+        .iter()
+        .map(|e| e.message_id.as_str())
+        .collect();
+    assert_eq!(ids, ["own-3"], "the rolled-back transaction never appears");
+    drop(stream);
+
+    let delivered = [Delivered {
+        table: 0,
+        id: first.events[0].id,
+        partition: 1,
+        offset: 7,
+    }];
+    let batch = WriteBack {
+        delivered: &delivered,
+        failed: &[],
+        parked: &[],
+        rejected: &[],
+        checkpoint: None,
+        replace_positions: false,
+    };
+    store.write_back(batch).await.expect("write back");
+    let all: Vec<String> = ["own-1", "own-2", "own-3", "own-ghost"]
+        .map(String::from)
+        .to_vec();
+    let mut states = store.own_rows(&all).await.expect("read own rows");
+    states.sort_by(|a, b| a.message_id.cmp(&b.message_id));
+    let seen: Vec<_> = states
+        .iter()
+        .map(|s| (s.message_id.as_str(), s.status.as_str(), s.position))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("own-1", "SUCCESS", Some((1, 7))),
+            ("own-2", "INIT", None),
+            ("own-3", "INIT", None),
+        ],
+        "the rolled-back row does not exist"
+    );
+
+    let deleted = (store
+        .delete_own_rows(&all, OwnRowsToDelete::Delivered)
+        .await)
+        .expect("delete delivered own rows");
+    assert_eq!(deleted, 1, "only the SUCCESS row");
+    let deleted =
+        (store.delete_own_rows(&all, OwnRowsToDelete::All).await).expect("delete every own row");
+    assert_eq!(deleted, 2);
+    assert!(store.own_rows(&all).await.expect("read").is_empty());
+    assert!(store.own_rows(&[]).await.expect("read none").is_empty());
+    h.cleanup().await;
 }

@@ -2,7 +2,10 @@
 
 use std::time::SystemTime;
 
-use outboxd_connector::{NewOutboxRow, OutboxLayout, StatusCount, StatusSummary, WriteBack};
+use outboxd_connector::{
+    NewOutboxRow, OutboxLayout, OwnRowState, OwnRowsToDelete, StatusCount, StatusSummary,
+    TransactionEnd, WriteBack,
+};
 
 use crate::status;
 
@@ -61,15 +64,19 @@ pub fn rows_carry_no_status() -> outboxd_connector::ConnectorError {
     )
 }
 
-/// The `INSERT` of a row outboxd writes into the outbox itself ([`NewOutboxRow`], the
-/// canary's) into `table` (quoted), with the engine's identifier quoting and string
-/// literal: message id, type, key and payload, and the topic where the table has a topic
-/// column. Literals rather than parameters: a literal takes the column's type (text,
-/// uuid, JSON or binary), which a text parameter would not.
-pub fn own_row_insert(
+/// The transaction that writes rows outboxd writes into the outbox itself
+/// ([`NewOutboxRow`]: the canary's, `outboxd verify`'s) into `table` (quoted), with the
+/// engine's identifier quoting and string literal: `BEGIN`, one multi-row `INSERT` of
+/// message id, type, key and payload (and the topic where the table has a topic column;
+/// NULL for a row without one), then `COMMIT` or `ROLLBACK` as `end` says. Several
+/// statements in one string, sent in one round trip (PostgreSQL's simple query, MySQL's
+/// multi-statements). Literals rather than parameters: a literal takes the column's type
+/// (text, uuid, JSON or binary), which a text parameter would not.
+pub fn own_rows_insert(
     table: &str,
     layout: &OutboxLayout,
-    row: &NewOutboxRow,
+    rows: &[NewOutboxRow],
+    end: TransactionEnd,
     quote: impl Fn(&str) -> String,
     literal: impl Fn(&str) -> String,
 ) -> String {
@@ -80,36 +87,112 @@ pub fn own_row_insert(
         quote(&names.biz_key),
         quote(&names.payload),
     ];
-    let mut values = vec![
-        literal(&row.message_id),
-        literal(&row.message_type),
-        literal(&row.biz_key),
-        literal(&row.payload),
-    ];
-    if let (Some(column), Some(topic)) = (&names.topic, &row.topic) {
-        columns.push(quote(column));
-        values.push(literal(topic));
-    }
+    columns.extend(names.topic.as_deref().map(&quote));
+    let values: Vec<String> = rows
+        .iter()
+        .map(|row| {
+            let mut values = vec![
+                literal(&row.message_id),
+                literal(&row.message_type),
+                literal(&row.biz_key),
+                literal(&row.payload),
+            ];
+            if names.topic.is_some() {
+                values.push(row.topic.as_deref().map_or("NULL".into(), &literal));
+            }
+            format!("({})", values.join(", "))
+        })
+        .collect();
+    let end = match end {
+        TransactionEnd::Commit => "COMMIT",
+        TransactionEnd::Rollback => "ROLLBACK",
+    };
     format!(
-        "INSERT INTO {table} ({}) VALUES ({})",
+        "BEGIN; INSERT INTO {table} ({}) VALUES {}; {end}",
         columns.join(", "),
         values.join(", ")
     )
 }
 
-/// The `DELETE` of the row of `table` whose message id is `message_id`, only once SUCCESS
-/// (see [`own_row_insert`]).
-pub fn own_row_delete(
+/// `column IN (...)` over `message_ids` as literals; `FALSE` for none.
+fn message_id_in(
+    layout: &OutboxLayout,
+    message_ids: &[String],
+    quote: impl Fn(&str) -> String,
+    literal: impl Fn(&str) -> String,
+) -> String {
+    if message_ids.is_empty() {
+        return "FALSE".into();
+    }
+    let ids: Vec<String> = message_ids.iter().map(|id| literal(id)).collect();
+    format!(
+        "{} IN ({})",
+        quote(&layout.columns.message_id),
+        ids.join(", ")
+    )
+}
+
+/// The `SELECT` of [`OutboxStore::own_rows`](outboxd_connector::OutboxStore::own_rows):
+/// message id, status, retry count, partition, offset and last error, each as the engine
+/// gives it in text (read them with [`own_row_state`]).
+pub fn own_rows_select(
     table: &str,
     layout: &OutboxLayout,
-    message_id: &str,
+    message_ids: &[String],
     quote: impl Fn(&str) -> String,
     literal: impl Fn(&str) -> String,
 ) -> String {
     format!(
-        "DELETE FROM {table} WHERE {} = {} AND status = 'SUCCESS'",
+        "SELECT {}, status, retry_count, kafka_partition, kafka_offset, last_error \
+         FROM {table} WHERE {}",
         quote(&layout.columns.message_id),
-        literal(message_id)
+        message_id_in(layout, message_ids, quote, literal)
+    )
+}
+
+/// A row of [`own_rows_select`] from its cells in text, in the statement's order.
+pub fn own_row_state(cells: [Option<&str>; 6]) -> Result<OwnRowState, String> {
+    let [message_id, status, retry_count, partition, offset, last_error] = cells;
+    let number = |cell: Option<&str>, what: &str| -> Result<Option<i64>, String> {
+        cell.map(|text| {
+            text.trim()
+                .parse::<i64>()
+                .map_err(|e| format!("{what} {text:?} is not a number: {e}"))
+        })
+        .transpose()
+    };
+    let partition = number(partition, "kafka_partition")?;
+    let offset = number(offset, "kafka_offset")?;
+    Ok(OwnRowState {
+        message_id: message_id.ok_or("message_id is NULL")?.to_owned(),
+        status: status.ok_or("status is NULL")?.to_owned(),
+        retry_count: number(retry_count, "retry_count")?
+            .and_then(|n| i32::try_from(n).ok())
+            .unwrap_or(0),
+        position: match (partition, offset) {
+            (Some(p), Some(o)) => i32::try_from(p).ok().map(|p| (p, o)),
+            _ => None,
+        },
+        last_error: last_error.map(str::to_owned),
+    })
+}
+
+/// The `DELETE` of [`OutboxStore::delete_own_rows`](outboxd_connector::OutboxStore::delete_own_rows).
+pub fn own_rows_delete(
+    table: &str,
+    layout: &OutboxLayout,
+    message_ids: &[String],
+    which: OwnRowsToDelete,
+    quote: impl Fn(&str) -> String,
+    literal: impl Fn(&str) -> String,
+) -> String {
+    let only = match which {
+        OwnRowsToDelete::Delivered => " AND status = 'SUCCESS'",
+        OwnRowsToDelete::All => "",
+    };
+    format!(
+        "DELETE FROM {table} WHERE {}{only}",
+        message_id_in(layout, message_ids, quote, literal)
     )
 }
 
@@ -161,26 +244,72 @@ mod tests {
 
     #[test]
     fn own_rows_name_the_layouts_columns_and_the_topic_only_where_there_is_one() {
-        let row = NewOutboxRow {
-            message_id: "c-1".into(),
+        let row = |id: &str, topic: Option<&str>| NewOutboxRow {
+            message_id: id.into(),
             message_type: "outboxd.canary".into(),
-            biz_key: "c-1".into(),
-            topic: Some("canary".into()),
+            biz_key: id.into(),
+            topic: topic.map(Into::into),
             payload: "{}".into(),
         };
+        let rows = [row("c-1", Some("canary")), row("c-2", None)];
         let quote = |n: &str| format!("\"{n}\"");
         let literal = |v: &str| format!("'{v}'");
         let mut layout = OutboxLayout::default();
         assert_eq!(
-            own_row_insert("o", &layout, &row, quote, literal),
-            "INSERT INTO o (\"message_id\", \"message_type\", \"biz_key\", \"payload\", \"topic\") \
-             VALUES ('c-1', 'outboxd.canary', 'c-1', '{}', 'canary')"
+            own_rows_insert("o", &layout, &rows, TransactionEnd::Commit, quote, literal),
+            "BEGIN; INSERT INTO o (\"message_id\", \"message_type\", \"biz_key\", \"payload\", \
+             \"topic\") VALUES ('c-1', 'outboxd.canary', 'c-1', '{}', 'canary'), \
+             ('c-2', 'outboxd.canary', 'c-2', '{}', NULL); COMMIT"
         );
-        layout.columns.topic = None;
-        assert!(!own_row_insert("o", &layout, &row, quote, literal).contains("topic"));
+        assert!(own_rows_insert(
+            "o",
+            &layout,
+            &rows,
+            TransactionEnd::Rollback,
+            quote,
+            literal
+        )
+        .ends_with("; ROLLBACK"));
+        let ids = ["c-1".to_owned(), "c-2".to_owned()];
         assert_eq!(
-            own_row_delete("o", &layout, "c-1", quote, literal),
-            "DELETE FROM o WHERE \"message_id\" = 'c-1' AND status = 'SUCCESS'"
+            own_rows_delete(
+                "o",
+                &layout,
+                &ids,
+                OwnRowsToDelete::Delivered,
+                quote,
+                literal
+            ),
+            "DELETE FROM o WHERE \"message_id\" IN ('c-1', 'c-2') AND status = 'SUCCESS'"
         );
+        assert_eq!(
+            own_rows_delete("o", &layout, &[], OwnRowsToDelete::All, quote, literal),
+            "DELETE FROM o WHERE FALSE"
+        );
+        assert!(own_rows_select("o", &layout, &ids, quote, literal)
+            .ends_with("FROM o WHERE \"message_id\" IN ('c-1', 'c-2')"));
+        layout.columns.topic = None;
+        assert!(
+            !own_rows_insert("o", &layout, &rows, TransactionEnd::Commit, quote, literal)
+                .contains("topic")
+        );
+    }
+
+    #[test]
+    fn own_row_states_read_from_text() {
+        let state = own_row_state([
+            Some("v-1"),
+            Some("SUCCESS"),
+            Some("0"),
+            Some("3"),
+            Some("41"),
+            None,
+        ])
+        .unwrap();
+        assert_eq!(state.position, Some((3, 41)));
+        assert_eq!(state.status, "SUCCESS");
+        let unsent = own_row_state([Some("v-2"), Some("INIT"), Some("2"), None, None, Some("x")]);
+        assert_eq!(unsent.unwrap().position, None);
+        assert!(own_row_state([Some("v"), Some("INIT"), Some("x"), None, None, None]).is_err());
     }
 }

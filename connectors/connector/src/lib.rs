@@ -50,7 +50,10 @@ pub use last_error::{
 pub use layout::{ColumnNames, Features, OutboxLayout, RowLifecycle};
 pub use position::{ParsePositionError, Position};
 pub use secret::{Secret, SecretError};
-pub use store::{Delivered, DeliveryFailure, NewOutboxRow, OutboxStore, RowId, WriteBack};
+pub use store::{
+    Delivered, DeliveryFailure, NewOutboxRow, OutboxStore, OwnRowState, OwnRowsToDelete, RowId,
+    TransactionEnd, WriteBack,
+};
 pub use stream::{
     ChangeItem, ChangeStream, CommittedTransaction, TransactionPart, PART_BYTES, PART_EVENTS,
 };

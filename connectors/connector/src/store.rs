@@ -76,8 +76,8 @@ pub struct WriteBack<'a> {
 }
 
 /// A row outboxd writes into the outbox itself, as an application would (the canary of
-/// `[canary]`): into the first outbox table, in a transaction of its own, the other
-/// columns taking their defaults.
+/// `[canary]`, the synthetic events of `outboxd verify`): into the first outbox table, the
+/// other columns taking their defaults.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewOutboxRow {
     /// Unique: the row is found (and deleted) by it.
@@ -90,6 +90,40 @@ pub struct NewOutboxRow {
     pub topic: Option<String>,
     /// A JSON document, written as text (a JSON or binary payload column takes it).
     pub payload: String,
+}
+
+/// How the transaction of [`OutboxStore::insert_rows`] ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransactionEnd {
+    /// Committed: the log carries the rows and the relay delivers them.
+    Commit,
+    /// Rolled back: nothing may reach the sink (`outboxd verify` checks that none does).
+    Rollback,
+}
+
+/// Which of its own rows [`OutboxStore::delete_own_rows`] deletes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OwnRowsToDelete {
+    /// Only those that show SUCCESS (a canary still on its way is left alone).
+    Delivered,
+    /// Every one, whatever its status (`outboxd verify` cleaning up after itself).
+    All,
+}
+
+/// One of the rows outboxd wrote itself, as the table shows it now
+/// ([`OutboxStore::own_rows`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnRowState {
+    /// Its message id.
+    pub message_id: String,
+    /// `status`.
+    pub status: String,
+    /// `retry_count`.
+    pub retry_count: i32,
+    /// `kafka_partition` and `kafka_offset`, when both are set.
+    pub position: Option<(i32, i64)>,
+    /// `last_error`.
+    pub last_error: Option<String>,
 }
 
 /// The SQL side of a connector: the outbox row is the source of truth.
@@ -176,17 +210,28 @@ pub trait OutboxStore: Send + Sync {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<OutboxEvent>, ConnectorError>> + Send;
 
-    /// Writes `row` into the first outbox table in a transaction of its own (committed
-    /// when it returns `Ok`): the relay then reads it as any other row.
-    fn insert_row(
+    /// Writes `rows` into the first outbox table in one transaction of their own, which
+    /// ends as `end` says (committed when it returns `Ok` with [`TransactionEnd::Commit`]):
+    /// the relay then reads them as any other rows. One round trip.
+    fn insert_rows(
         &self,
-        row: &NewOutboxRow,
+        rows: &[NewOutboxRow],
+        end: TransactionEnd,
     ) -> impl Future<Output = Result<(), ConnectorError>> + Send;
 
-    /// Deletes the row of the first outbox table whose message id is `message_id`, only
-    /// if it is SUCCESS (a row still on its way is left alone). Returns whether it was.
-    fn delete_delivered_row(
+    /// The rows of the first outbox table whose message ids are among `message_ids`, as
+    /// they are now (a row not found is left out). For rows outboxd wrote itself: the
+    /// statement names every id, so callers pass them a few hundred at a time.
+    fn own_rows(
         &self,
-        message_id: &str,
-    ) -> impl Future<Output = Result<bool, ConnectorError>> + Send;
+        message_ids: &[String],
+    ) -> impl Future<Output = Result<Vec<OwnRowState>, ConnectorError>> + Send;
+
+    /// Deletes the rows of the first outbox table whose message ids are among
+    /// `message_ids`, those `which` names. Returns how many it deleted.
+    fn delete_own_rows(
+        &self,
+        message_ids: &[String],
+        which: OwnRowsToDelete,
+    ) -> impl Future<Output = Result<u64, ConnectorError>> + Send;
 }

@@ -423,6 +423,10 @@ impl Harness for Maria {
         self.archive()
     }
 
+    async fn grant_insert_on_outbox(&self) {
+        self.grant("INSERT", &self.f.table).await;
+    }
+
     async fn archived_ids(&self) -> Vec<i64> {
         let mut conn = self.f.sql().await;
         conn.query(format!("SELECT id FROM `{}` ORDER BY id", self.archive()))
@@ -503,4 +507,5 @@ outboxd_conformance::conformance_tests!(Maria;
     stream::a_second_reader_is_transient,
     stream::a_lost_log_position_is_a_definite_error,
     stream::a_checkpoint_from_another_server_is_refused_until_recover,
+    stream::own_rows_are_written_read_back_and_deleted,
 );

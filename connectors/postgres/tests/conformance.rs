@@ -284,6 +284,12 @@ impl Harness for Pg {
         format!("{}.outbox_archive", self.0.schema)
     }
 
+    async fn grant_insert_on_outbox(&self) {
+        let run = self.0.run_role.as_deref().expect("a runtime role");
+        let grant = format!("GRANT INSERT ON \"{}\".outbox TO \"{run}\"", self.0.schema);
+        (self.0.client.batch_execute(&grant).await).expect("grant INSERT on the outbox");
+    }
+
     async fn archived_ids(&self) -> Vec<i64> {
         let sql = format!(
             "SELECT id FROM \"{}\".outbox_archive ORDER BY id",
@@ -338,4 +344,5 @@ outboxd_conformance::conformance_tests!(Pg;
     stream::a_second_reader_is_transient,
     stream::a_lost_log_position_is_a_definite_error,
     stream::a_checkpoint_from_another_server_is_refused_until_recover,
+    stream::own_rows_are_written_read_back_and_deleted,
 );

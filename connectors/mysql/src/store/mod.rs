@@ -29,7 +29,8 @@ use std::time::SystemTime;
 
 use outboxd_connector::{
     ClaimRequest, ClaimedEvent, ClaimedWriteBack, ConnectorError, NewOutboxRow, OutboxEvent,
-    OutboxStore, Position, ReapPolicy, ReapReport, RetrySchedule, RowId, WriteBack,
+    OutboxStore, OwnRowState, OwnRowsToDelete, Position, ReapPolicy, ReapReport, RetrySchedule,
+    RowId, TransactionEnd, WriteBack,
 };
 use outboxd_connector_kit::store as kit_store;
 use outboxd_connector_kit::tables;
@@ -224,12 +225,24 @@ impl OutboxStore for MysqlOutboxStore {
         Ok(blocked)
     }
 
-    async fn insert_row(&self, row: &NewOutboxRow) -> Result<(), ConnectorError> {
-        self.insert_own_row(row).await
+    async fn insert_rows(
+        &self,
+        rows: &[NewOutboxRow],
+        end: TransactionEnd,
+    ) -> Result<(), ConnectorError> {
+        self.insert_own_rows(rows, end).await
     }
 
-    async fn delete_delivered_row(&self, message_id: &str) -> Result<bool, ConnectorError> {
-        self.delete_own_row(message_id).await
+    async fn own_rows(&self, message_ids: &[String]) -> Result<Vec<OwnRowState>, ConnectorError> {
+        self.read_own_rows(message_ids).await
+    }
+
+    async fn delete_own_rows(
+        &self,
+        message_ids: &[String],
+        which: OwnRowsToDelete,
+    ) -> Result<u64, ConnectorError> {
+        self.delete_own_rows_of(message_ids, which).await
     }
 
     async fn scan_init(

@@ -1,33 +1,96 @@
 //! Rows outboxd writes into the outbox itself, as an application would: the canary's
-//! (`[canary]`), and its deletion once delivered; as the PostgreSQL connector does them
-//! (see `connectors/postgres/src/store/own_rows.rs`): the statements of
-//! `outboxd_connector_kit::store::own_row_insert`, each value a utf8mb4 string
-//! ([`sql_string`]), which a text, JSON or binary column takes.
+//! (`[canary]`) and `outboxd verify`'s synthetic events, read back and deleted by their
+//! message ids; as the PostgreSQL connector does them (see
+//! `connectors/postgres/src/store/own_rows.rs`): the statements of
+//! `outboxd_connector_kit::store::own_rows_insert` and its siblings, each value a utf8mb4
+//! string ([`sql_string`]), which a text, JSON or binary column takes.
 
-use outboxd_connector::{ConnectorError, NewOutboxRow};
+use mysql_async::Value;
+use outboxd_connector::{
+    ConnectorError, NewOutboxRow, OwnRowState, OwnRowsToDelete, TransactionEnd,
+};
 
-use outboxd_connector_kit::store::{own_row_delete, own_row_insert};
+use outboxd_connector_kit::store::{
+    own_row_state, own_rows_delete, own_rows_insert, own_rows_select,
+};
 
 use crate::schema::{quote_ident, sql_string};
 use crate::store::MysqlOutboxStore;
 
-impl MysqlOutboxStore {
-    pub(crate) async fn insert_own_row(&self, row: &NewOutboxRow) -> Result<(), ConnectorError> {
-        let layout = &self.connector.layout;
-        let sql = own_row_insert(&self.outbox.quoted, layout, row, quote_ident, sql_string);
-        self.update(&sql, "writing a canary row").await.map(drop)
+/// A cell as text (MySQL's text protocol sends every value as bytes).
+fn text(value: Option<&Value>) -> Option<String> {
+    match value? {
+        Value::NULL => None,
+        Value::Bytes(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+        Value::Int(n) => Some(n.to_string()),
+        Value::UInt(n) => Some(n.to_string()),
+        other => Some(other.as_sql(true).trim_matches('\'').to_owned()),
     }
+}
 
-    pub(crate) async fn delete_own_row(&self, message_id: &str) -> Result<bool, ConnectorError> {
+impl MysqlOutboxStore {
+    pub(crate) async fn insert_own_rows(
+        &self,
+        rows: &[NewOutboxRow],
+        end: TransactionEnd,
+    ) -> Result<(), ConnectorError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
         let layout = &self.connector.layout;
-        let sql = own_row_delete(
+        let sql = own_rows_insert(
             &self.outbox.quoted,
             layout,
-            message_id,
+            rows,
+            end,
             quote_ident,
             sql_string,
         );
-        let deleted = self.update(&sql, "deleting a delivered canary row").await?;
-        Ok(deleted > 0)
+        // A failed statement drops the connection (see `update`), and its transaction with it.
+        self.update(&sql, "writing outboxd's own outbox rows")
+            .await
+            .map(drop)
+    }
+
+    pub(crate) async fn read_own_rows(
+        &self,
+        message_ids: &[String],
+    ) -> Result<Vec<OwnRowState>, ConnectorError> {
+        let layout = &self.connector.layout;
+        let sql = own_rows_select(
+            &self.outbox.quoted,
+            layout,
+            message_ids,
+            quote_ident,
+            sql_string,
+        );
+        let rows = self.rows(&sql, "reading outboxd's own outbox rows").await?;
+        let mut states = Vec::with_capacity(rows.len());
+        for row in rows {
+            let cells: Vec<Option<String>> = (0..6).map(|i| text(row.as_ref(i))).collect();
+            let cell = |i: usize| cells.get(i).and_then(Option::as_deref);
+            let state = own_row_state([cell(0), cell(1), cell(2), cell(3), cell(4), cell(5)])
+                .map_err(ConnectorError::definite)?;
+            states.push(state);
+        }
+        Ok(states)
+    }
+
+    pub(crate) async fn delete_own_rows_of(
+        &self,
+        message_ids: &[String],
+        which: OwnRowsToDelete,
+    ) -> Result<u64, ConnectorError> {
+        let layout = &self.connector.layout;
+        let sql = own_rows_delete(
+            &self.outbox.quoted,
+            layout,
+            message_ids,
+            which,
+            quote_ident,
+            sql_string,
+        );
+        self.update(&sql, "deleting outboxd's own outbox rows")
+            .await
     }
 }

@@ -34,7 +34,8 @@ use std::sync::atomic::AtomicUsize;
 
 use outboxd_connector::{
     ClaimRequest, ClaimedEvent, ClaimedWriteBack, ConnectorError, NewOutboxRow, OutboxEvent,
-    OutboxStore, Position, ReapPolicy, ReapReport, RetrySchedule, RowId, WriteBack,
+    OutboxStore, OwnRowState, OwnRowsToDelete, Position, ReapPolicy, ReapReport, RetrySchedule,
+    RowId, TransactionEnd, WriteBack,
 };
 use tokio::sync::{Mutex, MutexGuard};
 use tokio_postgres::types::Type;
@@ -578,12 +579,24 @@ impl OutboxStore for PgOutboxStore {
         self.blocked(keys).await
     }
 
-    async fn insert_row(&self, row: &NewOutboxRow) -> Result<(), ConnectorError> {
-        self.insert_own_row(row).await
+    async fn insert_rows(
+        &self,
+        rows: &[NewOutboxRow],
+        end: TransactionEnd,
+    ) -> Result<(), ConnectorError> {
+        self.insert_own_rows(rows, end).await
     }
 
-    async fn delete_delivered_row(&self, message_id: &str) -> Result<bool, ConnectorError> {
-        self.delete_own_row(message_id).await
+    async fn own_rows(&self, message_ids: &[String]) -> Result<Vec<OwnRowState>, ConnectorError> {
+        self.read_own_rows(message_ids).await
+    }
+
+    async fn delete_own_rows(
+        &self,
+        message_ids: &[String],
+        which: OwnRowsToDelete,
+    ) -> Result<u64, ConnectorError> {
+        self.delete_own_rows_of(message_ids, which).await
     }
 
     async fn scan_init(

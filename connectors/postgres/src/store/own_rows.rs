@@ -1,11 +1,17 @@
 //! Rows outboxd writes into the outbox itself, as an application would: the canary's
-//! (`[canary]`), and its deletion once delivered: the statements of
-//! `outboxd_connector_kit::store::own_row_insert`, with PostgreSQL's literals; plain, not
-//! prepared (a canary runs once an interval, not per event).
+//! (`[canary]`) and `outboxd verify`'s synthetic events, read back and deleted by their
+//! message ids: the statements of `outboxd_connector_kit::store::own_rows_insert` and its
+//! siblings, with PostgreSQL's literals; plain, not prepared (a canary runs once an
+//! interval, `verify` a few transactions a second).
 
-use outboxd_connector::{ConnectorError, NewOutboxRow};
+use outboxd_connector::{
+    ConnectorError, NewOutboxRow, OwnRowState, OwnRowsToDelete, TransactionEnd,
+};
+use tokio_postgres::SimpleQueryMessage;
 
-use outboxd_connector_kit::store::{own_row_delete, own_row_insert};
+use outboxd_connector_kit::store::{
+    own_row_state, own_rows_delete, own_rows_insert, own_rows_select,
+};
 
 use crate::schema::{qualified, quote_ident};
 use crate::store::PgOutboxStore;
@@ -22,35 +28,73 @@ fn literal(value: &str) -> String {
 }
 
 impl PgOutboxStore {
-    pub(crate) async fn insert_own_row(&self, row: &NewOutboxRow) -> Result<(), ConnectorError> {
+    pub(crate) async fn insert_own_rows(
+        &self,
+        rows: &[NewOutboxRow],
+        end: TransactionEnd,
+    ) -> Result<(), ConnectorError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
         let table = qualified(self.table());
-        let sql = own_row_insert(&table, &self.connector.layout, row, quote_ident, literal);
+        let layout = &self.connector.layout;
+        let sql = own_rows_insert(&table, layout, rows, end, quote_ident, literal);
         let mut locked = self.lock().await?;
         let conn = locked.conn()?;
-        conn.client
-            .execute(sql.as_str(), &[])
-            .await
-            .map_err(|e| self.error(&e, "writing a canary row"))?;
+        if let Err(e) = conn.client.batch_execute(sql.as_str()).await {
+            // The INSERT failed inside the transaction the string opened: end it, so the
+            // shared connection is usable again (a lost connection has no transaction).
+            let _ = conn.client.batch_execute("ROLLBACK").await;
+            return Err(self.error(&e, "writing outboxd's own outbox rows"));
+        }
         Ok(())
     }
 
-    pub(crate) async fn delete_own_row(&self, message_id: &str) -> Result<bool, ConnectorError> {
+    pub(crate) async fn read_own_rows(
+        &self,
+        message_ids: &[String],
+    ) -> Result<Vec<OwnRowState>, ConnectorError> {
         let table = qualified(self.table());
-        let sql = own_row_delete(
+        let sql = own_rows_select(
             &table,
             &self.connector.layout,
-            message_id,
+            message_ids,
             quote_ident,
             literal,
         );
         let mut locked = self.lock().await?;
         let conn = locked.conn()?;
-        let deleted = conn
+        let messages = conn
             .client
+            .simple_query(sql.as_str())
+            .await
+            .map_err(|e| self.error(&e, "reading outboxd's own outbox rows"))?;
+        let mut states = Vec::new();
+        for message in messages {
+            if let SimpleQueryMessage::Row(row) = message {
+                let cell = |i: usize| row.get(i);
+                let state = own_row_state([cell(0), cell(1), cell(2), cell(3), cell(4), cell(5)])
+                    .map_err(ConnectorError::definite)?;
+                states.push(state);
+            }
+        }
+        Ok(states)
+    }
+
+    pub(crate) async fn delete_own_rows_of(
+        &self,
+        message_ids: &[String],
+        which: OwnRowsToDelete,
+    ) -> Result<u64, ConnectorError> {
+        let table = qualified(self.table());
+        let layout = &self.connector.layout;
+        let sql = own_rows_delete(&table, layout, message_ids, which, quote_ident, literal);
+        let mut locked = self.lock().await?;
+        let conn = locked.conn()?;
+        conn.client
             .execute(sql.as_str(), &[])
             .await
-            .map_err(|e| self.error(&e, "deleting a delivered canary row"))?;
-        Ok(deleted > 0)
+            .map_err(|e| self.error(&e, "deleting outboxd's own outbox rows"))
     }
 }
 
