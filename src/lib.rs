@@ -9,6 +9,8 @@
 //! - [`inbox`]: the receiving half — Kafka and HTTP ingress, workers, handlers;
 //! - [`cli`]: the commands `main.rs` runs;
 //! - [`observability`]: the `/metrics`, `/healthz`, `/readyz` endpoint and its series;
+//! - [`canary`]: the live end-to-end check inside `run`;
+//! - [`verify`]: `outboxd verify`, the end-to-end check an operator runs;
 //! - `reconnect.rs`: the one reconnect loop the long-running paths share;
 //! - `engines.rs`: the engine registry, the one file that names database engines.
 
@@ -28,6 +30,7 @@ mod secrets;
 pub mod sink;
 #[cfg(test)]
 mod testing;
+pub mod verify;
 pub mod webhooks;
 
 /// The CLI commands (`outboxd::commands::{execute, Command}`), kept at their old path.

@@ -63,6 +63,71 @@ enum CliCommand {
     /// Delete (or archive) SUCCESS rows older than a retention, in small batches, each its
     /// own short transaction.
     Janitor(JanitorArgs),
+    /// Check the pipeline end to end: write marked synthetic events into the outbox (some
+    /// rolled back), read the sink back, and report lost, duplicated and reordered events,
+    /// rows not SUCCESS, and latency. Exit code 0 only when nothing is lost or reordered.
+    /// Deletes its own rows at the end. See docs/verify.md.
+    Verify(VerifyArgs),
+}
+
+#[derive(clap::Args)]
+struct VerifyArgs {
+    #[command(flatten)]
+    config: ConfigArg,
+    /// How long to write events (e.g. `30s`, `5m`).
+    #[arg(long, default_value = "30s", value_parser = humantime_serde::re::humantime::parse_duration)]
+    duration: std::time::Duration,
+    /// Transactions a second.
+    #[arg(long, default_value_t = 50)]
+    rate: u32,
+    /// Distinct business keys the events are spread over.
+    #[arg(long, default_value_t = 16)]
+    keys: u32,
+    /// Events per transaction: 1 to this many, at random.
+    #[arg(long, default_value_t = 4)]
+    max_batch: u32,
+    /// Percentage of transactions rolled back (their events must never arrive).
+    #[arg(long, default_value_t = 10)]
+    rollback_percent: u32,
+    /// The events' message type prefix (`<prefix>.<n>`).
+    #[arg(long, default_value = "outboxd.verify")]
+    message_type: String,
+    /// The run's own Kafka topic (created when missing), or with [http] the endpoint whose
+    /// url verify listens on (plain http on this machine).
+    #[arg(long, default_value = "outboxd.verify")]
+    topic: String,
+    /// Run the relay (`outboxd run`) as verify's own child instead of using one already
+    /// running. Stop any other relay of this pipeline first.
+    #[arg(long)]
+    spawn: bool,
+    /// Faults to inject into the spawned relay: `kill` (SIGKILL at random moments, then a
+    /// restart). Needs --spawn.
+    #[arg(long, value_enum, requires = "spawn")]
+    faults: Option<VerifyFaults>,
+    /// Mean time between kills with `--faults kill`.
+    #[arg(long, default_value = "5s", value_parser = humantime_serde::re::humantime::parse_duration)]
+    kill_every: std::time::Duration,
+    /// How long to wait after the last write for every event to arrive.
+    #[arg(long, default_value = "120s", value_parser = humantime_serde::re::humantime::parse_duration)]
+    drain_timeout: std::time::Duration,
+    /// Delete the run's Kafka topic at the end.
+    #[arg(long)]
+    cleanup_topic: bool,
+    /// Leave the run's rows in the outbox (to look into a failed run).
+    #[arg(long)]
+    keep_rows: bool,
+    /// Repeat a run's choices of keys, sizes and rollbacks (the report prints the seed).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Print one JSON document instead of the text report.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum VerifyFaults {
+    /// SIGKILL the spawned relay at random moments and start it again.
+    Kill,
 }
 
 #[derive(clap::Args)]
@@ -260,6 +325,28 @@ fn main() -> ExitCode {
         CliCommand::Check(a) => (Command::Check, a.config, None),
         CliCommand::Run(a) => (Command::Run, a.config, None),
         CliCommand::Recover(a) => (Command::Recover, a.config, None),
+        CliCommand::Verify(a) => (
+            Command::Verify(outboxd::verify::VerifyOptions {
+                config_path: a.config.config.clone(),
+                duration: a.duration,
+                rate: a.rate,
+                keys: a.keys,
+                max_batch: a.max_batch,
+                rollback_percent: a.rollback_percent,
+                message_type: a.message_type,
+                topic: a.topic,
+                spawn: a.spawn,
+                kill_faults: matches!(a.faults, Some(VerifyFaults::Kill)),
+                kill_every: a.kill_every,
+                drain_timeout: a.drain_timeout,
+                cleanup_topic: a.cleanup_topic,
+                keep_rows: a.keep_rows,
+                seed: a.seed,
+                json: a.json,
+            }),
+            a.config.config,
+            None,
+        ),
         other => match admin_command(other) {
             Some(command) => command,
             None => {

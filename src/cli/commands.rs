@@ -42,6 +42,8 @@ pub enum Command {
     Run,
     /// Start the log afresh and publish every INIT row (after a lost slot or binlog).
     Recover,
+    /// Write synthetic events through the pipeline and check what the sink delivered.
+    Verify(crate::verify::VerifyOptions),
     /// An operator command (`status`, `retry`, `park`, `resolve`, `janitor`) on the outbox
     /// or, with `--inbox`, the inbox table, printed as text or JSON.
     Admin {
@@ -131,6 +133,7 @@ async fn execute_with<C: Connector + Clone + 'static>(
             Ok(0)
         }
         Command::Check => check(config, connector).await,
+        Command::Verify(options) => crate::verify::run(config, connector, &options).await,
         // Boxed: the relay's and the inbox's futures together nest deeper than the
         // compiler's default query depth allows for one unboxed future.
         Command::Run => {

@@ -365,24 +365,29 @@ impl Config {
                     .into(),
             );
         };
+        // Kafka would refuse every canary row (MANUAL_REQUIRED each interval).
+        self.own_route_refusal(topic)
+            .map_or(Ok(()), |why| Err(format!("canary.topic `{topic}`: {why}")))
+    }
+
+    /// Why the sink would refuse rows outboxd writes itself (the canary's, `verify`'s)
+    /// with `topic` in the topic column: with `[http]` it must name an endpoint; with
+    /// Kafka it must be allowed (`kafka.allowed_topics`) and not reserved.
+    pub(crate) fn own_route_refusal(&self, topic: &str) -> Option<String> {
         if let Some(http) = &self.http {
-            if !http.endpoints.contains_key(topic) {
-                return Err(format!(
-                    "canary.topic `{topic}` is not an endpoint of [http.endpoints]: with the \
-                     HTTP sink it names the endpoint the canary is sent to"
-                ));
-            }
-        } else {
-            // Kafka would refuse every canary row (MANUAL_REQUIRED each interval).
-            let allowed = crate::sink::kafka::AllowedTopics::parse(&self.kafka.allowed_topics)?;
-            let reserved = crate::sink::kafka::ReservedTopics::new(
-                self.kafka.positions_topic(&self.pipeline.name),
-            );
-            if let Some(why) = allowed.refusal(topic).or_else(|| reserved.refusal(topic)) {
-                return Err(format!("canary.topic `{topic}`: {why}"));
-            }
+            return (!http.endpoints.contains_key(topic)).then(|| {
+                "it is not an endpoint of [http.endpoints]: with the HTTP sink it names the \
+                 endpoint the rows are sent to"
+                    .to_owned()
+            });
         }
-        Ok(())
+        let allowed = match crate::sink::kafka::AllowedTopics::parse(&self.kafka.allowed_topics) {
+            Ok(allowed) => allowed,
+            Err(e) => return Some(e),
+        };
+        let reserved =
+            crate::sink::kafka::ReservedTopics::new(self.kafka.positions_topic(&self.pipeline.name));
+        allowed.refusal(topic).or_else(|| reserved.refusal(topic))
     }
 
     /// Checks what serde cannot: names, bounds, and librdkafka options that would
