@@ -14,7 +14,8 @@
 
 -- Events read by id, statuses written back; DELETE only for `outboxd janitor`.
 GRANT SELECT, UPDATE, DELETE ON `outbox` TO 'outboxd_run'@'%';
--- With [canary] only: its rows are inserted into the outbox like the application's.
+-- With [canary] (or for `outboxd verify`) only: its rows are inserted into the outbox like
+-- the application's.
 -- GRANT INSERT ON `outbox` TO 'outboxd_run'@'%';
 -- Received messages stored (INSERT), claimed, written back; DELETE only for the janitor.
 GRANT SELECT, INSERT, UPDATE, DELETE ON `inbox` TO 'outboxd_run'@'%';

@@ -26,8 +26,8 @@ GRANT USAGE ON SCHEMA :"schema" TO :"run_role";
 -- statuses written back; DELETE only for `outboxd janitor`.
 GRANT SELECT, UPDATE, DELETE ON :"schema".:"outbox_table" TO :"run_role";
 \endif
--- With [canary], add `-v canary=1`: its rows are inserted into the outbox like the
--- application's (and deleted once delivered).
+-- With [canary] (or for `outboxd verify`), add `-v canary=1`: their rows are inserted
+-- into the outbox like the application's (and deleted once delivered).
 \if :{?canary}
 GRANT INSERT ON :"schema".:"outbox_table" TO :"run_role";
 \endif
