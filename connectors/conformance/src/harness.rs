@@ -255,6 +255,10 @@ pub trait Harness: Sized {
     /// application's).
     async fn grant_insert_on_outbox(&self);
 
+    /// Lets the runtime role create (and drop, insert into and read) a table, as
+    /// `outboxd verify --inbox` needs for its scratch table.
+    async fn grant_create_table(&self);
+
     /// Removes everything the scenario created.
     async fn cleanup(self);
 }

@@ -464,3 +464,74 @@ pub async fn operator_actions_cover_the_inbox<H: Harness>() {
     assert_eq!(again, [Ingested::Duplicate], "still inside the window");
     h.cleanup().await;
 }
+
+/// What `outboxd verify --inbox` needs: its messages read back by source and id (another
+/// source's message of the same id is not its), deleted whatever their status, and a
+/// scratch table whose SQL handler statement records each effect once, in order.
+pub async fn verify_reads_back_its_messages_and_counts_effects<H: Harness>() {
+    let h: H = initialised("ib_verify", ReadMode::Poll).await;
+    h.grant_create_table().await;
+    let store = inbox(&h).await;
+    let mut theirs = message("v1", "t0", "other");
+    theirs.source = "someone-else".into();
+    let batch = [message("v1", "t1", "k"), message("v2", "t2", "k"), theirs];
+    store.insert(&batch).await.expect("insert");
+    let sent = ["v1", "v2", "v3"].map(String::from).to_vec();
+
+    let scratch = "outboxd_verify_conformance";
+    store
+        .drop_scratch_table(scratch)
+        .await
+        .expect("drop a leftover");
+    let statement = store
+        .create_scratch_table(scratch)
+        .await
+        .expect("create scratch");
+    let claimed = store.claim(10).await.expect("claim");
+    assert_eq!(ids(&claimed), ["v1", "v1"], "one per key");
+    let mine = claimed
+        .iter()
+        .find(|m| m.source == "orders")
+        .expect("v1 of orders");
+    let done = InboxOutcome::Done {
+        statement: Some(&statement),
+    };
+    assert_eq!(
+        store.complete(mine, done).await.expect("done"),
+        Completed::Written
+    );
+
+    let mut states = store.own_messages("orders", &sent).await.expect("read");
+    states.sort_by(|a, b| a.message_id.cmp(&b.message_id));
+    let seen: Vec<_> = states
+        .iter()
+        .map(|s| (s.message_id.as_str(), s.status.as_str()))
+        .collect();
+    assert_eq!(seen, [("v1", "DONE"), ("v2", "PENDING")]);
+    assert_eq!(
+        store.scratch_rows(scratch).await.expect("effects"),
+        [("v1".to_owned(), "k".to_owned())]
+    );
+
+    assert_eq!(
+        store
+            .delete_own_messages("orders", &sent)
+            .await
+            .expect("delete"),
+        2
+    );
+    assert!(store
+        .own_messages("orders", &sent)
+        .await
+        .expect("read")
+        .is_empty());
+    let theirs = store
+        .own_messages("someone-else", &sent)
+        .await
+        .expect("read");
+    assert_eq!(theirs.len(), 1, "another source's message is left alone");
+    store.drop_scratch_table(scratch).await.expect("drop");
+    assert!(store.scratch_rows(scratch).await.is_err(), "dropped");
+    assert!(store.create_scratch_table("Robert'); DROP").await.is_err());
+    h.cleanup().await;
+}

@@ -98,6 +98,7 @@ pub const SCENARIOS: &[&str] = &[
     "inbox::failures_back_off_and_end_in_manual_required",
     "inbox::reaper_and_schedule_cover_the_inbox",
     "inbox::operator_actions_cover_the_inbox",
+    "inbox::verify_reads_back_its_messages_and_counts_effects",
     "stream::only_committed_transactions_are_read_in_commit_order",
     "stream::a_reopened_stream_resumes_after_the_confirmed_position",
     "stream::rows_written_while_no_stream_is_open_are_read_later",

@@ -161,8 +161,93 @@ pub fn bind_named(
     Ok((sql, fields))
 }
 
+/// The `WHERE` of the statements on `outboxd verify --inbox`'s own messages: `source` and
+/// message ids as literals (`FALSE` for none).
+fn own_messages_where(
+    source: &str,
+    message_ids: &[String],
+    literal: impl Fn(&str) -> String,
+) -> String {
+    if message_ids.is_empty() {
+        return "FALSE".into();
+    }
+    let ids: Vec<String> = message_ids.iter().map(|id| literal(id)).collect();
+    format!(
+        "source = {} AND message_id IN ({})",
+        literal(source),
+        ids.join(", ")
+    )
+}
+
+/// The `SELECT` of [`InboxStore::own_messages`](outboxd_connector::InboxStore::own_messages)
+/// on `table` (quoted): message id, status, retry count.
+pub fn own_messages_select(
+    table: &str,
+    source: &str,
+    message_ids: &[String],
+    literal: impl Fn(&str) -> String,
+) -> String {
+    format!(
+        "SELECT message_id, status, retry_count FROM {table} WHERE {}",
+        own_messages_where(source, message_ids, literal)
+    )
+}
+
+/// The `DELETE` of [`InboxStore::delete_own_messages`](outboxd_connector::InboxStore::delete_own_messages).
+pub fn own_messages_delete(
+    table: &str,
+    source: &str,
+    message_ids: &[String],
+    literal: impl Fn(&str) -> String,
+) -> String {
+    format!(
+        "DELETE FROM {table} WHERE {}",
+        own_messages_where(source, message_ids, literal)
+    )
+}
+
+/// The SQL handler statement that records an effect in scratch table `table` (quoted).
+pub fn scratch_insert(table: &str) -> String {
+    format!("INSERT INTO {table} (message_id, biz_key) VALUES (:message_id, :biz_key)")
+}
+
+/// Refuses a scratch table name that is not a plain lowercase identifier (it is spliced
+/// into DDL, quoted, but still: verify makes it, and nothing else should reach here).
+pub fn check_scratch_name(name: &str) -> Result<(), ConnectorError> {
+    let plain = !name.is_empty()
+        && name.len() <= 60
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    match plain {
+        true => Ok(()),
+        false => Err(ConnectorError::definite(format!(
+            "scratch table name {name:?} is not a plain lowercase identifier"
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn own_message_statements_name_the_source_and_the_ids() {
+        let literal = |v: &str| format!("'{v}'");
+        let ids = ["a".to_owned(), "b".to_owned()];
+        assert_eq!(
+            super::own_messages_select("inbox", "verify", &ids, literal),
+            "SELECT message_id, status, retry_count FROM inbox WHERE source = 'verify' AND \
+             message_id IN ('a', 'b')"
+        );
+        assert_eq!(
+            super::own_messages_delete("inbox", "verify", &[], literal),
+            "DELETE FROM inbox WHERE FALSE"
+        );
+        assert!(super::check_scratch_name("outboxd_verify_0a1b").is_ok());
+        assert!(super::check_scratch_name("x; DROP TABLE inbox").is_err());
+        assert!(super::check_scratch_name("Upper").is_err());
+    }
     use super::*;
 
     #[test]

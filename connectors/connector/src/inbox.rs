@@ -121,6 +121,18 @@ pub enum Completed {
     StatementFailed(String),
 }
 
+/// One of the messages `outboxd verify --inbox` sent, as the inbox table shows it
+/// ([`InboxStore::own_messages`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnMessageState {
+    /// Its message id.
+    pub message_id: String,
+    /// `status`.
+    pub status: String,
+    /// `retry_count`.
+    pub retry_count: i32,
+}
+
 /// The SQL side of the inbox, on the database of its table.
 pub trait InboxStore: Send + Sync {
     /// Whether the payload column holds JSON (`jsonb`, `JSON`) rather than bytes. Ingress
@@ -164,4 +176,42 @@ pub trait InboxStore: Send + Sync {
     /// When the workers next have work: the earliest due time of a PENDING or FAILED row
     /// (`next_due`) and the oldest claim (`oldest_claim`).
     fn schedule(&self) -> impl Future<Output = Result<RetrySchedule, ConnectorError>> + Send;
+
+    /// The rows of `source` whose message ids are among `message_ids`, as they are now (a
+    /// message not stored is left out): `outboxd verify --inbox` reads back what it sent.
+    /// The statement names every id, so callers pass them a few hundred at a time.
+    fn own_messages(
+        &self,
+        source: &str,
+        message_ids: &[String],
+    ) -> impl Future<Output = Result<Vec<OwnMessageState>, ConnectorError>> + Send;
+
+    /// Deletes the rows of `source` whose message ids are among `message_ids`, whatever
+    /// their status. Returns how many it deleted.
+    fn delete_own_messages(
+        &self,
+        source: &str,
+        message_ids: &[String],
+    ) -> impl Future<Output = Result<u64, ConnectorError>> + Send;
+
+    /// Creates table `name` (a plain identifier) for the effects of `outboxd verify
+    /// --inbox`'s SQL handler: `(n` in insertion order`, message_id, biz_key)`; the
+    /// config's role needs the right to create a table. Returns the handler's statement,
+    /// which inserts `:message_id` and `:biz_key` into it.
+    fn create_scratch_table(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<String, ConnectorError>> + Send;
+
+    /// The `(message_id, biz_key)` rows of scratch table `name`, in insertion order.
+    fn scratch_rows(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Vec<(String, String)>, ConnectorError>> + Send;
+
+    /// Drops scratch table `name` if it exists.
+    fn drop_scratch_table(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<(), ConnectorError>> + Send;
 }

@@ -42,7 +42,9 @@ pub use connector::{ConfiguredConnector, Connector, ReadMode, ENV_SOURCE_PASSWOR
 pub use error::{ConnectorError, ErrorKind, ErrorReason};
 pub use event::OutboxEvent;
 pub use headers::headers_from_json;
-pub use inbox::{ClaimedMessage, Completed, InboxMessage, InboxOutcome, InboxStore, Ingested};
+pub use inbox::{
+    ClaimedMessage, Completed, InboxMessage, InboxOutcome, InboxStore, Ingested, OwnMessageState,
+};
 pub use last_error::{
     last_error_text, parked_behind_key, parked_by_operator, resolved_by_operator,
     resolved_without_handling, short_duration, LAST_ERROR_MAX_CHARS,

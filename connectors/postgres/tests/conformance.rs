@@ -290,6 +290,12 @@ impl Harness for Pg {
         (self.0.client.batch_execute(&grant).await).expect("grant INSERT on the outbox");
     }
 
+    async fn grant_create_table(&self) {
+        let run = self.0.run_role.as_deref().expect("a runtime role");
+        let grant = format!("GRANT CREATE ON SCHEMA \"{}\" TO \"{run}\"", self.0.schema);
+        (self.0.client.batch_execute(&grant).await).expect("grant CREATE on the schema");
+    }
+
     async fn archived_ids(&self) -> Vec<i64> {
         let sql = format!(
             "SELECT id FROM \"{}\".outbox_archive ORDER BY id",
@@ -337,6 +343,7 @@ outboxd_conformance::conformance_tests!(Pg;
     inbox::failures_back_off_and_end_in_manual_required,
     inbox::reaper_and_schedule_cover_the_inbox,
     inbox::operator_actions_cover_the_inbox,
+    inbox::verify_reads_back_its_messages_and_counts_effects,
     stream::only_committed_transactions_are_read_in_commit_order,
     stream::a_reopened_stream_resumes_after_the_confirmed_position,
     stream::rows_written_while_no_stream_is_open_are_read_later,

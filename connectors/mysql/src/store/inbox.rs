@@ -30,7 +30,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row, Value};
 use outboxd_connector::{
     last_error_text, ClaimToken, ClaimedMessage, Completed, ConnectorError, InboxMessage,
-    InboxOutcome, InboxStore, Ingested, ReapPolicy, ReapReport, RetrySchedule,
+    InboxOutcome, InboxStore, Ingested, OwnMessageState, ReapPolicy, ReapReport, RetrySchedule,
 };
 use outboxd_connector_kit::inbox as kit;
 use tokio::sync::Mutex;
@@ -586,6 +586,34 @@ impl InboxStore for MysqlInboxStore {
             }
         }
         Ok(report)
+    }
+
+    async fn own_messages(
+        &self,
+        source: &str,
+        message_ids: &[String],
+    ) -> Result<Vec<OwnMessageState>, ConnectorError> {
+        self.read_own_messages(source, message_ids).await
+    }
+
+    async fn delete_own_messages(
+        &self,
+        source: &str,
+        message_ids: &[String],
+    ) -> Result<u64, ConnectorError> {
+        self.delete_own_messages_of(source, message_ids).await
+    }
+
+    async fn create_scratch_table(&self, name: &str) -> Result<String, ConnectorError> {
+        self.create_scratch(name).await
+    }
+
+    async fn scratch_rows(&self, name: &str) -> Result<Vec<(String, String)>, ConnectorError> {
+        self.read_scratch(name).await
+    }
+
+    async fn drop_scratch_table(&self, name: &str) -> Result<(), ConnectorError> {
+        self.drop_scratch(name).await
     }
 
     async fn schedule(&self) -> Result<RetrySchedule, ConnectorError> {

@@ -14,6 +14,7 @@ mod claims;
 pub mod inbox;
 mod inbox_insert;
 mod inbox_operator;
+mod inbox_verify;
 mod operator;
 mod own_rows;
 mod sql;

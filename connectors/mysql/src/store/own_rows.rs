@@ -5,7 +5,6 @@
 //! `outboxd_connector_kit::store::own_rows_insert` and its siblings, each value a utf8mb4
 //! string ([`sql_string`]), which a text, JSON or binary column takes.
 
-use mysql_async::Value;
 use outboxd_connector::{
     ConnectorError, NewOutboxRow, OwnRowState, OwnRowsToDelete, TransactionEnd,
 };
@@ -14,19 +13,9 @@ use outboxd_connector_kit::store::{
     own_row_state, own_rows_delete, own_rows_insert, own_rows_select,
 };
 
+use crate::client::text;
 use crate::schema::{quote_ident, sql_string};
 use crate::store::MysqlOutboxStore;
-
-/// A cell as text (MySQL's text protocol sends every value as bytes).
-fn text(value: Option<&Value>) -> Option<String> {
-    match value? {
-        Value::NULL => None,
-        Value::Bytes(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
-        Value::Int(n) => Some(n.to_string()),
-        Value::UInt(n) => Some(n.to_string()),
-        other => Some(other.as_sql(true).trim_matches('\'').to_owned()),
-    }
-}
 
 impl MysqlOutboxStore {
     pub(crate) async fn insert_own_rows(
@@ -67,7 +56,9 @@ impl MysqlOutboxStore {
         let rows = self.rows(&sql, "reading outboxd's own outbox rows").await?;
         let mut states = Vec::with_capacity(rows.len());
         for row in rows {
-            let cells: Vec<Option<String>> = (0..6).map(|i| text(row.as_ref(i))).collect();
+            let cells = (0..6)
+                .map(|i| text(&row, i))
+                .collect::<Result<Vec<Option<String>>, _>>()?;
             let cell = |i: usize| cells.get(i).and_then(Option::as_deref);
             let state = own_row_state([cell(0), cell(1), cell(2), cell(3), cell(4), cell(5)])
                 .map_err(ConnectorError::definite)?;

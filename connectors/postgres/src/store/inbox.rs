@@ -12,7 +12,7 @@ use std::time::SystemTime;
 
 use outboxd_connector::{
     last_error_text, ClaimToken, ClaimedMessage, Completed, ConnectorError, InboxMessage,
-    InboxOutcome, InboxStore, Ingested, ReapPolicy, ReapReport, RetrySchedule,
+    InboxOutcome, InboxStore, Ingested, OwnMessageState, ReapPolicy, ReapReport, RetrySchedule,
 };
 use outboxd_connector_kit::inbox as kit;
 use outboxd_connector_kit::status;
@@ -454,6 +454,34 @@ impl InboxStore for PgInboxStore {
             }
         }
         Ok(report)
+    }
+
+    async fn own_messages(
+        &self,
+        source: &str,
+        message_ids: &[String],
+    ) -> Result<Vec<OwnMessageState>, ConnectorError> {
+        self.read_own_messages(source, message_ids).await
+    }
+
+    async fn delete_own_messages(
+        &self,
+        source: &str,
+        message_ids: &[String],
+    ) -> Result<u64, ConnectorError> {
+        self.delete_own_messages_of(source, message_ids).await
+    }
+
+    async fn create_scratch_table(&self, name: &str) -> Result<String, ConnectorError> {
+        self.create_scratch(name).await
+    }
+
+    async fn scratch_rows(&self, name: &str) -> Result<Vec<(String, String)>, ConnectorError> {
+        self.read_scratch(name).await
+    }
+
+    async fn drop_scratch_table(&self, name: &str) -> Result<(), ConnectorError> {
+        self.drop_scratch(name).await
     }
 
     async fn schedule(&self) -> Result<RetrySchedule, ConnectorError> {

@@ -24,6 +24,7 @@ mod checkpoint;
 mod claims;
 pub mod inbox;
 mod inbox_operator;
+mod inbox_verify;
 pub mod operator;
 mod own_rows;
 mod sql;

@@ -18,7 +18,7 @@ use crate::store::PgOutboxStore;
 
 /// `value` as a PostgreSQL string literal (an escape string when it has a backslash, so
 /// the text is the same whatever `standard_conforming_strings` says).
-fn literal(value: &str) -> String {
+pub(crate) fn literal(value: &str) -> String {
     let quoted = value.replace('\'', "''");
     if quoted.contains('\\') {
         format!("E'{}'", quoted.replace('\\', "\\\\"))
