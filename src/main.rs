@@ -122,6 +122,15 @@ struct VerifyArgs {
     /// Print one JSON document instead of the text report.
     #[arg(long)]
     json: bool,
+    /// Check the inbox instead of the outbox relay: post signed messages (some twice) to
+    /// the HTTP ingress and check each is stored once and handled once, in its key's
+    /// order. Needs --spawn: verify runs the inbox with a source and handlers of its own.
+    #[arg(long, requires = "spawn")]
+    inbox: bool,
+    /// With --inbox: the HTTP source verify posts as (added, with a secret made for the
+    /// run, to the config of the inbox it spawns).
+    #[arg(long, default_value = "outboxd-verify")]
+    source: String,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -343,6 +352,8 @@ fn main() -> ExitCode {
                 keep_rows: a.keep_rows,
                 seed: a.seed,
                 json: a.json,
+                inbox: a.inbox,
+                source: a.source,
             }),
             a.config.config,
             None,

@@ -4,6 +4,7 @@
 //! fails, with the right numbers, against a relay that is deliberately broken (a test
 //! double that reads the outbox and publishes to Kafka itself, dropping one event in ten,
 //! or swapping two events of a key), so the checker is shown to catch what it claims to.
+//! And `verify --inbox` passes on both engines with its inbox killed meanwhile.
 
 mod common;
 
@@ -282,4 +283,87 @@ async fn a_relay_that_swaps_two_events_of_a_key_fails_verify_with_the_count() {
         failures.contains("after a later event of their key"),
         "{failures}"
     );
+}
+
+/// `verify --inbox --spawn --faults kill`: signed messages posted to the HTTP ingress of
+/// an inbox verify runs and kills about every 2 s, some posted twice: each stored once,
+/// DONE, its SQL handler's effect exactly once, in its key's order. Run with the admin's
+/// login, which may create verify's scratch table (the runtime role may not).
+async fn inbox_passes_with_kills<E: Engine>(prefix: &str) {
+    let p = Pipeline::<E>::new(prefix, 1, "").await;
+    p.init();
+    let port = common::free_port();
+    let inbox = format!("inbox_{}", p.name);
+    let config = format!(
+        "{}\n\n[metrics]\nlisten = \"127.0.0.1:{port}\"\n\n[inbox]\ntable = \"{inbox}\"\n\
+         workers = 4\n\n[inbox.http.secrets]\npartner = [\"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"]\n",
+        p.services.source_section()
+    );
+    let admin = p.dir.join("inbox-admin.toml");
+    std::fs::write(&admin, p.services.as_admin(&config)).expect("write config");
+    let init = common::run_outboxd(&admin, &["init"]);
+    assert!(
+        init.status.success(),
+        "{}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    let out = common::run_outboxd(
+        &admin,
+        &[
+            "verify",
+            "--inbox",
+            "--spawn",
+            "--json",
+            "--duration",
+            "6s",
+            "--rate",
+            "40",
+            "--keys",
+            "8",
+            "--faults",
+            "kill",
+            "--kill-every",
+            "2s",
+        ],
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "no JSON report ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert_eq!(out.status.code(), Some(0), "{report:#}");
+    for zero in [
+        "unacknowledged",
+        "lost",
+        "not_done",
+        "effects_missing",
+        "effects_repeated",
+        "order_violations",
+    ] {
+        assert_eq!(count(&report, zero), 0, "{zero}: {report:#}");
+    }
+    assert_eq!(count(&report, "messages"), 240);
+    assert!(count(&report, "duplicates_acknowledged") > 10, "{report:#}");
+    let relay = report["relay"].as_str().expect("relay");
+    assert!(
+        relay.contains("killed") && !relay.contains("killed 0"),
+        "{relay}"
+    );
+    assert!(
+        report["cleanup"].as_str().unwrap_or("").contains("dropped"),
+        "{report:#}"
+    );
+    E::execute_as_admin(&p, &format!("DROP TABLE {inbox};")).await;
+    p.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_inbox_passes_with_kills() {
+    inbox_passes_with_kills::<PgServices>("vfy_inbox").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_inbox_passes_with_kills() {
+    inbox_passes_with_kills::<MysqlServices>("vfy_inbox").await;
 }

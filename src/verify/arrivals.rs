@@ -24,7 +24,9 @@ struct State {
 
 impl Arrivals {
     fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Records a copy of event `index`, arrived now.

@@ -202,7 +202,10 @@ pub(crate) fn check(
             f.order_violations += 1;
             let (event, after) = (arrival.index, *top);
             example(&mut f.order_examples, || {
-                format!("key {}: event {event} arrived after event {after}", w.event.key)
+                format!(
+                    "key {}: event {event} arrived after event {after}",
+                    w.event.key
+                )
             });
         } else {
             *top = arrival.index;
@@ -234,10 +237,7 @@ fn verdict(f: &Findings, promise: Promise) -> Vec<String> {
         ));
     }
     if f.duplicates > 0 && promise.exactly_once {
-        failures.push(format!(
-            "{} duplicate(s) under exactly-once",
-            f.duplicates
-        ));
+        failures.push(format!("{} duplicate(s) under exactly-once", f.duplicates));
     }
     if f.status_mismatches > 0 {
         failures.push(format!(
@@ -275,7 +275,14 @@ mod tests {
 
     /// `n` committed events over `keys` keys (event i on key i % keys), each delivered
     /// once at offset i, every row SUCCESS at its offset.
-    fn healthy(n: u64, keys: u32) -> (Vec<WrittenEvent>, Vec<Arrival>, HashMap<String, OwnRowState>) {
+    fn healthy(
+        n: u64,
+        keys: u32,
+    ) -> (
+        Vec<WrittenEvent>,
+        Vec<Arrival>,
+        HashMap<String, OwnRowState>,
+    ) {
         let start = Instant::now();
         let mut written = Vec::new();
         let mut arrivals = Vec::new();
@@ -360,13 +367,18 @@ mod tests {
             rows.get_mut(&format!("m{i}")).unwrap().position = Some((0, 100 + i as i64));
         }
         let f = check(&written, &arrivals, &rows, PROMISE);
-        assert_eq!((f.duplicates, f.order_violations, f.position_mismatches), (3, 0, 0));
+        assert_eq!(
+            (f.duplicates, f.order_violations, f.position_mismatches),
+            (3, 0, 0)
+        );
         assert_eq!(f.failures, ["3 duplicate(s) under exactly-once"]);
         let at_least_once = Promise {
             exactly_once: false,
             ..PROMISE
         };
-        assert!(check(&written, &arrivals, &rows, at_least_once).failures.is_empty());
+        assert!(check(&written, &arrivals, &rows, at_least_once)
+            .failures
+            .is_empty());
     }
 
     #[test]

@@ -50,13 +50,15 @@ pub(crate) fn listen_address(url: &str) -> Result<SocketAddr, String> {
         ));
     }
     let host = uri.host().unwrap_or("127.0.0.1").trim_matches(['[', ']']);
-    let host = if host == "localhost" { "127.0.0.1" } else { host };
+    let host = if host == "localhost" {
+        "127.0.0.1"
+    } else {
+        host
+    };
     let port = uri.port_u16().unwrap_or(80);
-    format!("{host}:{port}")
-        .parse()
-        .map_err(|_| {
-            format!("endpoint url {url}: verify listens on an IP address (127.0.0.1), not {host}")
-        })
+    format!("{host}:{port}").parse().map_err(|_| {
+        format!("endpoint url {url}: verify listens on an IP address (127.0.0.1), not {host}")
+    })
 }
 
 impl HttpReceiver {
@@ -142,7 +144,9 @@ mod tests {
     #[test]
     fn the_endpoint_must_be_plain_http_on_an_address() {
         assert_eq!(
-            listen_address("http://127.0.0.1:8089/hooks").unwrap().to_string(),
+            listen_address("http://127.0.0.1:8089/hooks")
+                .unwrap()
+                .to_string(),
             "127.0.0.1:8089"
         );
         assert_eq!(

@@ -135,7 +135,9 @@ fn assigned_at_end(client: &ClientConfig, topic: &str) -> Result<BaseConsumer, S
         .flat_map(|t| t.partitions().iter().map(|p| p.id()))
         .collect();
     if partitions.is_empty() {
-        return Err(format!("topic {topic} has no partitions the consumer can see"));
+        return Err(format!(
+            "topic {topic} has no partitions the consumer can see"
+        ));
     }
     let mut assignment = TopicPartitionList::new();
     for partition in partitions {

@@ -14,13 +14,17 @@
 //! holds. It deletes its own rows at the end (by their message ids: never a row it did
 //! not write), and its topic with `--cleanup-topic`.
 //!
+//! With `--inbox --spawn` it checks the other half instead ([`inbox`]): signed messages
+//! posted to the HTTP ingress, redelivered, each stored once and handled once in order.
+//!
 //! The modules: [`plan`] (what to write), [`check`] (the checks, pure), [`arrivals`]
 //! (what came back), [`kafka_reader`] and [`http_receiver`] (one per sink),
-//! [`relay_child`] (`--spawn`), [`report`] (text and JSON).
+//! [`relay_child`] (`--spawn`), [`report`] (text and JSON), [`inbox`] (`--inbox`).
 
 mod arrivals;
 mod check;
 mod http_receiver;
+mod inbox;
 mod kafka_reader;
 mod plan;
 mod relay_child;
@@ -81,6 +85,10 @@ pub struct VerifyOptions {
     pub seed: Option<u64>,
     /// Print JSON instead of text.
     pub json: bool,
+    /// Check the inbox instead of the outbox relay (`--inbox`, with `spawn`).
+    pub inbox: bool,
+    /// `--inbox`: the HTTP source verify posts as (added to the child's config).
+    pub source: String,
 }
 
 /// The reader of the configured sink (a [`kafka_reader::KafkaReader`] or an
@@ -93,6 +101,9 @@ pub(crate) async fn run<C: Connector>(
     connector: &C,
     options: &VerifyOptions,
 ) -> anyhow::Result<i32> {
+    if options.inbox {
+        return inbox::run(config, connector, options).await;
+    }
     check_options(config, options)?;
     let promise = Promise {
         exactly_once: config.delivery.exactly_once,
@@ -128,7 +139,15 @@ pub(crate) async fn run<C: Connector>(
     let progress = Progress::new(options.json);
     let started = Instant::now();
 
-    let written = write(&store, &mut plan, options, relay.as_mut(), &arrivals, &progress).await;
+    let written = write(
+        &store,
+        &mut plan,
+        options,
+        relay.as_mut(),
+        &arrivals,
+        &progress,
+    )
+    .await;
     let Written {
         events: written,
         transactions,
@@ -142,7 +161,16 @@ pub(crate) async fn run<C: Connector>(
         }
     };
     let wrote_for = started.elapsed();
-    let rows = drain(&store, &written, options, relay.as_mut(), &arrivals, &progress, promise).await;
+    let rows = drain(
+        &store,
+        &written,
+        options,
+        relay.as_mut(),
+        &arrivals,
+        &progress,
+        promise,
+    )
+    .await;
     let drained_for = started.elapsed() - wrote_for;
     let relay_log = relay.as_ref().map(|r| r.log().to_owned());
     let kills = relay.as_ref().map_or(0, |r| r.kills);
@@ -167,7 +195,12 @@ pub(crate) async fn run<C: Connector>(
             seed,
             pipeline: config.pipeline.name.clone(),
             source: config.source.engine.kind().to_owned(),
-            sink: if config.sends_to_kafka() { "kafka" } else { "http" }.to_owned(),
+            sink: if config.sends_to_kafka() {
+                "kafka"
+            } else {
+                "http"
+            }
+            .to_owned(),
             topic: options.topic.clone(),
             relay: match (options.spawn, options.kill_faults) {
                 (false, _) => "already running".to_owned(),
@@ -340,10 +373,10 @@ async fn write<S: OutboxStore>(
                 options.duration.as_secs_f64(),
                 written.len(),
                 arrivals.distinct(),
-                relay
-                    .as_deref()
-                    .filter(|_| options.kill_faults)
-                    .map_or(String::new(), |r| format!(", relay killed {} time(s)", r.kills))
+                relay.as_deref().filter(|_| options.kill_faults).map_or(
+                    String::new(),
+                    |r| format!(", relay killed {} time(s)", r.kills)
+                )
             )
         });
     }
@@ -400,7 +433,10 @@ async fn drain<S: OutboxStore>(
             || expected
                 .iter()
                 .filter(|w| arrivals.has(w.event.index))
-                .all(|w| rows.get(&w.event.message_id).is_some_and(|r| r.status == "SUCCESS"));
+                .all(|w| {
+                    rows.get(&w.event.message_id)
+                        .is_some_and(|r| r.status == "SUCCESS")
+                });
         if settled || Instant::now() >= deadline {
             return Ok(rows);
         }
@@ -489,7 +525,10 @@ impl Progress {
         } else {
             Duration::from_secs(5)
         };
-        let mut last = self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut last = self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if last.is_some_and(|at| at.elapsed() < every) {
             return;
         }

@@ -163,7 +163,10 @@ mod tests {
                 serde_json::from_str::<serde_json::Value>(&row.payload).expect("JSON payload");
             }
         }
-        assert!((20..=60).contains(&rollbacks), "{rollbacks} of 200 rolled back");
+        assert!(
+            (20..=60).contains(&rollbacks),
+            "{rollbacks} of 200 rolled back"
+        );
         let again = Plan::new(settings());
         assert_eq!(again.run(), plan.run(), "the seed repeats a run");
     }

@@ -93,7 +93,10 @@ impl RelayChild {
                 .args(["-TERM", &pid.to_string()])
                 .status();
         }
-        if tokio::time::timeout(STOP_GRACE, child.wait()).await.is_err() {
+        if tokio::time::timeout(STOP_GRACE, child.wait())
+            .await
+            .is_err()
+        {
             let _ = child.kill().await;
         }
     }

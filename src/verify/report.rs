@@ -61,7 +61,11 @@ impl Report {
         ));
         line(format!(
             "  promise     {}, {} ordering, rows {}",
-            if p.exactly_once { "exactly-once" } else { "at-least-once" },
+            if p.exactly_once {
+                "exactly-once"
+            } else {
+                "at-least-once"
+            },
             if p.strict_order { "strict" } else { "relaxed" },
             if p.rows_kept { "kept" } else { "deleted" }
         ));
@@ -93,7 +97,10 @@ impl Report {
                 (_, false) => " (allowed: at-least-once sends again after a crash)",
             }
         ));
-        line(format!("  order       {} violation(s) of a key's commit order", f.order_violations));
+        line(format!(
+            "  order       {} violation(s) of a key's commit order",
+            f.order_violations
+        ));
         for example in &f.order_examples {
             line(format!("    {example}"));
         }
