@@ -297,6 +297,18 @@ pub fn consume_all(
                 });
                 last_record = Instant::now();
             }
+            // librdkafka reports a broker connection that drops (or a broker just back
+            // from a pause) as an error event and reconnects by itself: keep reading. The
+            // caller checks what was read.
+            Some(Err(rdkafka::error::KafkaError::MessageConsumption(code)))
+                if matches!(
+                    code,
+                    rdkafka::types::RDKafkaErrorCode::AllBrokersDown
+                        | rdkafka::types::RDKafkaErrorCode::BrokerTransportFailure
+                ) =>
+            {
+                eprintln!("consumer: {code} (transient, reading on)");
+            }
             Some(Err(e)) => panic!("consumer error: {e}"),
             None => {
                 if records.len() >= expected && last_record.elapsed() > settle {
