@@ -367,3 +367,51 @@ async fn postgres_inbox_passes_with_kills() {
 async fn mariadb_inbox_passes_with_kills() {
     inbox_passes_with_kills::<MysqlServices>("vfy_inbox").await;
 }
+
+/// Ctrl-C (SIGINT) in the middle of a run: verify stops its relay, deletes every row it
+/// wrote, prints its report marked interrupted and exits 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_run_cleans_up_and_fails() {
+    let p = Pipeline::<PgServices>::new("vfy_int", 1, "").await;
+    p.init();
+    PgServices::grant_canary(&p).await;
+    let child = Command::new(env!("CARGO_BIN_EXE_outboxd"))
+        .args([
+            "verify",
+            "--json",
+            "--spawn",
+            "--topic",
+            &p.topic,
+            "--duration",
+            "60s",
+        ])
+        .arg("--config")
+        .arg(&p.config_path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start verify");
+    // Some rows written and delivered first.
+    common::wait_for("verify's rows", Duration::from_secs(30), || async {
+        (p.rows().await.len() >= 50).then_some(())
+    })
+    .await;
+    let interrupted = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill -INT");
+    assert!(interrupted.success());
+    let out = child.wait_with_output().expect("verify's output");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "no JSON report ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert_eq!(out.status.code(), Some(1), "{report:#}");
+    let failures = report["findings"]["failures"].to_string();
+    assert!(failures.contains("interrupted"), "{failures}");
+    assert!(count(&report, "events_committed") >= 50);
+    assert!(p.rows().await.is_empty(), "the run's rows are deleted");
+    p.cleanup().await;
+}

@@ -385,8 +385,9 @@ impl Config {
             Ok(allowed) => allowed,
             Err(e) => return Some(e),
         };
-        let reserved =
-            crate::sink::kafka::ReservedTopics::new(self.kafka.positions_topic(&self.pipeline.name));
+        let reserved = crate::sink::kafka::ReservedTopics::new(
+            self.kafka.positions_topic(&self.pipeline.name),
+        );
         allowed.refusal(topic).or_else(|| reserved.refusal(topic))
     }
 

@@ -29,14 +29,20 @@ impl Arrivals {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Records a copy of event `index`, arrived now.
-    pub(crate) fn record(&self, index: u64, position: Option<(i32, i64)>) {
+    /// Records a copy of event `index`, arrived now (with Kafka: where, under which key).
+    pub(crate) fn record(
+        &self,
+        index: u64,
+        position: Option<(i32, i64)>,
+        record_key: Option<Vec<u8>>,
+    ) {
         let mut state = self.state();
         state.distinct.insert(index);
         state.copies.push(Arrival {
             index,
             at: Instant::now(),
             position,
+            record_key,
         });
     }
 

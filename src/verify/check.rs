@@ -37,6 +37,8 @@ pub(crate) struct Arrival {
     pub(crate) at: Instant,
     /// Kafka's partition and offset; `None` for HTTP.
     pub(crate) position: Option<(i32, i64)>,
+    /// Kafka's record key; `None` for HTTP.
+    pub(crate) record_key: Option<Vec<u8>>,
 }
 
 /// What the configuration promises, which decides what is a failure.
@@ -53,7 +55,7 @@ pub(crate) struct Promise {
 }
 
 /// A few examples of a finding: enough to look into, never the whole run.
-const EXAMPLES: usize = 5;
+pub(super) const EXAMPLES: usize = 5;
 
 /// Commit → first arrival, in milliseconds.
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
@@ -81,6 +83,10 @@ pub(crate) struct Findings {
     /// Events that first arrived after a later event of their key.
     pub(crate) order_violations: u64,
     pub(crate) order_examples: Vec<String>,
+    /// Kafka copies under another record key than their `biz_key`, and keys whose copies
+    /// landed in more than one partition: either breaks per-key order for consumers.
+    pub(crate) routing_violations: u64,
+    pub(crate) routing_examples: Vec<String>,
     /// Committed events whose row does not show SUCCESS.
     pub(crate) status_mismatches: u64,
     pub(crate) status_examples: Vec<String>,
@@ -92,14 +98,14 @@ pub(crate) struct Findings {
     pub(crate) failures: Vec<String>,
 }
 
-fn example(list: &mut Vec<String>, text: impl FnOnce() -> String) {
+pub(super) fn example(list: &mut Vec<String>, text: impl FnOnce() -> String) {
     if list.len() < EXAMPLES {
         list.push(text());
     }
 }
 
 /// The value at `q` (0..=1) of sorted `values`.
-fn percentile(sorted: &[f64], q: f64) -> f64 {
+pub(super) fn percentile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
@@ -212,6 +218,38 @@ pub(crate) fn check(
         }
     }
 
+    // Routing (Kafka): each copy under its key, each key in one partition.
+    let mut partitions: HashMap<u32, i32> = HashMap::new();
+    for arrival in arrivals {
+        let (Some(w), Some(record_key)) = (by_index.get(&arrival.index), &arrival.record_key)
+        else {
+            continue;
+        };
+        if record_key.as_slice() != w.event.biz_key.as_bytes() {
+            f.routing_violations += 1;
+            example(&mut f.routing_examples, || {
+                format!(
+                    "{}: record key {:?}, not its biz_key",
+                    w.event.message_id,
+                    String::from_utf8_lossy(record_key)
+                )
+            });
+        }
+        let Some((partition, _)) = arrival.position else {
+            continue;
+        };
+        let first = *partitions.entry(w.event.key).or_insert(partition);
+        if first != partition {
+            f.routing_violations += 1;
+            example(&mut f.routing_examples, || {
+                format!(
+                    "key {}: {} in partition {partition}, earlier events in {first}",
+                    w.event.key, w.event.message_id
+                )
+            });
+        }
+    }
+
     latencies.sort_by(f64::total_cmp);
     f.latency = Latency {
         p50_ms: percentile(&latencies, 0.50),
@@ -234,6 +272,12 @@ fn verdict(f: &Findings, promise: Promise) -> Vec<String> {
         failures.push(format!(
             "{} event(s) arrived after a later event of their key",
             f.order_violations
+        ));
+    }
+    if f.routing_violations > 0 {
+        failures.push(format!(
+            "{} record(s) under another key or in another partition than their key's",
+            f.routing_violations
         ));
     }
     if f.duplicates > 0 && promise.exactly_once {
@@ -294,6 +338,7 @@ mod tests {
                     index: i,
                     key: (i % u64::from(keys)) as u32,
                     message_id: message_id.clone(),
+                    biz_key: format!("k{}", i % u64::from(keys)),
                 },
                 outcome: Outcome::Committed,
                 committed_at: Some(start),
@@ -302,6 +347,7 @@ mod tests {
                 index: i,
                 at: start + Duration::from_millis(10 + i),
                 position: Some((0, i as i64)),
+                record_key: Some(format!("k{}", i % u64::from(keys)).into_bytes()),
             });
             rows.insert(
                 message_id.clone(),
@@ -363,6 +409,7 @@ mod tests {
                 index: i,
                 at: Instant::now(),
                 position: Some((0, 100 + i as i64)),
+                record_key: Some(format!("k{}", i % 2).into_bytes()),
             });
             rows.get_mut(&format!("m{i}")).unwrap().position = Some((0, 100 + i as i64));
         }
@@ -396,6 +443,22 @@ mod tests {
         );
         assert_eq!(f.status_examples[1], "m5: the row is gone");
         assert_eq!(f.failures.len(), 3, "{:?}", f.failures);
+    }
+
+    #[test]
+    fn a_wrong_record_key_or_a_key_split_over_partitions_fails() {
+        let (written, mut arrivals, mut rows) = healthy(12, 3);
+        arrivals[4].record_key = None; // HTTP-like: not checked
+        arrivals[5].record_key = Some(b"k0".to_vec()); // event 5 is key 2's
+        arrivals[7].position = Some((1, 7)); // key 1, elsewhere than its earlier events
+        rows.get_mut("m7").unwrap().position = Some((1, 7));
+        let f = check(&written, &arrivals, &rows, PROMISE);
+        assert_eq!(f.routing_violations, 2, "{:?}", f.routing_examples);
+        assert_eq!(
+            f.routing_examples[1],
+            "key 1: m7 in partition 1, earlier events in 0"
+        );
+        assert_eq!(f.failures.len(), 1, "{:?}", f.failures);
     }
 
     #[test]

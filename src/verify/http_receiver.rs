@@ -50,15 +50,13 @@ pub(crate) fn listen_address(url: &str) -> Result<SocketAddr, String> {
         ));
     }
     let host = uri.host().unwrap_or("127.0.0.1").trim_matches(['[', ']']);
-    let host = if host == "localhost" {
-        "127.0.0.1"
-    } else {
-        host
+    let ip: std::net::IpAddr = match host {
+        "localhost" => std::net::Ipv4Addr::LOCALHOST.into(),
+        other => other.parse().map_err(|_| {
+            format!("endpoint url {url}: verify listens on an IP address (127.0.0.1), not {host}")
+        })?,
     };
-    let port = uri.port_u16().unwrap_or(80);
-    format!("{host}:{port}").parse().map_err(|_| {
-        format!("endpoint url {url}: verify listens on an IP address (127.0.0.1), not {host}")
-    })
+    Ok(SocketAddr::new(ip, uri.port_u16().unwrap_or(80)))
 }
 
 impl HttpReceiver {
@@ -132,7 +130,7 @@ async fn receive(
         .and_then(|id| find_index(id.as_bytes(), prefix))
         .or_else(|| find_index(&body, prefix));
     if let Some(index) = index {
-        arrivals.record(index, None);
+        arrivals.record(index, None, None);
     }
     answer(StatusCode::NO_CONTENT)
 }
@@ -152,6 +150,10 @@ mod tests {
         assert_eq!(
             listen_address("http://localhost/").unwrap().to_string(),
             "127.0.0.1:80"
+        );
+        assert_eq!(
+            listen_address("http://[::1]:8089/").unwrap().to_string(),
+            "[::1]:8089"
         );
         assert!(listen_address("https://127.0.0.1:8443/").is_err());
         assert!(listen_address("http://partner.example/").is_err());

@@ -25,23 +25,17 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 /// Partitions of a topic `verify` creates when it is missing.
 const NEW_TOPIC_PARTITIONS: i32 = 3;
 
-/// The connection and security settings of `[kafka]` (not its producer options), with
-/// `bootstrap.servers`.
 fn client_config(kafka: &KafkaConfig) -> ClientConfig {
-    let mut client = ClientConfig::new();
-    for (key, value) in &kafka.options {
-        let shared = ["security.", "sasl.", "ssl.", "client.", "socket."];
-        if shared.iter().any(|p| key.starts_with(p)) {
-            client.set(key, value);
-        }
-    }
-    client.set("bootstrap.servers", &kafka.bootstrap_servers);
-    client
+    crate::sink::kafka::connection_settings(kafka)
 }
 
-/// Creates `topic` when it is missing (the broker's default replication); says whether
-/// it did.
+/// Creates `topic` when it is missing (the broker's default replication), and waits until
+/// its partitions have leaders; says whether it created it. Looks before creating: a
+/// cluster with ACLs may refuse a creation for an existing topic.
 pub(crate) async fn ensure_topic(kafka: &KafkaConfig, topic: &str) -> Result<bool, String> {
+    if partitions_with_leaders(kafka, topic).await?.is_some() {
+        return Ok(false);
+    }
     let admin: AdminClient<DefaultClientContext> = client_config(kafka)
         .create()
         .map_err(|e| format!("cannot create a Kafka admin client: {e}"))?;
@@ -49,14 +43,52 @@ pub(crate) async fn ensure_topic(kafka: &KafkaConfig, topic: &str) -> Result<boo
     let options = AdminOptions::new().operation_timeout(Some(CALL_TIMEOUT));
     let results = (admin.create_topics([&new], &options).await)
         .map_err(|e| format!("cannot create topic {topic}: {e}"))?;
-    match results.into_iter().next() {
-        Some(Ok(_)) => Ok(true),
-        Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) | None => Ok(false),
-        Some(Err((_, code))) => Err(format!(
-            "topic {topic} is missing and cannot be created ({code}): create it, or name \
-             another with --topic"
-        )),
+    let created = match results.into_iter().next() {
+        Some(Ok(_)) => true,
+        Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) | None => false,
+        Some(Err((_, code))) => {
+            return Err(format!(
+                "topic {topic} is missing and cannot be created ({code}): create it, or \
+                 name another with --topic"
+            ))
+        }
+    };
+    // A new topic's partitions get their leaders a moment after the creation returns.
+    for _ in 0..50 {
+        if partitions_with_leaders(kafka, topic).await?.is_some() {
+            return Ok(created);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    Err(format!(
+        "topic {topic} was created but its partitions have no leader after 10 s"
+    ))
+}
+
+/// `Some(partitions)` when `topic` exists and every partition has a leader.
+async fn partitions_with_leaders(
+    kafka: &KafkaConfig,
+    topic: &str,
+) -> Result<Option<usize>, String> {
+    let client = client_config(kafka);
+    let topic = topic.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = client
+            .create()
+            .map_err(|e| format!("cannot create a Kafka client: {e}"))?;
+        let metadata = consumer
+            .fetch_metadata(Some(&topic), CALL_TIMEOUT)
+            .map_err(|e| format!("cannot read topic {topic}'s metadata: {e}"))?;
+        let found = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic && t.error().is_none())
+            .map(|t| t.partitions())
+            .filter(|p| !p.is_empty() && p.iter().all(|p| p.leader() >= 0));
+        Ok(found.map(<[_]>::len))
+    })
+    .await
+    .map_err(|e| format!("the Kafka metadata task failed: {e}"))?
 }
 
 /// Deletes `topic` (`--cleanup-topic`).
@@ -169,7 +201,8 @@ fn read(consumer: &BaseConsumer, prefix: &str, arrivals: &Arrivals, stop: &Atomi
                 let index =
                     from_header.or_else(|| record.payload().and_then(|p| find_index(p, prefix)));
                 if let Some(index) = index {
-                    arrivals.record(index, Some((record.partition(), record.offset())));
+                    let key = record.key().map(<[u8]>::to_vec);
+                    arrivals.record(index, Some((record.partition(), record.offset())), key);
                 }
             }
             // Transient (a broker restarting): the consumer goes on by itself.

@@ -3,7 +3,8 @@
 //! back from the sink.
 //!
 //! Every event's message id is `outboxd-verify-<run>-<index>`: `<run>` is random per run
-//! (so runs never mix), `<index>` counts events in the order they were written. One
+//! (so runs never mix, `--seed` or not), `<index>` counts events in the order they were
+//! written. One
 //! writer commits one transaction at a time, so the index order of a key's committed
 //! events is their commit order: the order the sink must keep. The id is in the payload
 //! too, so a record is recognised whatever envelope carries it.
@@ -38,6 +39,8 @@ pub(crate) struct PlannedEvent {
     pub(crate) key: u32,
     /// Its message id (see the module doc).
     pub(crate) message_id: String,
+    /// Its business key: the Kafka record key it must carry.
+    pub(crate) biz_key: String,
 }
 
 /// The events of a run, transaction by transaction.
@@ -57,27 +60,40 @@ pub(crate) fn id_prefix(run: &str) -> String {
 }
 
 /// The index of the first message id of `run` in `bytes` (a record's value, a request's
-/// body or its `webhook-id`), if any.
+/// body or its `webhook-id`), if any: the prefix followed by at least one digit (the
+/// run's business keys start with the prefix too, then `k`).
 pub(crate) fn find_index(bytes: &[u8], prefix: &str) -> Option<u64> {
     let needle = prefix.as_bytes();
-    let start = bytes
-        .windows(needle.len())
-        .position(|window| window == needle)?
-        + needle.len();
-    let digits = bytes[start..]
-        .iter()
-        .take_while(|b| b.is_ascii_digit())
-        .count();
-    std::str::from_utf8(&bytes[start..start + digits])
-        .ok()?
-        .parse()
-        .ok()
+    let mut from = 0;
+    while from + needle.len() <= bytes.len() {
+        let at = from
+            + bytes[from..]
+                .windows(needle.len())
+                .position(|window| window == needle)?;
+        let start = at + needle.len();
+        let digits = (bytes[start..].iter())
+            .take_while(|b| b.is_ascii_digit())
+            .count();
+        let index = std::str::from_utf8(&bytes[start..start + digits])
+            .ok()
+            .and_then(|text| text.parse().ok());
+        if index.is_some() {
+            return index;
+        }
+        from = at + 1;
+    }
+    None
+}
+
+/// A run id: random whatever `--seed` says, so a repeated run never meets an earlier
+/// run's rows, messages or scratch table.
+pub(crate) fn new_run_id() -> String {
+    format!("{:08x}", rand::thread_rng().gen::<u32>())
 }
 
 impl Plan {
-    pub(crate) fn new(settings: PlanSettings) -> Self {
-        let mut rng = StdRng::seed_from_u64(settings.seed);
-        let run = format!("{:08x}", rng.gen::<u32>());
+    pub(crate) fn new(settings: PlanSettings, run: String) -> Self {
+        let rng = StdRng::seed_from_u64(settings.seed);
         let keys = settings.keys.max(1) as usize;
         Self {
             settings,
@@ -86,11 +102,6 @@ impl Plan {
             next_index: 0,
             per_key: vec![0; keys],
         }
-    }
-
-    /// This run's id.
-    pub(crate) fn run(&self) -> &str {
-        &self.run
     }
 
     /// The next transaction: its rows, its events, and whether it is to be rolled back.
@@ -123,6 +134,7 @@ impl Plan {
                 index,
                 key: key as u32,
                 message_id,
+                biz_key: rows.last().map(|r| r.biz_key.clone()).unwrap_or_default(),
             });
         }
         (rows, events, rollback)
@@ -146,7 +158,7 @@ mod tests {
 
     #[test]
     fn events_are_numbered_in_write_order_and_typed_once_per_key() {
-        let mut plan = Plan::new(settings());
+        let mut plan = Plan::new(settings(), new_run_id());
         let mut seen_types = std::collections::HashSet::new();
         let mut next = 0;
         let mut rollbacks = 0;
@@ -167,8 +179,15 @@ mod tests {
             (20..=60).contains(&rollbacks),
             "{rollbacks} of 200 rolled back"
         );
-        let again = Plan::new(settings());
-        assert_eq!(again.run(), plan.run(), "the seed repeats a run");
+        // The same seed makes the same choices, under another run id.
+        let mut first = Plan::new(settings(), "a".into());
+        let mut again = Plan::new(settings(), "b".into());
+        for _ in 0..20 {
+            let (a, b) = (first.next_transaction(), again.next_transaction());
+            let keys = |events: &[PlannedEvent]| events.iter().map(|e| e.key).collect::<Vec<_>>();
+            assert_eq!((keys(&a.1), a.2), (keys(&b.1), b.2));
+            assert_ne!(a.0[0].message_id, b.0[0].message_id);
+        }
     }
 
     #[test]
@@ -180,6 +199,12 @@ mod tests {
         assert_eq!(find_index(escaped, &prefix), Some(7));
         assert_eq!(find_index(b"outboxd-verify-otherrun-7", &prefix), None);
         assert_eq!(find_index(b"outboxd-verify-0badcafe-", &prefix), None);
+        let key_first = br#"{"key":"outboxd-verify-0badcafe-k3","id":"outboxd-verify-0badcafe-9"}"#;
+        assert_eq!(
+            find_index(key_first, &prefix),
+            Some(9),
+            "past the key to the id"
+        );
         assert_eq!(find_index(b"", &prefix), None);
     }
 }

@@ -41,9 +41,15 @@ impl RelayChild {
     fn spawn(&mut self) -> Result<(), String> {
         let exe = std::env::current_exe()
             .map_err(|e| format!("cannot find outboxd's own binary to run the relay: {e}"))?;
-        let output = File::options()
-            .create(true)
-            .append(true)
+        // A new file at the first start (never one someone else made), appended to after.
+        let mut options = File::options();
+        options.append(true);
+        match self.child.is_none() && self.kills == 0 {
+            true => options.create_new(true),
+            false => options.create(true),
+        };
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let output = options
             .open(&self.log)
             .map_err(|e| format!("cannot open the relay's log {}: {e}", self.log.display()))?;
         let errors = output
@@ -88,10 +94,13 @@ impl RelayChild {
             return;
         };
         if let Some(pid) = child.id() {
-            // The child's own pid, from the handle that started it.
-            let _ = std::process::Command::new("kill")
-                .args(["-TERM", &pid.to_string()])
-                .status();
+            // The child's own pid, from the handle that started it; the shell's `kill`
+            // builtin, so no procps is needed (a slim image has none) and no unsafe code.
+            let _ = Command::new("sh")
+                .args(["-c", &format!("kill -TERM {pid}")])
+                .stdin(Stdio::null())
+                .status()
+                .await;
         }
         if tokio::time::timeout(STOP_GRACE, child.wait())
             .await

@@ -19,13 +19,19 @@ pub(crate) struct RunFacts {
     pub(crate) relay: String,
     /// The spawned relay's log file.
     pub(crate) relay_log: Option<std::path::PathBuf>,
-    /// Transactions written, and of them rolled back.
-    pub(crate) transactions: (u64, u64),
+    pub(crate) transactions: Transactions,
     pub(crate) wrote_seconds: f64,
     pub(crate) drained_seconds: f64,
     pub(crate) bad_signatures: u64,
     /// What was cleaned up.
     pub(crate) cleanup: String,
+}
+
+/// Transactions written, and of them rolled back.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub(crate) struct Transactions {
+    pub(crate) total: u64,
+    pub(crate) rolled_back: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -75,7 +81,7 @@ impl Report {
         }
         line(format!(
             "  written     {} transactions in {} s ({} rolled back): {} events committed, {} rolled back",
-            r.transactions.0, r.wrote_seconds, r.transactions.1, f.events_committed, f.events_rolled_back
+            r.transactions.total, r.wrote_seconds, r.transactions.rolled_back, f.events_committed, f.events_rolled_back
         ));
         line(format!(
             "  delivered   {} of {} (lost {}), then {} s to drain",

@@ -41,6 +41,22 @@ pub use topic::TopicTemplate;
 pub(crate) use transaction::check_line as exactly_once_line;
 
 pub(crate) use headers::RecordHeaders;
+
+/// `[kafka]`'s connection and security settings (`bootstrap_servers` and the `security.`,
+/// `sasl.`, `ssl.`, `client.` and `socket.` options), not its producer options: for the
+/// other clients outboxd makes of the same cluster (the exactly-once position reader and
+/// admin, `verify`'s consumer).
+pub(crate) fn connection_settings(config: &config::KafkaConfig) -> rdkafka::ClientConfig {
+    let mut client = rdkafka::ClientConfig::new();
+    for (key, value) in &config.options {
+        let shared = ["security.", "sasl.", "ssl.", "client.", "socket."];
+        if shared.iter().any(|prefix| key.starts_with(prefix)) {
+            client.set(key, value);
+        }
+    }
+    client.set("bootstrap.servers", &config.bootstrap_servers);
+    client
+}
 use options::SAFE_DEFAULTS;
 use transaction::Transactions;
 

@@ -70,19 +70,7 @@ pub(super) struct Transactions {
 
 impl Transactions {
     pub(super) fn new(config: &KafkaConfig, pipeline: &str) -> Self {
-        let mut reader = ClientConfig::new();
-        for (key, value) in &config.options {
-            // Connection and security settings only: the rest are producer options.
-            if key.starts_with("security.")
-                || key.starts_with("sasl.")
-                || key.starts_with("ssl.")
-                || key.starts_with("client.")
-                || key.starts_with("socket.")
-            {
-                reader.set(key, value);
-            }
-        }
-        reader.set("bootstrap.servers", &config.bootstrap_servers);
+        let reader = super::connection_settings(config);
         Self {
             id: config.transactional_id(pipeline),
             topic: config.positions_topic(pipeline),

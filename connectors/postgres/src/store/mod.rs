@@ -81,7 +81,7 @@ pub(crate) struct Conn {
     /// half-way (or whose `ROLLBACK` failed) leaves it set, and [`PgOutboxStore::lock`]
     /// then replaces the connection instead of running the next operation inside that
     /// transaction.
-    transaction_open: bool,
+    pub(crate) transaction_open: bool,
 }
 
 /// The statements of one outbox table.

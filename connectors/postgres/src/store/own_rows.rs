@@ -41,12 +41,18 @@ impl PgOutboxStore {
         let sql = own_rows_insert(&table, layout, rows, end, quote_ident, literal);
         let mut locked = self.lock().await?;
         let conn = locked.conn()?;
+        // Until the string's COMMIT or ROLLBACK has run: a call cancelled meanwhile (a
+        // canary's timeout) leaves the connection to be replaced, not reused mid-transaction.
+        conn.transaction_open = true;
         if let Err(e) = conn.client.batch_execute(sql.as_str()).await {
             // The INSERT failed inside the transaction the string opened: end it, so the
             // shared connection is usable again (a lost connection has no transaction).
-            let _ = conn.client.batch_execute("ROLLBACK").await;
+            if conn.client.batch_execute("ROLLBACK").await.is_ok() {
+                conn.transaction_open = false;
+            }
             return Err(self.error(&e, "writing outboxd's own outbox rows"));
         }
+        conn.transaction_open = false;
         Ok(())
     }
 
