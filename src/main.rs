@@ -110,7 +110,7 @@ struct VerifyArgs {
     /// How long to wait after the last write for every event to arrive.
     #[arg(long, default_value = "120s", value_parser = humantime_serde::re::humantime::parse_duration)]
     drain_timeout: std::time::Duration,
-    /// Delete the run's Kafka topic at the end.
+    /// Delete the run's Kafka topic at the end, if verify created it.
     #[arg(long)]
     cleanup_topic: bool,
     /// Leave the run's rows in the outbox (to look into a failed run).
