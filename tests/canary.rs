@@ -76,6 +76,11 @@ async fn canaries_go_through_the_outbox<E: Engine>(prefix: &str) {
     let canaries = records
         .iter()
         .filter(|r| r.headers.get("message_type").map(String::as_str) == Some("outboxd.canary"))
+        .inspect(|r| {
+            // The mark an inbox reading this topic acknowledges without storing.
+            let mark = r.headers.get(outboxd::canary::CANARY_HEADER);
+            assert_eq!(mark.map(String::as_str), Some("1"), "{:?}", r.headers);
+        })
         .count();
     assert!(canaries >= 5, "{canaries} canary records in Kafka");
     drop(daemon);

@@ -818,3 +818,63 @@ async fn values_the_database_refuses_are_kept_for_an_operator() {
     assert!(daemon.terminate().success());
     inbox.cleanup().await;
 }
+
+/// A relay's canary (`[canary]`) on a topic an inbox reads anyway: acknowledged, never
+/// stored, so no handler sees it; the business event after it (same key, so the same
+/// partition, read after it) is stored and handled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relays_canary_is_acknowledged_and_never_stored() {
+    let inbox = Inbox::new("canary", SQL_HANDLER).await;
+    let mut daemon = inbox.run("run.log");
+    inbox.wait_ready().await;
+    let producer = producer();
+    let headers = OwnedHeaders::new()
+        .insert(Header {
+            key: "message_id",
+            value: Some("canary-orders-1-1-1"),
+        })
+        .insert(Header {
+            key: "message_type",
+            value: Some("outboxd.canary"),
+        })
+        .insert(Header {
+            key: "biz_key",
+            value: Some("o-1"),
+        })
+        .insert(Header {
+            key: outboxd::canary::CANARY_HEADER,
+            value: Some("1"),
+        });
+    producer
+        .send(
+            FutureRecord::to(&inbox.topic)
+                .key("o-1")
+                .payload(r#"{"canary": 1}"#)
+                .headers(headers),
+            Duration::from_secs(10),
+        )
+        .await
+        .map_err(|(e, _)| e)
+        .expect("produce the canary");
+    send(
+        &producer,
+        &inbox.topic,
+        "k-1",
+        "order.created",
+        "o-1",
+        r#"{"order": 1}"#,
+    )
+    .await;
+    let rows = wait_for(
+        "the business event handled",
+        Duration::from_secs(30),
+        || async {
+            let rows = inbox.rows().await;
+            rows.iter().any(|(_, s, _)| s == "DONE").then_some(rows)
+        },
+    )
+    .await;
+    assert_eq!(rows.len(), 1, "only the business event is stored: {rows:?}");
+    daemon.terminate();
+    inbox.cleanup().await;
+}

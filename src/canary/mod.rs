@@ -28,6 +28,9 @@ use tokio::time::Instant;
 
 pub use config::CanaryConfig;
 
+/// The record header that marks a canary (its row's `headers` column carries it).
+pub const CANARY_HEADER: &str = "outboxd-canary";
+
 /// Upper bounds, in seconds, of the canary latency histogram's buckets.
 const LATENCY_BUCKETS: [f64; 14] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
@@ -356,6 +359,9 @@ fn canary_row(settings: &CanaryConfig, pipeline: &str, sequence: u64) -> NewOutb
             "written_at": written_at,
         })
         .to_string(),
+        // Marks the record: an inbox that reads the canary's topic anyway acknowledges it
+        // without storing it (`inbox/kafka.rs`), so no handler ever sees a canary.
+        headers: Some(format!(r#"{{"{CANARY_HEADER}":"1"}}"#)),
         message_id,
     }
 }

@@ -71,11 +71,17 @@ pub(crate) async fn run<C: Connector>(
                 Err(_) => break,
             }
         }
+        // A relay's canary (its header marks it) is acknowledged, never stored: it checks
+        // the relay's path, and is no business event for a handler.
         let messages: Vec<InboxMessage> = records
             .iter()
-            .map(|record| to_message(&Record::of(record), config, json))
+            .map(Record::of)
+            .filter(|record| !record.is_canary())
+            .map(|record| to_message(&record, config, json))
             .collect();
-        ingest.store(&messages, "kafka").await?;
+        if !messages.is_empty() {
+            ingest.store(&messages, "kafka").await?;
+        }
         backoff.reset();
         if let Err(e) = consumer.store_offsets(&next_offsets(&records)?) {
             // A partition revoked while its records were being stored: its new owner
@@ -170,6 +176,11 @@ impl<'a> Record<'a> {
                 .map(|list| list.iter().map(|h| (h.key, h.value)).collect())
                 .unwrap_or_default(),
         }
+    }
+
+    /// Whether it is a relay's canary (`[canary]`), marked by its header.
+    pub(crate) fn is_canary(&self) -> bool {
+        (self.headers.iter()).any(|(name, _)| *name == crate::canary::CANARY_HEADER)
     }
 }
 
@@ -433,6 +444,19 @@ mod tests {
     /// checks UTF-8 only when it keeps a string, not when it skips one), and the store wrote
     /// it with U+FFFD in place of the byte: a message stored other than received, not
     /// rejected. JSON text is UTF-8, as the HTTP ingress already requires.
+    #[test]
+    fn a_canary_is_known_by_its_header_not_its_type() {
+        let canary: &[(&str, Option<&[u8]>)] = &[
+            ("message_type", Some(b"outboxd.canary")),
+            (crate::canary::CANARY_HEADER, Some(b"1")),
+        ];
+        let message = record(Some(b"k"), Some(b"{}"), canary);
+        assert!(Record::of(&message).is_canary());
+        let typed: &[(&str, Option<&[u8]>)] = &[("message_type", Some(b"outboxd.canary"))];
+        let message = record(Some(b"k"), Some(b"{}"), typed);
+        assert!(!Record::of(&message).is_canary());
+    }
+
     #[test]
     fn a_value_that_is_not_utf8_is_not_json() {
         let headers: &[(&str, Option<&[u8]>)] = &[("message_type", Some(b"c"))];

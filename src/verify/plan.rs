@@ -121,6 +121,7 @@ impl Plan {
             let message_id = format!("{}{index}", id_prefix(&self.run));
             let biz_key = format!("outboxd-verify-{}-k{key}", self.run);
             rows.push(NewOutboxRow {
+                headers: None,
                 message_id: message_id.clone(),
                 message_type: format!("{}.{n}", self.settings.message_type),
                 payload: format!(

@@ -384,6 +384,7 @@ pub async fn own_rows_are_written_read_back_and_deleted<H: Harness>() {
     let mut stream = open_when_free(|| h.connector().open_stream()).await;
     let store = store(&h).await;
     let row = |id: &str, key: &str| NewOutboxRow {
+        headers: None,
         message_id: id.into(),
         message_type: format!("outboxd.verify.{id}"),
         biz_key: key.into(),

@@ -67,8 +67,8 @@ pub fn rows_carry_no_status() -> outboxd_connector::ConnectorError {
 /// The transaction that writes rows outboxd writes into the outbox itself
 /// ([`NewOutboxRow`]: the canary's, `outboxd verify`'s) into `table` (quoted), with the
 /// engine's identifier quoting and string literal: `BEGIN`, one multi-row `INSERT` of
-/// message id, type, key and payload (and the topic where the table has a topic column;
-/// NULL for a row without one), then `COMMIT` or `ROLLBACK` as `end` says. Several
+/// message id, type, key and payload (and the topic and headers where the table has such
+/// columns; NULL for a row without them), then `COMMIT` or `ROLLBACK` as `end` says. Several
 /// statements in one string, sent in one round trip (PostgreSQL's simple query, MySQL's
 /// multi-statements). Literals rather than parameters: a literal takes the column's type
 /// (text, uuid, JSON or binary), which a text parameter would not.
@@ -88,6 +88,7 @@ pub fn own_rows_insert(
         quote(&names.payload),
     ];
     columns.extend(names.topic.as_deref().map(&quote));
+    columns.extend(names.headers.as_deref().map(&quote));
     let values: Vec<String> = rows
         .iter()
         .map(|row| {
@@ -99,6 +100,9 @@ pub fn own_rows_insert(
             ];
             if names.topic.is_some() {
                 values.push(row.topic.as_deref().map_or("NULL".into(), &literal));
+            }
+            if names.headers.is_some() {
+                values.push(row.headers.as_deref().map_or("NULL".into(), &literal));
             }
             format!("({})", values.join(", "))
         })
@@ -245,6 +249,7 @@ mod tests {
     #[test]
     fn own_rows_name_the_layouts_columns_and_the_topic_only_where_there_is_one() {
         let row = |id: &str, topic: Option<&str>| NewOutboxRow {
+            headers: topic.map(|_| r#"{"h":"1"}"#.into()),
             message_id: id.into(),
             message_type: "outboxd.canary".into(),
             biz_key: id.into(),
@@ -258,8 +263,8 @@ mod tests {
         assert_eq!(
             own_rows_insert("o", &layout, &rows, TransactionEnd::Commit, quote, literal),
             "BEGIN; INSERT INTO o (\"message_id\", \"message_type\", \"biz_key\", \"payload\", \
-             \"topic\") VALUES ('c-1', 'outboxd.canary', 'c-1', '{}', 'canary'), \
-             ('c-2', 'outboxd.canary', 'c-2', '{}', NULL); COMMIT"
+             \"topic\", \"headers\") VALUES ('c-1', 'outboxd.canary', 'c-1', '{}', 'canary', \
+             '{\"h\":\"1\"}'), ('c-2', 'outboxd.canary', 'c-2', '{}', NULL, NULL); COMMIT"
         );
         assert!(own_rows_insert(
             "o",

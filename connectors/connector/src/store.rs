@@ -90,6 +90,9 @@ pub struct NewOutboxRow {
     pub topic: Option<String>,
     /// A JSON document, written as text (a JSON or binary payload column takes it).
     pub payload: String,
+    /// A JSON object for the table's headers column (extra record headers), when it has
+    /// one; `None` leaves it NULL.
+    pub headers: Option<String>,
 }
 
 /// How the transaction of [`OutboxStore::insert_rows`] ends.
