@@ -407,12 +407,17 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // verify's 1 means "a check failed": that it could not run at all is 2.
+    let could_not_run = match command {
+        Command::Verify(_) => ExitCode::from(2),
+        _ => ExitCode::FAILURE,
+    };
     match runtime.block_on(execute(command, &config, &path)) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(e) => {
             tracing::error!("{e:#}");
             eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            could_not_run
         }
     }
 }

@@ -14,6 +14,8 @@ pub(crate) struct Arrivals {
     state: Mutex<State>,
     /// Requests refused for a missing or wrong signature (HTTP).
     bad_signatures: AtomicU64,
+    /// Why the reader cannot read the run's topic at all, once it knows.
+    reader_error: Mutex<Option<String>>,
 }
 
 #[derive(Debug, Default)]
@@ -67,5 +69,18 @@ impl Arrivals {
 
     pub(crate) fn bad_signatures(&self) -> u64 {
         self.bad_signatures.load(Ordering::Relaxed)
+    }
+
+    /// The reader gives up: it cannot read the run's topic at all.
+    pub(crate) fn reader_failed(&self, reason: String) {
+        let mut error =
+            (self.reader_error.lock()).unwrap_or_else(std::sync::PoisonError::into_inner);
+        error.get_or_insert(reason);
+    }
+
+    pub(crate) fn reader_error(&self) -> Option<String> {
+        (self.reader_error.lock())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 }

@@ -186,6 +186,15 @@ fn assigned_at_end(client: &ClientConfig, topic: &str) -> Result<BaseConsumer, S
     Ok(consumer)
 }
 
+/// An error that reading again will not cure.
+fn is_fatal(error: &rdkafka::error::KafkaError) -> bool {
+    use RDKafkaErrorCode::{TopicAuthorizationFailed, UnknownTopicOrPartition};
+    matches!(
+        error.rdkafka_error_code(),
+        Some(TopicAuthorizationFailed | UnknownTopicOrPartition)
+    )
+}
+
 fn read(consumer: &BaseConsumer, prefix: &str, arrivals: &Arrivals, stop: &AtomicBool) {
     while !stop.load(Ordering::SeqCst) {
         match consumer.poll(Duration::from_millis(100)) {
@@ -204,6 +213,15 @@ fn read(consumer: &BaseConsumer, prefix: &str, arrivals: &Arrivals, stop: &Atomi
                     let key = record.key().map(<[u8]>::to_vec);
                     arrivals.record(index, Some((record.partition(), record.offset())), key);
                 }
+            }
+            // Not allowed to read the topic, or it is gone: nothing will ever arrive, and
+            // that is the set-up's fault, not the relay's.
+            Some(Err(e)) if is_fatal(&e) => {
+                arrivals.reader_failed(format!(
+                    "verify's consumer cannot read the run's topic: {e} (it needs READ on \
+                     the topic with [kafka]'s credentials)"
+                ));
+                return;
             }
             // Transient (a broker restarting): the consumer goes on by itself.
             Some(Err(e)) => tracing::debug!(error = %e, "verify: Kafka consumer error"),

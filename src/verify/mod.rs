@@ -140,30 +140,36 @@ pub(crate) async fn run<C: Connector>(
     })
 }
 
-/// Set once Ctrl-C or SIGTERM arrives: the run stops writing and waiting, cleans up and
-/// reports itself failed.
+/// Set once Ctrl-C (SIGINT) or SIGTERM arrives: the run stops writing and waiting, stops
+/// its child, cleans up and reports itself failed. A second signal exits at once (130),
+/// for a clean-up that hangs; what it had not deleted yet stays.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Interrupt(Arc<AtomicBool>);
 
 impl Interrupt {
-    /// Starts listening for Ctrl-C and SIGTERM.
-    fn listen() -> Self {
+    /// Listens for SIGINT and SIGTERM from now on (the handlers are in place when this
+    /// returns, before the first row or child).
+    fn listen() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut interrupt_signal = signal(SignalKind::interrupt())?;
+        let mut terminate_signal = signal(SignalKind::terminate())?;
         let interrupt = Self::default();
         let flag = interrupt.0.clone();
         tokio::spawn(async move {
-            let terminate = async {
-                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                    Ok(mut signal) => drop(signal.recv().await),
-                    Err(_) => std::future::pending().await,
+            for signals in 0.. {
+                tokio::select! {
+                    _ = interrupt_signal.recv() => {}
+                    _ = terminate_signal.recv() => {}
                 }
-            };
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                () = terminate => {}
+                if signals > 0 {
+                    eprintln!("verify: a second signal: exiting now, without cleaning up");
+                    std::process::exit(130);
+                }
+                eprintln!("verify: interrupted: stopping and cleaning up (again to exit now)");
+                flag.store(true, Ordering::SeqCst);
             }
-            flag.store(true, Ordering::SeqCst);
         });
-        interrupt
+        Ok(interrupt)
     }
 
     fn is_set(&self) -> bool {

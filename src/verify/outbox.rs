@@ -61,6 +61,7 @@ pub(super) async fn run<C: Connector>(
     let store = (connector.open_store().await).context("verify cannot open the outbox")?;
     let arrivals = Arc::new(Arrivals::default());
     let (reader, topic_created) = start_reader(config, options, &run, &prefix, &arrivals).await?;
+    let interrupt = Interrupt::listen()?;
     let mut relay = match options.spawn {
         true => {
             let log = std::env::temp_dir().join(format!("outboxd-verify-{run}.log"));
@@ -68,7 +69,6 @@ pub(super) async fn run<C: Connector>(
         }
         false => None,
     };
-    let interrupt = Interrupt::listen();
     let progress = Progress::new(options.json);
     let started = Instant::now();
 
@@ -81,6 +81,7 @@ pub(super) async fn run<C: Connector>(
         arrivals: &arrivals,
         progress: &progress,
         interrupt: &interrupt,
+        relay_died: None,
     };
     let wrote = write(
         &store,
@@ -96,6 +97,7 @@ pub(super) async fn run<C: Connector>(
         Err(_) => Ok(HashMap::new()),
     };
     let drained_for = started.elapsed().saturating_sub(wrote_for);
+    let relay_died = run_ctx.relay_died.take();
     let relay_log = relay.as_ref().map(|r| r.log().to_owned());
     let kills = relay.as_ref().map_or(0, |r| r.kills);
     if let Some(relay) = relay.as_mut() {
@@ -104,8 +106,15 @@ pub(super) async fn run<C: Connector>(
     drop(reader);
     progress.finish();
     let cleanup = cleanup(config, options, &store, &written, &run, topic_created).await;
+    if wrote.is_err() || rows.is_err() {
+        // The error is printed by the caller; what was cleaned up (or is left) only here.
+        eprintln!("verify: {cleanup}");
+    }
     wrote?;
     let rows = rows?;
+    if let Some(reason) = reader_error(&arrivals) {
+        bail!(reason);
+    }
 
     let mut findings = check::check(&written, &arrivals.copies(), &rows, promise);
     let bad_signatures = arrivals.bad_signatures();
@@ -120,6 +129,9 @@ pub(super) async fn run<C: Connector>(
              it: --spawn)"
                 .into(),
         );
+    }
+    if let Some(died) = relay_died {
+        findings.failures.push(died);
     }
     if interrupt.is_set() {
         findings
@@ -160,6 +172,12 @@ pub(super) async fn run<C: Connector>(
         &report.text(),
         report.passed,
     ))
+}
+
+/// The reader's fatal error (it cannot read the run's topic at all), if any: a set-up to
+/// fix, not a pipeline that lost everything.
+fn reader_error(arrivals: &Arrivals) -> Option<String> {
+    arrivals.reader_error()
 }
 
 /// What makes a relay check impossible with this config, found before anything is written.
@@ -226,6 +244,8 @@ struct RunContext<'a> {
     arrivals: &'a Arrivals,
     progress: &'a Progress,
     interrupt: &'a Interrupt,
+    /// Why the spawned relay exited by itself while verify waited, if it did.
+    relay_died: Option<String>,
 }
 
 impl RunContext<'_> {
@@ -267,6 +287,9 @@ async fn write<S: OutboxStore>(
     let mut failing_since: Option<Instant> = None;
     while started.elapsed() < options.duration && !ctx.interrupt.is_set() {
         tick.tick().await;
+        if ctx.interrupt.is_set() {
+            break;
+        }
         ctx.relay_alive()?;
         if let Some(relay) = ctx.relay.as_deref_mut() {
             if options.kill_faults && Instant::now() >= kill_at {
@@ -286,6 +309,12 @@ async fn write<S: OutboxStore>(
                 // The answer was lost: the table tells later whether it committed.
                 let since = *failing_since.get_or_insert_with(Instant::now);
                 if since.elapsed() >= GIVE_UP_WRITING_AFTER {
+                    // Known to the clean-up first: it may have committed.
+                    written.extend(events.into_iter().map(|event| WrittenEvent {
+                        event,
+                        outcome: Outcome::Unknown,
+                        committed_at: None,
+                    }));
                     bail!("verify cannot write into the outbox for 30 s: {e}");
                 }
                 Outcome::Unknown
@@ -355,11 +384,12 @@ async fn drain<S: OutboxStore>(
                 expected.len()
             )
         });
-        if missing == 0 || Instant::now() >= deadline || ctx.interrupt.is_set() {
+        let unreadable = ctx.arrivals.reader_error().is_some();
+        if missing == 0 || unreadable || Instant::now() >= deadline || ctx.interrupt.is_set() {
             break;
         }
         if let Err(e) = ctx.relay_alive() {
-            tracing::warn!("{e}");
+            ctx.relay_died = Some(format!("{e:#}"));
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -383,7 +413,8 @@ async fn drain<S: OutboxStore>(
                                 }))
                     })
                 });
-        if settled || Instant::now() >= deadline || ctx.interrupt.is_set() {
+        let relay_died = ctx.relay_died.is_some();
+        if settled || relay_died || Instant::now() >= deadline || ctx.interrupt.is_set() {
             return Ok(rows);
         }
         tokio::time::sleep(Duration::from_millis(500)).await;

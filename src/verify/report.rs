@@ -110,6 +110,15 @@ impl Report {
         for example in &f.order_examples {
             line(format!("    {example}"));
         }
+        if p.sink_positions {
+            line(format!(
+                "  routing     {} record(s) under another key or partition than their key's",
+                f.routing_violations
+            ));
+            for example in &f.routing_examples {
+                line(format!("    {example}"));
+            }
+        }
         if p.rows_kept {
             line(format!(
                 "  rows        {} not SUCCESS, {} at a position no copy has",

@@ -77,7 +77,7 @@ pub(crate) async fn run<C: Connector>(
     let scratch = format!("outboxd_verify_{run}");
     let statement = (store.create_scratch_table(&scratch).await)
         .context("verify --inbox cannot create its scratch table")?;
-    let interrupt = Interrupt::listen();
+    let interrupt = Interrupt::listen()?;
     // From here on the scratch table exists: every path goes through the clean-up below.
     let result = async {
         let child_config = child_config::write_child_config(
@@ -93,7 +93,8 @@ pub(crate) async fn run<C: Connector>(
         let mut relay = RelayChild::start(child_config.path(), log).map_err(|e| anyhow!(e))?;
         let listen = metrics.listen;
         let host = match listen.ip() {
-            ip if ip.is_unspecified() => "127.0.0.1".to_owned(),
+            std::net::IpAddr::V4(ip) if ip.is_unspecified() => "127.0.0.1".to_owned(),
+            std::net::IpAddr::V6(ip) if ip.is_unspecified() => "[::1]".to_owned(),
             std::net::IpAddr::V6(ip) => format!("[{ip}]"),
             ip => ip.to_string(),
         };
@@ -129,6 +130,10 @@ pub(crate) async fn run<C: Connector>(
     .await;
 
     let cleanup = cleanup(&store, options, &source, &messages, &scratch).await;
+    if result.is_err() {
+        // The error is printed by the caller; what was cleaned up (or is left) only here.
+        eprintln!("verify: {cleanup}");
+    }
     let (mut findings, ingress, relay, relay_log, wrote_for) = result?;
     if interrupt.is_set() {
         findings

@@ -63,29 +63,31 @@ pub(super) async fn send(
     };
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(options.rate)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut next_kill = || Instant::now() + options.kill_every.mul_f64(rng.gen_range(0.5..1.5));
-    let mut kill_at = next_kill();
+    let kill_every = options.kill_every;
+    let next_kill = |rng: &mut StdRng| Instant::now() + kill_every.mul_f64(rng.gen_range(0.5..1.5));
+    let mut kill_at = next_kill(rng);
     let give_up = Instant::now() + options.duration + options.drain_timeout;
-    let mut redeliver = Vec::with_capacity(messages.len());
-    redeliver.extend((0..messages.len()).map(|_| rand::random::<u8>() % 5 == 0));
+    let redeliver: Vec<bool> = (0..messages.len())
+        .map(|_| rng.gen_range(0..5) == 0)
+        .collect();
     for (index, message) in messages.iter().enumerate() {
         tick.tick().await;
         if options.kill_faults && Instant::now() >= kill_at {
             relay.kill_and_restart().await.map_err(|e| anyhow!(e))?;
-            kill_at = next_kill();
+            kill_at = next_kill(rng);
         }
         let copies = if redeliver[index] { 2 } else { 1 };
         for copy in 0..copies {
             loop {
+                if Instant::now() >= give_up || interrupt.is_set() {
+                    return Ok(sent);
+                }
                 if let Some(status) = relay.exited() {
                     bail!(
                         "the inbox verify started exited by itself ({status}); its log {}:\n{}",
                         relay.log().display(),
                         relay.log_tail(20)
                     );
-                }
-                if Instant::now() >= give_up || interrupt.is_set() {
-                    return Ok(sent);
                 }
                 sent.requests += 1;
                 let posted = Instant::now();

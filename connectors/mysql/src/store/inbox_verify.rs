@@ -68,7 +68,7 @@ impl MysqlInboxStore {
         self.change(
             &ddl,
             "creating verify's scratch table (the user needs CREATE, DROP, INSERT and SELECT \
-             on the database)",
+             on the database, or on the scratch table's name)",
         )
         .await?;
         Ok(kit::scratch_insert(&table))
