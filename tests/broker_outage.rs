@@ -112,7 +112,7 @@ async fn a_broker_outage_longer_than_the_message_timeout_keeps_every_key_in_orde
 /// bench's figure is 20), under about 150 events/s on 6 keys, strict ordering,
 /// `message_timeout` 5 s. After each freeze every row written so far becomes SUCCESS
 /// within the freeze's length plus a minute, with no restart: a producer left stuck by
-/// the broker's return is noticed (no acknowledgement for 3 × `message_timeout` while a
+/// the broker's return is noticed (no acknowledgement for `message_timeout` while a
 /// fresh client reaches the broker) and rebuilt. At the end every event is in Kafka, each
 /// key in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -80,15 +80,31 @@ pub struct PipelineSettings {
     /// the session says so. Under strict ordering records wait for the sink without
     /// limit, so this warning is what an operator sees of a broker outage.
     pub stall_warning: Duration,
-    /// After this long without an outcome while records wait (3 × `kafka.message_timeout`,
-    /// at least 10 s), the session probes the destination with a fresh client and rebuilds
-    /// a producer that is stuck while the brokers answer ([`Sink::destination_healthy`]).
+    /// After this long without an outcome while records wait (`kafka.message_timeout`, at
+    /// least 10 s), the session probes the destination with a fresh client and rebuilds
+    /// a producer that is stuck while the brokers answer ([`Sink::destination_healthy`]):
+    /// at the second healthy look in a row, [`PipelineSettings::stuck_recheck`] after the
+    /// first.
     pub stuck_after: Duration,
     /// `outbox.rows`: with `Deleted` there is no row to write a status to, so nothing is
     /// written back but the checkpoint, and a record that is not delivered holds the log
     /// position and is read and sent again (or, when it can never be sent, stops the
     /// relay) instead of becoming FAILED.
     pub rows: RowLifecycle,
+}
+
+impl PipelineSettings {
+    /// After a healthy look at the destination with still no acknowledgement, how long
+    /// until the second look that rebuilds the producer: long enough for a healthy
+    /// producer to come back from its reconnect backoff (librdkafka's
+    /// `reconnect.backoff.max.ms`, 10 s) and be acknowledged, and no longer than
+    /// `stuck_after`. Before, both waits were 3 × `kafka.message_timeout`: up to three
+    /// minutes with the default between a broker's return and the rebuild, now one.
+    pub(crate) fn stuck_recheck(&self) -> Duration {
+        self.stall_warning
+            .max(Duration::from_secs(10))
+            .min(self.stuck_after)
+    }
 }
 
 /// How the log relay and the claim worker talk: the relay wakes the worker when it

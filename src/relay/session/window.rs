@@ -379,8 +379,8 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
     /// Records have waited `stuck_after` with no outcome. A fresh client's look at the
     /// destination tells an outage (no answer, a leaderless or under-replicated
     /// partition: keep waiting, strict ordering) from a stuck producer: healthy at two
-    /// looks in a row, `stuck_after` apart, with still no acknowledgement (the first look
-    /// gives a producer coming back from its reconnect backoff time to notice). Then the
+    /// looks in a row, `stuck_recheck` apart, with still no acknowledgement (the first
+    /// look gives a producer coming back from its reconnect backoff time to notice). Then the
     /// producer is rebuilt, its deliveries fail Fatal (rows INIT, no attempt counted), and
     /// the session halts at once (nothing more is read or sent through the new producer
     /// while the old records are undecided), so the next session reads them again and
@@ -478,7 +478,13 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             );
             state.last_progress = tokio::time::Instant::now();
         }
-        if self.waiting_since.elapsed() >= self.settings.stuck_after {
+        // The first look after `stuck_after`; once the destination looked healthy, the
+        // second (which rebuilds) sooner.
+        let next_look = match self.destination_seen_healthy {
+            true => self.settings.stuck_recheck(),
+            false => self.settings.stuck_after,
+        };
+        if self.waiting_since.elapsed() >= next_look {
             self.rebuild_if_stuck(state.deliveries.len()).await;
         }
     }
