@@ -44,7 +44,18 @@ async fn send_bytes(
     key: &str,
     payload: &[u8],
 ) {
-    let headers = OwnedHeaders::new()
+    send_with_headers(producer, topic, (id, type_, key), payload, &[]).await;
+}
+
+/// [`send_bytes`] with `extra` headers after outboxd's own.
+async fn send_with_headers(
+    producer: &FutureProducer,
+    topic: &str,
+    (id, type_, key): (&str, &str, &str),
+    payload: &[u8],
+    extra: &[(&str, &str)],
+) {
+    let mut headers = OwnedHeaders::new()
         .insert(Header {
             key: "message_id",
             value: Some(id),
@@ -57,6 +68,12 @@ async fn send_bytes(
             key: "biz_key",
             value: Some(key),
         });
+    for &(name, value) in extra {
+        headers = headers.insert(Header {
+            key: name,
+            value: Some(value),
+        });
+    }
     producer
         .send(
             FutureRecord::to(topic)
@@ -828,34 +845,14 @@ async fn a_relays_canary_is_acknowledged_and_never_stored() {
     let mut daemon = inbox.run("run.log");
     inbox.wait_ready().await;
     let producer = producer();
-    let headers = OwnedHeaders::new()
-        .insert(Header {
-            key: "message_id",
-            value: Some("canary-orders-1-1-1"),
-        })
-        .insert(Header {
-            key: "message_type",
-            value: Some("outboxd.canary"),
-        })
-        .insert(Header {
-            key: "biz_key",
-            value: Some("o-1"),
-        })
-        .insert(Header {
-            key: outboxd::canary::CANARY_HEADER,
-            value: Some("1"),
-        });
-    producer
-        .send(
-            FutureRecord::to(&inbox.topic)
-                .key("o-1")
-                .payload(r#"{"canary": 1}"#)
-                .headers(headers),
-            Duration::from_secs(10),
-        )
-        .await
-        .map_err(|(e, _)| e)
-        .expect("produce the canary");
+    send_with_headers(
+        &producer,
+        &inbox.topic,
+        ("canary-orders-1-1-1", "outboxd.canary", "o-1"),
+        br#"{"canary": 1}"#,
+        &[(outboxd::canary::CANARY_HEADER, "1")],
+    )
+    .await;
     send(
         &producer,
         &inbox.topic,
