@@ -372,9 +372,7 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
                     retry: config.retry.clone(),
                     ordering: config.pipeline.ordering,
                     stall_warning: config.sink_timeout(),
-                    // A record is due an answer within the sink's timeout: none for that
-                    // long is when to look at the destination (see `stuck_recheck`).
-                    stuck_after: config.sink_timeout().max(Duration::from_secs(10)),
+                    stuck_after: relay::stuck_after(config.sink_timeout()),
                     rows: config.outbox.rows(),
                 };
                 let worker_settings = WorkerSettings {

@@ -83,8 +83,8 @@ pub struct PipelineSettings {
     /// After this long without an outcome while records wait (`kafka.message_timeout`, at
     /// least 10 s), the session probes the destination with a fresh client and rebuilds
     /// a producer that is stuck while the brokers answer ([`Sink::destination_healthy`]):
-    /// at the second healthy look in a row, [`PipelineSettings::stuck_recheck`] after the
-    /// first.
+    /// at the second healthy look in a row, `stuck_after` after the first
+    /// ([`stuck_after`]).
     pub stuck_after: Duration,
     /// `outbox.rows`: with `Deleted` there is no row to write a status to, so nothing is
     /// written back but the checkpoint, and a record that is not delivered holds the log
@@ -93,18 +93,14 @@ pub struct PipelineSettings {
     pub rows: RowLifecycle,
 }
 
-impl PipelineSettings {
-    /// After a healthy look at the destination with still no acknowledgement, how long
-    /// until the second look that rebuilds the producer: long enough for a healthy
-    /// producer to come back from its reconnect backoff (librdkafka's
-    /// `reconnect.backoff.max.ms`, 10 s) and be acknowledged, and no longer than
-    /// `stuck_after`. Before, both waits were 3 × `kafka.message_timeout`: up to three
-    /// minutes with the default between a broker's return and the rebuild, now one.
-    pub(crate) fn stuck_recheck(&self) -> Duration {
-        self.stall_warning
-            .max(Duration::from_secs(10))
-            .min(self.stuck_after)
-    }
+/// `stuck_after` for a sink whose records are due an answer within `sink_timeout`
+/// (`kafka.message_timeout`): that long with none, and at least 10 s, which leaves a
+/// sound producer time to come back from librdkafka's reconnect backoff
+/// (`reconnect.backoff.max.ms`, 10 s by default) between the two looks. It was three times
+/// as long: up to three minutes with the default between a broker's return and the
+/// rebuild, now about one (plus a look's probe, at most 10 s).
+pub fn stuck_after(sink_timeout: Duration) -> Duration {
+    sink_timeout.max(Duration::from_secs(10))
 }
 
 /// How the log relay and the claim worker talk: the relay wakes the worker when it

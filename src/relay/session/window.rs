@@ -379,14 +379,14 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
     /// Records have waited `stuck_after` with no outcome. A fresh client's look at the
     /// destination tells an outage (no answer, a leaderless or under-replicated
     /// partition: keep waiting, strict ordering) from a stuck producer: healthy at two
-    /// looks in a row, `stuck_recheck` apart, with still no acknowledgement (the first
-    /// look gives a producer coming back from its reconnect backoff time to notice). Then the
+    /// looks in a row, `stuck_after` apart, with still no acknowledgement (the first look
+    /// gives a producer coming back from its reconnect backoff time to notice). Then the
     /// producer is rebuilt, its deliveries fail Fatal (rows INIT, no attempt counted), and
     /// the session halts at once (nothing more is read or sent through the new producer
     /// while the old records are undecided), so the next session reads them again and
     /// sends them in order.
-    async fn rebuild_if_stuck(&mut self, waiting: usize) {
-        let waited = self.waiting_since.elapsed();
+    async fn rebuild_if_stuck(&mut self, waiting: usize, now: tokio::time::Instant) {
+        let waited = now.duration_since(self.waiting_since);
         let probe_timeout = self
             .settings
             .stall_warning
@@ -429,7 +429,8 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
             }
             Err(e) => tracing::warn!(error = %e, "cannot probe Kafka for a stuck producer"),
         }
-        self.waiting_since = tokio::time::Instant::now();
+        // From the look's start, not its end (see `on_stall`).
+        self.waiting_since = now;
     }
 
     /// An outcome came back: it, and every other one already in, goes to the batch, which
@@ -465,8 +466,12 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
     /// Records wait with no outcome: past `stall_warning` the session says so, past
     /// `stuck_after` it asks whether the producer is stuck ([`Self::rebuild_if_stuck`]).
     pub(super) async fn on_stall(&mut self, state: &mut RunState<'a>) {
+        // One instant for this tick: the next tick is `stall_warning` after it, and so is
+        // the next look's due time, however long this look takes (a look that moved
+        // `waiting_since` to its own end missed every other tick).
+        let now = tokio::time::Instant::now();
         // The timer may go off early (see `Session::run`): then it is only moved on.
-        if state.last_progress.elapsed() >= self.settings.stall_warning {
+        if now.duration_since(state.last_progress) >= self.settings.stall_warning {
             tracing::warn!(
                 waiting = state.deliveries.len(),
                 for_at_least = ?self.settings.stall_warning,
@@ -476,16 +481,10 @@ impl<'a, O: OutboxStore, S: Sink> Session<'a, O, S> {
                  (their rows stay INIT and the log position is held)",
                 self.sink.waits_for()
             );
-            state.last_progress = tokio::time::Instant::now();
+            state.last_progress = now;
         }
-        // The first look after `stuck_after`; once the destination looked healthy, the
-        // second (which rebuilds) sooner.
-        let next_look = match self.destination_seen_healthy {
-            true => self.settings.stuck_recheck(),
-            false => self.settings.stuck_after,
-        };
-        if self.waiting_since.elapsed() >= next_look {
-            self.rebuild_if_stuck(state.deliveries.len()).await;
+        if now.duration_since(self.waiting_since) >= self.settings.stuck_after {
+            self.rebuild_if_stuck(state.deliveries.len(), now).await;
         }
     }
 }
