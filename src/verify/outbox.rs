@@ -400,19 +400,21 @@ async fn drain<S: OutboxStore>(
     let ids: Vec<String> = written.iter().map(|w| w.event.message_id.clone()).collect();
     loop {
         let rows = read_rows(store, &ids).await?;
-        let copies = ctx.arrivals.copies();
+        // Each event's copies' positions, once a round (not a scan of every copy per event).
+        let mut positions: HashMap<u64, Vec<Option<(i32, i64)>>> = HashMap::new();
+        for copy in ctx.arrivals.copies() {
+            positions.entry(copy.index).or_default().push(copy.position);
+        }
         let settled = !promise.rows_kept
-            || (expected.iter())
-                .filter(|w| ctx.arrivals.has(w.event.index))
-                .all(|w| {
-                    rows.get(&w.event.message_id).is_some_and(|row| {
-                        row.status == "SUCCESS"
-                            && (!promise.sink_positions
-                                || (copies.iter()).any(|c| {
-                                    c.index == w.event.index && c.position == row.position
-                                }))
-                    })
-                });
+            || (expected.iter()).all(|w| {
+                let Some(copies) = positions.get(&w.event.index) else {
+                    return true; // not arrived: nothing to settle
+                };
+                rows.get(&w.event.message_id).is_some_and(|row| {
+                    row.status == "SUCCESS"
+                        && (!promise.sink_positions || copies.contains(&row.position))
+                })
+            });
         let relay_died = ctx.relay_died.is_some();
         if settled || relay_died || Instant::now() >= deadline || ctx.interrupt.is_set() {
             return Ok(rows);

@@ -171,12 +171,8 @@ fn own_messages_where(
     if message_ids.is_empty() {
         return "FALSE".into();
     }
-    let ids: Vec<String> = message_ids.iter().map(|id| literal(id)).collect();
-    format!(
-        "source = {} AND message_id IN ({})",
-        literal(source),
-        ids.join(", ")
-    )
+    let ids = crate::store::in_literals("message_id", message_ids, &literal);
+    format!("source = {} AND {ids}", literal(source))
 }
 
 /// The `SELECT` of [`InboxStore::own_messages`](outboxd_connector::InboxStore::own_messages)

@@ -118,22 +118,25 @@ pub fn own_rows_insert(
     )
 }
 
-/// `column IN (...)` over `message_ids` as literals; `FALSE` for none.
+/// `column IN (...)` over `values` as literals; `FALSE` for none (`column` as it goes into
+/// the statement, quoted where it needs to be). The statements on rows outboxd wrote
+/// itself name them by id.
+pub fn in_literals(column: &str, values: &[String], literal: impl Fn(&str) -> String) -> String {
+    if values.is_empty() {
+        return "FALSE".into();
+    }
+    let values: Vec<String> = values.iter().map(|value| literal(value)).collect();
+    format!("{column} IN ({})", values.join(", "))
+}
+
+/// The message id column `IN` `message_ids` (see [`in_literals`]).
 fn message_id_in(
     layout: &OutboxLayout,
     message_ids: &[String],
     quote: impl Fn(&str) -> String,
     literal: impl Fn(&str) -> String,
 ) -> String {
-    if message_ids.is_empty() {
-        return "FALSE".into();
-    }
-    let ids: Vec<String> = message_ids.iter().map(|id| literal(id)).collect();
-    format!(
-        "{} IN ({})",
-        quote(&layout.columns.message_id),
-        ids.join(", ")
-    )
+    in_literals(&quote(&layout.columns.message_id), message_ids, literal)
 }
 
 /// The `SELECT` of [`OutboxStore::own_rows`](outboxd_connector::OutboxStore::own_rows):
