@@ -367,3 +367,116 @@ pub async fn scan_init_pages_through_init_rows_in_id_order<H: Harness>() {
     drop(store);
     h.cleanup().await;
 }
+
+/// The operator console's reads of the outbox: pages of one status newest first by
+/// keyset, filtered by type, key and error text; one row in full with a bounded payload
+/// preview; and each key strict ordering holds, with the row holding it and how many
+/// rows wait behind it.
+pub async fn console_reads_pages_rows_and_held_keys<H: Harness>() {
+    let h: H = initialised("ad_console", ReadMode::Log).await;
+    let ids = h
+        .insert(&[
+            NewRow::keyed("a").typed("t1"),
+            NewRow::keyed("a").typed("t2"),
+            NewRow::keyed("a").typed("t3"),
+            NewRow::keyed("b").typed("t1"),
+            NewRow::keyed("c").typed("t1"),
+        ])
+        .await;
+    // a: the first row waits for an operator, the next two are parked behind it; b failed
+    // with a timeout; c was sent.
+    let manual = Setup {
+        last_error: Some("refused: record too large".into()),
+        retry_count: Some(3),
+        ..Setup::status("MANUAL_REQUIRED", Some(0))
+    };
+    h.set(&ids[..1], &manual).await;
+    let parked = Setup {
+        last_error: Some("parked: an earlier event of biz_key `a` is not delivered yet".into()),
+        ..Setup::status("FAILED", Some(0))
+    };
+    h.set(&ids[1..3], &parked).await;
+    let timed_out = Setup {
+        last_error: Some("timed out waiting for Kafka".into()),
+        retry_count: Some(1),
+        ..Setup::status("FAILED", Some(60))
+    };
+    h.set(&ids[3..4], &timed_out).await;
+    h.set(&ids[4..], &Setup::status("SUCCESS", None)).await;
+    let store = store(&h).await;
+
+    let page = |status: &str| outboxd_connector::RowQuery {
+        status: status.into(),
+        limit: 2,
+        ..Default::default()
+    };
+    let listed = |rows: Vec<outboxd_connector::RowSummary>| -> Vec<i64> {
+        rows.iter().map(|r| r.id).collect()
+    };
+    let first = store.list_rows(&page("FAILED")).await.expect("list");
+    assert_eq!(listed(first.clone()), [ids[3], ids[2]], "newest first");
+    assert_eq!(first[0].biz_key, "b");
+    assert_eq!(first[0].retry_count, 1);
+    assert_eq!(first[0].last_error.as_deref(), Some("timed out waiting for Kafka"));
+    let due = first[0].next_retry_time.expect("a FAILED row is due sometime");
+    assert!(due > SystemTime::now(), "due in a minute: {due:?}");
+    assert!(first[0].created_at.is_some() && first[0].updated_at.is_some());
+    let next = outboxd_connector::RowQuery {
+        before_id: Some(ids[2]),
+        ..page("FAILED")
+    };
+    assert_eq!(listed(store.list_rows(&next).await.expect("page 2")), [ids[1]]);
+    let by_key = outboxd_connector::RowQuery {
+        biz_key: Some("a".into()),
+        limit: 10,
+        ..page("FAILED")
+    };
+    assert_eq!(listed(store.list_rows(&by_key).await.expect("key")), [ids[2], ids[1]]);
+    let by_error = outboxd_connector::RowQuery {
+        error_contains: Some("Kafka".into()),
+        message_type: Some("t1".into()),
+        limit: 10,
+        ..page("FAILED")
+    };
+    assert_eq!(listed(store.list_rows(&by_error).await.expect("error")), [ids[3]]);
+    let none = outboxd_connector::RowQuery {
+        error_contains: Some("kafka".into()),
+        limit: 10,
+        ..page("FAILED")
+    };
+    assert!(
+        store.list_rows(&none).await.expect("case").is_empty(),
+        "the error filter is case-sensitive"
+    );
+    let manual_rows = store.list_rows(&page("MANUAL_REQUIRED")).await.expect("manual");
+    assert_eq!(listed(manual_rows), [ids[0]]);
+    assert!(
+        store.list_rows(&page("DONE")).await.is_err(),
+        "the outbox has no DONE"
+    );
+
+    let detail = store.row_detail(ids[0], 4).await.expect("detail").expect("row");
+    assert_eq!(detail.summary.status, "MANUAL_REQUIRED");
+    assert_eq!(detail.summary.retry_count, 3);
+    assert!(!detail.message_id.is_empty());
+    assert_eq!(detail.payload_preview.chars().count(), 4, "{detail:?}");
+    assert!(detail.payload_bytes > 4, "{detail:?}");
+    assert!(
+        detail.headers.as_deref().is_some_and(|h| h.contains("trace")),
+        "{detail:?}"
+    );
+    assert_eq!(detail.sink_position, None);
+    assert!(store.row_detail(i64::MAX, 100).await.expect("none").is_none());
+
+    let held = store.held_keys(None, 10).await.expect("held");
+    let summary: Vec<(&str, i64, i64)> = held
+        .iter()
+        .map(|k| (k.holder.biz_key.as_str(), k.holder.id, k.waiting))
+        .collect();
+    assert_eq!(summary, [("a", ids[0], 2), ("b", ids[3], 0)]);
+    let after = store.held_keys(Some("a"), 10).await.expect("held after a");
+    assert_eq!(after.len(), 1);
+    assert_eq!(after[0].holder.biz_key, "b");
+    drop(store);
+    h.cleanup().await;
+}

@@ -535,3 +535,49 @@ pub async fn verify_reads_back_its_messages_and_counts_effects<H: Harness>() {
     assert!(store.create_scratch_table("Robert'); DROP").await.is_err());
     h.cleanup().await;
 }
+
+/// The operator console's reads of the inbox: pages of one status by keyset, a message in
+/// full with its source and headers, and the keys whose later messages wait behind one in
+/// trouble.
+pub async fn console_reads_the_inbox<H: Harness>() {
+    let h: H = initialised("ib_console", ReadMode::Poll).await;
+    let store = inbox(&h).await;
+    let batch = [
+        message("c1", "t1", "a"),
+        message("c2", "t2", "a"),
+        message("c3", "t1", "b"),
+    ];
+    let rows = stored(&store.insert(&batch).await.expect("insert"));
+    let failed = Setup {
+        last_error: Some("handler answered 500".into()),
+        retry_count: Some(2),
+        ..Setup::status("FAILED", Some(30))
+    };
+    h.set_inbox(&rows[..1], &failed).await;
+    let query = outboxd_connector::RowQuery {
+        status: "FAILED".into(),
+        limit: 10,
+        ..Default::default()
+    };
+    let page = store.list_rows(&query).await.expect("list");
+    assert_eq!(page.len(), 1);
+    assert_eq!((page[0].id, page[0].retry_count), (rows[0], 2));
+    let pending = outboxd_connector::RowQuery {
+        status: "PENDING".into(),
+        before_id: Some(rows[2]),
+        ..query.clone()
+    };
+    let page = store.list_rows(&pending).await.expect("pending");
+    assert_eq!(page.iter().map(|r| r.id).collect::<Vec<_>>(), [rows[1]]);
+
+    let detail = store.row_detail(rows[0], 100).await.expect("detail").expect("row");
+    assert_eq!(detail.message_id, "c1");
+    assert_eq!(detail.source.as_deref(), Some("orders"));
+    assert!(detail.payload_preview.contains("c1"), "{detail:?}");
+    assert!(detail.headers.as_deref().is_some_and(|h| h.contains("t-c1")));
+
+    let held = store.held_keys(None, 10).await.expect("held");
+    assert_eq!(held.len(), 1);
+    assert_eq!((held[0].holder.id, held[0].waiting), (rows[0], 1));
+    h.cleanup().await;
+}

@@ -22,6 +22,7 @@
 //! - [`store`]: small store-side pieces (empty write-backs, `status` rows, qualified
 //!   table names).
 
+pub mod browse;
 pub mod check;
 pub mod columns;
 pub mod config;

@@ -91,6 +91,108 @@ pub struct StatusSummary {
     pub source_lag_bytes: Option<u64>,
 }
 
+/// Which rows the operator console lists: one status, filtered, newest first, one page
+/// at a time by keyset (`before_id`), never by `OFFSET`, so a page costs the same on a
+/// table of a million rows as on a small one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RowQuery {
+    /// One of the table's [`TableKind::statuses`] (the console lists FAILED and
+    /// MANUAL_REQUIRED).
+    pub status: String,
+    /// Only rows of this message type.
+    pub message_type: Option<String>,
+    /// Only rows of this business key.
+    pub biz_key: Option<String>,
+    /// Only rows whose `last_error` contains this text (case-sensitive). Scans the
+    /// status's rows: quick for the few in trouble, slower over a million.
+    pub error_contains: Option<String>,
+    /// Only rows with a lower id: the last id of the page before.
+    pub before_id: Option<i64>,
+    /// At most this many rows.
+    pub limit: usize,
+}
+
+impl RowQuery {
+    /// Refuses a status the table does not have, and an empty page.
+    pub fn check(&self, table: TableKind) -> Result<(), ConnectorError> {
+        if !table.statuses().contains(&self.status.as_str()) {
+            return Err(ConnectorError::definite(format!(
+                "the {} has no status `{}` (its statuses: {})",
+                table.name(),
+                self.status,
+                table.statuses().join(", ")
+            )));
+        }
+        if self.limit == 0 {
+            return Err(ConnectorError::definite("a page of rows needs a limit above 0"));
+        }
+        Ok(())
+    }
+}
+
+/// One row as a console list shows it: its state, not its payload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowSummary {
+    /// The row's id.
+    pub id: i64,
+    /// Its message type.
+    pub message_type: String,
+    /// Its business key.
+    pub biz_key: String,
+    /// Its status.
+    pub status: String,
+    /// Attempts made.
+    pub retry_count: i64,
+    /// Attempts allowed before MANUAL_REQUIRED.
+    pub max_retry_count: i64,
+    /// When it is due again (FAILED), or since when it waits (MANUAL_REQUIRED).
+    pub next_retry_time: Option<SystemTime>,
+    /// The last failure, or the operator's note.
+    pub last_error: Option<String>,
+    /// When it was written, if the table says.
+    pub created_at: Option<SystemTime>,
+    /// When its state last changed, if the table says.
+    pub updated_at: Option<SystemTime>,
+}
+
+/// One row in full for the console's detail page: its state and what it carries, the
+/// payload cut to a preview.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowDetail {
+    /// Its state, as in a list.
+    pub summary: RowSummary,
+    /// Its message id (the outbox's, or the sender's on the inbox).
+    pub message_id: String,
+    /// Where it came from: the inbox's source (`http:<name>`, `kafka:<topic>`); `None`
+    /// on the outbox.
+    pub source: Option<String>,
+    /// The outbox row's own topic or endpoint, when it names one.
+    pub topic: Option<String>,
+    /// Its headers as the table stores them (a JSON object), when it has any.
+    pub headers: Option<String>,
+    /// The payload's first bytes as text (cut on a character boundary).
+    pub payload_preview: String,
+    /// The payload's whole length in bytes, as text.
+    pub payload_bytes: i64,
+    /// When it was sent (outbox) or handled (inbox).
+    pub finished_at: Option<SystemTime>,
+    /// Where the sink took it: Kafka's partition and offset (the HTTP sink's status and
+    /// latency in ms), on an outbox row sent.
+    pub sink_position: Option<(i64, i64)>,
+}
+
+/// A business key whose later rows wait behind an earlier one in trouble (FAILED or
+/// MANUAL_REQUIRED): under strict ordering nothing of the key is sent (the outbox) or
+/// handled (the inbox) before that row is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldKey {
+    /// The row that holds the key: the lowest id of the key in FAILED or MANUAL_REQUIRED.
+    pub holder: RowSummary,
+    /// How many later rows of the key wait behind it (the outbox: FAILED, PROCESSING or
+    /// MANUAL_REQUIRED, those parked among them; the inbox: not handled yet).
+    pub waiting: i64,
+}
+
 /// Which rows `outboxd retry` makes due again.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RetrySelector {
@@ -222,6 +324,29 @@ pub trait TableAdmin: Send + Sync {
         id: i64,
         reason: &str,
     ) -> impl Future<Output = Result<bool, ConnectorError>> + Send;
+
+    /// One page of rows of a status, newest first ([`RowQuery`]); served by the table's
+    /// indexes of rows in trouble for FAILED and MANUAL_REQUIRED.
+    fn list_rows(
+        &self,
+        query: &RowQuery,
+    ) -> impl Future<Output = Result<Vec<RowSummary>, ConnectorError>> + Send;
+
+    /// One row with its headers and the first `preview_bytes` of its payload; `None` when
+    /// there is no such row.
+    fn row_detail(
+        &self,
+        id: i64,
+        preview_bytes: usize,
+    ) -> impl Future<Output = Result<Option<RowDetail>, ConnectorError>> + Send;
+
+    /// Up to `limit` held keys in key order, after `after_key` (the last key of the page
+    /// before): each with the row that holds it and how many wait behind it.
+    fn held_keys(
+        &self,
+        after_key: Option<&str>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<HeldKey>, ConnectorError>> + Send;
 
     /// Deletes (or archives) up to `batch` finished rows that `rule` selects, in one
     /// short transaction; a rule of the other table is a definite error

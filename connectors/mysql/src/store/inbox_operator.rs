@@ -7,6 +7,7 @@
 use mysql_async::prelude::Queryable;
 use mysql_async::Row;
 use outboxd_connector::{
+    HeldKey, RowDetail, RowQuery, RowSummary,
     parked_by_operator, resolved_without_handling, ConnectorError, JanitorAction, JanitorRule,
     RetrySelector, StatusCount, StatusSummary, TableAdmin, TableKind,
 };
@@ -104,6 +105,26 @@ impl TableAdmin for MysqlInboxStore {
             .change(&sql, &format!("resolving inbox row {id}"))
             .await?
             > 0)
+    }
+
+    async fn list_rows(&self, query: &RowQuery) -> Result<Vec<RowSummary>, ConnectorError> {
+        self.browse_list(query).await
+    }
+
+    async fn row_detail(
+        &self,
+        id: i64,
+        preview_bytes: usize,
+    ) -> Result<Option<RowDetail>, ConnectorError> {
+        self.browse_detail(id, preview_bytes).await
+    }
+
+    async fn held_keys(
+        &self,
+        after_key: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<HeldKey>, ConnectorError> {
+        self.browse_held(after_key, limit).await
     }
 
     async fn janitor_batch(&self, rule: &JanitorRule, batch: usize) -> Result<u64, ConnectorError> {

@@ -21,7 +21,7 @@ impl MysqlInboxStore {
         })
     }
 
-    async fn rows_of(&self, sql: &str, what: &str) -> Result<Vec<Row>, ConnectorError> {
+    pub(super) async fn rows_of(&self, sql: &str, what: &str) -> Result<Vec<Row>, ConnectorError> {
         self.with_conn(async |s| {
             (s.conn.query::<Row, _>(sql).await).map_err(|e| self.fail(what, &e))
         })

@@ -9,6 +9,7 @@
 //! actions ([`outboxd_connector::TableAdmin`]). Rows become events through
 //! the connector kit's row conversion, as on the log path.
 
+mod browse;
 mod checkpoint;
 mod claims;
 pub mod inbox;

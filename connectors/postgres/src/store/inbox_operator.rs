@@ -5,6 +5,7 @@
 use std::time::SystemTime;
 
 use outboxd_connector::{
+    HeldKey, RowDetail, RowQuery, RowSummary,
     parked_by_operator, resolved_without_handling, ConnectorError, JanitorAction, JanitorRule,
     RetrySelector, StatusCount, StatusSummary, TableAdmin, TableKind,
 };
@@ -119,6 +120,26 @@ impl TableAdmin for PgInboxStore {
             .change(&sql, &[&id, &note], &format!("resolving inbox row {id}"))
             .await?;
         Ok(changed > 0)
+    }
+
+    async fn list_rows(&self, query: &RowQuery) -> Result<Vec<RowSummary>, ConnectorError> {
+        self.browse_list(query).await
+    }
+
+    async fn row_detail(
+        &self,
+        id: i64,
+        preview_bytes: usize,
+    ) -> Result<Option<RowDetail>, ConnectorError> {
+        self.browse_detail(id, preview_bytes).await
+    }
+
+    async fn held_keys(
+        &self,
+        after_key: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<HeldKey>, ConnectorError> {
+        self.browse_held(after_key, limit).await
     }
 
     async fn janitor_batch(&self, rule: &JanitorRule, batch: usize) -> Result<u64, ConnectorError> {

@@ -20,6 +20,7 @@
 //! parsing. The operator's actions live in [`operator`]. Claimed rows become events through
 //! the connector kit's row conversion, as on the log path.
 
+mod browse;
 mod checkpoint;
 mod claims;
 pub mod inbox;

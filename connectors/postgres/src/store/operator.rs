@@ -8,6 +8,7 @@
 //! instead of at its next idle check.
 
 use outboxd_connector::{
+    HeldKey, RowDetail, RowQuery, RowSummary,
     parked_by_operator, resolved_by_operator, ConnectorError, JanitorAction, JanitorRule, Position,
     RetrySelector, StatusCount, StatusSummary, TableAdmin, TableKind,
 };
@@ -196,6 +197,26 @@ impl TableAdmin for PgOutboxStore {
             .update_and_notify(&sql, &[&id, &note], Some("resolve"), &what)
             .await?;
         Ok(changed > 0)
+    }
+
+    async fn list_rows(&self, query: &RowQuery) -> Result<Vec<RowSummary>, ConnectorError> {
+        self.browse_list(query).await
+    }
+
+    async fn row_detail(
+        &self,
+        id: i64,
+        preview_bytes: usize,
+    ) -> Result<Option<RowDetail>, ConnectorError> {
+        self.browse_detail(id, preview_bytes).await
+    }
+
+    async fn held_keys(
+        &self,
+        after_key: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<HeldKey>, ConnectorError> {
+        self.browse_held(after_key, limit).await
     }
 
     async fn janitor_batch(&self, rule: &JanitorRule, batch: usize) -> Result<u64, ConnectorError> {

@@ -1,0 +1,401 @@
+//! The operator console's reads of a table of rows with a status, the outbox or the
+//! inbox ([`TableAdmin::list_rows`], [`TableAdmin::row_detail`], [`TableAdmin::held_keys`]):
+//! the statements, written once for both engines, and the rows they return read back from
+//! text cells (each engine runs them as plain text queries).
+//!
+//! An engine gives its dialect: identifier quoting, string literals and how a timestamp
+//! becomes microseconds since the epoch. Every value the operator types (a message type,
+//! a key, error text) goes in as a literal the engine escaped; ids and limits are numbers.
+//!
+//! Pages are keysets on the id (newest first), never `OFFSET`: a page costs the same on a
+//! table of a million rows. FAILED and MANUAL_REQUIRED rows are found through the index
+//! of rows in trouble (`next_retry_time IS NOT NULL` on the outbox, by status on the inbox).
+//!
+//! [`TableAdmin::list_rows`]: outboxd_connector::TableAdmin::list_rows
+//! [`TableAdmin::row_detail`]: outboxd_connector::TableAdmin::row_detail
+//! [`TableAdmin::held_keys`]: outboxd_connector::TableAdmin::held_keys
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use outboxd_connector::{HeldKey, OutboxLayout, RowDetail, RowQuery, RowSummary, TableKind};
+
+use crate::columns::RowNames;
+
+/// What differs between the engines in the console's statements.
+pub struct Dialect {
+    /// A string literal, escaped for the engine.
+    pub literal: fn(&str) -> String,
+    /// A timestamp expression as whole microseconds since the epoch (an integer).
+    pub epoch_micros: fn(&str) -> String,
+    /// An expression (JSON, bytes or text) as text.
+    pub as_text: fn(&str) -> String,
+}
+
+/// The table and its columns, quoted by the engine.
+#[derive(Clone, Debug)]
+pub struct BrowseTable {
+    /// The qualified, quoted table name.
+    pub table: String,
+    /// Outbox or inbox: which statuses, which columns.
+    pub kind: TableKind,
+    /// The integer id.
+    pub id: String,
+    /// The message type.
+    pub message_type: String,
+    /// The business key.
+    pub biz_key: String,
+    /// The message id.
+    pub message_id: String,
+    /// The payload.
+    pub payload: String,
+    /// The headers (a JSON object), when the table has them.
+    pub headers: Option<String>,
+    /// When the row was written, when the table says.
+    pub created_at: Option<String>,
+    /// The outbox's topic or endpoint column, when it has one.
+    pub topic: Option<String>,
+}
+
+impl BrowseTable {
+    /// An outbox table, `table` qualified and quoted, its columns where the layout puts them
+    /// (the status columns always have outboxd's names), each through `quote`.
+    pub fn outbox(table: String, layout: &OutboxLayout, quote: impl Fn(&str) -> String) -> Self {
+        let names = RowNames::quoted(layout, &quote);
+        let columns = &layout.columns;
+        Self {
+            table,
+            kind: TableKind::Outbox,
+            id: names.id,
+            message_type: names.message_type,
+            biz_key: names.biz_key,
+            message_id: quote(&columns.message_id),
+            payload: quote(&columns.payload),
+            headers: columns.headers.as_deref().map(&quote),
+            created_at: names.created_at,
+            topic: columns.topic.as_deref().map(&quote),
+        }
+    }
+
+    /// outboxd's own inbox table (`schemas/*/inbox.sql`), `table` qualified and quoted.
+    pub fn inbox(table: String) -> Self {
+        Self {
+            table,
+            kind: TableKind::Inbox,
+            id: "id".into(),
+            message_type: "message_type".into(),
+            biz_key: "biz_key".into(),
+            message_id: "message_id".into(),
+            payload: "payload".into(),
+            headers: Some("headers".into()),
+            created_at: Some("created_at".into()),
+            topic: None,
+        }
+    }
+
+    /// "Rows in trouble" as the table's indexes find them: on the outbox every FAILED,
+    /// PROCESSING and MANUAL_REQUIRED row (and no other) has `next_retry_time` set, which
+    /// the partial and retry indexes cover.
+    fn in_trouble(&self) -> &'static str {
+        match self.kind {
+            TableKind::Outbox => "next_retry_time IS NOT NULL AND ",
+            TableKind::Inbox => "",
+        }
+    }
+
+    /// The columns of a [`RowSummary`], in [`summary_from_cells`]'s order, of table alias
+    /// `t`.
+    fn summary_columns(&self, d: &Dialect) -> String {
+        let created_at = self
+            .created_at
+            .as_deref()
+            .map_or_else(|| "NULL".to_owned(), |c| (d.epoch_micros)(&format!("t.{c}")));
+        format!(
+            "t.{id}, t.{message_type}, t.{biz_key}, t.status, t.retry_count, t.max_retry_count, \
+             {next}, t.last_error, {created_at}, {updated}",
+            id = self.id,
+            message_type = self.message_type,
+            biz_key = self.biz_key,
+            next = (d.epoch_micros)("t.next_retry_time"),
+            updated = (d.epoch_micros)("t.updated_at"),
+        )
+    }
+}
+
+/// How many cells [`summary_from_cells`] reads.
+pub const SUMMARY_CELLS: usize = 10;
+
+/// One page of [`RowQuery`]: the summary columns ([`summary_from_cells`]).
+pub fn list_rows_sql(t: &BrowseTable, d: &Dialect, q: &RowQuery) -> String {
+    let mut filters = vec![format!("t.status = {}", (d.literal)(&q.status))];
+    if let Some(message_type) = &q.message_type {
+        filters.push(format!("t.{} = {}", t.message_type, (d.literal)(message_type)));
+    }
+    if let Some(key) = &q.biz_key {
+        filters.push(format!("t.{} = {}", t.biz_key, (d.literal)(key)));
+    }
+    if let Some(text) = &q.error_contains {
+        filters.push(format!("POSITION({} IN t.last_error) > 0", (d.literal)(text)));
+    }
+    if let Some(before) = q.before_id {
+        filters.push(format!("t.{} < {before}", t.id));
+    }
+    // The index of rows in trouble serves FAILED and MANUAL_REQUIRED.
+    let trouble = if matches!(q.status.as_str(), "FAILED" | "MANUAL_REQUIRED") {
+        t.in_trouble()
+    } else {
+        ""
+    };
+    format!(
+        "SELECT {} FROM {} t WHERE {trouble}{} ORDER BY t.{} DESC LIMIT {}",
+        t.summary_columns(d),
+        t.table,
+        filters.join(" AND "),
+        t.id,
+        q.limit
+    )
+}
+
+/// One row in full: the summary columns, then message id, source, topic, headers, the
+/// payload's first `preview_chars` characters and its length in bytes, when it finished,
+/// and the sink's position ([`detail_from_cells`]).
+pub fn row_detail_sql(t: &BrowseTable, d: &Dialect, id: i64, preview_chars: usize) -> String {
+    let payload = (d.as_text)(&format!("t.{}", t.payload));
+    let headers = t
+        .headers
+        .as_deref()
+        .map_or_else(|| "NULL".to_owned(), |h| (d.as_text)(&format!("t.{h}")));
+    let (source, topic, finished, position) = match t.kind {
+        TableKind::Outbox => (
+            "NULL".to_owned(),
+            t.topic
+                .as_deref()
+                .map_or_else(|| "NULL".to_owned(), |c| format!("t.{c}")),
+            (d.epoch_micros)("t.sent_at"),
+            "t.kafka_partition, t.kafka_offset",
+        ),
+        TableKind::Inbox => (
+            "t.source".to_owned(),
+            "NULL".to_owned(),
+            (d.epoch_micros)("t.processed_at"),
+            "NULL, NULL",
+        ),
+    };
+    format!(
+        "SELECT {summary}, t.{message_id}, {source}, {topic}, {headers}, \
+         LEFT({payload}, {preview_chars}), OCTET_LENGTH({payload}), {finished}, {position} \
+         FROM {table} t WHERE t.{id} = {id_value}",
+        summary = t.summary_columns(d),
+        message_id = t.message_id,
+        table = t.table,
+        id = t.id,
+        id_value = id,
+    )
+}
+
+/// Up to `limit` held keys after `after_key`, in key order: the summary columns of the
+/// row holding each (its lowest id in FAILED or MANUAL_REQUIRED), then how many rows of
+/// the key wait behind it ([`held_key_from_cells`]).
+pub fn held_keys_sql(t: &BrowseTable, d: &Dialect, after_key: Option<&str>, limit: usize) -> String {
+    let after = after_key.map_or_else(String::new, |key| {
+        format!(" AND {} > {}", t.biz_key, (d.literal)(key))
+    });
+    // Behind the holder: the outbox's rows in trouble (parked rows are FAILED), found by
+    // the key index of those rows; the inbox's rows not handled yet.
+    let behind = match t.kind {
+        TableKind::Outbox => "b.next_retry_time IS NOT NULL".to_owned(),
+        TableKind::Inbox => "b.status <> 'DONE'".to_owned(),
+    };
+    format!(
+        "SELECT {summary}, (SELECT COUNT(*) FROM {table} b WHERE b.{key} = t.{key} \
+         AND {behind} AND b.{id} > t.{id}) \
+         FROM (SELECT {key} AS held_key, MIN({id}) AS holder FROM {table} \
+         WHERE {trouble}status IN ('FAILED', 'MANUAL_REQUIRED'){after} \
+         GROUP BY {key} ORDER BY {key} LIMIT {limit}) h \
+         JOIN {table} t ON t.{id} = h.holder ORDER BY h.held_key",
+        summary = t.summary_columns(d),
+        table = t.table,
+        key = t.biz_key,
+        id = t.id,
+        trouble = t.in_trouble(),
+    )
+}
+
+/// A [`RowSummary`] from the first [`SUMMARY_CELLS`] text cells of a row of
+/// [`list_rows_sql`], [`row_detail_sql`] or [`held_keys_sql`].
+pub fn summary_from_cells(cells: &[Option<&str>]) -> Result<RowSummary, String> {
+    let cell = |i: usize| cells.get(i).copied().flatten();
+    let text = |i: usize, name: &str| {
+        cell(i)
+            .map(str::to_owned)
+            .ok_or_else(|| format!("the console's row read has no {name}"))
+    };
+    Ok(RowSummary {
+        id: number(cell(0), "id")?.ok_or("the console's row read has no id")?,
+        message_type: text(1, "message type")?,
+        biz_key: text(2, "key")?,
+        status: text(3, "status")?,
+        retry_count: number(cell(4), "retry_count")?.unwrap_or(0),
+        max_retry_count: number(cell(5), "max_retry_count")?.unwrap_or(0),
+        next_retry_time: time(cell(6))?,
+        last_error: cell(7).map(str::to_owned),
+        created_at: time(cell(8))?,
+        updated_at: time(cell(9))?,
+    })
+}
+
+/// A [`RowDetail`] from the text cells of a row of [`row_detail_sql`].
+pub fn detail_from_cells(cells: &[Option<&str>]) -> Result<RowDetail, String> {
+    let summary = summary_from_cells(cells)?;
+    let cell = |i: usize| cells.get(SUMMARY_CELLS + i).copied().flatten();
+    let owned = |i: usize| cell(i).map(str::to_owned);
+    let partition = number(cell(7), "kafka_partition")?;
+    let offset = number(cell(8), "kafka_offset")?;
+    Ok(RowDetail {
+        summary,
+        message_id: owned(0).unwrap_or_default(),
+        source: owned(1),
+        topic: owned(2),
+        headers: owned(3),
+        payload_preview: owned(4).unwrap_or_default(),
+        payload_bytes: number(cell(5), "payload length")?.unwrap_or(0),
+        finished_at: time(cell(6))?,
+        sink_position: partition.zip(offset),
+    })
+}
+
+/// A [`HeldKey`] from the text cells of a row of [`held_keys_sql`].
+pub fn held_key_from_cells(cells: &[Option<&str>]) -> Result<HeldKey, String> {
+    Ok(HeldKey {
+        holder: summary_from_cells(cells)?,
+        waiting: number(cells.get(SUMMARY_CELLS).copied().flatten(), "count")?.unwrap_or(0),
+    })
+}
+
+fn number(cell: Option<&str>, name: &str) -> Result<Option<i64>, String> {
+    cell.map(|text| {
+        // MySQL gives a computed count or epoch as a decimal in some versions.
+        let whole = text.split('.').next().unwrap_or(text);
+        whole
+            .trim()
+            .parse::<i64>()
+            .map_err(|e| format!("the console's row read: {name} `{text}` is not a number: {e}"))
+    })
+    .transpose()
+}
+
+fn time(cell: Option<&str>) -> Result<Option<SystemTime>, String> {
+    Ok(number(cell, "timestamp")?.map(|micros| {
+        let magnitude = Duration::from_micros(micros.unsigned_abs());
+        if micros >= 0 {
+            UNIX_EPOCH + magnitude
+        } else {
+            UNIX_EPOCH - magnitude
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dialect() -> Dialect {
+        Dialect {
+            literal: |s| format!("'{}'", s.replace('\'', "''")),
+            epoch_micros: |c| format!("us({c})"),
+            as_text: |c| format!("txt({c})"),
+        }
+    }
+
+    fn outbox() -> BrowseTable {
+        BrowseTable {
+            table: "\"outbox\"".into(),
+            kind: TableKind::Outbox,
+            id: "id".into(),
+            message_type: "message_type".into(),
+            biz_key: "biz_key".into(),
+            message_id: "message_id".into(),
+            payload: "payload".into(),
+            headers: Some("headers".into()),
+            created_at: Some("created_at".into()),
+            topic: Some("topic".into()),
+        }
+    }
+
+    #[test]
+    fn a_page_is_a_keyset_over_the_index_of_rows_in_trouble() {
+        let query = RowQuery {
+            status: "FAILED".into(),
+            message_type: Some("order'created".into()),
+            biz_key: None,
+            error_contains: Some("timeout".into()),
+            before_id: Some(900),
+            limit: 50,
+        };
+        let sql = list_rows_sql(&outbox(), &dialect(), &query);
+        assert!(sql.contains("WHERE next_retry_time IS NOT NULL AND t.status = 'FAILED'"), "{sql}");
+        assert!(sql.contains("t.message_type = 'order''created'"), "{sql}");
+        assert!(sql.contains("POSITION('timeout' IN t.last_error) > 0"), "{sql}");
+        assert!(sql.ends_with("t.id < 900 ORDER BY t.id DESC LIMIT 50"), "{sql}");
+        assert!(!sql.contains("OFFSET"));
+
+        let inbox = BrowseTable::inbox("\"inbox\"".into());
+        let sql = list_rows_sql(&inbox, &dialect(), &query);
+        assert!(sql.contains("WHERE t.status = 'FAILED'"), "{sql}");
+    }
+
+    #[test]
+    fn held_keys_page_by_key_and_count_what_waits() {
+        let sql = held_keys_sql(&outbox(), &dialect(), Some("k'1"), 20);
+        assert!(sql.contains("biz_key > 'k''1'"), "{sql}");
+        assert!(sql.contains("GROUP BY biz_key ORDER BY biz_key LIMIT 20"), "{sql}");
+        assert!(sql.contains("b.next_retry_time IS NOT NULL AND b.id > t.id"), "{sql}");
+        let inbox = BrowseTable::inbox("\"inbox\"".into());
+        let sql = held_keys_sql(&inbox, &dialect(), None, 20);
+        assert!(sql.contains("b.status <> 'DONE'"), "{sql}");
+    }
+
+    #[test]
+    fn cells_read_back_into_rows() {
+        let mut cells = vec![
+            Some("7"),
+            Some("order.created"),
+            Some("K"),
+            Some("MANUAL_REQUIRED"),
+            Some("3"),
+            Some("10"),
+            Some("1700000000000000"),
+            Some("boom"),
+            None,
+            Some("-1000000.000000"),
+        ];
+        let summary = summary_from_cells(&cells).expect("summary");
+        assert_eq!(summary.id, 7);
+        assert_eq!(summary.retry_count, 3);
+        assert_eq!(
+            summary.next_retry_time,
+            Some(UNIX_EPOCH + Duration::from_secs(1_700_000_000))
+        );
+        assert_eq!(summary.created_at, None);
+        assert_eq!(summary.updated_at, Some(UNIX_EPOCH - Duration::from_secs(1)));
+
+        cells.extend([
+            Some("m-7"),
+            None,
+            Some("orders"),
+            Some("{\"a\":\"1\"}"),
+            Some("{\"x\":"),
+            Some("12345"),
+            None,
+            Some("2"),
+            Some("99"),
+        ]);
+        let detail = detail_from_cells(&cells).expect("detail");
+        assert_eq!(detail.message_id, "m-7");
+        assert_eq!(detail.topic.as_deref(), Some("orders"));
+        assert_eq!(detail.payload_bytes, 12345);
+        assert_eq!(detail.sink_position, Some((2, 99)));
+
+        let bad = [Some("x")];
+        assert!(summary_from_cells(&bad).unwrap_err().contains("id `x`"));
+    }
+}

@@ -1,0 +1,107 @@
+//! The operator console's reads on MySQL/MariaDB, outbox and inbox alike, as the
+//! PostgreSQL connector does them (`connectors/postgres/src/store/browse.rs`): the
+//! statements of `outboxd_connector_kit::browse` with utf8mb4 string literals, read back
+//! from the text protocol's cells.
+
+use mysql_async::Row;
+use outboxd_connector::{ConnectorError, HeldKey, RowDetail, RowQuery, RowSummary, TableKind};
+use outboxd_connector_kit::browse::{self, BrowseTable, Dialect};
+
+use super::inbox::MysqlInboxStore;
+use super::MysqlOutboxStore;
+use crate::client::text;
+use crate::schema::{quote_ident, sql_string};
+
+/// MySQL's side of the console's statements. A `TIMESTAMP` column is stored in UTC and
+/// `UNIX_TIMESTAMP` reads it back as such, whatever the session's time zone.
+const DIALECT: Dialect = Dialect {
+    literal: sql_string,
+    epoch_micros: |column| format!("CAST(UNIX_TIMESTAMP({column}) * 1000000 AS SIGNED)"),
+    as_text: |column| format!("CAST({column} AS CHAR)"),
+};
+
+/// Each row's cells as text, read with `read`.
+fn read_rows<T>(
+    rows: &[Row],
+    read: fn(&[Option<&str>]) -> Result<T, String>,
+) -> Result<Vec<T>, ConnectorError> {
+    rows.iter()
+        .map(|row| {
+            let cells = (0..row.len())
+                .map(|i| text(row, i))
+                .collect::<Result<Vec<Option<String>>, _>>()?;
+            let cells: Vec<Option<&str>> = cells.iter().map(Option::as_deref).collect();
+            read(&cells).map_err(ConnectorError::definite)
+        })
+        .collect()
+}
+
+impl MysqlOutboxStore {
+    fn browse(&self) -> BrowseTable {
+        BrowseTable::outbox(
+            self.outbox.quoted.clone(),
+            &self.connector.layout,
+            quote_ident,
+        )
+    }
+
+    pub(crate) async fn browse_list(&self, query: &RowQuery) -> Result<Vec<RowSummary>, ConnectorError> {
+        query.check(TableKind::Outbox)?;
+        let sql = browse::list_rows_sql(&self.browse(), &DIALECT, query);
+        let rows = self.rows(&sql, "listing outbox rows").await?;
+        read_rows(&rows, browse::summary_from_cells)
+    }
+
+    pub(crate) async fn browse_detail(
+        &self,
+        id: i64,
+        preview: usize,
+    ) -> Result<Option<RowDetail>, ConnectorError> {
+        let sql = browse::row_detail_sql(&self.browse(), &DIALECT, id, preview);
+        let rows = self.rows(&sql, "reading an outbox row").await?;
+        Ok(read_rows(&rows, browse::detail_from_cells)?.into_iter().next())
+    }
+
+    pub(crate) async fn browse_held(
+        &self,
+        after_key: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<HeldKey>, ConnectorError> {
+        let sql = browse::held_keys_sql(&self.browse(), &DIALECT, after_key, limit);
+        let rows = self.rows(&sql, "reading held outbox keys").await?;
+        read_rows(&rows, browse::held_key_from_cells)
+    }
+}
+
+impl MysqlInboxStore {
+    fn browse(&self) -> BrowseTable {
+        BrowseTable::inbox(self.table.clone())
+    }
+
+    pub(crate) async fn browse_list(&self, query: &RowQuery) -> Result<Vec<RowSummary>, ConnectorError> {
+        query.check(TableKind::Inbox)?;
+        let sql = browse::list_rows_sql(&self.browse(), &DIALECT, query);
+        let rows = self.rows_of(&sql, "listing inbox rows").await?;
+        read_rows(&rows, browse::summary_from_cells)
+    }
+
+    pub(crate) async fn browse_detail(
+        &self,
+        id: i64,
+        preview: usize,
+    ) -> Result<Option<RowDetail>, ConnectorError> {
+        let sql = browse::row_detail_sql(&self.browse(), &DIALECT, id, preview);
+        let rows = self.rows_of(&sql, "reading an inbox row").await?;
+        Ok(read_rows(&rows, browse::detail_from_cells)?.into_iter().next())
+    }
+
+    pub(crate) async fn browse_held(
+        &self,
+        after_key: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<HeldKey>, ConnectorError> {
+        let sql = browse::held_keys_sql(&self.browse(), &DIALECT, after_key, limit);
+        let rows = self.rows_of(&sql, "reading held inbox keys").await?;
+        read_rows(&rows, browse::held_key_from_cells)
+    }
+}
