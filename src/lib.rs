@@ -18,6 +18,7 @@ pub mod canary;
 pub mod claims;
 pub mod cli;
 pub mod config;
+pub mod console;
 mod engines;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]

@@ -301,6 +301,7 @@ fn keys_outboxd_accepts() -> BTreeSet<String> {
         (vec!["metrics"], vec![]),
         (vec!["otlp"], vec![]),
         (vec!["canary"], vec![]),
+        (vec!["console"], vec![]),
         (vec!["inbox"], vec![]),
         (
             vec!["inbox", "kafka"],

@@ -143,7 +143,8 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 1000)]
     pub(crate) max_faults: usize,
     /// Scenarios to run, comma-separated: rate,idle,limits,backlog,max,eos,poll,mariadb,inbox;
-    /// the fault scenarios pgrestart and kill9, ingress-flood, soak and the HTTP sink's
+    /// the fault scenarios pgrestart and kill9, ingress-flood, console (the operator
+    /// console's pages on a million rows), soak and the HTTP sink's
     /// `http` (its backlog drain and limit, latency, receiver stall and poll mode; one
     /// alone: http-drain, http-rate, http-stall, http-poll) run only when named.
     #[arg(long, default_value = DEFAULT_SCENARIOS)]
@@ -190,6 +191,7 @@ impl Args {
             PathBuf::from(match self.scenario_set().as_str() {
                 "soak" => "bench/results/soak.json",
                 "http" => "bench/results/http.json",
+                "console" => "bench/results/console.json",
                 _ => "bench/results/latest.json",
             })
         })

@@ -7,6 +7,7 @@
 //! docs/benchmarks-history.md). See docs/benchmarks.md.
 
 mod args;
+mod console;
 mod consume;
 mod daemon;
 mod exactly_once;
@@ -204,6 +205,14 @@ impl Bench {
                     ));
                 }
             }
+        }
+        if self.args.wants("console") {
+            let rows = self.console().await;
+            report.rows.extend(rows_or_unavailable(
+                rows,
+                "console",
+                "console: pages on 1,000,000 rows",
+            ));
         }
         if self.args.wants("soak") {
             report.soak = Some(self.soak().await?);

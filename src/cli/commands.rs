@@ -355,10 +355,11 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
         None => None,
     };
     let relay_sink = relay_sink.map(Arc::new);
-    let health =
+    let health = Arc::new(
         observability::Health::new(Arc::clone(&stats), shared_sink.clone(), connector.clone())
             .with_relay_sink(relay_sink.clone())
-            .sink_gates_readiness(config.sends_to_kafka());
+            .sink_gates_readiness(config.sends_to_kafka()),
+    );
     let inbox_shutdown = shutdown.clone();
     let outbox = async {
         // Present exactly when the relay runs (see `execute_with`).
@@ -458,7 +459,29 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
     };
     // The inbox, when configured: its HTTP route joins the endpoint, its workers and
     // Kafka ingress run beside the relay, and a definite failure of either stops both.
-    let mut router = observability::router(health);
+    let mut router = observability::router(Arc::clone(&health));
+    if let Some(console) = &config.console {
+        let metrics_token = config.metrics.as_ref().and_then(|m| m.bearer_token.clone());
+        let Some(token) = console.token.clone().or(metrics_token) else {
+            anyhow::bail!(
+                "[console] needs a credential: set console.token_file or metrics.bearer_token_file"
+            );
+        };
+        let setup = crate::console::ConsoleSetup {
+            pipeline: config.pipeline.name.clone(),
+            relays_outbox: config.relays_outbox(),
+            runs_inbox: config.inbox.is_some(),
+            token,
+            config: console.clone(),
+        };
+        router = router.merge(crate::console::routes(
+            setup,
+            Arc::clone(&health),
+            Arc::clone(&stats),
+            connector.clone(),
+        ));
+        tracing::info!("serving the operator console at /ui");
+    }
     let inbox = match &config.inbox {
         Some(inbox) => {
             let handlers = Handlers::from_config(&inbox.handlers)

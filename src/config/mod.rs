@@ -114,6 +114,10 @@ pub struct Config {
     /// `/readyz` failing when none arrives; off when the section is absent.
     #[serde(default)]
     pub canary: Option<crate::canary::CanaryConfig>,
+    /// `[console]`: the operator console at `/ui` on the `[metrics]` address; off when
+    /// the section is absent.
+    #[serde(default)]
+    pub console: Option<crate::console::ConsoleConfig>,
     /// What [`Config::load`] found wrong with the file itself (secrets in a file others
     /// may read); `check` prints it and `run` logs it.
     #[serde(skip)]
@@ -258,6 +262,15 @@ impl Config {
                 &mut metrics.bearer_token,
                 metrics.bearer_token_file.as_deref(),
                 var(ENV_METRICS_BEARER_TOKEN),
+            )?;
+        }
+        if let Some(console) = self.console.as_mut() {
+            outboxd_connector::secret::resolve(
+                "console.token",
+                "console.token_file",
+                &mut console.token,
+                console.token_file.as_deref(),
+                var(crate::console::ENV_CONSOLE_TOKEN),
             )?;
         }
         if let Some(servers) = var(ENV_KAFKA_BOOTSTRAP_SERVERS) {
@@ -471,6 +484,25 @@ impl Config {
         }
         if let Some(canary) = &self.canary {
             self.validate_canary(canary).map_err(ConfigError::Invalid)?;
+        }
+        if let Some(console) = &self.console {
+            console.validate().map_err(ConfigError::Invalid)?;
+            let Some(metrics) = &self.metrics else {
+                return Err(ConfigError::Invalid(
+                    "[console] is served on the [metrics] address: add [metrics]".into(),
+                ));
+            };
+            let credential = console.token.is_some()
+                || console.token_file.is_some()
+                || metrics.bearer_token.is_some()
+                || metrics.bearer_token_file.is_some();
+            if !credential {
+                return Err(ConfigError::Invalid(
+                    "[console] needs a credential: set console.token_file (or \
+                     metrics.bearer_token_file, which it then shares)"
+                        .into(),
+                ));
+            }
         }
         let d = &self.delivery;
         if d.max_in_flight_bytes < (1 << 20) || d.max_in_flight_bytes > (16 << 30) {

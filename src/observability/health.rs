@@ -120,6 +120,18 @@ impl<C: Connector, S: Sink> Health<C, S> {
         metrics::render(&self.stats, &inputs)
     }
 
+    /// The outbox's status summary (cached as for a scrape); `None` without the relay.
+    pub(crate) async fn outbox_summary(&self) -> Option<Result<StatusSummary, String>> {
+        self.sink.as_ref()?;
+        Some((*self.status.get(self.query_status()).await).clone())
+    }
+
+    /// The inbox's status summary (cached as for a scrape); `None` without an inbox.
+    pub(crate) async fn inbox_summary(&self) -> Option<Result<StatusSummary, String>> {
+        self.stats.inbox.get()?;
+        Some((*self.inbox_status.get(self.query_inbox_status()).await).clone())
+    }
+
     /// Kafka's reachability, checked at most every [`KAFKA_CHECK`]; `Ok` without a sink.
     async fn kafka_reachable(&self) -> Result<(), String> {
         let Some(sink) = self.sink.as_ref().filter(|_| self.sink_gates_readiness) else {

@@ -334,6 +334,20 @@ fn registry(stats: &PipelineStats, inputs: &ScrapeInputs<'_>) -> Registry {
         "Publish attempts of rows that had failed before (retry worker or poll mode), by outcome",
         retries,
     );
+    let console = stats.console_actions.snapshot();
+    if !console.is_empty() {
+        let actions = Family::<[(&'static str, &'static str); 2], Counter>::default();
+        for (table, action, n) in console {
+            actions
+                .get_or_create(&[("table", table), ("action", action)])
+                .inc_by(n);
+        }
+        r.register(
+            "outboxd_console_actions",
+            "Rows changed by an operator in the console, by table and action",
+            actions,
+        );
+    }
     r.register(
         "outboxd_kafka_producer_rebuilds",
         "Kafka producers replaced because records waited with no acknowledgement while a \

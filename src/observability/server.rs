@@ -82,7 +82,10 @@ pub(crate) fn require_bearer(router: Router, token: Option<Secret>) -> Router {
                     .get(header::AUTHORIZATION)
                     .map(|v| v.as_bytes().to_vec())
                     .unwrap_or_default();
-                let open = request.uri().path() == "/healthz";
+                // `/healthz` tells nothing; the console has its own sign-in (a browser
+                // cannot send this header) and answers 401 without it.
+                let path = request.uri().path();
+                let open = path == "/healthz" || path == "/ui" || path.starts_with("/ui/");
                 if open || same_bytes(&given, &expected) {
                     next.run(request).await
                 } else {
@@ -106,7 +109,7 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
 
 /// `/metrics`, `/healthz` and `/readyz` over one pipeline's [`Health`]; GET and HEAD.
 /// Other paths answer 404: merge further routes before serving.
-pub(crate) fn router<C, S>(health: Health<C, S>) -> Router
+pub(crate) fn router<C, S>(health: Arc<Health<C, S>>) -> Router
 where
     C: Connector + 'static,
     S: Sink + 'static,
@@ -116,7 +119,7 @@ where
         .route("/healthz", get(alive).fallback(method_not_allowed))
         .route("/readyz", get(ready::<C, S>).fallback(method_not_allowed))
         .fallback(not_found)
-        .with_state(Arc::new(health))
+        .with_state(health)
 }
 
 async fn scrape<C: Connector, S: Sink>(

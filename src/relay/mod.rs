@@ -65,6 +65,8 @@ pub struct PipelineStats {
     pub inbox: std::sync::OnceLock<Arc<crate::inbox::InboxStats>>,
     /// The canary (`[canary]`), told of every delivered event.
     pub canary: crate::canary::Canary,
+    /// Actions taken in the operator console (`[console]`).
+    pub console_actions: crate::console::ActionCounts,
 }
 
 /// What a pipeline needs besides its connector and sink.
