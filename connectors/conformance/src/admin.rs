@@ -417,28 +417,42 @@ pub async fn console_reads_pages_rows_and_held_keys<H: Harness>() {
     assert_eq!(listed(first.clone()), [ids[3], ids[2]], "newest first");
     assert_eq!(first[0].biz_key, "b");
     assert_eq!(first[0].retry_count, 1);
-    assert_eq!(first[0].last_error.as_deref(), Some("timed out waiting for Kafka"));
-    let due = first[0].next_retry_time.expect("a FAILED row is due sometime");
+    assert_eq!(
+        first[0].last_error.as_deref(),
+        Some("timed out waiting for Kafka")
+    );
+    let due = first[0]
+        .next_retry_time
+        .expect("a FAILED row is due sometime");
     assert!(due > SystemTime::now(), "due in a minute: {due:?}");
     assert!(first[0].created_at.is_some() && first[0].updated_at.is_some());
     let next = outboxd_connector::RowQuery {
         before_id: Some(ids[2]),
         ..page("FAILED")
     };
-    assert_eq!(listed(store.list_rows(&next).await.expect("page 2")), [ids[1]]);
+    assert_eq!(
+        listed(store.list_rows(&next).await.expect("page 2")),
+        [ids[1]]
+    );
     let by_key = outboxd_connector::RowQuery {
         biz_key: Some("a".into()),
         limit: 10,
         ..page("FAILED")
     };
-    assert_eq!(listed(store.list_rows(&by_key).await.expect("key")), [ids[2], ids[1]]);
+    assert_eq!(
+        listed(store.list_rows(&by_key).await.expect("key")),
+        [ids[2], ids[1]]
+    );
     let by_error = outboxd_connector::RowQuery {
         error_contains: Some("Kafka".into()),
         message_type: Some("t1".into()),
         limit: 10,
         ..page("FAILED")
     };
-    assert_eq!(listed(store.list_rows(&by_error).await.expect("error")), [ids[3]]);
+    assert_eq!(
+        listed(store.list_rows(&by_error).await.expect("error")),
+        [ids[3]]
+    );
     let none = outboxd_connector::RowQuery {
         error_contains: Some("kafka".into()),
         limit: 10,
@@ -448,25 +462,39 @@ pub async fn console_reads_pages_rows_and_held_keys<H: Harness>() {
         store.list_rows(&none).await.expect("case").is_empty(),
         "the error filter is case-sensitive"
     );
-    let manual_rows = store.list_rows(&page("MANUAL_REQUIRED")).await.expect("manual");
+    let manual_rows = store
+        .list_rows(&page("MANUAL_REQUIRED"))
+        .await
+        .expect("manual");
     assert_eq!(listed(manual_rows), [ids[0]]);
     assert!(
         store.list_rows(&page("DONE")).await.is_err(),
         "the outbox has no DONE"
     );
 
-    let detail = store.row_detail(ids[0], 4).await.expect("detail").expect("row");
+    let detail = store
+        .row_detail(ids[0], 4)
+        .await
+        .expect("detail")
+        .expect("row");
     assert_eq!(detail.summary.status, "MANUAL_REQUIRED");
     assert_eq!(detail.summary.retry_count, 3);
     assert!(!detail.message_id.is_empty());
     assert_eq!(detail.payload_preview.chars().count(), 4, "{detail:?}");
     assert!(detail.payload_bytes > 4, "{detail:?}");
     assert!(
-        detail.headers.as_deref().is_some_and(|h| h.contains("trace")),
+        detail
+            .headers
+            .as_deref()
+            .is_some_and(|h| h.contains("trace")),
         "{detail:?}"
     );
     assert_eq!(detail.sink_position, None);
-    assert!(store.row_detail(i64::MAX, 100).await.expect("none").is_none());
+    assert!(store
+        .row_detail(i64::MAX, 100)
+        .await
+        .expect("none")
+        .is_none());
 
     let held = store.held_keys(None, 10).await.expect("held");
     let summary: Vec<(&str, i64, i64)> = held

@@ -570,11 +570,18 @@ pub async fn console_reads_the_inbox<H: Harness>() {
     let page = store.list_rows(&pending).await.expect("pending");
     assert_eq!(page.iter().map(|r| r.id).collect::<Vec<_>>(), [rows[1]]);
 
-    let detail = store.row_detail(rows[0], 100).await.expect("detail").expect("row");
+    let detail = store
+        .row_detail(rows[0], 100)
+        .await
+        .expect("detail")
+        .expect("row");
     assert_eq!(detail.message_id, "c1");
     assert_eq!(detail.source.as_deref(), Some("orders"));
     assert!(detail.payload_preview.contains("c1"), "{detail:?}");
-    assert!(detail.headers.as_deref().is_some_and(|h| h.contains("t-c1")));
+    assert!(detail
+        .headers
+        .as_deref()
+        .is_some_and(|h| h.contains("t-c1")));
 
     let held = store.held_keys(None, 10).await.expect("held");
     assert_eq!(held.len(), 1);

@@ -105,10 +105,10 @@ impl BrowseTable {
     /// The columns of a [`RowSummary`], in [`summary_from_cells`]'s order, of table alias
     /// `t`.
     fn summary_columns(&self, d: &Dialect) -> String {
-        let created_at = self
-            .created_at
-            .as_deref()
-            .map_or_else(|| "NULL".to_owned(), |c| (d.epoch_micros)(&format!("t.{c}")));
+        let created_at = self.created_at.as_deref().map_or_else(
+            || "NULL".to_owned(),
+            |c| (d.epoch_micros)(&format!("t.{c}")),
+        );
         format!(
             "t.{id}, t.{message_type}, t.{biz_key}, t.status, t.retry_count, t.max_retry_count, \
              {next}, t.last_error, {created_at}, {updated}",
@@ -128,13 +128,20 @@ pub const SUMMARY_CELLS: usize = 10;
 pub fn list_rows_sql(t: &BrowseTable, d: &Dialect, q: &RowQuery) -> String {
     let mut filters = vec![format!("t.status = {}", (d.literal)(&q.status))];
     if let Some(message_type) = &q.message_type {
-        filters.push(format!("t.{} = {}", t.message_type, (d.literal)(message_type)));
+        filters.push(format!(
+            "t.{} = {}",
+            t.message_type,
+            (d.literal)(message_type)
+        ));
     }
     if let Some(key) = &q.biz_key {
         filters.push(format!("t.{} = {}", t.biz_key, (d.literal)(key)));
     }
     if let Some(text) = &q.error_contains {
-        filters.push(format!("POSITION({} IN t.last_error) > 0", (d.literal)(text)));
+        filters.push(format!(
+            "POSITION({} IN t.last_error) > 0",
+            (d.literal)(text)
+        ));
     }
     if let Some(before) = q.before_id {
         filters.push(format!("t.{} < {before}", t.id));
@@ -195,7 +202,12 @@ pub fn row_detail_sql(t: &BrowseTable, d: &Dialect, id: i64, preview_chars: usiz
 /// Up to `limit` held keys after `after_key`, in key order: the summary columns of the
 /// row holding each (its lowest id in FAILED or MANUAL_REQUIRED), then how many rows of
 /// the key wait behind it ([`held_key_from_cells`]).
-pub fn held_keys_sql(t: &BrowseTable, d: &Dialect, after_key: Option<&str>, limit: usize) -> String {
+pub fn held_keys_sql(
+    t: &BrowseTable,
+    d: &Dialect,
+    after_key: Option<&str>,
+    limit: usize,
+) -> String {
     let after = after_key.map_or_else(String::new, |key| {
         format!(" AND {} > {}", t.biz_key, (d.literal)(key))
     });
@@ -332,10 +344,19 @@ mod tests {
             limit: 50,
         };
         let sql = list_rows_sql(&outbox(), &dialect(), &query);
-        assert!(sql.contains("WHERE next_retry_time IS NOT NULL AND t.status = 'FAILED'"), "{sql}");
+        assert!(
+            sql.contains("WHERE next_retry_time IS NOT NULL AND t.status = 'FAILED'"),
+            "{sql}"
+        );
         assert!(sql.contains("t.message_type = 'order''created'"), "{sql}");
-        assert!(sql.contains("POSITION('timeout' IN t.last_error) > 0"), "{sql}");
-        assert!(sql.ends_with("t.id < 900 ORDER BY t.id DESC LIMIT 50"), "{sql}");
+        assert!(
+            sql.contains("POSITION('timeout' IN t.last_error) > 0"),
+            "{sql}"
+        );
+        assert!(
+            sql.ends_with("t.id < 900 ORDER BY t.id DESC LIMIT 50"),
+            "{sql}"
+        );
         assert!(!sql.contains("OFFSET"));
 
         let inbox = BrowseTable::inbox("\"inbox\"".into());
@@ -347,8 +368,14 @@ mod tests {
     fn held_keys_page_by_key_and_count_what_waits() {
         let sql = held_keys_sql(&outbox(), &dialect(), Some("k'1"), 20);
         assert!(sql.contains("biz_key > 'k''1'"), "{sql}");
-        assert!(sql.contains("GROUP BY biz_key ORDER BY biz_key LIMIT 20"), "{sql}");
-        assert!(sql.contains("b.next_retry_time IS NOT NULL AND b.id > t.id"), "{sql}");
+        assert!(
+            sql.contains("GROUP BY biz_key ORDER BY biz_key LIMIT 20"),
+            "{sql}"
+        );
+        assert!(
+            sql.contains("b.next_retry_time IS NOT NULL AND b.id > t.id"),
+            "{sql}"
+        );
         let inbox = BrowseTable::inbox("\"inbox\"".into());
         let sql = held_keys_sql(&inbox, &dialect(), None, 20);
         assert!(sql.contains("b.status <> 'DONE'"), "{sql}");
@@ -376,7 +403,10 @@ mod tests {
             Some(UNIX_EPOCH + Duration::from_secs(1_700_000_000))
         );
         assert_eq!(summary.created_at, None);
-        assert_eq!(summary.updated_at, Some(UNIX_EPOCH - Duration::from_secs(1)));
+        assert_eq!(
+            summary.updated_at,
+            Some(UNIX_EPOCH - Duration::from_secs(1))
+        );
 
         cells.extend([
             Some("m-7"),

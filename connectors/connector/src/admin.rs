@@ -124,7 +124,9 @@ impl RowQuery {
             )));
         }
         if self.limit == 0 {
-            return Err(ConnectorError::definite("a page of rows needs a limit above 0"));
+            return Err(ConnectorError::definite(
+                "a page of rows needs a limit above 0",
+            ));
         }
         Ok(())
     }

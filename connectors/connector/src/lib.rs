@@ -31,7 +31,8 @@ mod store;
 mod stream;
 
 pub use admin::{
-    HeldKey, JanitorAction, JanitorRule, RetrySelector, RowDetail, RowQuery, RowSummary, StatusCount, StatusSummary, TableAdmin, TableKind,
+    HeldKey, JanitorAction, JanitorRule, RetrySelector, RowDetail, RowQuery, RowSummary,
+    StatusCount, StatusSummary, TableAdmin, TableKind,
 };
 pub use check::{CheckLine, CheckReport, CheckStatus};
 pub use claim::{

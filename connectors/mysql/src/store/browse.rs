@@ -45,7 +45,10 @@ impl MysqlOutboxStore {
         )
     }
 
-    pub(crate) async fn browse_list(&self, query: &RowQuery) -> Result<Vec<RowSummary>, ConnectorError> {
+    pub(crate) async fn browse_list(
+        &self,
+        query: &RowQuery,
+    ) -> Result<Vec<RowSummary>, ConnectorError> {
         query.check(TableKind::Outbox)?;
         let sql = browse::list_rows_sql(&self.browse(), &DIALECT, query);
         let rows = self.rows(&sql, "listing outbox rows").await?;
@@ -59,7 +62,9 @@ impl MysqlOutboxStore {
     ) -> Result<Option<RowDetail>, ConnectorError> {
         let sql = browse::row_detail_sql(&self.browse(), &DIALECT, id, preview);
         let rows = self.rows(&sql, "reading an outbox row").await?;
-        Ok(read_rows(&rows, browse::detail_from_cells)?.into_iter().next())
+        Ok(read_rows(&rows, browse::detail_from_cells)?
+            .into_iter()
+            .next())
     }
 
     pub(crate) async fn browse_held(
@@ -78,7 +83,10 @@ impl MysqlInboxStore {
         BrowseTable::inbox(self.table.clone())
     }
 
-    pub(crate) async fn browse_list(&self, query: &RowQuery) -> Result<Vec<RowSummary>, ConnectorError> {
+    pub(crate) async fn browse_list(
+        &self,
+        query: &RowQuery,
+    ) -> Result<Vec<RowSummary>, ConnectorError> {
         query.check(TableKind::Inbox)?;
         let sql = browse::list_rows_sql(&self.browse(), &DIALECT, query);
         let rows = self.rows_of(&sql, "listing inbox rows").await?;
@@ -92,7 +100,9 @@ impl MysqlInboxStore {
     ) -> Result<Option<RowDetail>, ConnectorError> {
         let sql = browse::row_detail_sql(&self.browse(), &DIALECT, id, preview);
         let rows = self.rows_of(&sql, "reading an inbox row").await?;
-        Ok(read_rows(&rows, browse::detail_from_cells)?.into_iter().next())
+        Ok(read_rows(&rows, browse::detail_from_cells)?
+            .into_iter()
+            .next())
     }
 
     pub(crate) async fn browse_held(

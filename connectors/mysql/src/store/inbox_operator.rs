@@ -7,9 +7,9 @@
 use mysql_async::prelude::Queryable;
 use mysql_async::Row;
 use outboxd_connector::{
-    HeldKey, RowDetail, RowQuery, RowSummary,
-    parked_by_operator, resolved_without_handling, ConnectorError, JanitorAction, JanitorRule,
-    RetrySelector, StatusCount, StatusSummary, TableAdmin, TableKind,
+    parked_by_operator, resolved_without_handling, ConnectorError, HeldKey, JanitorAction,
+    JanitorRule, RetrySelector, RowDetail, RowQuery, RowSummary, StatusCount, StatusSummary,
+    TableAdmin, TableKind,
 };
 use outboxd_connector_kit::inbox as kit;
 

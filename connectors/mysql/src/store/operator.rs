@@ -5,9 +5,9 @@
 
 use mysql_async::prelude::Queryable;
 use outboxd_connector::{
-    HeldKey, RowDetail, RowQuery, RowSummary,
-    parked_by_operator, resolved_by_operator, ConnectorError, JanitorAction, JanitorRule,
-    RetrySelector, StatusCount, StatusSummary, TableAdmin, TableKind,
+    parked_by_operator, resolved_by_operator, ConnectorError, HeldKey, JanitorAction, JanitorRule,
+    RetrySelector, RowDetail, RowQuery, RowSummary, StatusCount, StatusSummary, TableAdmin,
+    TableKind,
 };
 
 use outboxd_connector_kit::store::add_status_row;

@@ -58,7 +58,10 @@ impl PgOutboxStore {
             .map_err(|e| self.error(&e, what))?
     }
 
-    pub(crate) async fn browse_list(&self, query: &RowQuery) -> Result<Vec<RowSummary>, ConnectorError> {
+    pub(crate) async fn browse_list(
+        &self,
+        query: &RowQuery,
+    ) -> Result<Vec<RowSummary>, ConnectorError> {
         query.check(TableKind::Outbox)?;
         let sql = browse::list_rows_sql(&self.browse(), &DIALECT, query);
         self.browse_rows(&sql, browse::summary_from_cells, "listing outbox rows")
@@ -83,8 +86,12 @@ impl PgOutboxStore {
         limit: usize,
     ) -> Result<Vec<HeldKey>, ConnectorError> {
         let sql = browse::held_keys_sql(&self.browse(), &DIALECT, after_key, limit);
-        self.browse_rows(&sql, browse::held_key_from_cells, "reading held outbox keys")
-            .await
+        self.browse_rows(
+            &sql,
+            browse::held_key_from_cells,
+            "reading held outbox keys",
+        )
+        .await
     }
 }
 
@@ -107,7 +114,10 @@ impl PgInboxStore {
         .await
     }
 
-    pub(crate) async fn browse_list(&self, query: &RowQuery) -> Result<Vec<RowSummary>, ConnectorError> {
+    pub(crate) async fn browse_list(
+        &self,
+        query: &RowQuery,
+    ) -> Result<Vec<RowSummary>, ConnectorError> {
         query.check(TableKind::Inbox)?;
         let sql = browse::list_rows_sql(&self.browse(), &DIALECT, query);
         self.browse_rows(&sql, browse::summary_from_cells, "listing inbox rows")

@@ -5,9 +5,9 @@
 use std::time::SystemTime;
 
 use outboxd_connector::{
-    HeldKey, RowDetail, RowQuery, RowSummary,
-    parked_by_operator, resolved_without_handling, ConnectorError, JanitorAction, JanitorRule,
-    RetrySelector, StatusCount, StatusSummary, TableAdmin, TableKind,
+    parked_by_operator, resolved_without_handling, ConnectorError, HeldKey, JanitorAction,
+    JanitorRule, RetrySelector, RowDetail, RowQuery, RowSummary, StatusCount, StatusSummary,
+    TableAdmin, TableKind,
 };
 use outboxd_connector_kit::inbox as kit;
 use tokio_postgres::types::ToSql;

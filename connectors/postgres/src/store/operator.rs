@@ -8,9 +8,9 @@
 //! instead of at its next idle check.
 
 use outboxd_connector::{
-    HeldKey, RowDetail, RowQuery, RowSummary,
-    parked_by_operator, resolved_by_operator, ConnectorError, JanitorAction, JanitorRule, Position,
-    RetrySelector, StatusCount, StatusSummary, TableAdmin, TableKind,
+    parked_by_operator, resolved_by_operator, ConnectorError, HeldKey, JanitorAction, JanitorRule,
+    Position, RetrySelector, RowDetail, RowQuery, RowSummary, StatusCount, StatusSummary,
+    TableAdmin, TableKind,
 };
 
 use outboxd_connector_kit::store::add_status_row;
