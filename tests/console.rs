@@ -28,6 +28,9 @@ use common::{free_port, http_get, metric_value, metrics_section};
 use fantoccini::{Client, ClientBuilder, Locator};
 
 const TOKEN: &str = "console-test-token-5b1f0c";
+/// The metrics bearer token: a different credential, which opens `/metrics` and
+/// `/readyz` and not the console.
+const METRICS_TOKEN: &str = "metrics-test-token-77e2a9";
 
 /// chromedriver on a port of its own, stopped on drop.
 struct Driver {
@@ -101,6 +104,22 @@ async fn http(port: u16, request: String) -> (u16, String) {
     (status, body)
 }
 
+/// `GET path` with the metrics bearer token: (status, body), `None` while nothing answers.
+async fn bearer_get(port: u16, path: &str) -> Option<(u16, String)> {
+    tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    Some(
+        http(
+            port,
+            format!(
+                "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {METRICS_TOKEN}\r\n\r\n"
+            ),
+        )
+        .await,
+    )
+}
+
 fn screenshots() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/console-screenshots");
     std::fs::create_dir_all(&dir).expect("screenshot dir");
@@ -128,7 +147,7 @@ async fn page_with(browser: &Client, text: &str) -> String {
 async fn an_operator_resolves_a_held_key<E: Engine>(prefix: &str, engine: &str) {
     let port = free_port();
     let extra = format!(
-        "{}\n[console]\ntoken = \"{TOKEN}\"\n",
+        "{}bearer_token = \"{METRICS_TOKEN}\"\n\n[console]\ntoken = \"{TOKEN}\"\n",
         metrics_section(port)
     );
     let p = Pipeline::<E>::new(prefix, 1, &extra).await;
@@ -146,7 +165,7 @@ async fn an_operator_resolves_a_held_key<E: Engine>(prefix: &str, engine: &str) 
     p.init();
     let daemon = p.spawn_run("run.log");
     common::wait_for("/readyz ready", Duration::from_secs(60), || async {
-        let (status, _) = http_get(port, "/readyz").await?;
+        let (status, _) = bearer_get(port, "/readyz").await?;
         (status == 200).then_some(())
     })
     .await;
@@ -189,10 +208,25 @@ async fn an_operator_resolves_a_held_key<E: Engine>(prefix: &str, engine: &str) 
     // The bearer token of the other routes is not what opens the console's pages either.
     let (status, _) = http(
         port,
-        format!("GET /ui/outbox/held HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"),
+        format!(
+            "GET /ui/outbox/held HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {METRICS_TOKEN}\r\n\r\n"
+        ),
     )
     .await;
     assert_eq!(status, 401);
+    // And the console's presence opens no other route: paths that look like the
+    // console's still need the bearer token.
+    for path in [
+        "/metrics",
+        "/ui/../metrics",
+        "/uix",
+        "/ui%2F..%2Fmetrics",
+        "/readyz",
+    ] {
+        let (status, body) = http_get(port, path).await.expect("answers");
+        assert_eq!(status, 401, "{path}: {body}");
+        assert!(!body.contains("outboxd_"), "{path}: {body}");
+    }
 
     let driver = Driver::start();
     let browser = driver.browser().await;
@@ -252,10 +286,7 @@ async fn an_operator_resolves_a_held_key<E: Engine>(prefix: &str, engine: &str) 
         .expect("open held keys");
     let held = page_with(&browser, "Each key below waits").await;
     assert!(held.contains(">K<"), "K is held: {held}");
-    assert!(
-        held.contains(">2<"),
-        "two rows wait behind it: {held}"
-    );
+    assert!(held.contains(">2<"), "two rows wait behind it: {held}");
     browser
         .find(Locator::LinkText(&format!("row {held_row}")))
         .await
@@ -345,7 +376,7 @@ async fn an_operator_resolves_a_held_key<E: Engine>(prefix: &str, engine: &str) 
         browser.find(Locator::Css("#reason-resolve")).await.is_err(),
         "a resolved row offers no action"
     );
-    let (_, metrics) = http_get(port, "/metrics").await.expect("/metrics");
+    let (_, metrics) = bearer_get(port, "/metrics").await.expect("/metrics");
     let resolved = metric_value(
         &metrics,
         "outboxd_console_actions_total",

@@ -500,6 +500,29 @@ async fn mariadb_black_holed_under_exactly_once_sends_nothing_twice() {
     mariadb_fault(Fault::BlackHole, Hold::Fixed, Mode::ExactlyOnce, "nfmyeos").await;
 }
 
+/// Exactly-once with the database's connections reset, or cut, then slowed: the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_reset_cut_and_slow_under_exactly_once_send_nothing_twice() {
+    for (fault, prefix) in [
+        (Fault::ResetPeer, "nfpgeorst"),
+        (Fault::Cut, "nfpgeocut"),
+        (Fault::Slow, "nfpgeoslow"),
+    ] {
+        postgres_fault(fault, Hold::Fixed, Mode::ExactlyOnce, prefix).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_reset_cut_and_slow_under_exactly_once_send_nothing_twice() {
+    for (fault, prefix) in [
+        (Fault::ResetPeer, "nfmyeorst"),
+        (Fault::Cut, "nfmyeocut"),
+        (Fault::Slow, "nfmyeoslow"),
+    ] {
+        mariadb_fault(fault, Hold::Fixed, Mode::ExactlyOnce, prefix).await;
+    }
+}
+
 /// A slow link (every chunk delayed a quarter second each way) for [`FAULT`] under load:
 /// slower, nothing lost, nothing reordered, no session given up for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -512,51 +535,52 @@ async fn mariadb_slow_link_under_load_loses_nothing() {
     mariadb_fault(Fault::Slow, Hold::Fixed, Mode::AtLeastOnce, "nfmyslow").await;
 }
 
-/// Kafka black-holed for [`FAULT`] under load, strict ordering (the default), with a
-/// producer timeout five times shorter than the fault: every connection outboxd's producer
-/// makes goes through the proxy in front of the broker's PROXIED listener. Once at least
-/// once, then exactly-once (Kafka transactions with the log position, read back
-/// `read_committed`: not a record twice). One test for both: the broker advertises one
-/// proxied address, which two tests at once would take from each other.
+/// Kafka black-holed, its connections reset, cut, then slowed, each for [`FAULT`] under
+/// load, strict ordering (the default), with a producer timeout five times shorter than
+/// the fault: every connection outboxd's producer makes goes through the proxy in front of
+/// the broker's PROXIED listener. Each fault at least once, then exactly-once (Kafka
+/// transactions with the log position, read back `read_committed`: not a record twice).
+/// One test for all: the broker advertises one proxied address, which two tests at once
+/// would take from each other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kafka_black_holed_under_load_keeps_every_key_in_order_in_both_delivery_modes() {
+async fn kafka_faults_under_load_keep_every_key_in_order_in_both_delivery_modes() {
     let toxiproxy = Toxiproxy::from_env();
     let env = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.into());
     let listen = env("OUTBOXD_TEST_KAFKA_PROXIED", "127.0.0.1:29096");
     let upstream = env("OUTBOXD_TEST_KAFKA_PROXIED_UPSTREAM", "127.0.0.1:29095");
     let proxy = toxiproxy.proxy_at("outboxd_test_kafka", &listen, &upstream);
 
-    for (prefix, delivery) in [
-        ("nfkbh", ""),
-        (
-            "nfkbheos",
-            "\n[delivery]\nexactly_once = true\ntransaction_interval = \"50ms\"\n",
-        ),
-    ] {
-        let port = free_port();
-        let extra = format!("{FAST_FAILURES}{}{delivery}", metrics_section(port));
-        let p = Pipeline::<PgServices>::new(prefix, 3, &extra).await;
-        let config = std::fs::read_to_string(&p.config_path).expect("read config");
-        let direct = format!("bootstrap_servers = \"{}\"", p.services.kafka);
-        assert!(config.contains(&direct), "{config}");
-        let config = config
-            .replacen(&direct, &format!("bootstrap_servers = \"{listen}\""), 1)
-            .replacen("message_timeout = \"10s\"", "message_timeout = \"2s\"", 1);
-        std::fs::write(&p.config_path, config).expect("write config");
-        p.init();
+    for fault in [Fault::BlackHole, Fault::ResetPeer, Fault::Cut, Fault::Slow] {
+        for (mode, delivery) in [
+            ("at least once", ""),
+            (
+                "exactly-once",
+                "\n[delivery]\nexactly_once = true\ntransaction_interval = \"50ms\"\n",
+            ),
+        ] {
+            let port = free_port();
+            let extra = format!("{FAST_FAILURES}{}{delivery}", metrics_section(port));
+            let prefix = format!("nfk{}", if delivery.is_empty() { "a" } else { "e" });
+            let p = Pipeline::<PgServices>::new(&prefix, 3, &extra).await;
+            let config = std::fs::read_to_string(&p.config_path).expect("read config");
+            let direct = format!("bootstrap_servers = \"{}\"", p.services.kafka);
+            assert!(config.contains(&direct), "{config}");
+            let config = config
+                .replacen(&direct, &format!("bootstrap_servers = \"{listen}\""), 1)
+                .replacen("message_timeout = \"10s\"", "message_timeout = \"2s\"", 1);
+            std::fs::write(&p.config_path, config).expect("write config");
+            p.init();
 
-        let timings = fault_under_load(&p, port, &proxy, Fault::BlackHole, Hold::Fixed).await;
-        let exactly_once = !delivery.is_empty();
-        let mode = if exactly_once {
-            "exactly-once"
-        } else {
-            "at least once"
-        };
-        report::<PgServices>(&format!("Kafka BlackHole, {mode}"), &timings);
-        if exactly_once {
-            assert_eq!(timings.duplicates, 0, "read_committed sees each row once");
+            let timings = fault_under_load(&p, port, &proxy, fault, Hold::Fixed).await;
+            report::<PgServices>(&format!("Kafka {fault:?}, {mode}"), &timings);
+            if !delivery.is_empty() {
+                assert_eq!(
+                    timings.duplicates, 0,
+                    "{fault:?}: read_committed sees each row once"
+                );
+            }
+            p.cleanup().await;
         }
-        p.cleanup().await;
     }
     drop(proxy);
 }

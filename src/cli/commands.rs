@@ -460,28 +460,7 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
     // The inbox, when configured: its HTTP route joins the endpoint, its workers and
     // Kafka ingress run beside the relay, and a definite failure of either stops both.
     let mut router = observability::router(Arc::clone(&health));
-    if let Some(console) = &config.console {
-        let metrics_token = config.metrics.as_ref().and_then(|m| m.bearer_token.clone());
-        let Some(token) = console.token.clone().or(metrics_token) else {
-            anyhow::bail!(
-                "[console] needs a credential: set console.token_file or metrics.bearer_token_file"
-            );
-        };
-        let setup = crate::console::ConsoleSetup {
-            pipeline: config.pipeline.name.clone(),
-            relays_outbox: config.relays_outbox(),
-            runs_inbox: config.inbox.is_some(),
-            token,
-            config: console.clone(),
-        };
-        router = router.merge(crate::console::routes(
-            setup,
-            Arc::clone(&health),
-            Arc::clone(&stats),
-            connector.clone(),
-        ));
-        tracing::info!("serving the operator console at /ui");
-    }
+
     let inbox = match &config.inbox {
         Some(inbox) => {
             let handlers = Handlers::from_config(&inbox.handlers)
@@ -545,7 +524,36 @@ async fn run<C: Connector + Clone + 'static, S: Sink + 'static>(
     };
     // The endpoint answers while the pipeline runs, drain included.
     let token = config.metrics.as_ref().and_then(|m| m.bearer_token.clone());
-    let router = observability::require_bearer(router, token);
+    let mut router = observability::require_bearer(router, token);
+    // Merged after the bearer layer, which so never covers it: the console signs its
+    // operators in itself (a browser cannot send the bearer header).
+    if let Some(console) = &config.console {
+        let Some(token) = console.token.clone() else {
+            anyhow::bail!("[console] needs its own credential: set console.token_file");
+        };
+        let outbox_table = config.relays_outbox() && config.outbox.layout().tracks_status();
+        let setup = crate::console::ConsoleSetup {
+            pipeline: config.pipeline.name.clone(),
+            relays_outbox: config.relays_outbox(),
+            outbox_table,
+            runs_inbox: config.inbox.is_some(),
+            strict_order: strict,
+            sink: if config.sends_to_kafka() {
+                "Kafka"
+            } else {
+                "HTTP"
+            },
+            token,
+            config: console.clone(),
+        };
+        router = router.merge(crate::console::routes(
+            setup,
+            Arc::clone(&health),
+            Arc::clone(&stats),
+            connector.clone(),
+        ));
+        tracing::info!("serving the operator console at /ui");
+    }
     let result = observability::serve_while(listener, router, work).await;
     if let Some(sink) = &shared_sink {
         sink.flush(Duration::from_secs(5)).await;

@@ -487,20 +487,9 @@ impl Config {
         }
         if let Some(console) = &self.console {
             console.validate().map_err(ConfigError::Invalid)?;
-            let Some(metrics) = &self.metrics else {
+            if self.metrics.is_none() {
                 return Err(ConfigError::Invalid(
                     "[console] is served on the [metrics] address: add [metrics]".into(),
-                ));
-            };
-            let credential = console.token.is_some()
-                || console.token_file.is_some()
-                || metrics.bearer_token.is_some()
-                || metrics.bearer_token_file.is_some();
-            if !credential {
-                return Err(ConfigError::Invalid(
-                    "[console] needs a credential: set console.token_file (or \
-                     metrics.bearer_token_file, which it then shares)"
-                        .into(),
                 ));
             }
         }

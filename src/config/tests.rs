@@ -570,3 +570,17 @@ mod example_tests {
         }
     }
 }
+
+#[test]
+fn the_console_needs_metrics_and_a_token_of_its_own() {
+    let with =
+        |extra: &str| Config::parse(&format!("{MINIMAL}\n{extra}")).and_then(|c| c.validate());
+    let err = with("[console]\ntoken = \"0123456789abcdef\"\n").unwrap_err();
+    assert!(err.to_string().contains("add [metrics]"), "{err}");
+    let err = with("[metrics]\nbearer_token = \"0123456789abcdef\"\n[console]\n").unwrap_err();
+    assert!(err.to_string().contains("its own credential"), "{err}");
+    let err = with("[metrics]\n[console]\ntoken = \"short\"\n").unwrap_err();
+    assert!(err.to_string().contains("shorter than 16"), "{err}");
+    let config = with("[metrics]\n[console]\ntoken = \"0123456789abcdef\"\nsecure_cookie = true\n");
+    assert!(config.is_ok(), "{config:?}");
+}

@@ -10,12 +10,13 @@
 //! which every action form carries and the action checks, so a forged cross-site POST
 //! fails even in a browser that ignores `SameSite`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use base64::Engine as _;
 use rand::RngCore;
+use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
 /// The session cookie's name.
@@ -24,6 +25,11 @@ pub(crate) const COOKIE: &str = "outboxd_console";
 const MAX_SESSIONS: usize = 256;
 /// The longest operator name kept (shown in the log and in `last_error`).
 const MAX_NAME: usize = 64;
+/// Wrong tokens accepted within [`FAILURE_WINDOW`], from anyone; past that, sign-ins are
+/// refused at once (429) until the window has room. Guessing a random token at ten tries
+/// in ten seconds is hopeless, and no connection is held waiting.
+const MAX_FAILURES: usize = 10;
+const FAILURE_WINDOW: Duration = Duration::from_secs(10);
 
 /// One signed-in operator.
 #[derive(Clone, Debug)]
@@ -38,14 +44,43 @@ pub(crate) struct Session {
 /// The sessions of one running console.
 pub(crate) struct Sessions {
     ttl: Duration,
+    secure: bool,
     by_id: Mutex<HashMap<String, Session>>,
+    /// When the latest wrong tokens were given (at most [`MAX_FAILURES`]).
+    failures: Mutex<VecDeque<Instant>>,
 }
 
 impl Sessions {
-    pub(crate) fn new(ttl: Duration) -> Self {
+    /// Sessions lasting `ttl`, their cookie `Secure` when `secure`.
+    pub(crate) fn new(ttl: Duration, secure: bool) -> Self {
         Self {
             ttl,
+            secure,
             by_id: Mutex::new(HashMap::new()),
+            failures: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// Whether a sign-in may be tried now: fewer than [`MAX_FAILURES`] wrong tokens in
+    /// the last [`FAILURE_WINDOW`].
+    pub(crate) fn sign_in_allowed(&self) -> bool {
+        let mut failures = lock(&self.failures);
+        let now = Instant::now();
+        while failures
+            .front()
+            .is_some_and(|at| now.duration_since(*at) >= FAILURE_WINDOW)
+        {
+            failures.pop_front();
+        }
+        failures.len() < MAX_FAILURES
+    }
+
+    /// A wrong token was given.
+    pub(crate) fn sign_in_failed(&self) {
+        let mut failures = lock(&self.failures);
+        failures.push_back(Instant::now());
+        while failures.len() > MAX_FAILURES {
+            failures.pop_front();
         }
     }
 
@@ -93,8 +128,9 @@ impl Sessions {
     /// The `Set-Cookie` value for session `id`.
     pub(crate) fn cookie(&self, id: &str) -> String {
         format!(
-            "{COOKIE}={id}; Path=/ui; HttpOnly; SameSite=Strict; Max-Age={}",
-            self.ttl.as_secs()
+            "{COOKIE}={id}; Path=/ui; HttpOnly; SameSite=Strict; Max-Age={}{}",
+            self.ttl.as_secs(),
+            if self.secure { "; Secure" } else { "" }
         )
     }
 }
@@ -104,10 +140,17 @@ pub(crate) fn expired_cookie() -> String {
     format!("{COOKIE}=; Path=/ui; HttpOnly; SameSite=Strict; Max-Age=0")
 }
 
-/// Equal, in time that depends on the length only.
+/// Equal, in time that tells nothing of either: both are hashed first, so neither the
+/// length nor the first differing byte shows in the answer's time.
 pub(crate) fn same_secret(given: &str, expected: &str) -> bool {
-    let (a, b) = (given.as_bytes(), expected.as_bytes());
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
+    let (a, b) = (
+        Sha256::digest(given.as_bytes()),
+        Sha256::digest(expected.as_bytes()),
+    );
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |diff, (x, y)| diff | (x ^ y))
+        == 0
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -149,7 +192,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_session_is_found_by_its_cookie_until_it_expires_or_closes() {
-        let sessions = Sessions::new(Duration::from_secs(60));
+        let sessions = Sessions::new(Duration::from_secs(60), false);
         let id = sessions.open("ana\n<b>");
         let header = format!("other=1; {COOKIE}={id}");
         let session = sessions.find(Some(&header)).expect("signed in");
@@ -174,11 +217,30 @@ mod tests {
 
     #[test]
     fn sessions_are_bounded() {
-        let sessions = Sessions::new(Duration::from_secs(60));
+        let sessions = Sessions::new(Duration::from_secs(60), true);
+        assert!(sessions.cookie("x").ends_with("; Secure"));
         for _ in 0..(MAX_SESSIONS + 10) {
             sessions.open("x");
         }
         assert_eq!(lock(&sessions.by_id).len(), MAX_SESSIONS);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn wrong_tokens_are_limited_for_everyone() {
+        let sessions = Sessions::new(Duration::from_secs(60), false);
+        for _ in 0..MAX_FAILURES {
+            assert!(sessions.sign_in_allowed());
+            sessions.sign_in_failed();
+        }
+        assert!(
+            !sessions.sign_in_allowed(),
+            "the eleventh try in ten seconds"
+        );
+        tokio::time::advance(FAILURE_WINDOW).await;
+        assert!(
+            sessions.sign_in_allowed(),
+            "room again once the window passed"
+        );
     }
 
     #[test]

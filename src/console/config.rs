@@ -13,8 +13,9 @@ pub const ENV_CONSOLE_TOKEN: &str = "OUTBOXD_CONSOLE_TOKEN";
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ConsoleConfig {
-    /// The credential an operator signs in with; without it, `metrics.bearer_token`.
-    /// `OUTBOXD_CONSOLE_TOKEN` overrides it.
+    /// The credential an operator signs in with (required, at least 16 characters): the
+    /// console's own, never the metrics token, which a scraper holds and which must not
+    /// resolve rows. `OUTBOXD_CONSOLE_TOKEN` overrides it.
     pub token: Option<Secret>,
     /// File holding `token`.
     pub token_file: Option<PathBuf>,
@@ -23,9 +24,15 @@ pub struct ConsoleConfig {
     pub session_ttl: Duration,
     /// Rows a list page shows.
     pub page_size: usize,
-    /// Bytes of a row's payload its page shows.
+    /// Characters of a row's payload its page shows.
     pub payload_preview: usize,
+    /// Marks the session cookie `Secure` (sent over HTTPS only): set it when a
+    /// TLS-terminating proxy serves the console.
+    pub secure_cookie: bool,
 }
+
+/// The shortest console token accepted.
+pub const MIN_TOKEN_CHARS: usize = 16;
 
 impl Default for ConsoleConfig {
     fn default() -> Self {
@@ -35,6 +42,7 @@ impl Default for ConsoleConfig {
             session_ttl: Duration::from_secs(8 * 3600),
             page_size: 50,
             payload_preview: 4096,
+            secure_cookie: false,
         }
     }
 }
@@ -52,8 +60,20 @@ impl ConsoleConfig {
             return Err("console.page_size must be between 1 and 500".into());
         }
         if !(64..=1_048_576).contains(&self.payload_preview) {
-            return Err("console.payload_preview must be between 64 and 1048576 bytes".into());
+            return Err("console.payload_preview must be between 64 and 1048576 characters".into());
         }
-        Ok(())
+        match (&self.token, &self.token_file) {
+            (None, None) => Err(
+                "[console] needs its own credential: set console.token_file (a file holding a \
+                 random token of 16 characters or more) or OUTBOXD_CONSOLE_TOKEN; the metrics \
+                 token is not taken, a scraper holds it"
+                    .into(),
+            ),
+            (Some(token), _) if token.expose().chars().count() < MIN_TOKEN_CHARS => Err(format!(
+                "console.token is shorter than {MIN_TOKEN_CHARS} characters: make a random one, \
+                 e.g. `openssl rand -hex 24`"
+            )),
+            _ => Ok(()),
+        }
     }
 }

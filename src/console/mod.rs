@@ -59,15 +59,21 @@ const MAX_REASON: usize = 500;
 const HELD_PAGE: usize = 50;
 /// The latest rows waiting for an operator the overview shows, per table.
 const RECENT: usize = 5;
-/// How long a wrong token waits for its answer: guessing costs time (a client holds at
-/// most 8 connections, so at most a few guesses a second).
-const WRONG_TOKEN_DELAY: Duration = Duration::from_secs(1);
+/// The largest sign-in form read.
+const MAX_LOGIN_FORM: usize = 4096;
 
 /// What the console needs of the running process.
 pub(crate) struct ConsoleSetup {
     pub(crate) pipeline: String,
+    /// Whether the process relays the outbox.
     pub(crate) relays_outbox: bool,
+    /// Whether its outbox rows carry a status to show (`outbox.rows = "kept"`).
+    pub(crate) outbox_table: bool,
     pub(crate) runs_inbox: bool,
+    /// `pipeline.ordering = "strict"`: a key is held behind a row in trouble.
+    pub(crate) strict_order: bool,
+    /// What the outbox's sink position means: `Kafka` or `HTTP`.
+    pub(crate) sink: &'static str,
     pub(crate) token: Secret,
     pub(crate) config: ConsoleConfig,
 }
@@ -140,12 +146,12 @@ where
     let tables = TABLES
         .into_iter()
         .filter(|t| match t {
-            TableKind::Outbox => setup.relays_outbox,
+            TableKind::Outbox => setup.outbox_table,
             TableKind::Inbox => setup.runs_inbox,
         })
         .collect();
     let console = Arc::new(Console {
-        sessions: Sessions::new(setup.config.session_ttl),
+        sessions: Sessions::new(setup.config.session_ttl, setup.config.secure_cookie),
         tables,
         setup,
         health,
@@ -158,7 +164,12 @@ where
         .route("/ui", get(overview::<C, S>))
         .route("/ui/", get(overview::<C, S>))
         .route("/ui/style.css", get(style))
-        .route("/ui/login", get(login_form).post(login::<C, S>))
+        .route(
+            "/ui/login",
+            get(login_form)
+                .post(login::<C, S>)
+                .layer(axum::extract::DefaultBodyLimit::max(MAX_LOGIN_FORM)),
+        )
         .route("/ui/logout", post(logout::<C, S>))
         .route("/ui/{table}/rows", get(list::<C, S>))
         .route("/ui/{table}/held", get(held::<C, S>))
@@ -240,7 +251,10 @@ impl<C: Connector, S: Sink> Console<C, S> {
         match result {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => {
-                *slot = None;
+                // A broken connection is opened again; a refused request keeps it.
+                if e.is_transient() {
+                    *slot = None;
+                }
                 Err(e.to_string())
             }
             Err(_) => {
@@ -299,10 +313,19 @@ async fn login<C: Connector, S: Sink>(
     State(console): State<Arc<Console<C, S>>>,
     form: Result<Form<LoginForm>, FormRejection>,
 ) -> Response {
+    if !console.sessions.sign_in_allowed() {
+        tracing::warn!(target: "outboxd::console", "console: too many wrong tokens; sign-ins refused for a few seconds");
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, "10")],
+            "too many wrong tokens: try again in a few seconds\n",
+        )
+            .into_response();
+    }
     let given = form.as_ref().map_or("", |Form(f)| f.token.as_str());
     if !auth::same_secret(given, console.setup.token.expose()) {
+        console.sessions.sign_in_failed();
         tracing::warn!(target: "outboxd::console", "console: sign-in with a wrong token");
-        tokio::time::sleep(WRONG_TOKEN_DELAY).await;
         return html(StatusCode::UNAUTHORIZED, pages::login(true));
     }
     let Ok(Form(form)) = form else {
@@ -313,7 +336,7 @@ async fn login<C: Connector, S: Sink>(
         .sessions
         .find(Some(&format!("{}={id}", auth::COOKIE)))
     {
-        tracing::info!(target: "outboxd::console", operator = %session.operator, "console: signed in");
+        tracing::info!(target: "outboxd::console", operator = ?session.operator, "console: signed in");
     }
     let mut response = Redirect::to("/ui").into_response();
     if let Ok(cookie) = HeaderValue::from_str(&console.sessions.cookie(&id)) {
@@ -488,11 +511,14 @@ async fn list<C: Connector, S: Sink>(
         before_id,
         limit: page_size,
     };
+    if let Err(e) = query.check(table) {
+        return bad_request(&console.nav(&session), &e.to_string());
+    }
     let rows = match on_table!(console, table, |s| s.list_rows(&query)) {
         Ok(rows) => rows,
         Err(e) => {
             return html(
-                StatusCode::BAD_REQUEST,
+                StatusCode::SERVICE_UNAVAILABLE,
                 pages::problem(Some(&console.nav(&session)), "Cannot list rows", &e),
             )
         }
@@ -567,7 +593,8 @@ async fn held<C: Connector, S: Sink>(
         )
     });
     let title = format!("{} held keys", table.name());
-    let body = pages::held_keys(table, &keys, next_page);
+    let held = table == TableKind::Inbox || console.setup.strict_order;
+    let body = pages::held_keys(table, held, &keys, next_page);
     html(
         StatusCode::OK,
         pages::page(&title, Some(&console.nav(&session)), None, body),
@@ -622,7 +649,14 @@ async fn detail<C: Connector, S: Sink>(
         _ => None,
     });
     let title = format!("{} row {id}", table.name());
-    let body = pages::row_detail(table, &row, &session.csrf, preview, SystemTime::now());
+    let body = pages::row_detail(
+        table,
+        &row,
+        &session.csrf,
+        preview,
+        console.setup.sink,
+        SystemTime::now(),
+    );
     html(
         StatusCode::OK,
         pages::page(
@@ -693,11 +727,11 @@ async fn act<C: Connector, S: Sink>(
         Ok(changed) => {
             tracing::info!(
                 target: "outboxd::console",
-                operator = %session.operator,
+                operator = ?session.operator,
                 action = %action,
                 table = table.name(),
                 id,
-                reason = %reason,
+                reason = ?reason,
                 changed,
                 "console action"
             );

@@ -251,13 +251,27 @@ fn row_table(table: TableKind, rows: &[RowSummary], now: SystemTime) -> Markup {
     }
 }
 
-pub(crate) fn held_keys(table: TableKind, keys: &[HeldKey], next_page: Option<String>) -> Markup {
+/// The held keys; `held` is false on an outbox under relaxed ordering, where a row in
+/// trouble holds nothing back.
+pub(crate) fn held_keys(
+    table: TableKind,
+    held: bool,
+    keys: &[HeldKey],
+    next_page: Option<String>,
+) -> Markup {
     let name = table.name();
     html! {
-        p {
-            "Each key below waits for the row that holds it: nothing later of the key is "
-            @match table { TableKind::Outbox => "sent", TableKind::Inbox => "handled" }
-            " before it. Retry, park or resolve the holding row to release the key."
+        @if held {
+            p {
+                "Each key below waits for the row that holds it: nothing later of the key is "
+                @match table { TableKind::Outbox => "sent", TableKind::Inbox => "handled" }
+                " before it. Retry, park or resolve the holding row to release the key."
+            }
+        } @else {
+            p {
+                "pipeline.ordering is relaxed: a row in trouble holds nothing back, later rows "
+                "of its key are sent meanwhile. The keys below have a row in trouble."
+            }
         }
         @if keys.is_empty() {
             p { "No key is held." }
@@ -265,7 +279,10 @@ pub(crate) fn held_keys(table: TableKind, keys: &[HeldKey], next_page: Option<St
             table.rows {
                 thead { tr {
                     th scope="col" { "Key" } th scope="col" { "Held by" } th scope="col" { "Status" }
-                    th scope="col" { "Last error" } th scope="col" { "Waiting behind it" }
+                    th scope="col" { "Last error" }
+                    th scope="col" {
+                        @match table { TableKind::Outbox => "In trouble behind it", TableKind::Inbox => "Waiting behind it" }
+                    }
                 } }
                 tbody {
                     @for key in keys {
@@ -296,6 +313,7 @@ pub(crate) fn row_detail(
     row: &RowDetail,
     csrf: &str,
     preview_limit: usize,
+    sink: &str,
     now: SystemTime,
 ) -> Markup {
     let s = &row.summary;
@@ -350,15 +368,19 @@ pub(crate) fn row_detail(
                 dt { @match table { TableKind::Outbox => "Sent", TableKind::Inbox => "Handled" } }
                 dd { (ago(now, t)) }
             }
-            @if let Some((partition, offset)) = row.sink_position {
-                dt { "Sink position" } dd { "partition " (partition) ", offset " (offset) }
+            @if let Some((first, second)) = row.sink_position {
+                @if sink == "HTTP" {
+                    dt { "Endpoint's answer" } dd { "HTTP " (first) " in " (second) " ms" }
+                } @else {
+                    dt { "Kafka position" } dd { "partition " (first) ", offset " (second) }
+                }
             }
             dt { "Last error" } dd { pre { (s.last_error.as_deref().unwrap_or("none")) } }
             dt { "Headers" } dd { pre { (row.headers.as_deref().unwrap_or("none")) } }
             dt { "Payload" }
             dd {
                 pre { (row.payload_preview) }
-                @if usize::try_from(row.payload_bytes).unwrap_or(usize::MAX) > preview_limit {
+                @if row.payload_preview.chars().count() >= preview_limit {
                     small { "The first " (preview_limit) " characters of " (row.payload_bytes) " bytes." }
                 }
             }

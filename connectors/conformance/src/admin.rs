@@ -381,6 +381,9 @@ pub async fn console_reads_pages_rows_and_held_keys<H: Harness>() {
             NewRow::keyed("a").typed("t3"),
             NewRow::keyed("b").typed("t1"),
             NewRow::keyed("c").typed("t1"),
+            NewRow::keyed("d").typed("t1"),
+            NewRow::keyed("d").typed("t2"),
+            NewRow::keyed("e").typed("t1"),
         ])
         .await;
     // a: the first row waits for an operator, the next two are parked behind it; b failed
@@ -402,7 +405,14 @@ pub async fn console_reads_pages_rows_and_held_keys<H: Harness>() {
         ..Setup::status("FAILED", Some(60))
     };
     h.set(&ids[3..4], &timed_out).await;
-    h.set(&ids[4..], &Setup::status("SUCCESS", None)).await;
+    h.set(&ids[4..5], &Setup::status("SUCCESS", None)).await;
+    // d: a retry under way comes before the row parked behind it, and holds the key; e:
+    // only a retry under way, nothing in trouble, no key held.
+    h.set(&ids[5..6], &Setup::status("PROCESSING", Some(30)))
+        .await;
+    h.set(&ids[6..7], &parked).await;
+    h.set(&ids[7..8], &Setup::status("PROCESSING", Some(30)))
+        .await;
     let store = store(&h).await;
 
     let page = |status: &str| outboxd_connector::RowQuery {
@@ -414,7 +424,19 @@ pub async fn console_reads_pages_rows_and_held_keys<H: Harness>() {
         rows.iter().map(|r| r.id).collect()
     };
     let first = store.list_rows(&page("FAILED")).await.expect("list");
-    assert_eq!(listed(first.clone()), [ids[3], ids[2]], "newest first");
+    assert_eq!(listed(first.clone()), [ids[6], ids[3]], "newest first");
+    let first = store
+        .list_rows(&outboxd_connector::RowQuery {
+            before_id: Some(ids[6]),
+            ..page("FAILED")
+        })
+        .await
+        .expect("list");
+    assert_eq!(
+        listed(first.clone()),
+        [ids[3], ids[2]],
+        "then the older ones"
+    );
     assert_eq!(first[0].biz_key, "b");
     assert_eq!(first[0].retry_count, 1);
     assert_eq!(
@@ -501,9 +523,13 @@ pub async fn console_reads_pages_rows_and_held_keys<H: Harness>() {
         .iter()
         .map(|k| (k.holder.biz_key.as_str(), k.holder.id, k.waiting))
         .collect();
-    assert_eq!(summary, [("a", ids[0], 2), ("b", ids[3], 0)]);
-    let after = store.held_keys(Some("a"), 10).await.expect("held after a");
-    assert_eq!(after.len(), 1);
+    assert_eq!(
+        summary,
+        [("a", ids[0], 2), ("b", ids[3], 0), ("d", ids[5], 1)],
+        "d is held by its retry under way; e holds nothing"
+    );
+    let after = store.held_keys(Some("a"), 1).await.expect("held after a");
+    assert_eq!(after.len(), 1, "one page of one key");
     assert_eq!(after[0].holder.biz_key, "b");
     drop(store);
     h.cleanup().await;

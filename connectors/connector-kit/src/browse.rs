@@ -27,8 +27,27 @@ pub struct Dialect {
     pub literal: fn(&str) -> String,
     /// A timestamp expression as whole microseconds since the epoch (an integer).
     pub epoch_micros: fn(&str) -> String,
-    /// An expression (JSON, bytes or text) as text.
+    /// An expression (JSON or text; not bytes) as text.
     pub as_text: fn(&str) -> String,
+    /// The first `n` characters of a payload column as text; `binary` when the column
+    /// holds bytes (shown as the engine escapes them).
+    pub payload_preview: fn(column: &str, n: usize, binary: bool) -> String,
+    /// The length in bytes of a payload column as stored.
+    pub payload_bytes: fn(column: &str, binary: bool) -> String,
+    /// How the held keys are found: by walking the key index of the rows in trouble one
+    /// key at a time (PostgreSQL, whose partial index holds only those rows), or by
+    /// grouping the rows in trouble (MySQL, whose key index holds every row: a walk would
+    /// step through the finished rows of every key in between).
+    pub held_keys: HeldKeysScan,
+}
+
+/// See [`Dialect::held_keys`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeldKeysScan {
+    /// A recursive walk of the key index, one probe per key shown.
+    SkipScan,
+    /// One grouping of the rows in trouble, cut to the page.
+    Group,
 }
 
 /// The table and its columns, quoted by the engine.
@@ -48,6 +67,9 @@ pub struct BrowseTable {
     pub message_id: String,
     /// The payload.
     pub payload: String,
+    /// Whether the payload column holds bytes (`bytea`, `LONGBLOB`) rather than JSON or
+    /// text.
+    pub binary_payload: bool,
     /// The headers (a JSON object), when the table has them.
     pub headers: Option<String>,
     /// When the row was written, when the table says.
@@ -70,6 +92,7 @@ impl BrowseTable {
             biz_key: names.biz_key,
             message_id: quote(&columns.message_id),
             payload: quote(&columns.payload),
+            binary_payload: false,
             headers: columns.headers.as_deref().map(&quote),
             created_at: names.created_at,
             topic: columns.topic.as_deref().map(&quote),
@@ -86,10 +109,17 @@ impl BrowseTable {
             biz_key: "biz_key".into(),
             message_id: "message_id".into(),
             payload: "payload".into(),
+            binary_payload: false,
             headers: Some("headers".into()),
             created_at: Some("created_at".into()),
             topic: None,
         }
+    }
+
+    /// The same table, its payload column holding bytes when `binary`.
+    pub fn with_binary_payload(mut self, binary: bool) -> Self {
+        self.binary_payload = binary;
+        self
     }
 
     /// "Rows in trouble" as the table's indexes find them: on the outbox every FAILED,
@@ -166,7 +196,9 @@ pub fn list_rows_sql(t: &BrowseTable, d: &Dialect, q: &RowQuery) -> String {
 /// payload's first `preview_chars` characters and its length in bytes, when it finished,
 /// and the sink's position ([`detail_from_cells`]).
 pub fn row_detail_sql(t: &BrowseTable, d: &Dialect, id: i64, preview_chars: usize) -> String {
-    let payload = (d.as_text)(&format!("t.{}", t.payload));
+    let payload = format!("t.{}", t.payload);
+    let preview = (d.payload_preview)(&payload, preview_chars, t.binary_payload);
+    let bytes = (d.payload_bytes)(&payload, t.binary_payload);
     let headers = t
         .headers
         .as_deref()
@@ -189,7 +221,7 @@ pub fn row_detail_sql(t: &BrowseTable, d: &Dialect, id: i64, preview_chars: usiz
     };
     format!(
         "SELECT {summary}, t.{message_id}, {source}, {topic}, {headers}, \
-         LEFT({payload}, {preview_chars}), OCTET_LENGTH({payload}), {finished}, {position} \
+         {preview}, {bytes}, {finished}, {position} \
          FROM {table} t WHERE t.{id} = {id_value}",
         summary = t.summary_columns(d),
         message_id = t.message_id,
@@ -200,8 +232,11 @@ pub fn row_detail_sql(t: &BrowseTable, d: &Dialect, id: i64, preview_chars: usiz
 }
 
 /// Up to `limit` held keys after `after_key`, in key order: the summary columns of the
-/// row holding each (its lowest id in FAILED or MANUAL_REQUIRED), then how many rows of
-/// the key wait behind it ([`held_key_from_cells`]).
+/// row holding each, then how many rows of the key wait behind it
+/// ([`held_key_from_cells`]). A key is held while a row of it is FAILED or
+/// MANUAL_REQUIRED; the row holding it is its lowest in FAILED, PROCESSING or
+/// MANUAL_REQUIRED (a retry under way, or a claim not reaped yet, comes first), as the
+/// claims see it.
 pub fn held_keys_sql(
     t: &BrowseTable,
     d: &Dialect,
@@ -211,25 +246,56 @@ pub fn held_keys_sql(
     let after = after_key.map_or_else(String::new, |key| {
         format!(" AND {} > {}", t.biz_key, (d.literal)(key))
     });
+    let (key, id, table, trouble) = (&t.biz_key, &t.id, &t.table, t.in_trouble());
     // Behind the holder: the outbox's rows in trouble (parked rows are FAILED), found by
     // the key index of those rows; the inbox's rows not handled yet.
     let behind = match t.kind {
         TableKind::Outbox => "b.next_retry_time IS NOT NULL".to_owned(),
         TableKind::Inbox => "b.status <> 'DONE'".to_owned(),
     };
-    format!(
-        "SELECT {summary}, (SELECT COUNT(*) FROM {table} b WHERE b.{key} = t.{key} \
-         AND {behind} AND b.{id} > t.{id}) \
-         FROM (SELECT {key} AS held_key, MIN({id}) AS holder FROM {table} \
-         WHERE {trouble}status IN ('FAILED', 'MANUAL_REQUIRED'){after} \
-         GROUP BY {key} ORDER BY {key} LIMIT {limit}) h \
-         JOIN {table} t ON t.{id} = h.holder ORDER BY h.held_key",
-        summary = t.summary_columns(d),
-        table = t.table,
-        key = t.biz_key,
-        id = t.id,
-        trouble = t.in_trouble(),
-    )
+    let held = "status IN ('FAILED', 'MANUAL_REQUIRED')";
+    // The rows that hold a key, as the claims see them; `prefix` is `alias.` or empty.
+    let blocking = |prefix: &str| match t.kind {
+        TableKind::Outbox => format!("{prefix}next_retry_time IS NOT NULL"),
+        TableKind::Inbox => {
+            format!("{prefix}status IN ('FAILED', 'PROCESSING', 'MANUAL_REQUIRED')")
+        }
+    };
+    let count_behind = format!(
+        "(SELECT COUNT(*) FROM {table} b WHERE b.{key} = t.{key} AND {behind} AND b.{id} > t.{id})"
+    );
+    let summary = t.summary_columns(d);
+    match d.held_keys {
+        // The keys one at a time, each the next one with a row in trouble after the last
+        // (one probe of the key index each), `limit` of them at most; never a grouping of
+        // every row in trouble, which a hot key parked behind a failed row can make a
+        // large set. Then each key's lowest row in trouble holds it.
+        HeldKeysScan::SkipScan => format!(
+            "WITH RECURSIVE held(held_key, n) AS (\
+             SELECT MIN({key}), 1 FROM {table} WHERE {trouble}{held}{after} \
+             UNION ALL \
+             SELECT (SELECT MIN(k.{key}) FROM {table} k WHERE {k_trouble}k.{held} \
+             AND k.{key} > held.held_key), held.n + 1 FROM held \
+             WHERE held.held_key IS NOT NULL AND held.n < {limit}), \
+             holders AS (SELECT held.held_key, (SELECT MIN(f.{id}) FROM {table} f \
+             WHERE f.{key} = held.held_key AND {f_blocking}) AS holder \
+             FROM held WHERE held.held_key IS NOT NULL) \
+             SELECT {summary}, {count_behind} \
+             FROM holders h JOIN {table} t ON t.{id} = h.holder ORDER BY h.held_key",
+            k_trouble = trouble.replace("next_retry_time", "k.next_retry_time"),
+            f_blocking = blocking("f."),
+        ),
+        // Each key's lowest row in trouble, keys with a FAILED or MANUAL_REQUIRED row.
+        HeldKeysScan::Group => format!(
+            "SELECT {summary}, {count_behind} \
+             FROM (SELECT {key} AS held_key, MIN({id}) AS holder FROM {table} \
+             WHERE {g_blocking}{after} GROUP BY {key} \
+             HAVING SUM(CASE WHEN {held} THEN 1 ELSE 0 END) > 0 \
+             ORDER BY {key} LIMIT {limit}) h \
+             JOIN {table} t ON t.{id} = h.holder ORDER BY h.held_key",
+            g_blocking = blocking(""),
+        ),
+    }
 }
 
 /// A [`RowSummary`] from the first [`SUMMARY_CELLS`] text cells of a row of
@@ -315,6 +381,9 @@ mod tests {
             literal: |s| format!("'{}'", s.replace('\'', "''")),
             epoch_micros: |c| format!("us({c})"),
             as_text: |c| format!("txt({c})"),
+            payload_preview: |c, n, binary| format!("pre({c}, {n}, {binary})"),
+            payload_bytes: |c, binary| format!("len({c}, {binary})"),
+            held_keys: HeldKeysScan::SkipScan,
         }
     }
 
@@ -327,6 +396,7 @@ mod tests {
             biz_key: "biz_key".into(),
             message_id: "message_id".into(),
             payload: "payload".into(),
+            binary_payload: false,
             headers: Some("headers".into()),
             created_at: Some("created_at".into()),
             topic: Some("topic".into()),
@@ -368,9 +438,10 @@ mod tests {
     fn held_keys_page_by_key_and_count_what_waits() {
         let sql = held_keys_sql(&outbox(), &dialect(), Some("k'1"), 20);
         assert!(sql.contains("biz_key > 'k''1'"), "{sql}");
+        assert!(sql.contains("held.n < 20"), "at most 20 keys: {sql}");
         assert!(
-            sql.contains("GROUP BY biz_key ORDER BY biz_key LIMIT 20"),
-            "{sql}"
+            !sql.contains("GROUP BY"),
+            "no grouping of every row in trouble"
         );
         assert!(
             sql.contains("b.next_retry_time IS NOT NULL AND b.id > t.id"),
@@ -379,6 +450,16 @@ mod tests {
         let inbox = BrowseTable::inbox("\"inbox\"".into());
         let sql = held_keys_sql(&inbox, &dialect(), None, 20);
         assert!(sql.contains("b.status <> 'DONE'"), "{sql}");
+        let grouped = Dialect {
+            held_keys: HeldKeysScan::Group,
+            ..dialect()
+        };
+        let sql = held_keys_sql(&outbox(), &grouped, Some("k"), 20);
+        assert!(
+            sql.contains("WHERE next_retry_time IS NOT NULL AND biz_key > 'k' GROUP BY biz_key"),
+            "{sql}"
+        );
+        assert!(sql.contains("ORDER BY biz_key LIMIT 20"), "{sql}");
     }
 
     #[test]

@@ -103,8 +103,8 @@ pub struct RowQuery {
     pub message_type: Option<String>,
     /// Only rows of this business key.
     pub biz_key: Option<String>,
-    /// Only rows whose `last_error` contains this text (case-sensitive). Scans the
-    /// status's rows: quick for the few in trouble, slower over a million.
+    /// Only rows whose `last_error` contains this text (case-sensitive on outboxd's
+    /// tables). FAILED and MANUAL_REQUIRED only: it scans the status's rows.
     pub error_contains: Option<String>,
     /// Only rows with a lower id: the last id of the page before.
     pub before_id: Option<i64>,
@@ -172,7 +172,7 @@ pub struct RowDetail {
     pub topic: Option<String>,
     /// Its headers as the table stores them (a JSON object), when it has any.
     pub headers: Option<String>,
-    /// The payload's first bytes as text (cut on a character boundary).
+    /// The payload's first characters as text (bytes as the engine escapes them).
     pub payload_preview: String,
     /// The payload's whole length in bytes, as text.
     pub payload_bytes: i64,
@@ -183,15 +183,17 @@ pub struct RowDetail {
     pub sink_position: Option<(i64, i64)>,
 }
 
-/// A business key whose later rows wait behind an earlier one in trouble (FAILED or
-/// MANUAL_REQUIRED): under strict ordering nothing of the key is sent (the outbox) or
-/// handled (the inbox) before that row is.
+/// A business key with a row in trouble (FAILED or MANUAL_REQUIRED): under strict
+/// ordering nothing later of the key is sent (the outbox) or handled (the inbox) before
+/// the row holding it is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HeldKey {
-    /// The row that holds the key: the lowest id of the key in FAILED or MANUAL_REQUIRED.
+    /// The row that holds the key: its lowest in FAILED, PROCESSING or MANUAL_REQUIRED,
+    /// as the claims see it (a retry under way comes before the rows parked behind it).
     pub holder: RowSummary,
-    /// How many later rows of the key wait behind it (the outbox: FAILED, PROCESSING or
-    /// MANUAL_REQUIRED, those parked among them; the inbox: not handled yet).
+    /// How many later rows of the key are in trouble behind it on the outbox (FAILED,
+    /// PROCESSING or MANUAL_REQUIRED: the rows parked behind it among them; in poll mode
+    /// later rows also wait as INIT, not counted here), or not handled yet on the inbox.
     pub waiting: i64,
 }
 
@@ -334,12 +336,12 @@ pub trait TableAdmin: Send + Sync {
         query: &RowQuery,
     ) -> impl Future<Output = Result<Vec<RowSummary>, ConnectorError>> + Send;
 
-    /// One row with its headers and the first `preview_bytes` of its payload; `None` when
-    /// there is no such row.
+    /// One row with its headers and the first `preview_chars` characters of its payload;
+    /// `None` when there is no such row.
     fn row_detail(
         &self,
         id: i64,
-        preview_bytes: usize,
+        preview_chars: usize,
     ) -> impl Future<Output = Result<Option<RowDetail>, ConnectorError>> + Send;
 
     /// Up to `limit` held keys in key order, after `after_key` (the last key of the page

@@ -5,11 +5,10 @@
 
 use mysql_async::Row;
 use outboxd_connector::{ConnectorError, HeldKey, RowDetail, RowQuery, RowSummary, TableKind};
-use outboxd_connector_kit::browse::{self, BrowseTable, Dialect};
+use outboxd_connector_kit::browse::{self, BrowseTable, Dialect, HeldKeysScan};
 
 use super::inbox::MysqlInboxStore;
 use super::MysqlOutboxStore;
-use crate::client::text;
 use crate::schema::{quote_ident, sql_string};
 
 /// MySQL's side of the console's statements. A `TIMESTAMP` column is stored in UTC and
@@ -18,7 +17,33 @@ const DIALECT: Dialect = Dialect {
     literal: sql_string,
     epoch_micros: |column| format!("CAST(UNIX_TIMESTAMP({column}) * 1000000 AS SIGNED)"),
     as_text: |column| format!("CAST({column} AS CHAR)"),
+    // JSON and text count characters, a `LONGBLOB` bytes; both read back lossily (a
+    // binary payload's bytes that are not UTF-8 show as U+FFFD).
+    payload_preview: |column, n, _| format!("LEFT({column}, {n})"),
+    payload_bytes: |column, _| format!("OCTET_LENGTH({column})"),
+    held_keys: HeldKeysScan::Group,
 };
+
+/// A bound on the console's statements on the server too (MySQL's hint; MariaDB takes
+/// the hint as a comment and the client's wait bounds the page).
+const STATEMENT_TIMEOUT_HINT: &str = "SELECT /*+ MAX_EXECUTION_TIME(10000) */ ";
+
+/// `sql` with [`STATEMENT_TIMEOUT_HINT`].
+fn bounded(sql: String) -> String {
+    match sql.strip_prefix("SELECT ") {
+        Some(rest) => format!("{STATEMENT_TIMEOUT_HINT}{rest}"),
+        None => sql,
+    }
+}
+
+/// A cell as text, bytes that are not UTF-8 replaced (a binary payload's preview).
+fn lossy_text(row: &Row, at: usize) -> Option<String> {
+    match row.as_ref(at)? {
+        mysql_async::Value::NULL => None,
+        mysql_async::Value::Bytes(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+        other => Some(other.as_sql(true).trim_matches('\'').to_owned()),
+    }
+}
 
 /// Each row's cells as text, read with `read`.
 fn read_rows<T>(
@@ -27,9 +52,7 @@ fn read_rows<T>(
 ) -> Result<Vec<T>, ConnectorError> {
     rows.iter()
         .map(|row| {
-            let cells = (0..row.len())
-                .map(|i| text(row, i))
-                .collect::<Result<Vec<Option<String>>, _>>()?;
+            let cells: Vec<Option<String>> = (0..row.len()).map(|i| lossy_text(row, i)).collect();
             let cells: Vec<Option<&str>> = cells.iter().map(Option::as_deref).collect();
             read(&cells).map_err(ConnectorError::definite)
         })
@@ -50,7 +73,7 @@ impl MysqlOutboxStore {
         query: &RowQuery,
     ) -> Result<Vec<RowSummary>, ConnectorError> {
         query.check(TableKind::Outbox)?;
-        let sql = browse::list_rows_sql(&self.browse(), &DIALECT, query);
+        let sql = bounded(browse::list_rows_sql(&self.browse(), &DIALECT, query));
         let rows = self.rows(&sql, "listing outbox rows").await?;
         read_rows(&rows, browse::summary_from_cells)
     }
@@ -60,7 +83,12 @@ impl MysqlOutboxStore {
         id: i64,
         preview: usize,
     ) -> Result<Option<RowDetail>, ConnectorError> {
-        let sql = browse::row_detail_sql(&self.browse(), &DIALECT, id, preview);
+        let sql = bounded(browse::row_detail_sql(
+            &self.browse(),
+            &DIALECT,
+            id,
+            preview,
+        ));
         let rows = self.rows(&sql, "reading an outbox row").await?;
         Ok(read_rows(&rows, browse::detail_from_cells)?
             .into_iter()
@@ -72,7 +100,12 @@ impl MysqlOutboxStore {
         after_key: Option<&str>,
         limit: usize,
     ) -> Result<Vec<HeldKey>, ConnectorError> {
-        let sql = browse::held_keys_sql(&self.browse(), &DIALECT, after_key, limit);
+        let sql = bounded(browse::held_keys_sql(
+            &self.browse(),
+            &DIALECT,
+            after_key,
+            limit,
+        ));
         let rows = self.rows(&sql, "reading held outbox keys").await?;
         read_rows(&rows, browse::held_key_from_cells)
     }
@@ -88,7 +121,7 @@ impl MysqlInboxStore {
         query: &RowQuery,
     ) -> Result<Vec<RowSummary>, ConnectorError> {
         query.check(TableKind::Inbox)?;
-        let sql = browse::list_rows_sql(&self.browse(), &DIALECT, query);
+        let sql = bounded(browse::list_rows_sql(&self.browse(), &DIALECT, query));
         let rows = self.rows_of(&sql, "listing inbox rows").await?;
         read_rows(&rows, browse::summary_from_cells)
     }
@@ -98,7 +131,12 @@ impl MysqlInboxStore {
         id: i64,
         preview: usize,
     ) -> Result<Option<RowDetail>, ConnectorError> {
-        let sql = browse::row_detail_sql(&self.browse(), &DIALECT, id, preview);
+        let sql = bounded(browse::row_detail_sql(
+            &self.browse(),
+            &DIALECT,
+            id,
+            preview,
+        ));
         let rows = self.rows_of(&sql, "reading an inbox row").await?;
         Ok(read_rows(&rows, browse::detail_from_cells)?
             .into_iter()
@@ -110,7 +148,12 @@ impl MysqlInboxStore {
         after_key: Option<&str>,
         limit: usize,
     ) -> Result<Vec<HeldKey>, ConnectorError> {
-        let sql = browse::held_keys_sql(&self.browse(), &DIALECT, after_key, limit);
+        let sql = bounded(browse::held_keys_sql(
+            &self.browse(),
+            &DIALECT,
+            after_key,
+            limit,
+        ));
         let rows = self.rows_of(&sql, "reading held inbox keys").await?;
         read_rows(&rows, browse::held_key_from_cells)
     }

@@ -114,9 +114,9 @@ impl TableAdmin for MysqlInboxStore {
     async fn row_detail(
         &self,
         id: i64,
-        preview_bytes: usize,
+        preview_chars: usize,
     ) -> Result<Option<RowDetail>, ConnectorError> {
-        self.browse_detail(id, preview_bytes).await
+        self.browse_detail(id, preview_chars).await
     }
 
     async fn held_keys(

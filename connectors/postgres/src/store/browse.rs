@@ -3,7 +3,7 @@
 //! (an operator's page, not a hot path: nothing to prepare) and read back from text.
 
 use outboxd_connector::{ConnectorError, HeldKey, RowDetail, RowQuery, RowSummary, TableKind};
-use outboxd_connector_kit::browse::{self, BrowseTable, Dialect};
+use outboxd_connector_kit::browse::{self, BrowseTable, Dialect, HeldKeysScan};
 use tokio_postgres::{Client, SimpleQueryMessage, SimpleQueryRow};
 
 use super::inbox::PgInboxStore;
@@ -16,7 +16,22 @@ const DIALECT: Dialect = Dialect {
     literal,
     epoch_micros: |column| format!("(extract(epoch FROM {column}) * 1000000)::bigint"),
     as_text: |column| format!("{column}::text"),
+    // `bytea` in the escape format (printable bytes as they are, others as `\ooo`);
+    // `jsonb`, `json` and text through their text output.
+    payload_preview: |column, n, binary| match binary {
+        true => format!("encode(substring({column} FROM 1 FOR {n}), 'escape')"),
+        false => format!("left({column}::text, {n})"),
+    },
+    payload_bytes: |column, binary| match binary {
+        true => format!("octet_length({column})"),
+        false => format!("octet_length({column}::text)"),
+    },
+    held_keys: HeldKeysScan::SkipScan,
 };
+
+/// A bound on the console's statements on the server too, not only on the client's wait:
+/// a page the operator left does not keep scanning.
+const STATEMENT_TIMEOUT: &str = "SET statement_timeout = '10s'; ";
 
 /// The text cells of every row `sql` returns, each read with `read`.
 async fn read_rows<T>(
@@ -24,7 +39,9 @@ async fn read_rows<T>(
     sql: &str,
     read: fn(&[Option<&str>]) -> Result<T, String>,
 ) -> Result<Result<Vec<T>, ConnectorError>, tokio_postgres::Error> {
-    let messages = client.simple_query(sql).await?;
+    let messages = client
+        .simple_query(&format!("{STATEMENT_TIMEOUT}{sql}"))
+        .await?;
     Ok(messages
         .iter()
         .filter_map(|message| match message {
@@ -40,20 +57,22 @@ fn cells(row: &SimpleQueryRow) -> Vec<Option<&str>> {
 }
 
 impl PgOutboxStore {
-    fn browse(&self) -> BrowseTable {
+    fn browse(&self, binary_payload: bool) -> BrowseTable {
         let table = qualified(self.table());
         BrowseTable::outbox(table, &self.connector.layout, quote_ident)
+            .with_binary_payload(binary_payload)
     }
 
+    /// Runs the statement `sql` makes for the payload column's type.
     async fn browse_rows<T>(
         &self,
-        sql: &str,
+        sql: impl Fn(bool) -> String,
         read: fn(&[Option<&str>]) -> Result<T, String>,
         what: &str,
     ) -> Result<Vec<T>, ConnectorError> {
         let mut locked = self.lock().await?;
         let conn = locked.conn()?;
-        read_rows(&conn.client, sql, read)
+        read_rows(&conn.client, &sql(conn.payload_bytea()), read)
             .await
             .map_err(|e| self.error(&e, what))?
     }
@@ -63,8 +82,8 @@ impl PgOutboxStore {
         query: &RowQuery,
     ) -> Result<Vec<RowSummary>, ConnectorError> {
         query.check(TableKind::Outbox)?;
-        let sql = browse::list_rows_sql(&self.browse(), &DIALECT, query);
-        self.browse_rows(&sql, browse::summary_from_cells, "listing outbox rows")
+        let sql = |binary| browse::list_rows_sql(&self.browse(binary), &DIALECT, query);
+        self.browse_rows(sql, browse::summary_from_cells, "listing outbox rows")
             .await
     }
 
@@ -73,9 +92,9 @@ impl PgOutboxStore {
         id: i64,
         preview: usize,
     ) -> Result<Option<RowDetail>, ConnectorError> {
-        let sql = browse::row_detail_sql(&self.browse(), &DIALECT, id, preview);
+        let sql = |binary| browse::row_detail_sql(&self.browse(binary), &DIALECT, id, preview);
         let rows = self
-            .browse_rows(&sql, browse::detail_from_cells, "reading an outbox row")
+            .browse_rows(sql, browse::detail_from_cells, "reading an outbox row")
             .await?;
         Ok(rows.into_iter().next())
     }
@@ -85,19 +104,16 @@ impl PgOutboxStore {
         after_key: Option<&str>,
         limit: usize,
     ) -> Result<Vec<HeldKey>, ConnectorError> {
-        let sql = browse::held_keys_sql(&self.browse(), &DIALECT, after_key, limit);
-        self.browse_rows(
-            &sql,
-            browse::held_key_from_cells,
-            "reading held outbox keys",
-        )
-        .await
+        let sql = |binary| browse::held_keys_sql(&self.browse(binary), &DIALECT, after_key, limit);
+        self.browse_rows(sql, browse::held_key_from_cells, "reading held outbox keys")
+            .await
     }
 }
 
 impl PgInboxStore {
     fn browse(&self) -> BrowseTable {
         BrowseTable::inbox(qualified(&self.connector.layout.inbox_table))
+            .with_binary_payload(self.payload_is_bytes())
     }
 
     async fn browse_rows<T>(

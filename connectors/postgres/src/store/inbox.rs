@@ -104,6 +104,11 @@ impl PgInboxStore {
         })
     }
 
+    /// Whether the payload column is `bytea`.
+    pub(super) fn payload_is_bytes(&self) -> bool {
+        self.payload == Payload::Bytes
+    }
+
     pub(super) fn error(&self, e: &tokio_postgres::Error, what: &str) -> ConnectorError {
         let context = format!(
             "{what} ({} on {})",

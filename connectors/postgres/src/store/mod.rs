@@ -85,6 +85,13 @@ pub(crate) struct Conn {
     pub(crate) transaction_open: bool,
 }
 
+impl Conn {
+    /// Whether the (first) outbox table's payload column is `bytea`.
+    pub(crate) fn payload_bytea(&self) -> bool {
+        self.outboxes.first().is_some_and(|o| o.shape.payload_bytea)
+    }
+}
+
 /// The statements of one outbox table.
 #[derive(Debug)]
 pub(crate) struct OutboxConn {
