@@ -426,9 +426,12 @@ async fn overview<C: Connector, S: Sink>(
         .lock()
         .ok()
         .and_then(|p| p.as_ref().map(ToString::to_string));
+    let last_interruption = stats.last_interruption.lock().ok().and_then(|l| l.clone());
     let view = pages::Overview {
         pipeline: &setup.pipeline,
         readiness: console.health.readiness().await,
+        streaming: stats.streaming.load(Ordering::Relaxed),
+        last_interruption,
         relays_outbox: setup.relays_outbox,
         runs_inbox: setup.runs_inbox,
         confirmed,

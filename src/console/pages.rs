@@ -91,6 +91,10 @@ pub(crate) struct Overview<'a> {
     pub(crate) pipeline: &'a str,
     /// `/readyz`'s answer: ready or the reasons not.
     pub(crate) readiness: Result<String, String>,
+    /// Whether a log session is open now (the outbox relay in log mode).
+    pub(crate) streaming: bool,
+    /// When the last log session ended or failed to open, and why.
+    pub(crate) last_interruption: Option<(SystemTime, String)>,
     pub(crate) relays_outbox: bool,
     pub(crate) runs_inbox: bool,
     pub(crate) confirmed: Option<String>,
@@ -111,6 +115,13 @@ pub(crate) fn overview(o: &Overview<'_>, now: SystemTime) -> Markup {
         section aria-labelledby="state" {
             h2 #state { "Pipeline " code { (o.pipeline) } }
             p class=(format!("state {state_class}")) { (state) }
+            @if let Some((at, why)) = &o.last_interruption {
+                @if o.streaming {
+                    p { "Last interruption " (ago(now, *at)) ": " (why) }
+                } @else {
+                    p.error { "Reconnecting (or waiting as a standby); last attempt " (ago(now, *at)) ": " (why) }
+                }
+            }
             dl {
                 dt { "Runs" }
                 dd {

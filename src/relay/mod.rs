@@ -59,6 +59,9 @@ pub struct PipelineStats {
     pub confirmed: Mutex<Option<Position>>,
     /// True while a log session is open (`/readyz`).
     pub streaming: AtomicBool,
+    /// When the last log session ended or failed to open, and why (the operator
+    /// console's overview: reconnecting, a standby waiting for the slot or the lock).
+    pub last_interruption: Mutex<Option<(std::time::SystemTime, String)>>,
     /// Outcomes by topic, publish latency, lag and checkpoint age (`/metrics`).
     pub metrics: crate::observability::PipelineMetrics,
     /// The inbox's counters, when this process runs one (`/metrics`).
@@ -262,6 +265,9 @@ pub async fn run<C: Connector, S: Sink>(
             .and_then(|c| c.as_ref().map(ToString::to_string))
             .unwrap_or_default();
         tracing::warn!(error = %e, retry_in = ?delay, %confirmed, "source unavailable; retrying");
+        if let Ok(mut last) = stats.last_interruption.lock() {
+            *last = Some((std::time::SystemTime::now(), e.to_string()));
+        }
     };
     reconnecting(ReconnectBackoff::new(), shutdown, session, on_retry).await
 }

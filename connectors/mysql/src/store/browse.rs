@@ -3,8 +3,10 @@
 //! statements of `outboxd_connector_kit::browse` with utf8mb4 string literals, read back
 //! from the text protocol's cells.
 
+use std::future::Future;
+
 use mysql_async::Row;
-use outboxd_connector::{ConnectorError, HeldKey, RowDetail, RowQuery, RowSummary, TableKind};
+use outboxd_connector::{ConnectorError, HeldKey, RowDetail, RowQuery, RowSummary};
 use outboxd_connector_kit::browse::{self, BrowseTable, Dialect, HeldKeysScan};
 
 use super::inbox::MysqlInboxStore;
@@ -59,8 +61,68 @@ fn read_rows<T>(
         .collect()
 }
 
-impl MysqlOutboxStore {
-    fn browse(&self) -> BrowseTable {
+/// A store the console reads through: the outbox's or the inbox's, each on its own
+/// connection.
+pub(crate) trait Browse: Sync {
+    /// The table, quoted, with its columns.
+    fn browse_table(&self) -> BrowseTable;
+
+    /// Runs `sql`.
+    fn text_rows(
+        &self,
+        sql: &str,
+        what: &str,
+    ) -> impl Future<Output = Result<Vec<Row>, ConnectorError>> + Send;
+}
+
+/// One page of rows ([`TableAdmin::list_rows`](outboxd_connector::TableAdmin::list_rows)).
+pub(crate) async fn list<B: Browse>(
+    store: &B,
+    query: &RowQuery,
+) -> Result<Vec<RowSummary>, ConnectorError> {
+    let table = store.browse_table();
+    query.check(table.kind)?;
+    let sql = bounded(browse::list_rows_sql(&table, &DIALECT, query));
+    let what = format!("listing {} rows", table.kind.name());
+    read_rows(
+        &store.text_rows(&sql, &what).await?,
+        browse::summary_from_cells,
+    )
+}
+
+/// One row in full ([`TableAdmin::row_detail`](outboxd_connector::TableAdmin::row_detail)).
+pub(crate) async fn detail<B: Browse>(
+    store: &B,
+    id: i64,
+    preview: usize,
+) -> Result<Option<RowDetail>, ConnectorError> {
+    let table = store.browse_table();
+    let sql = bounded(browse::row_detail_sql(&table, &DIALECT, id, preview));
+    let what = format!("reading {} row {id}", table.kind.name());
+    let rows = read_rows(
+        &store.text_rows(&sql, &what).await?,
+        browse::detail_from_cells,
+    )?;
+    Ok(rows.into_iter().next())
+}
+
+/// The held keys ([`TableAdmin::held_keys`](outboxd_connector::TableAdmin::held_keys)).
+pub(crate) async fn held<B: Browse>(
+    store: &B,
+    after_key: Option<&str>,
+    limit: usize,
+) -> Result<Vec<HeldKey>, ConnectorError> {
+    let table = store.browse_table();
+    let sql = bounded(browse::held_keys_sql(&table, &DIALECT, after_key, limit));
+    let what = format!("reading the {}'s held keys", table.kind.name());
+    read_rows(
+        &store.text_rows(&sql, &what).await?,
+        browse::held_key_from_cells,
+    )
+}
+
+impl Browse for MysqlOutboxStore {
+    fn browse_table(&self) -> BrowseTable {
         BrowseTable::outbox(
             self.outbox.quoted.clone(),
             &self.connector.layout,
@@ -68,93 +130,17 @@ impl MysqlOutboxStore {
         )
     }
 
-    pub(crate) async fn browse_list(
-        &self,
-        query: &RowQuery,
-    ) -> Result<Vec<RowSummary>, ConnectorError> {
-        query.check(TableKind::Outbox)?;
-        let sql = bounded(browse::list_rows_sql(&self.browse(), &DIALECT, query));
-        let rows = self.rows(&sql, "listing outbox rows").await?;
-        read_rows(&rows, browse::summary_from_cells)
-    }
-
-    pub(crate) async fn browse_detail(
-        &self,
-        id: i64,
-        preview: usize,
-    ) -> Result<Option<RowDetail>, ConnectorError> {
-        let sql = bounded(browse::row_detail_sql(
-            &self.browse(),
-            &DIALECT,
-            id,
-            preview,
-        ));
-        let rows = self.rows(&sql, "reading an outbox row").await?;
-        Ok(read_rows(&rows, browse::detail_from_cells)?
-            .into_iter()
-            .next())
-    }
-
-    pub(crate) async fn browse_held(
-        &self,
-        after_key: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<HeldKey>, ConnectorError> {
-        let sql = bounded(browse::held_keys_sql(
-            &self.browse(),
-            &DIALECT,
-            after_key,
-            limit,
-        ));
-        let rows = self.rows(&sql, "reading held outbox keys").await?;
-        read_rows(&rows, browse::held_key_from_cells)
+    async fn text_rows(&self, sql: &str, what: &str) -> Result<Vec<Row>, ConnectorError> {
+        self.rows(sql, what).await
     }
 }
 
-impl MysqlInboxStore {
-    fn browse(&self) -> BrowseTable {
+impl Browse for MysqlInboxStore {
+    fn browse_table(&self) -> BrowseTable {
         BrowseTable::inbox(self.table.clone())
     }
 
-    pub(crate) async fn browse_list(
-        &self,
-        query: &RowQuery,
-    ) -> Result<Vec<RowSummary>, ConnectorError> {
-        query.check(TableKind::Inbox)?;
-        let sql = bounded(browse::list_rows_sql(&self.browse(), &DIALECT, query));
-        let rows = self.rows_of(&sql, "listing inbox rows").await?;
-        read_rows(&rows, browse::summary_from_cells)
-    }
-
-    pub(crate) async fn browse_detail(
-        &self,
-        id: i64,
-        preview: usize,
-    ) -> Result<Option<RowDetail>, ConnectorError> {
-        let sql = bounded(browse::row_detail_sql(
-            &self.browse(),
-            &DIALECT,
-            id,
-            preview,
-        ));
-        let rows = self.rows_of(&sql, "reading an inbox row").await?;
-        Ok(read_rows(&rows, browse::detail_from_cells)?
-            .into_iter()
-            .next())
-    }
-
-    pub(crate) async fn browse_held(
-        &self,
-        after_key: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<HeldKey>, ConnectorError> {
-        let sql = bounded(browse::held_keys_sql(
-            &self.browse(),
-            &DIALECT,
-            after_key,
-            limit,
-        ));
-        let rows = self.rows_of(&sql, "reading held inbox keys").await?;
-        read_rows(&rows, browse::held_key_from_cells)
+    async fn text_rows(&self, sql: &str, what: &str) -> Result<Vec<Row>, ConnectorError> {
+        self.rows_of(sql, what).await
     }
 }

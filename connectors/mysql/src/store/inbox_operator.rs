@@ -108,7 +108,7 @@ impl TableAdmin for MysqlInboxStore {
     }
 
     async fn list_rows(&self, query: &RowQuery) -> Result<Vec<RowSummary>, ConnectorError> {
-        self.browse_list(query).await
+        super::browse::list(self, query).await
     }
 
     async fn row_detail(
@@ -116,7 +116,7 @@ impl TableAdmin for MysqlInboxStore {
         id: i64,
         preview_chars: usize,
     ) -> Result<Option<RowDetail>, ConnectorError> {
-        self.browse_detail(id, preview_chars).await
+        super::browse::detail(self, id, preview_chars).await
     }
 
     async fn held_keys(
@@ -124,7 +124,7 @@ impl TableAdmin for MysqlInboxStore {
         after_key: Option<&str>,
         limit: usize,
     ) -> Result<Vec<HeldKey>, ConnectorError> {
-        self.browse_held(after_key, limit).await
+        super::browse::held(self, after_key, limit).await
     }
 
     async fn janitor_batch(&self, rule: &JanitorRule, batch: usize) -> Result<u64, ConnectorError> {

@@ -2,6 +2,8 @@
 //! `outboxd_connector_kit::browse` with PostgreSQL's literals, run as plain text queries
 //! (an operator's page, not a hot path: nothing to prepare) and read back from text.
 
+use std::future::Future;
+
 use outboxd_connector::{ConnectorError, HeldKey, RowDetail, RowQuery, RowSummary, TableKind};
 use outboxd_connector_kit::browse::{self, BrowseTable, Dialect, HeldKeysScan};
 use tokio_postgres::{Client, SimpleQueryMessage, SimpleQueryRow};
@@ -33,132 +35,130 @@ const DIALECT: Dialect = Dialect {
 /// a page the operator left does not keep scanning.
 const STATEMENT_TIMEOUT: &str = "SET statement_timeout = '10s'; ";
 
-/// The text cells of every row `sql` returns, each read with `read`.
-async fn read_rows<T>(
-    client: &Client,
-    sql: &str,
-    read: fn(&[Option<&str>]) -> Result<T, String>,
-) -> Result<Result<Vec<T>, ConnectorError>, tokio_postgres::Error> {
+/// A row's cells as text.
+type Cells = Vec<Option<String>>;
+
+/// The text cells of every row `sql` returns.
+async fn text_rows(client: &Client, sql: &str) -> Result<Vec<Cells>, tokio_postgres::Error> {
     let messages = client
         .simple_query(&format!("{STATEMENT_TIMEOUT}{sql}"))
         .await?;
     Ok(messages
         .iter()
         .filter_map(|message| match message {
-            SimpleQueryMessage::Row(row) => Some(row),
+            SimpleQueryMessage::Row(row) => Some(cells(row)),
             _ => None,
         })
-        .map(|row| read(&cells(row)).map_err(ConnectorError::definite))
         .collect())
 }
 
-fn cells(row: &SimpleQueryRow) -> Vec<Option<&str>> {
-    (0..row.len()).map(|i| row.get(i)).collect()
+fn cells(row: &SimpleQueryRow) -> Cells {
+    (0..row.len())
+        .map(|i| row.get(i).map(str::to_owned))
+        .collect()
 }
 
-impl PgOutboxStore {
-    fn browse(&self, binary_payload: bool) -> BrowseTable {
-        let table = qualified(self.table());
-        BrowseTable::outbox(table, &self.connector.layout, quote_ident)
-            .with_binary_payload(binary_payload)
-    }
+/// Each row read with `read`.
+fn read_rows<T>(
+    rows: &[Cells],
+    read: fn(&[Option<&str>]) -> Result<T, String>,
+) -> Result<Vec<T>, ConnectorError> {
+    rows.iter()
+        .map(|row| {
+            let cells: Vec<Option<&str>> = row.iter().map(Option::as_deref).collect();
+            read(&cells).map_err(ConnectorError::definite)
+        })
+        .collect()
+}
 
-    /// Runs the statement `sql` makes for the payload column's type.
-    async fn browse_rows<T>(
+/// The statement of a read, made for the table as the connection finds it (its payload
+/// column `bytea` or not).
+type MakeSql<'a> = &'a (dyn Fn(&BrowseTable) -> String + Sync);
+
+/// A store the console reads through: the outbox's or the inbox's, each on its own
+/// connection.
+pub(crate) trait Browse: Sync {
+    /// Which table.
+    const KIND: TableKind;
+
+    /// Runs the statement `make` writes for the table as the connection finds it.
+    fn text_rows(
         &self,
-        sql: impl Fn(bool) -> String,
-        read: fn(&[Option<&str>]) -> Result<T, String>,
+        make: MakeSql<'_>,
         what: &str,
-    ) -> Result<Vec<T>, ConnectorError> {
+    ) -> impl Future<Output = Result<Vec<Cells>, ConnectorError>> + Send;
+}
+
+/// One page of rows ([`TableAdmin::list_rows`](outboxd_connector::TableAdmin::list_rows)).
+pub(crate) async fn list<B: Browse>(
+    store: &B,
+    query: &RowQuery,
+) -> Result<Vec<RowSummary>, ConnectorError> {
+    query.check(B::KIND)?;
+    let what = format!("listing {} rows", B::KIND.name());
+    let sql = |t: &BrowseTable| browse::list_rows_sql(t, &DIALECT, query);
+    read_rows(
+        &store.text_rows(&sql, &what).await?,
+        browse::summary_from_cells,
+    )
+}
+
+/// One row in full ([`TableAdmin::row_detail`](outboxd_connector::TableAdmin::row_detail)).
+pub(crate) async fn detail<B: Browse>(
+    store: &B,
+    id: i64,
+    preview: usize,
+) -> Result<Option<RowDetail>, ConnectorError> {
+    let what = format!("reading {} row {id}", B::KIND.name());
+    let sql = |t: &BrowseTable| browse::row_detail_sql(t, &DIALECT, id, preview);
+    let rows = read_rows(
+        &store.text_rows(&sql, &what).await?,
+        browse::detail_from_cells,
+    )?;
+    Ok(rows.into_iter().next())
+}
+
+/// The held keys ([`TableAdmin::held_keys`](outboxd_connector::TableAdmin::held_keys)).
+pub(crate) async fn held<B: Browse>(
+    store: &B,
+    after_key: Option<&str>,
+    limit: usize,
+) -> Result<Vec<HeldKey>, ConnectorError> {
+    let what = format!("reading the {}'s held keys", B::KIND.name());
+    let sql = |t: &BrowseTable| browse::held_keys_sql(t, &DIALECT, after_key, limit);
+    read_rows(
+        &store.text_rows(&sql, &what).await?,
+        browse::held_key_from_cells,
+    )
+}
+
+impl Browse for PgOutboxStore {
+    const KIND: TableKind = TableKind::Outbox;
+
+    async fn text_rows(&self, make: MakeSql<'_>, what: &str) -> Result<Vec<Cells>, ConnectorError> {
         let mut locked = self.lock().await?;
         let conn = locked.conn()?;
-        read_rows(&conn.client, &sql(conn.payload_bytea()), read)
+        let table =
+            BrowseTable::outbox(qualified(self.table()), &self.connector.layout, quote_ident)
+                .with_binary_payload(conn.payload_bytea());
+        text_rows(&conn.client, &make(&table))
             .await
-            .map_err(|e| self.error(&e, what))?
-    }
-
-    pub(crate) async fn browse_list(
-        &self,
-        query: &RowQuery,
-    ) -> Result<Vec<RowSummary>, ConnectorError> {
-        query.check(TableKind::Outbox)?;
-        let sql = |binary| browse::list_rows_sql(&self.browse(binary), &DIALECT, query);
-        self.browse_rows(sql, browse::summary_from_cells, "listing outbox rows")
-            .await
-    }
-
-    pub(crate) async fn browse_detail(
-        &self,
-        id: i64,
-        preview: usize,
-    ) -> Result<Option<RowDetail>, ConnectorError> {
-        let sql = |binary| browse::row_detail_sql(&self.browse(binary), &DIALECT, id, preview);
-        let rows = self
-            .browse_rows(sql, browse::detail_from_cells, "reading an outbox row")
-            .await?;
-        Ok(rows.into_iter().next())
-    }
-
-    pub(crate) async fn browse_held(
-        &self,
-        after_key: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<HeldKey>, ConnectorError> {
-        let sql = |binary| browse::held_keys_sql(&self.browse(binary), &DIALECT, after_key, limit);
-        self.browse_rows(sql, browse::held_key_from_cells, "reading held outbox keys")
-            .await
+            .map_err(|e| self.error(&e, what))
     }
 }
 
-impl PgInboxStore {
-    fn browse(&self) -> BrowseTable {
-        BrowseTable::inbox(qualified(&self.connector.layout.inbox_table))
-            .with_binary_payload(self.payload_is_bytes())
-    }
+impl Browse for PgInboxStore {
+    const KIND: TableKind = TableKind::Inbox;
 
-    async fn browse_rows<T>(
-        &self,
-        sql: &str,
-        read: fn(&[Option<&str>]) -> Result<T, String>,
-        what: &str,
-    ) -> Result<Vec<T>, ConnectorError> {
+    async fn text_rows(&self, make: MakeSql<'_>, what: &str) -> Result<Vec<Cells>, ConnectorError> {
+        let table = BrowseTable::inbox(qualified(&self.connector.layout.inbox_table))
+            .with_binary_payload(self.payload_is_bytes());
+        let sql = make(&table);
         self.with_client(async |client| {
-            read_rows(client, sql, read)
+            text_rows(client, &sql)
                 .await
-                .map_err(|e| self.error(&e, what))?
+                .map_err(|e| self.error(&e, what))
         })
         .await
-    }
-
-    pub(crate) async fn browse_list(
-        &self,
-        query: &RowQuery,
-    ) -> Result<Vec<RowSummary>, ConnectorError> {
-        query.check(TableKind::Inbox)?;
-        let sql = browse::list_rows_sql(&self.browse(), &DIALECT, query);
-        self.browse_rows(&sql, browse::summary_from_cells, "listing inbox rows")
-            .await
-    }
-
-    pub(crate) async fn browse_detail(
-        &self,
-        id: i64,
-        preview: usize,
-    ) -> Result<Option<RowDetail>, ConnectorError> {
-        let sql = browse::row_detail_sql(&self.browse(), &DIALECT, id, preview);
-        let rows = self
-            .browse_rows(&sql, browse::detail_from_cells, "reading an inbox row")
-            .await?;
-        Ok(rows.into_iter().next())
-    }
-
-    pub(crate) async fn browse_held(
-        &self,
-        after_key: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<HeldKey>, ConnectorError> {
-        let sql = browse::held_keys_sql(&self.browse(), &DIALECT, after_key, limit);
-        self.browse_rows(&sql, browse::held_key_from_cells, "reading held inbox keys")
-            .await
     }
 }
