@@ -1,14 +1,17 @@
-//! Signing in to the console: one credential (`console.token`, or `metrics.bearer_token`)
-//! exchanged on a form for a session cookie, and a CSRF token per session on every form
-//! that changes something.
+//! Signing in to the console: its own credential (`console.token`; never the metrics
+//! token, which a scraper holds) exchanged on a form for a session cookie, and a CSRF
+//! token per session on every form that changes something.
 //!
 //! A browser cannot send the bearer header the other routes take, so the console has its
-//! own door: `POST /ui/login` compares the token in constant time and, when it matches,
-//! sets `outboxd_console=<session>` with `HttpOnly` (no script reads it), `SameSite=Strict`
-//! (no other site's page sends it) and `Path=/ui`. Sessions live in memory: a restart
-//! signs everyone out, which is the safe side. Each session has its own random CSRF token,
-//! which every action form carries and the action checks, so a forged cross-site POST
-//! fails even in a browser that ignores `SameSite`.
+//! own door: `POST /ui/login` hashes the given and the expected token and compares the
+//! digests in constant time (so neither the length nor a matching prefix shows in the
+//! answer's time), refuses at once past ten wrong tokens in ten seconds, and, when they
+//! match, sets `outboxd_console=<session>` with `HttpOnly` (no script reads it),
+//! `SameSite=Strict` (no other site's page sends it), `Path=/ui` and, with
+//! `console.secure_cookie`, `Secure`. Sessions live in memory: a restart signs everyone
+//! out, which is the safe side. Each session has its own random CSRF token, which every
+//! action form carries and the action checks, so a forged cross-site POST fails even in a
+//! browser that ignores `SameSite`.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;

@@ -61,6 +61,8 @@ const HELD_PAGE: usize = 50;
 const RECENT: usize = 5;
 /// The largest sign-in form read.
 const MAX_LOGIN_FORM: usize = 4096;
+/// The largest form of any other page read (a reason is at most 500 characters).
+const MAX_FORM: usize = 16 * 1024;
 
 /// What the console needs of the running process.
 pub(crate) struct ConsoleSetup {
@@ -175,6 +177,8 @@ where
         .route("/ui/{table}/held", get(held::<C, S>))
         .route("/ui/{table}/rows/{id}", get(detail::<C, S>))
         .route("/ui/{table}/rows/{id}/{action}", post(act::<C, S>))
+        // Every form is small (a reason is at most 500 characters): nothing reads more.
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_FORM))
         .layer(axum::middleware::map_response(secure_headers))
         .with_state(console)
 }
@@ -314,7 +318,9 @@ async fn login<C: Connector, S: Sink>(
     form: Result<Form<LoginForm>, FormRejection>,
 ) -> Response {
     if !console.sessions.sign_in_allowed() {
-        tracing::warn!(target: "outboxd::console", "console: too many wrong tokens; sign-ins refused for a few seconds");
+        // Debug only: the refusals come at the rate anyone sends them (the wrong tokens
+        // that caused them were logged, at most ten in ten seconds).
+        tracing::debug!(target: "outboxd::console", "console: too many wrong tokens; sign-in refused");
         return (
             StatusCode::TOO_MANY_REQUESTS,
             [(header::RETRY_AFTER, "10")],

@@ -391,7 +391,7 @@ pub(crate) fn row_detail(
             dt { "Payload" }
             dd {
                 pre { (row.payload_preview) }
-                @if row.payload_preview.chars().count() >= preview_limit {
+                @if row.payload_cut {
                     small { "The first " (preview_limit) " characters of " (row.payload_bytes) " bytes." }
                 }
             }

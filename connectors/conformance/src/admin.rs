@@ -505,6 +505,10 @@ pub async fn console_reads_pages_rows_and_held_keys<H: Harness>() {
     assert_eq!(detail.payload_preview.chars().count(), 4, "{detail:?}");
     assert!(detail.payload_bytes > 4, "{detail:?}");
     assert!(
+        detail.payload_cut,
+        "a preview of 4 characters is cut: {detail:?}"
+    );
+    assert!(
         detail
             .headers
             .as_deref()

@@ -578,6 +578,7 @@ pub async fn console_reads_the_inbox<H: Harness>() {
     assert_eq!(detail.message_id, "c1");
     assert_eq!(detail.source.as_deref(), Some("orders"));
     assert!(detail.payload_preview.contains("c1"), "{detail:?}");
+    assert!(!detail.payload_cut, "the whole payload fits: {detail:?}");
     assert!(detail
         .headers
         .as_deref()

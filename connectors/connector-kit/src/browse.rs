@@ -34,6 +34,9 @@ pub struct Dialect {
     pub payload_preview: fn(column: &str, n: usize, binary: bool) -> String,
     /// The length in bytes of a payload column as stored.
     pub payload_bytes: fn(column: &str, binary: bool) -> String,
+    /// Whether a payload column is longer than the `n` characters (bytes, when `binary`
+    /// on an engine that cuts bytes) of its preview: a boolean the engine gives as text.
+    pub payload_cut: fn(column: &str, n: usize, binary: bool) -> String,
     /// How the held keys are found: by walking the key index of the rows in trouble one
     /// key at a time (PostgreSQL, whose partial index holds only those rows), or by
     /// grouping the rows in trouble (MySQL, whose key index holds every row: a walk would
@@ -199,6 +202,7 @@ pub fn row_detail_sql(t: &BrowseTable, d: &Dialect, id: i64, preview_chars: usiz
     let payload = format!("t.{}", t.payload);
     let preview = (d.payload_preview)(&payload, preview_chars, t.binary_payload);
     let bytes = (d.payload_bytes)(&payload, t.binary_payload);
+    let cut = (d.payload_cut)(&payload, preview_chars, t.binary_payload);
     let headers = t
         .headers
         .as_deref()
@@ -221,7 +225,7 @@ pub fn row_detail_sql(t: &BrowseTable, d: &Dialect, id: i64, preview_chars: usiz
     };
     format!(
         "SELECT {summary}, t.{message_id}, {source}, {topic}, {headers}, \
-         {preview}, {bytes}, {finished}, {position} \
+         {preview}, {bytes}, {finished}, {position}, {cut} \
          FROM {table} t WHERE t.{id} = {id_value}",
         summary = t.summary_columns(d),
         message_id = t.message_id,
@@ -289,7 +293,7 @@ pub fn held_keys_sql(
         HeldKeysScan::Group => format!(
             "SELECT {summary}, {count_behind} \
              FROM (SELECT {key} AS held_key, MIN({id}) AS holder FROM {table} \
-             WHERE {g_blocking}{after} GROUP BY {key} \
+             WHERE {g_blocking} AND {key} IS NOT NULL{after} GROUP BY {key} \
              HAVING SUM(CASE WHEN {held} THEN 1 ELSE 0 END) > 0 \
              ORDER BY {key} LIMIT {limit}) h \
              JOIN {table} t ON t.{id} = h.holder ORDER BY h.held_key",
@@ -336,6 +340,8 @@ pub fn detail_from_cells(cells: &[Option<&str>]) -> Result<RowDetail, String> {
         headers: owned(3),
         payload_preview: owned(4).unwrap_or_default(),
         payload_bytes: number(cell(5), "payload length")?.unwrap_or(0),
+        // PostgreSQL's `t`/`f`, MySQL's 1/0.
+        payload_cut: matches!(cell(9), Some("t" | "1" | "true")),
         finished_at: time(cell(6))?,
         sink_position: partition.zip(offset),
     })
@@ -383,6 +389,7 @@ mod tests {
             as_text: |c| format!("txt({c})"),
             payload_preview: |c, n, binary| format!("pre({c}, {n}, {binary})"),
             payload_bytes: |c, binary| format!("len({c}, {binary})"),
+            payload_cut: |c, n, binary| format!("cut({c}, {n}, {binary})"),
             held_keys: HeldKeysScan::SkipScan,
         }
     }
@@ -456,7 +463,10 @@ mod tests {
         };
         let sql = held_keys_sql(&outbox(), &grouped, Some("k"), 20);
         assert!(
-            sql.contains("WHERE next_retry_time IS NOT NULL AND biz_key > 'k' GROUP BY biz_key"),
+            sql.contains(
+                "WHERE next_retry_time IS NOT NULL AND biz_key IS NOT NULL AND biz_key > 'k' \
+                 GROUP BY biz_key"
+            ),
             "{sql}"
         );
         assert!(sql.contains("ORDER BY biz_key LIMIT 20"), "{sql}");
@@ -499,12 +509,14 @@ mod tests {
             None,
             Some("2"),
             Some("99"),
+            Some("t"),
         ]);
         let detail = detail_from_cells(&cells).expect("detail");
         assert_eq!(detail.message_id, "m-7");
         assert_eq!(detail.topic.as_deref(), Some("orders"));
         assert_eq!(detail.payload_bytes, 12345);
         assert_eq!(detail.sink_position, Some((2, 99)));
+        assert!(detail.payload_cut);
 
         let bad = [Some("x")];
         assert!(summary_from_cells(&bad).unwrap_err().contains("id `x`"));

@@ -128,6 +128,14 @@ impl RowQuery {
                 "a page of rows needs a limit above 0",
             ));
         }
+        // Searching the error text scans the status's rows: the few in trouble, never
+        // the whole table's finished ones.
+        let in_trouble = matches!(self.status.as_str(), "FAILED" | "MANUAL_REQUIRED");
+        if self.error_contains.is_some() && !in_trouble {
+            return Err(ConnectorError::definite(
+                "the error text is searched among FAILED and MANUAL_REQUIRED rows only",
+            ));
+        }
         Ok(())
     }
 }
@@ -176,6 +184,8 @@ pub struct RowDetail {
     pub payload_preview: String,
     /// The payload's whole length in bytes, as text.
     pub payload_bytes: i64,
+    /// Whether the preview is cut (the payload is longer than the preview asked for).
+    pub payload_cut: bool,
     /// When it was sent (outbox) or handled (inbox).
     pub finished_at: Option<SystemTime>,
     /// Where the sink took it: Kafka's partition and offset (the HTTP sink's status and
@@ -365,6 +375,31 @@ pub trait TableAdmin: Send + Sync {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_row_query_names_a_status_of_its_table_and_searches_errors_in_trouble_only() {
+        let query = |status: &str, error: Option<&str>| RowQuery {
+            status: status.into(),
+            error_contains: error.map(str::to_owned),
+            limit: 10,
+            ..RowQuery::default()
+        };
+        assert!(query("FAILED", Some("x")).check(TableKind::Outbox).is_ok());
+        assert!(query("MANUAL_REQUIRED", Some("x"))
+            .check(TableKind::Inbox)
+            .is_ok());
+        assert!(query("SUCCESS", None).check(TableKind::Outbox).is_ok());
+        assert!(query("SUCCESS", Some("x"))
+            .check(TableKind::Outbox)
+            .is_err());
+        assert!(query("DONE", None).check(TableKind::Outbox).is_err());
+        assert!(query("PENDING", None).check(TableKind::Inbox).is_ok());
+        let empty = RowQuery {
+            limit: 0,
+            ..query("FAILED", None)
+        };
+        assert!(empty.check(TableKind::Outbox).is_err());
+    }
 
     #[test]
     fn a_janitor_rule_fits_only_its_table() {

@@ -23,11 +23,15 @@ const DIALECT: Dialect = Dialect {
     // binary payload's bytes that are not UTF-8 show as U+FFFD).
     payload_preview: |column, n, _| format!("LEFT({column}, {n})"),
     payload_bytes: |column, _| format!("OCTET_LENGTH({column})"),
+    // `CHAR_LENGTH` counts as `LEFT` cuts: characters of text, bytes of a blob.
+    payload_cut: |column, n, _| format!("CHAR_LENGTH({column}) > {n}"),
     held_keys: HeldKeysScan::Group,
 };
 
-/// A bound on the console's statements on the server too (MySQL's hint; MariaDB takes
-/// the hint as a comment and the client's wait bounds the page).
+/// A bound on the console's statements on the server too (MySQL's hint). MariaDB takes
+/// the hint as a comment: the console stops waiting after 10 s and drops the connection,
+/// and the server finishes the statement (every console statement is served by an index
+/// or bounded to the rows in trouble).
 const STATEMENT_TIMEOUT_HINT: &str = "SELECT /*+ MAX_EXECUTION_TIME(10000) */ ";
 
 /// `sql` with [`STATEMENT_TIMEOUT_HINT`].

@@ -28,12 +28,17 @@ const DIALECT: Dialect = Dialect {
         true => format!("octet_length({column})"),
         false => format!("octet_length({column}::text)"),
     },
+    payload_cut: |column, n, binary| match binary {
+        true => format!("octet_length({column}) > {n}"),
+        false => format!("length({column}::text) > {n}"),
+    },
     held_keys: HeldKeysScan::SkipScan,
 };
 
 /// A bound on the console's statements on the server too, not only on the client's wait:
-/// a page the operator left does not keep scanning.
-const STATEMENT_TIMEOUT: &str = "SET statement_timeout = '10s'; ";
+/// a page the operator left does not keep scanning. `LOCAL`: the statements of one simple
+/// query run as one implicit transaction, so the bound ends with it.
+const STATEMENT_TIMEOUT: &str = "SET LOCAL statement_timeout = '10s'; ";
 
 /// A row's cells as text.
 type Cells = Vec<Option<String>>;
