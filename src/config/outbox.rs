@@ -83,7 +83,7 @@ pub enum RowsConfig {
 /// The integer row id `init --add-columns` adds to Debezium's table for kept rows
 /// (`outbox.layout = "debezium"`, `outbox.rows = "kept"`), unless `outbox.columns.id`
 /// names another.
-pub const DEBEZIUM_ROW_ID: &str = "outboxd_seq";
+pub use outboxd_connector::DEBEZIUM_ROW_ID;
 
 /// `[outbox.columns]`: each key overrides one column name of the layout. With kept rows
 /// `id` must be an integer row id, and the status columns keep outboxd's names (`init
@@ -156,10 +156,7 @@ impl OutboxConfig {
             (TableLayout::Outboxd, _) => ColumnNames::default(),
             (TableLayout::Debezium, RowLifecycle::Deleted) => ColumnNames::debezium(),
             // Debezium's table has no integer id: `init --add-columns` adds this one.
-            (TableLayout::Debezium, RowLifecycle::Kept) => ColumnNames {
-                id: Some(DEBEZIUM_ROW_ID.into()),
-                ..ColumnNames::debezium()
-            },
+            (TableLayout::Debezium, RowLifecycle::Kept) => ColumnNames::debezium_kept(),
         };
         let columns = self.columns.apply(base);
         OutboxLayout {

@@ -17,17 +17,24 @@
 //! - [`inbox`]: the inbox store: deduplication, per-key claims, outcomes, SQL handler;
 //! - [`stream`]: the log tail.
 //!
-//! [`ports`] is test support every suite shares: loopback ports for the servers tests start.
+//! [`ports`] and [`services`] are test support every suite shares: loopback ports for the
+//! servers tests start, and the environment and TLS files of those `scripts/services` starts.
 //!
 //! A new engine: implement [`Harness`] in its `tests/conformance.rs` and list every
 //! scenario in [`conformance_tests!`] (a test fails when one is missing). A scenario the
 //! engine fails is a connector bug: mark it `#[ignore = "…"]` with what goes wrong.
+//!
+//! The core's in-memory twins (`src/testing/`) run the suite too. A twin may leave a part
+//! of the contract untwinned (they twin the outbox store and the stream, not the inbox nor
+//! the operator's actions): it lists those scenarios ignored with that reason, and every
+//! other scenario must pass, as against a real engine.
 
 pub mod admin;
 pub mod claims;
 mod harness;
 pub mod inbox;
 pub mod ports;
+pub mod services;
 pub mod store;
 pub mod stream;
 mod support;

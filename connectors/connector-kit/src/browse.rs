@@ -15,9 +15,12 @@
 //! [`TableAdmin::row_detail`]: outboxd_connector::TableAdmin::row_detail
 //! [`TableAdmin::held_keys`]: outboxd_connector::TableAdmin::held_keys
 
+use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use outboxd_connector::{HeldKey, OutboxLayout, RowDetail, RowQuery, RowSummary, TableKind};
+use outboxd_connector::{
+    ConnectorError, HeldKey, OutboxLayout, RowDetail, RowQuery, RowSummary, TableKind,
+};
 
 use crate::columns::RowNames;
 
@@ -300,6 +303,86 @@ pub fn held_keys_sql(
             g_blocking = blocking(""),
         ),
     }
+}
+
+/// A row's cells as text (`None` for NULL), as an engine's plain text query returns them.
+pub type TextCells = Vec<Option<String>>;
+
+/// The statement of a read, made for the table as the engine's connection finds it (e.g.
+/// whether PostgreSQL's payload column is `bytea`).
+pub type MakeSql<'a> = &'a (dyn Fn(&BrowseTable) -> String + Sync);
+
+/// An engine's store the console reads through, the outbox's or the inbox's: how one of
+/// the statements above is run. Reading the rows back and the checks around them are
+/// [`list`], [`detail`] and [`held`], the same for every engine.
+pub trait Browse: Sync {
+    /// Which table.
+    const KIND: TableKind;
+
+    /// Runs the statement `make` writes for the table (bounded on the server, as the
+    /// engine can), on the store's connection; each row's cells as text. `what` names
+    /// the read in an error.
+    fn text_rows(
+        &self,
+        make: MakeSql<'_>,
+        what: &str,
+    ) -> impl Future<Output = Result<Vec<TextCells>, ConnectorError>> + Send;
+}
+
+/// One page of rows ([`TableAdmin::list_rows`]), in the engine's `dialect`.
+///
+/// [`TableAdmin::list_rows`]: outboxd_connector::TableAdmin::list_rows
+pub async fn list<B: Browse>(
+    store: &B,
+    dialect: &Dialect,
+    query: &RowQuery,
+) -> Result<Vec<RowSummary>, ConnectorError> {
+    query.check(B::KIND)?;
+    let what = format!("listing {} rows", B::KIND.name());
+    let sql = |t: &BrowseTable| list_rows_sql(t, dialect, query);
+    read_rows(&store.text_rows(&sql, &what).await?, summary_from_cells)
+}
+
+/// One row in full ([`TableAdmin::row_detail`]), in the engine's `dialect`.
+///
+/// [`TableAdmin::row_detail`]: outboxd_connector::TableAdmin::row_detail
+pub async fn detail<B: Browse>(
+    store: &B,
+    dialect: &Dialect,
+    id: i64,
+    preview_chars: usize,
+) -> Result<Option<RowDetail>, ConnectorError> {
+    let what = format!("reading {} row {id}", B::KIND.name());
+    let sql = |t: &BrowseTable| row_detail_sql(t, dialect, id, preview_chars);
+    let rows = read_rows(&store.text_rows(&sql, &what).await?, detail_from_cells)?;
+    Ok(rows.into_iter().next())
+}
+
+/// The held keys ([`TableAdmin::held_keys`]), in the engine's `dialect`.
+///
+/// [`TableAdmin::held_keys`]: outboxd_connector::TableAdmin::held_keys
+pub async fn held<B: Browse>(
+    store: &B,
+    dialect: &Dialect,
+    after_key: Option<&str>,
+    limit: usize,
+) -> Result<Vec<HeldKey>, ConnectorError> {
+    let what = format!("reading the {}'s held keys", B::KIND.name());
+    let sql = |t: &BrowseTable| held_keys_sql(t, dialect, after_key, limit);
+    read_rows(&store.text_rows(&sql, &what).await?, held_key_from_cells)
+}
+
+/// Each row read with `read`.
+fn read_rows<T>(
+    rows: &[TextCells],
+    read: fn(&[Option<&str>]) -> Result<T, String>,
+) -> Result<Vec<T>, ConnectorError> {
+    rows.iter()
+        .map(|row| {
+            let cells: Vec<Option<&str>> = row.iter().map(Option::as_deref).collect();
+            read(&cells).map_err(ConnectorError::definite)
+        })
+        .collect()
 }
 
 /// A [`RowSummary`] from the first [`SUMMARY_CELLS`] text cells of a row of

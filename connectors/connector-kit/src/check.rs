@@ -74,6 +74,48 @@ pub fn outbox_columns_line(
     }
 }
 
+/// Privileges a role lacks on tables: `(table as the report names it, privileges)`.
+pub type MissingGrants<'a> = [(String, Vec<&'a str>)];
+
+/// The `table grants` line: OK when `missing` is empty, else FAIL saying what `role` (as
+/// the report names it, e.g. `the user` or the role's name) lacks on which table, with the
+/// `GRANT … ON <table> TO <grantee>;` statements that fix it, each table written by
+/// `table_sql`, for `who_grants` to run (e.g. `as the tables' owner`); `grants_file` is the
+/// engine's full list (`schemas/<engine>/grants.sql`).
+pub fn table_grants_line(
+    role: &str,
+    missing: &MissingGrants<'_>,
+    table_sql: impl Fn(&str) -> String,
+    grantee: &str,
+    who_grants: &str,
+    grants_file: &str,
+) -> CheckLine {
+    const ITEM: &str = "table grants";
+    if missing.is_empty() {
+        return CheckLine::ok(
+            ITEM,
+            format!("{role} may read and write back the outbox and the checkpoint"),
+        );
+    }
+    let said: Vec<String> = (missing.iter())
+        .map(|(table, lacking)| format!("{} on {table}", lacking.join(", ")))
+        .collect();
+    let grants: Vec<String> = (missing.iter())
+        .map(|(table, lacking)| {
+            format!(
+                "GRANT {} ON {} TO {grantee};",
+                lacking.join(", "),
+                table_sql(table)
+            )
+        })
+        .collect();
+    CheckLine::fail(
+        ITEM,
+        format!("{role} lacks {}", said.join("; ")),
+        format!("{who_grants}: {} (see {grants_file})", grants.join(" ")),
+    )
+}
+
 /// The `outbox payload` line: OK when `payload`'s type (as the engine's catalog names
 /// it) is one of `accepted`, else FAIL with `fix`. `None` when the table has no payload
 /// column (the columns line says so).

@@ -1,6 +1,11 @@
 //! Defaults of the `[source]` keys every engine has (`host`, `connect_timeout`); each
 //! engine's config struct names them in its serde attributes, so the keys and their
 //! defaults stay the same across engines.
+//!
+//! The keys themselves (`host`, `port`, `user`, `password`, `password_file`, `database`,
+//! the `ssl*` keys, `connect_timeout`) are declared again in each engine's struct rather
+//! than in one shared struct: serde cannot `flatten` a struct into one that denies unknown
+//! fields, and a misspelt `[source]` key must be an error, not silently ignored.
 
 use std::time::Duration;
 

@@ -207,6 +207,16 @@ pub fn scratch_insert(table: &str) -> String {
     format!("INSERT INTO {table} (message_id, biz_key) VALUES (:message_id, :biz_key)")
 }
 
+/// Reads scratch table `table` (quoted): `(message_id, biz_key)` in the handler's order.
+pub fn scratch_select(table: &str) -> String {
+    format!("SELECT message_id, biz_key FROM {table} ORDER BY n")
+}
+
+/// Drops scratch table `table` (quoted), if it is there.
+pub fn scratch_drop(table: &str) -> String {
+    format!("DROP TABLE IF EXISTS {table}")
+}
+
 /// Refuses a scratch table name that is not a plain lowercase identifier (it is spliced
 /// into DDL, quoted, but still: verify makes it, and nothing else should reach here).
 pub fn check_scratch_name(name: &str) -> Result<(), ConnectorError> {

@@ -19,6 +19,8 @@
 //! - [`tls`]: [`SslMode`] and the certificate keys of every engine's `[source]`, as a
 //!   [`TlsPolicy`] (what to verify), and the `check` line of a connection; [`config`]:
 //!   the defaults of the other keys every engine has.
+//! - [`browse`]: the operator console's reads, statements and rows; [`fuzz_input`]: how
+//!   the fuzz targets cut their input into messages.
 //! - [`store`]: small store-side pieces (empty write-backs, `status` rows, qualified
 //!   table names).
 
@@ -26,6 +28,7 @@ pub mod browse;
 pub mod check;
 pub mod columns;
 pub mod config;
+pub mod fuzz_input;
 pub mod inbox;
 pub mod net;
 pub mod retry;

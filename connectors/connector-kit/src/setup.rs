@@ -31,6 +31,21 @@ pub fn application_outbox(
     }
 }
 
+/// What `init` says of each outbox table when they are the application's
+/// ([`application_outbox`]), `existed` saying whether each of `layout.outbox_tables` is
+/// there (none looked at: nothing said); nothing when outboxd owns its outbox.
+pub fn application_outboxes(
+    layout: &OutboxLayout,
+    existed: &[bool],
+) -> Result<Vec<String>, ConnectorError> {
+    if !owns_no_outbox(layout) {
+        return Ok(Vec::new());
+    }
+    (layout.outbox_tables.iter().zip(existed))
+        .map(|(table, existed)| application_outbox(layout, table, *existed))
+        .collect()
+}
+
 /// What `outboxd schema` prints in place of the outbox DDL when the tables are the
 /// application's (`outbox.rows = "deleted"`), as `init` leaves them.
 pub fn application_outboxes_comment(layout: &OutboxLayout) -> String {

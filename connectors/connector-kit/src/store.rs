@@ -3,8 +3,8 @@
 use std::time::SystemTime;
 
 use outboxd_connector::{
-    NewOutboxRow, OutboxLayout, OwnRowState, OwnRowsToDelete, StatusCount, StatusSummary,
-    TransactionEnd, WriteBack,
+    ConnectorError, NewOutboxRow, OutboxLayout, OwnRowState, OwnRowsToDelete, StatusCount,
+    StatusSummary, TransactionEnd, WriteBack,
 };
 
 use crate::status;
@@ -158,8 +158,14 @@ pub fn own_rows_select(
 }
 
 /// A row of [`own_rows_select`] from its cells in text, in the statement's order.
-pub fn own_row_state(cells: [Option<&str>; 6]) -> Result<OwnRowState, String> {
-    let [message_id, status, retry_count, partition, offset, last_error] = cells;
+pub fn own_row_state(cells: &[Option<&str>]) -> Result<OwnRowState, ConnectorError> {
+    own_row_state_of(cells).map_err(ConnectorError::definite)
+}
+
+fn own_row_state_of(cells: &[Option<&str>]) -> Result<OwnRowState, String> {
+    let cell = |i: usize| cells.get(i).copied().flatten();
+    let [message_id, status, retry_count, partition, offset, last_error] =
+        [cell(0), cell(1), cell(2), cell(3), cell(4), cell(5)];
     let number = |cell: Option<&str>, what: &str| -> Result<Option<i64>, String> {
         cell.map(|text| {
             text.trim()
@@ -305,7 +311,7 @@ mod tests {
 
     #[test]
     fn own_row_states_read_from_text() {
-        let state = own_row_state([
+        let state = own_row_state(&[
             Some("v-1"),
             Some("SUCCESS"),
             Some("0"),
@@ -316,8 +322,8 @@ mod tests {
         .unwrap();
         assert_eq!(state.position, Some((3, 41)));
         assert_eq!(state.status, "SUCCESS");
-        let unsent = own_row_state([Some("v-2"), Some("INIT"), Some("2"), None, None, Some("x")]);
+        let unsent = own_row_state(&[Some("v-2"), Some("INIT"), Some("2"), None, None, Some("x")]);
         assert_eq!(unsent.unwrap().position, None);
-        assert!(own_row_state([Some("v"), Some("INIT"), Some("x"), None, None, None]).is_err());
+        assert!(own_row_state(&[Some("v"), Some("INIT"), Some("x"), None, None, None]).is_err());
     }
 }

@@ -125,6 +125,10 @@ pub enum RowLifecycle {
     Deleted,
 }
 
+/// The integer row id column `init --add-columns` adds to Debezium's table (which has
+/// none) when outboxd keeps its rows: write-backs and claims address rows by it.
+pub const DEBEZIUM_ROW_ID: &str = "outboxd_seq";
+
 /// The names of the columns the log path reads into an event. outboxd's own table
 /// (`schemas/*/outbox.sql`) is the default; [`ColumnNames::debezium`] is Debezium's
 /// outbox table. Names are compared as the engine compares them (exact on PostgreSQL,
@@ -196,6 +200,16 @@ impl ColumnNames {
             routing: Some("aggregatetype".into()),
             trace: Some("tracingspancontext".into()),
             header_columns: vec!["id".into()],
+        }
+    }
+
+    /// Debezium's outbox table whose rows outboxd keeps (`outbox.rows = "kept"`): as
+    /// [`ColumnNames::debezium`], with the integer row id [`DEBEZIUM_ROW_ID`] that
+    /// `init --add-columns` adds.
+    pub fn debezium_kept() -> Self {
+        Self {
+            id: Some(DEBEZIUM_ROW_ID.into()),
+            ..Self::debezium()
         }
     }
 }

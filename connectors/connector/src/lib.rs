@@ -50,7 +50,7 @@ pub use last_error::{
     last_error_text, parked_behind_key, parked_by_operator, resolved_by_operator,
     resolved_without_handling, short_duration, LAST_ERROR_MAX_CHARS,
 };
-pub use layout::{ColumnNames, Features, OutboxLayout, RowLifecycle};
+pub use layout::{ColumnNames, Features, OutboxLayout, RowLifecycle, DEBEZIUM_ROW_ID};
 pub use position::{ParsePositionError, Position};
 pub use secret::{Secret, SecretError};
 pub use store::{

@@ -4,6 +4,7 @@
 
 use mysql_async::binlog::events::FormatDescriptionEvent;
 use mysql_async::binlog::{BinlogVersion, EventType};
+use outboxd_connector_kit::fuzz_input::split_messages;
 
 use crate::log::decode::{
     parse_mariadb_gtid, parse_mariadb_gtid_list, read_event, Decoded, Decoder,
@@ -36,22 +37,8 @@ const COLUMNS: &[(&str, &str)] = &[
     ("kafka_offset", "bigint"),
 ];
 
-/// Splits fuzz input into events: each a 2-byte big-endian length and that many bytes
-/// (the last one cut short if the input ends early).
-pub fn split(mut data: &[u8]) -> Vec<&[u8]> {
-    let mut out = Vec::new();
-    while data.len() >= 2 {
-        let len = usize::from(u16::from_be_bytes([data[0], data[1]]));
-        let rest = &data[2..];
-        let (msg, tail) = rest.split_at(len.min(rest.len()));
-        out.push(msg);
-        data = tail;
-    }
-    out
-}
-
 /// `binlog_decoder`: a flags byte, then binlog events as the server sends them (header,
-/// body, CRC32; see [`split`]), each read by `mysql_common` (`log::decode::read_event`, with
+/// body, CRC32; see [`split_messages`]), each read by `mysql_common` (`log::decode::read_event`, with
 /// the format description of the stream so far, as the stream reads them) and handed to the
 /// outbox decoder (`log::decode::Decoder::handle`), column names answered as
 /// `information_schema` would. Flags: bit 0 re-serialises each event first, so it
@@ -81,7 +68,7 @@ pub fn binlog_decoder(data: &[u8]) {
     .with_checkpoint_table("outboxd", "outboxd_checkpoint");
     let mut fde = FormatDescriptionEvent::new(BinlogVersion::Version4);
     let mut lookups = 0;
-    for bytes in split(data) {
+    for bytes in split_messages(data) {
         let Ok(mut event) = read_event(&fde, bytes) else {
             continue;
         };

@@ -13,28 +13,12 @@ mod support;
 use std::path::PathBuf;
 
 use mysql_async::prelude::Queryable;
+use outboxd_conformance::services::{assert_tls_line, ca, env_or as env, tls_file, wrong_ca};
 use outboxd_connector::{CheckStatus, ConnectorError, ErrorKind, OutboxLayout};
 use outboxd_mysql::{MysqlConfig, MysqlConnector, SslMode};
 use support::Fixture;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-
-fn env(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.to_owned())
-}
-
-fn tls_file(var: &str, file: &str) -> PathBuf {
-    let state = env("OUTBOXD_SERVICES_DIR", "/var/tmp/outboxd-services");
-    PathBuf::from(env(var, &format!("{state}/tls/{file}")))
-}
-
-fn ca() -> PathBuf {
-    tls_file("OUTBOXD_TEST_CA", "ca.crt")
-}
-
-fn wrong_ca() -> PathBuf {
-    tls_file("OUTBOXD_TEST_WRONG_CA", "wrong-ca.crt")
-}
 
 fn config(mode: SslMode, rootcert: Option<PathBuf>) -> MysqlConfig {
     MysqlConfig {
@@ -90,15 +74,10 @@ async fn verify_full_with_the_right_ca_verifies_sql_and_binlog_connections() {
     drop(stream);
 
     let report = f.connector.check().await;
-    let tls = report
-        .iter()
-        .find(|l| l.item == "tls")
-        .unwrap_or_else(|| panic!("no tls line in {report:?}"));
-    assert_eq!(tls.status, CheckStatus::Ok, "{tls}");
-    assert!(
-        tls.detail
-            .contains("certificate verified for 127.0.0.1 (sslmode=verify-full)"),
-        "{tls}"
+    assert_tls_line(
+        &report,
+        CheckStatus::Ok,
+        "certificate verified for 127.0.0.1 (sslmode=verify-full)",
     );
 
     // With a CA that did not sign the server's certificate, neither opens.
@@ -121,12 +100,10 @@ async fn verify_full_with_the_right_ca_verifies_sql_and_binlog_connections() {
         .unwrap()
         .check()
         .await;
-    let tls = report.iter().find(|l| l.item == "tls").expect("tls line");
-    assert_eq!(tls.status, CheckStatus::Warn, "{tls}");
-    assert!(
-        tls.detail
-            .contains("certificate NOT verified (sslmode=require)"),
-        "{tls}"
+    assert_tls_line(
+        &report,
+        CheckStatus::Warn,
+        "certificate NOT verified (sslmode=require)",
     );
 }
 

@@ -4,6 +4,7 @@
 //! peer did not send).
 
 use bytes::{Bytes, BytesMut};
+use outboxd_connector_kit::fuzz_input::split_messages;
 
 use crate::log::decode::Decoder;
 use crate::log::replication::{next_backend, Backend, ReplicationMessage};
@@ -14,21 +15,7 @@ use postgres_protocol::message::backend::Message;
 /// The OID of the outbox in `log/testdata/pgoutput_insert_tx.hex` (the seeds).
 const FIXTURE_OUTBOX_OID: u32 = 0x4041;
 
-/// Splits fuzz input into messages: each a 2-byte big-endian length and that many bytes
-/// (the last one cut short if the input ends early).
-pub fn split(mut data: &[u8]) -> Vec<&[u8]> {
-    let mut out = Vec::new();
-    while data.len() >= 2 {
-        let len = usize::from(u16::from_be_bytes([data[0], data[1]]));
-        let rest = &data[2..];
-        let (msg, tail) = rest.split_at(len.min(rest.len()));
-        out.push(msg);
-        data = tail;
-    }
-    out
-}
-
-/// `pgoutput_decoder`: a sequence of pgoutput messages (see [`split`]), each through
+/// `pgoutput_decoder`: a sequence of pgoutput messages (see [`split_messages`]), each through
 /// `pgoutput::decode` and the transaction assembly (`log::decode::Decoder::handle`)
 /// for the captured outbox.
 pub fn pgoutput_decoder(data: &[u8]) {
@@ -42,7 +29,7 @@ pub fn pgoutput_decoder(data: &[u8]) {
         "fixture_pub",
         &outboxd_connector::OutboxLayout::default(),
     );
-    for msg in split(data) {
+    for msg in split_messages(data) {
         let msg = Bytes::copy_from_slice(msg);
         let _ = pgoutput::decode(&msg);
         // The decoder stops the stream at its first error; go on anyway, from whatever

@@ -13,6 +13,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use openssl::ssl::{SslAcceptor, SslFiletype, SslMethod};
+use outboxd_conformance::services::{assert_tls_line, ca, env_or as env, tls_file, wrong_ca};
 use outboxd_connector::{CheckStatus, ConnectorError, ErrorKind, OutboxLayout};
 use outboxd_connector_kit::tls::{Negotiated, Verification};
 use outboxd_postgres::replication::ReplicationConnection;
@@ -20,23 +21,6 @@ use outboxd_postgres::{PostgresConfig, PostgresConnector, SslMode};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
-
-fn env(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.to_owned())
-}
-
-fn tls_file(var: &str, file: &str) -> PathBuf {
-    let state = env("OUTBOXD_SERVICES_DIR", "/var/tmp/outboxd-services");
-    PathBuf::from(env(var, &format!("{state}/tls/{file}")))
-}
-
-fn ca() -> PathBuf {
-    tls_file("OUTBOXD_TEST_CA", "ca.crt")
-}
-
-fn wrong_ca() -> PathBuf {
-    tls_file("OUTBOXD_TEST_WRONG_CA", "wrong-ca.crt")
-}
 
 fn port() -> u16 {
     env("OUTBOXD_TEST_PG_PORT", "25432")
@@ -143,12 +127,10 @@ async fn verify_full_with_the_right_ca_verifies_both_connections_and_check_says_
         .unwrap()
         .check()
         .await;
-    let tls = report.iter().find(|l| l.item == "tls").expect("tls line");
-    assert_eq!(tls.status, CheckStatus::Warn, "{tls}");
-    assert!(
-        tls.detail
-            .ends_with("certificate NOT verified (sslmode=require)"),
-        "{tls}"
+    assert_tls_line(
+        &report,
+        CheckStatus::Warn,
+        "certificate NOT verified (sslmode=require)",
     );
 }
 

@@ -2,6 +2,7 @@
 //! fix.
 
 use super::*;
+use outboxd_connector_kit::check::table_grants_line;
 use outboxd_connector_kit::tls::{tls_line, Negotiated};
 
 const PAYLOAD_TYPES: &[&str] = &[
@@ -341,47 +342,28 @@ async fn check_table_grants(
             format!("UPDATE {checkpoint} SET position = position WHERE 1 = 0"),
         ),
     ]);
-    let mut missing: Vec<(&String, Vec<&str>)> = Vec::new();
+    let mut missing: Vec<(String, Vec<&str>)> = Vec::new();
     for (table, privilege, sql) in &probes {
         match conn.query_drop(sql).await {
             Ok(()) => {}
             Err(mysql_async::Error::Server(e)) if DENIED.contains(&e.code) => {
-                match missing.iter_mut().find(|(t, _)| t == table) {
+                match missing.iter_mut().find(|(t, _)| t == *table) {
                     Some((_, lacking)) => lacking.push(privilege),
-                    None => missing.push((table, vec![privilege])),
+                    None => missing.push(((*table).clone(), vec![privilege])),
                 }
             }
             Err(mysql_async::Error::Server(e)) if e.code == NO_TABLE => {}
             Err(e) => return Err(crate::client::classify(&e, "trying the table privileges")),
         }
     }
-    Ok(if missing.is_empty() {
-        CheckLine::ok(
-            "table grants",
-            "the user may read and write back the outbox and the checkpoint",
-        )
-    } else {
-        let said: Vec<String> = (missing.iter())
-            .map(|(table, lacking)| format!("{} on {table}", lacking.join(", ")))
-            .collect();
-        let grants: Vec<String> = (missing.iter())
-            .map(|(table, lacking)| {
-                format!(
-                    "GRANT {} ON {} TO <user>;",
-                    lacking.join(", "),
-                    qualified(table)
-                )
-            })
-            .collect();
-        CheckLine::fail(
-            "table grants",
-            format!("the user lacks {}", said.join("; ")),
-            format!(
-                "as an administrator: {} (see schemas/mysql/grants.sql)",
-                grants.join(" ")
-            ),
-        )
-    })
+    Ok(table_grants_line(
+        "the user",
+        &missing,
+        qualified,
+        "<user>",
+        "as an administrator",
+        "schemas/mysql/grants.sql",
+    ))
 }
 
 async fn check_grants(conn: &mut Conn, server: &ServerInfo) -> Result<CheckLine, ConnectorError> {

@@ -55,13 +55,9 @@ pub(crate) async fn init(
     for table in layout.outbox_tables.iter().filter(|_| relay) {
         outbox_existed.push(table_exists(&mut conn, c, table).await?);
     }
-    if relay && setup::owns_no_outbox(layout) {
-        // The application's tables: looked at, never created (`--add-columns` adds the
-        // status columns to them first, when asked).
-        for (table, existed) in layout.outbox_tables.iter().zip(&outbox_existed) {
-            report.push(setup::application_outbox(layout, table, *existed)?);
-        }
-    }
+    // The application's tables: looked at, never created (`--add-columns` adds the status
+    // columns to them first, when asked).
+    report.extend(setup::application_outboxes(layout, &outbox_existed)?);
     for ddl in schema::render_all(layout) {
         if setup::is_application_outbox(layout, &ddl.table) {
             continue;

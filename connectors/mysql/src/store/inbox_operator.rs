@@ -11,6 +11,7 @@ use outboxd_connector::{
     JanitorRule, RetrySelector, RowDetail, RowQuery, RowSummary, StatusCount, StatusSummary,
     TableAdmin, TableKind,
 };
+use outboxd_connector_kit::browse;
 use outboxd_connector_kit::inbox as kit;
 
 use super::inbox::{answer, answers_of, no_id, MysqlInboxStore, BEGIN, BEGIN_STATEMENTS};
@@ -108,7 +109,7 @@ impl TableAdmin for MysqlInboxStore {
     }
 
     async fn list_rows(&self, query: &RowQuery) -> Result<Vec<RowSummary>, ConnectorError> {
-        super::browse::list(self, query).await
+        browse::list(self, &super::browse::DIALECT, query).await
     }
 
     async fn row_detail(
@@ -116,7 +117,7 @@ impl TableAdmin for MysqlInboxStore {
         id: i64,
         preview_chars: usize,
     ) -> Result<Option<RowDetail>, ConnectorError> {
-        super::browse::detail(self, id, preview_chars).await
+        browse::detail(self, &super::browse::DIALECT, id, preview_chars).await
     }
 
     async fn held_keys(
@@ -124,7 +125,7 @@ impl TableAdmin for MysqlInboxStore {
         after_key: Option<&str>,
         limit: usize,
     ) -> Result<Vec<HeldKey>, ConnectorError> {
-        super::browse::held(self, after_key, limit).await
+        browse::held(self, &super::browse::DIALECT, after_key, limit).await
     }
 
     async fn janitor_batch(&self, rule: &JanitorRule, batch: usize) -> Result<u64, ConnectorError> {

@@ -78,10 +78,7 @@ impl MysqlInboxStore {
         &self,
         name: &str,
     ) -> Result<Vec<(String, String)>, ConnectorError> {
-        let sql = format!(
-            "SELECT message_id, biz_key FROM {} ORDER BY n",
-            self.scratch_table(name)?
-        );
+        let sql = kit::scratch_select(&self.scratch_table(name)?);
         let rows = self.rows_of(&sql, "reading verify's scratch table").await?;
         rows.iter()
             .map(|row| Ok((text_or_empty(row, 0)?, text_or_empty(row, 1)?)))
@@ -89,7 +86,7 @@ impl MysqlInboxStore {
     }
 
     pub(super) async fn drop_scratch(&self, name: &str) -> Result<(), ConnectorError> {
-        let sql = format!("DROP TABLE IF EXISTS {}", self.scratch_table(name)?);
+        let sql = kit::scratch_drop(&self.scratch_table(name)?);
         self.change(&sql, "dropping verify's scratch table")
             .await
             .map(drop)

@@ -10,6 +10,7 @@ use outboxd_connector::{
     TableKind,
 };
 
+use outboxd_connector_kit::browse;
 use outboxd_connector_kit::store::add_status_row;
 
 use crate::client::{int, text, text_or_empty};
@@ -122,7 +123,7 @@ impl TableAdmin for MysqlOutboxStore {
     }
 
     async fn list_rows(&self, query: &RowQuery) -> Result<Vec<RowSummary>, ConnectorError> {
-        super::browse::list(self, query).await
+        browse::list(self, &super::browse::DIALECT, query).await
     }
 
     async fn row_detail(
@@ -130,7 +131,7 @@ impl TableAdmin for MysqlOutboxStore {
         id: i64,
         preview_chars: usize,
     ) -> Result<Option<RowDetail>, ConnectorError> {
-        super::browse::detail(self, id, preview_chars).await
+        browse::detail(self, &super::browse::DIALECT, id, preview_chars).await
     }
 
     async fn held_keys(
@@ -138,7 +139,7 @@ impl TableAdmin for MysqlOutboxStore {
         after_key: Option<&str>,
         limit: usize,
     ) -> Result<Vec<HeldKey>, ConnectorError> {
-        super::browse::held(self, after_key, limit).await
+        browse::held(self, &super::browse::DIALECT, after_key, limit).await
     }
 
     async fn janitor_batch(&self, rule: &JanitorRule, batch: usize) -> Result<u64, ConnectorError> {

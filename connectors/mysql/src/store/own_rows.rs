@@ -59,10 +59,8 @@ impl MysqlOutboxStore {
             let cells = (0..6)
                 .map(|i| text(&row, i))
                 .collect::<Result<Vec<Option<String>>, _>>()?;
-            let cell = |i: usize| cells.get(i).and_then(Option::as_deref);
-            let state = own_row_state([cell(0), cell(1), cell(2), cell(3), cell(4), cell(5)])
-                .map_err(ConnectorError::definite)?;
-            states.push(state);
+            let cells: Vec<Option<&str>> = cells.iter().map(Option::as_deref).collect();
+            states.push(own_row_state(&cells)?);
         }
         Ok(states)
     }

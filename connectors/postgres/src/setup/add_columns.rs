@@ -158,10 +158,7 @@ mod tests {
         let layout = OutboxLayout {
             outbox_tables: vec!["app.outboxevent".into()],
             key_column: "aggregateid".into(),
-            columns: ColumnNames {
-                id: Some("outboxd_seq".into()),
-                ..ColumnNames::debezium()
-            },
+            columns: ColumnNames::debezium_kept(),
             ..OutboxLayout::default()
         };
         let sql = add_columns_sql(&layout, "app.outboxevent", &["outboxd_seq", "status"]);

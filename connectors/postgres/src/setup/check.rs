@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::replication::ReplicationConnection;
+use outboxd_connector_kit::check::table_grants_line;
 use outboxd_connector_kit::tls::tls_line;
 
 /// Oldest server version outboxd supports (`server_version_num`).
@@ -269,33 +270,14 @@ async fn check_grants(client: &Client, layout: &OutboxLayout) -> Result<CheckLin
         &query_one(client, "SELECT current_user::text", &[], "reading the role").await?,
         0,
     )?;
-    Ok(if missing.is_empty() {
-        CheckLine::ok(
-            "table grants",
-            format!("{user} may read and write back the outbox and the checkpoint"),
-        )
-    } else {
-        let said: Vec<String> = (missing.iter())
-            .map(|(table, lacking)| format!("{} on {table}", lacking.join(", ")))
-            .collect();
-        let grants: Vec<String> = (missing.iter())
-            .map(|(table, lacking)| {
-                format!(
-                    "GRANT {} ON {table} TO {};",
-                    lacking.join(", "),
-                    quote_ident(&user)
-                )
-            })
-            .collect();
-        CheckLine::fail(
-            "table grants",
-            format!("{user} lacks {}", said.join("; ")),
-            format!(
-                "as the tables' owner: {} (see schemas/postgres/grants.sql)",
-                grants.join(" ")
-            ),
-        )
-    })
+    Ok(table_grants_line(
+        &user,
+        &missing,
+        str::to_owned,
+        &quote_ident(&user),
+        "as the tables' owner",
+        "schemas/postgres/grants.sql",
+    ))
 }
 
 /// `(max, used, "used of max in use")` of a server limit, from a query of the two.

@@ -9,6 +9,7 @@ use outboxd_connector::{
     JanitorRule, RetrySelector, RowDetail, RowQuery, RowSummary, StatusCount, StatusSummary,
     TableAdmin, TableKind,
 };
+use outboxd_connector_kit::browse;
 use outboxd_connector_kit::inbox as kit;
 use tokio_postgres::types::ToSql;
 
@@ -123,7 +124,7 @@ impl TableAdmin for PgInboxStore {
     }
 
     async fn list_rows(&self, query: &RowQuery) -> Result<Vec<RowSummary>, ConnectorError> {
-        super::browse::list(self, query).await
+        browse::list(self, &super::browse::DIALECT, query).await
     }
 
     async fn row_detail(
@@ -131,7 +132,7 @@ impl TableAdmin for PgInboxStore {
         id: i64,
         preview_chars: usize,
     ) -> Result<Option<RowDetail>, ConnectorError> {
-        super::browse::detail(self, id, preview_chars).await
+        browse::detail(self, &super::browse::DIALECT, id, preview_chars).await
     }
 
     async fn held_keys(
@@ -139,7 +140,7 @@ impl TableAdmin for PgInboxStore {
         after_key: Option<&str>,
         limit: usize,
     ) -> Result<Vec<HeldKey>, ConnectorError> {
-        super::browse::held(self, after_key, limit).await
+        browse::held(self, &super::browse::DIALECT, after_key, limit).await
     }
 
     async fn janitor_batch(&self, rule: &JanitorRule, batch: usize) -> Result<u64, ConnectorError> {

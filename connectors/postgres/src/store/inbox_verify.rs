@@ -87,10 +87,7 @@ impl PgInboxStore {
         &self,
         name: &str,
     ) -> Result<Vec<(String, String)>, ConnectorError> {
-        let sql = format!(
-            "SELECT message_id, biz_key FROM {} ORDER BY n",
-            self.scratch_table(name)?
-        );
+        let sql = kit::scratch_select(&self.scratch_table(name)?);
         let rows = self
             .with_client(async |client| {
                 (client.query(sql.as_str(), &[]).await)
@@ -101,7 +98,7 @@ impl PgInboxStore {
     }
 
     pub(super) async fn drop_scratch(&self, name: &str) -> Result<(), ConnectorError> {
-        let sql = format!("DROP TABLE IF EXISTS {}", self.scratch_table(name)?);
+        let sql = kit::scratch_drop(&self.scratch_table(name)?);
         self.with_client(async |client| {
             (client.batch_execute(&sql).await)
                 .map_err(|e| self.error(&e, "dropping verify's scratch table"))

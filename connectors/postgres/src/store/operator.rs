@@ -13,6 +13,7 @@ use outboxd_connector::{
     TableAdmin, TableKind,
 };
 
+use outboxd_connector_kit::browse;
 use outboxd_connector_kit::store::add_status_row;
 
 use crate::schema::qualified;
@@ -200,7 +201,7 @@ impl TableAdmin for PgOutboxStore {
     }
 
     async fn list_rows(&self, query: &RowQuery) -> Result<Vec<RowSummary>, ConnectorError> {
-        super::browse::list(self, query).await
+        browse::list(self, &super::browse::DIALECT, query).await
     }
 
     async fn row_detail(
@@ -208,7 +209,7 @@ impl TableAdmin for PgOutboxStore {
         id: i64,
         preview_chars: usize,
     ) -> Result<Option<RowDetail>, ConnectorError> {
-        super::browse::detail(self, id, preview_chars).await
+        browse::detail(self, &super::browse::DIALECT, id, preview_chars).await
     }
 
     async fn held_keys(
@@ -216,7 +217,7 @@ impl TableAdmin for PgOutboxStore {
         after_key: Option<&str>,
         limit: usize,
     ) -> Result<Vec<HeldKey>, ConnectorError> {
-        super::browse::held(self, after_key, limit).await
+        browse::held(self, &super::browse::DIALECT, after_key, limit).await
     }
 
     async fn janitor_batch(&self, rule: &JanitorRule, batch: usize) -> Result<u64, ConnectorError> {

@@ -78,10 +78,8 @@ impl PgOutboxStore {
         let mut states = Vec::new();
         for message in messages {
             if let SimpleQueryMessage::Row(row) = message {
-                let cell = |i: usize| row.get(i);
-                let state = own_row_state([cell(0), cell(1), cell(2), cell(3), cell(4), cell(5)])
-                    .map_err(ConnectorError::definite)?;
-                states.push(state);
+                let cells: Vec<Option<&str>> = (0..row.len()).map(|i| row.get(i)).collect();
+                states.push(own_row_state(&cells)?);
             }
         }
         Ok(states)

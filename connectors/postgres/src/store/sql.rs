@@ -346,10 +346,7 @@ mod tests {
     fn statements_name_the_mapped_columns() {
         let layout = OutboxLayout {
             key_column: "aggregateid".into(),
-            columns: outboxd_connector::ColumnNames {
-                id: Some("outboxd_seq".into()),
-                ..outboxd_connector::ColumnNames::debezium()
-            },
+            columns: outboxd_connector::ColumnNames::debezium_kept(),
             ..OutboxLayout::default()
         };
         let sql = Sql::new(
