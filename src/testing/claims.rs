@@ -4,6 +4,12 @@
 //! order judged on the rows as they were before the claim (one statement's snapshot),
 //! claim tokens, the reaper, the retry schedule and the blocked keys, all read from the
 //! rows in trouble (`next_retry_time` set).
+//!
+//! One difference, allowed by the contract (a claim may return fewer rows): a strict
+//! poll claim here finds each key's first INIT row among all INIT rows, where PostgreSQL
+//! looks only in a window of the lowest INIT ids (`store/claims.rs`,
+//! `POLL_WINDOW_FACTOR` × the limit), so a key flooding that window costs the engine
+//! rows it does not cost the twin.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering::SeqCst;

@@ -246,16 +246,16 @@ outboxd_conformance::conformance_tests!(MemoryHarness;
     claims::parked_rows_become_failed_and_due_with_the_reason,
     claims::rejected_rows_need_an_operator_and_hold_their_key,
     claims::blocked_keys_and_retry_schedule_read_the_rows_in_trouble,
-    #[ignore = "the memory twin does not twin TableAdmin: the core's unit tests use it for the relay and the claim worker only"]
+    #[ignore = "the memory twin does not twin TableAdmin but parking: the core's unit tests use it for the relay and the claim worker only"]
     admin::status_summary_counts_rows_and_reads_the_checkpoint,
-    #[ignore = "the memory twin does not twin TableAdmin: the core's unit tests use it for the relay and the claim worker only"]
+    #[ignore = "the memory twin does not twin TableAdmin but parking: the core's unit tests use it for the relay and the claim worker only"]
     admin::retry_makes_rows_due_again,
-    #[ignore = "the memory twin does not twin TableAdmin: the core's unit tests use it for the relay and the claim worker only"]
+    #[ignore = "the memory twin does not twin TableAdmin but parking: the core's unit tests use it for the relay and the claim worker only"]
     admin::park_and_resolve_record_the_operator_reason,
-    #[ignore = "the memory twin does not twin TableAdmin: the core's unit tests use it for the relay and the claim worker only"]
+    #[ignore = "the memory twin does not twin TableAdmin but parking: the core's unit tests use it for the relay and the claim worker only"]
     admin::janitor_deletes_or_archives_old_success_rows,
     admin::scan_init_pages_through_init_rows_in_id_order,
-    #[ignore = "the memory twin does not twin TableAdmin: the core's unit tests use it for the relay and the claim worker only"]
+    #[ignore = "the memory twin does not twin TableAdmin but parking: the core's unit tests use it for the relay and the claim worker only"]
     admin::console_reads_pages_rows_and_held_keys,
     #[ignore = "the memory twin does not twin InboxStore: the core's unit tests use it for the relay and the claim worker only"]
     inbox::insert_stores_each_message_once_by_either_key,

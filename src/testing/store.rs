@@ -170,7 +170,8 @@ impl OutboxStore for MemoryStore {
         let now = SystemTime::now();
         let replace = batch.replace_positions;
         // In the engines' order (SUCCESS, then FAILED, then parked and rejected), so a
-        // row both delivered and failed in one batch ends SUCCESS.
+        // row both delivered and failed in one batch ends SUCCESS (FAILED under
+        // `replace_positions`, whose FAILED takes SUCCESS rows too).
         for d in batch.delivered {
             let Some(row) = state.rows.get_mut(&d.id) else {
                 continue;

@@ -26,8 +26,8 @@
 //!
 //! The core's in-memory twins (`src/testing/`) run the suite too. A twin may leave a part
 //! of the contract untwinned (they twin the outbox store and the stream, not the inbox nor
-//! the operator's actions): it lists those scenarios ignored with that reason, and every
-//! other scenario must pass, as against a real engine.
+//! the operator's actions but parking): it lists those scenarios ignored with that reason,
+//! and every other scenario must pass, as against a real engine.
 
 pub mod admin;
 pub mod claims;

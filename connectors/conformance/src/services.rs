@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use outboxd_connector::{CheckReport, CheckStatus};
+use outboxd_connector::{CheckLine, CheckReport, CheckStatus};
 
 /// Environment variable `name`, or `default` when it is not set.
 #[must_use]
@@ -32,10 +32,16 @@ pub fn wrong_ca() -> PathBuf {
     tls_file("OUTBOXD_TEST_WRONG_CA", "wrong-ca.crt")
 }
 
-/// Panics unless `report` has a `tls` line of `status` whose detail contains `detail`.
-pub fn assert_tls_line(report: &CheckReport, status: CheckStatus, detail: &str) {
+/// Panics unless `report` has a `tls` line of `status` whose detail contains `detail`;
+/// the line, for further assertions.
+pub fn assert_tls_line<'a>(
+    report: &'a CheckReport,
+    status: CheckStatus,
+    detail: &str,
+) -> &'a CheckLine {
     let tls = (report.iter().find(|l| l.item == "tls"))
         .unwrap_or_else(|| panic!("no tls line in {report:?}"));
     assert_eq!(tls.status, status, "{tls}");
     assert!(tls.detail.contains(detail), "`{detail}` not in: {tls}");
+    tls
 }

@@ -38,6 +38,7 @@ pub fn application_outboxes(
     layout: &OutboxLayout,
     existed: &[bool],
 ) -> Result<Vec<String>, ConnectorError> {
+    debug_assert!(existed.is_empty() || existed.len() == layout.outbox_tables.len());
     if !owns_no_outbox(layout) {
         return Ok(Vec::new());
     }

@@ -162,7 +162,16 @@ pub fn own_row_state(cells: &[Option<&str>]) -> Result<OwnRowState, ConnectorErr
     own_row_state_of(cells).map_err(ConnectorError::definite)
 }
 
+/// The cells of a row of [`own_rows_select`].
+const OWN_ROW_CELLS: usize = 6;
+
 fn own_row_state_of(cells: &[Option<&str>]) -> Result<OwnRowState, String> {
+    if cells.len() != OWN_ROW_CELLS {
+        return Err(format!(
+            "reading outboxd's own rows: {OWN_ROW_CELLS} cells expected, the row has {}",
+            cells.len()
+        ));
+    }
     let cell = |i: usize| cells.get(i).copied().flatten();
     let [message_id, status, retry_count, partition, offset, last_error] =
         [cell(0), cell(1), cell(2), cell(3), cell(4), cell(5)];
@@ -325,5 +334,6 @@ mod tests {
         let unsent = own_row_state(&[Some("v-2"), Some("INIT"), Some("2"), None, None, Some("x")]);
         assert_eq!(unsent.unwrap().position, None);
         assert!(own_row_state(&[Some("v"), Some("INIT"), Some("x"), None, None, None]).is_err());
+        assert!(own_row_state(&[Some("v"), Some("INIT"), Some("0"), None, None]).is_err());
     }
 }

@@ -38,9 +38,9 @@ const COLUMNS: &[(&str, &str)] = &[
 ];
 
 /// `binlog_decoder`: a flags byte, then binlog events as the server sends them (header,
-/// body, CRC32; see [`split_messages`]), each read by `mysql_common` (`log::decode::read_event`, with
-/// the format description of the stream so far, as the stream reads them) and handed to the
-/// outbox decoder (`log::decode::Decoder::handle`), column names answered as
+/// body, CRC32; see [`split_messages`]), each read by `mysql_common`
+/// (`log::decode::read_event`, with the format description of the stream so far, as the
+/// stream reads them) and handed to the outbox decoder (`log::decode::Decoder::handle`), column names answered as
 /// `information_schema` would. Flags: bit 0 re-serialises each event first, so it
 /// carries a valid CRC32 and mutations reach the row decoding; bit 1 starts from a
 /// MariaDB GTID position (else MySQL's, with bit 2 none at all).

@@ -7,12 +7,9 @@ use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, OptsBuilder};
+use outboxd_conformance::services::env_or;
 use outboxd_connector::{ChangeItem, ChangeStream, Connector, OutboxLayout, ReadMode};
 use outboxd_mysql::{MysqlConfig, MysqlConnector, SslMode};
-
-fn env_or(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.to_owned())
-}
 
 pub fn config() -> MysqlConfig {
     MysqlConfig {
