@@ -1,15 +1,17 @@
-//! outboxd: a change-data-capture relay for the transactional outbox pattern.
+//! outboxd: a change-data-capture relay for the transactional outbox and inbox patterns.
 //!
 //! The core is engine-independent: it drives any [`outboxd_connector::Connector`] into a
-//! [`sink::Sink`] (Kafka). Its folders follow the runtime paths:
+//! [`sink::Sink`] (Kafka, HTTP endpoints), and stores incoming messages in the inbox
+//! table for handlers. Its folders follow the runtime paths:
 //!
 //! - [`relay`]: the log relay — session, ack frontier, outcome mapping;
 //! - [`claims`]: the claim worker — retries, reaper, poll mode, backoff;
-//! - [`sink`]: the sink boundary and its Kafka implementation;
+//! - [`sink`]: the sink boundary and its Kafka and HTTP implementations;
 //! - [`inbox`]: the receiving half — Kafka and HTTP ingress, workers, handlers;
 //! - [`cli`]: the commands `main.rs` runs;
 //! - [`observability`]: the `/metrics`, `/healthz`, `/readyz` endpoint and its series;
 //! - [`canary`]: the live end-to-end check inside `run`;
+//! - [`console`]: the operator console at `/ui`;
 //! - [`verify`]: `outboxd verify`, the end-to-end check an operator runs;
 //! - `reconnect.rs`: the one reconnect loop the long-running paths share;
 //! - `engines.rs`: the engine registry, the one file that names database engines.

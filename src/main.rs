@@ -15,8 +15,8 @@ use outboxd_connector::{RetrySelector, TableKind};
     name = "outboxd",
     version,
     about = "Transactional outbox and inbox: relays outbox rows from the database log \
-             (PostgreSQL, MySQL/MariaDB) to Kafka, and stores incoming messages (Kafka, HTTP) \
-             in an inbox table for handlers, deduplicated"
+             (PostgreSQL, MySQL/MariaDB) to Kafka or HTTP endpoints, and stores incoming \
+             messages (Kafka, HTTP) in an inbox table for handlers, deduplicated"
 )]
 struct Cli {
     /// Log format.
@@ -43,7 +43,8 @@ enum CliCommand {
     Schema(ConfigArg),
     /// Check connectivity and every prerequisite of `run`, one line each, with fixes.
     Check(ConfigArg),
-    /// Relay outbox inserts to Kafka until SIGTERM/SIGINT.
+    /// Run what the config turns on until SIGTERM/SIGINT: the outbox relay (to Kafka or
+    /// HTTP endpoints), the inbox (its ingress and handlers), or both.
     Run(ConfigArg),
     /// After a lost log position (slot dropped or invalidated, binlog purged): start the
     /// log afresh at the current position and publish every INIT row. Stop `run` first.

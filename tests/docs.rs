@@ -16,6 +16,9 @@
 //!   half to run (`[kafka]`, `[outbox]` or `[inbox]`), else merged into `examples/outboxd.toml` (a fragment). A
 //!   snippet that is not meant to parse would be fenced ` ```toml-fragment `, which this
 //!   test does not read (there is none today).
+//! - Every `outboxd …` command of a ` ```sh ` block parses (the binary is run with a config
+//!   path that does not exist: it must fail at reading it, not at its arguments), and every
+//!   `scripts/bench` flag shown is one of the bench's.
 //! - The front page stays one: at most 250 lines, opening with `scripts/demo` and
 //!   `scripts/test`; no text points into `../shared/` or names an issue of the internal
 //!   tracker.
@@ -535,4 +538,114 @@ fn no_page_points_into_shared_or_names_an_internal_issue() {
             }
         }
     }
+}
+
+/// The command lines of every `sh` block of the pages, as words: continuation lines
+/// joined, comments cut, quotes taken off (`"customer deleted"` is one word).
+fn documented_command_lines() -> Vec<(String, Vec<String>)> {
+    let mut lines = Vec::new();
+    for (page, text) in pages() {
+        for (first, block) in fences(&text, "sh") {
+            let joined = block.replace("\\\n", " ");
+            for (offset, line) in joined.lines().enumerate() {
+                let words = shell_words(line);
+                if !words.is_empty() {
+                    lines.push((format!("{}:{}", page.display(), first + offset), words));
+                }
+            }
+        }
+    }
+    lines
+}
+
+/// A line's words as a POSIX shell splits them, up to an unquoted `#` (enough for the
+/// pages: no escapes inside quotes, no expansions).
+fn shell_words(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word: Option<String> = None;
+    let mut quote: Option<char> = None;
+    for c in line.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => word.get_or_insert_with(String::new).push(c),
+            (None, '"' | '\'') => {
+                quote = Some(c);
+                word.get_or_insert_with(String::new);
+            }
+            (None, '#') if word.is_none() => break,
+            (None, c) if c.is_whitespace() => words.extend(word.take()),
+            (None, c) => word.get_or_insert_with(String::new).push(c),
+        }
+    }
+    words.extend(word);
+    words
+}
+
+#[test]
+fn shell_words_split_as_a_shell_does() {
+    assert_eq!(
+        shell_words(r#"outboxd park --id 42 --reason "customer deleted"  # a comment"#),
+        [
+            "outboxd",
+            "park",
+            "--id",
+            "42",
+            "--reason",
+            "customer deleted"
+        ]
+    );
+    assert_eq!(shell_words("a 'b c'd #e"), ["a", "b cd"]);
+    assert!(shell_words("# only a comment").is_empty());
+}
+
+/// Every `outboxd …` command the pages show is one the binary accepts: its subcommand and
+/// flags parse (optional parts in `[…]` included), so the command only fails at reading
+/// its config file, which does not exist. Every `scripts/bench` flag they show is one of
+/// the bench's own.
+#[test]
+fn every_documented_command_parses() {
+    let missing = std::env::temp_dir().join("outboxd-docs-no-such-dir/config.toml");
+    let bench_args = std::fs::read_to_string(root().join("bench/src/args.rs")).expect("args.rs");
+    let mut outboxd_commands = 0;
+    for (at, words) in documented_command_lines() {
+        match words[0].as_str() {
+            "outboxd" => {
+                let mut args: Vec<String> = (words[1..].iter())
+                    .map(|w| w.trim_start_matches('[').trim_end_matches(']').to_owned())
+                    .filter(|w| w != "…" && w != "|")
+                    .collect();
+                let config = args.iter().position(|a| a == "--config");
+                let config = config.unwrap_or_else(|| panic!("{at}: no --config: {words:?}"));
+                args[config + 1] = missing.display().to_string();
+                let output = std::process::Command::new(env!("CARGO_BIN_EXE_outboxd"))
+                    .args(&args)
+                    .output()
+                    .expect("run outboxd");
+                let stderr = String::from_utf8_lossy(&output.stderr);
+                assert!(
+                    stderr.contains("cannot read config file") && !stderr.contains("Usage:"),
+                    "{at}: `outboxd {}` does not parse: {stderr}",
+                    args.join(" ")
+                );
+                outboxd_commands += 1;
+            }
+            "scripts/bench" => {
+                for flag in words.iter().filter_map(|w| w.strip_prefix("--")) {
+                    let field = format!("pub(crate) {}:", flag.replace('-', "_"));
+                    assert!(
+                        flag == "help" || bench_args.contains(&field),
+                        "{at}: scripts/bench has no flag --{flag}"
+                    );
+                }
+            }
+            "scripts/demo" | "scripts/test" => {
+                assert!(root().join(&words[0]).is_file(), "{at}: {}", words[0]);
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        outboxd_commands >= 15,
+        "{outboxd_commands} outboxd commands found"
+    );
 }
