@@ -8,7 +8,10 @@
 //! - [`claims`]: the claim worker — retries, reaper, poll mode, backoff;
 //! - [`sink`]: the sink boundary and its Kafka and HTTP implementations;
 //! - [`inbox`]: the receiving half — Kafka and HTTP ingress, workers, handlers;
-//! - [`cli`]: the commands `main.rs` runs;
+//! - [`cli`]: the commands `main.rs` runs; [`config`]: the typed configuration, section by
+//!   section;
+//! - [`webhooks`]: Standard Webhooks, signing (the HTTP sink, the webhook handler) and
+//!   verifying (the inbox's HTTP ingress);
 //! - [`observability`]: the `/metrics`, `/healthz`, `/readyz` endpoint and its series;
 //! - [`canary`]: the live end-to-end check inside `run`;
 //! - [`console`]: the operator console at `/ui`;

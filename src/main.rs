@@ -14,9 +14,10 @@ use outboxd_connector::{RetrySelector, TableKind};
 #[command(
     name = "outboxd",
     version,
-    about = "Transactional outbox and inbox: relays outbox rows from the database log \
-             (PostgreSQL, MySQL/MariaDB) to Kafka or HTTP endpoints, and stores incoming \
-             messages (Kafka, HTTP) in an inbox table for handlers, deduplicated"
+    about = "Transactional outbox and inbox: relays outbox rows from the database log (or by \
+             polling the table; PostgreSQL, MySQL/MariaDB) to Kafka or HTTP endpoints, and \
+             stores incoming messages (Kafka, HTTP) in an inbox table for handlers, \
+             deduplicated"
 )]
 struct Cli {
     /// Log format.

@@ -16,9 +16,12 @@
 //!   half to run (`[kafka]`, `[outbox]` or `[inbox]`), else merged into `examples/outboxd.toml` (a fragment). A
 //!   snippet that is not meant to parse would be fenced ` ```toml-fragment `, which this
 //!   test does not read (there is none today).
-//! - Every `outboxd …` command of a ` ```sh ` block parses (the binary is run with a config
-//!   path that does not exist: it must fail at reading it, not at its arguments), and every
-//!   `scripts/bench` flag shown is one of the bench's.
+//! - Every command shown in full (a ` ```sh ` block's lines, a `$ ` line in any block)
+//!   parses: `outboxd …` is run with a config path that does not exist and must fail at
+//!   reading it, not at its arguments; `scripts/bench` flags and scenarios are the bench's;
+//!   a shell block runs nothing else but Docker, kubectl and psql. Every command the prose
+//!   names in code (`outboxd status --inbox`, `janitor --archive-table`) names a subcommand
+//!   and flags `outboxd <subcommand> --help` lists.
 //! - The front page stays one: at most 250 lines, opening with `scripts/demo` and
 //!   `scripts/test`; no text points into `../shared/` or names an issue of the internal
 //!   tracker.
@@ -540,17 +543,41 @@ fn no_page_points_into_shared_or_names_an_internal_issue() {
     }
 }
 
-/// The command lines of every `sh` block of the pages, as words: continuation lines
-/// joined, comments cut, quotes taken off (`"customer deleted"` is one word).
+/// The commands the pages show in full, as words (quotes taken off, `"customer deleted"`
+/// one word; comments cut): every line of a ` ```sh ` block (continuation lines joined),
+/// and each `$ `-prompted line of any other block. With where each starts.
 fn documented_command_lines() -> Vec<(String, Vec<String>)> {
     let mut lines = Vec::new();
     for (page, text) in pages() {
-        for (first, block) in fences(&text, "sh") {
-            let joined = block.replace("\\\n", " ");
-            for (offset, line) in joined.lines().enumerate() {
-                let words = shell_words(line);
-                if !words.is_empty() {
-                    lines.push((format!("{}:{}", page.display(), first + offset), words));
+        let mut fence: Option<String> = None;
+        let mut pending: Option<(usize, String)> = None;
+        for (i, line) in text.lines().enumerate() {
+            let trimmed = line.trim_start();
+            if let Some(info) = trimmed.strip_prefix("```") {
+                fence = match fence {
+                    None => Some(info.trim().to_owned()),
+                    Some(_) => None,
+                };
+                continue;
+            }
+            let command = match fence.as_deref() {
+                Some("sh") => Some(line),
+                Some(_) => line.strip_prefix("$ "),
+                None => None,
+            };
+            let Some(command) = command else { continue };
+            let (start, mut joined) = pending.take().unwrap_or((i + 1, String::new()));
+            match command.strip_suffix('\\') {
+                Some(part) => {
+                    joined.push_str(part);
+                    pending = Some((start, joined));
+                }
+                None => {
+                    joined.push_str(command);
+                    let words = shell_words(&joined);
+                    if !words.is_empty() {
+                        lines.push((format!("{}:{start}", page.display()), words));
+                    }
                 }
             }
         }
@@ -598,30 +625,51 @@ fn shell_words_split_as_a_shell_does() {
     assert!(shell_words("# only a comment").is_empty());
 }
 
-/// Every `outboxd …` command the pages show is one the binary accepts: its subcommand and
-/// flags parse (optional parts in `[…]` included), so the command only fails at reading
-/// its config file, which does not exist. Every `scripts/bench` flag they show is one of
-/// the bench's own.
+/// outboxd's subcommands.
+const SUBCOMMANDS: &[&str] = &[
+    "init", "schema", "check", "run", "recover", "status", "retry", "park", "resolve", "janitor",
+    "verify",
+];
+
+/// The tools a shell block may run besides outboxd and the scripts: their commands are
+/// the user's (Docker, Kubernetes, psql), not checked here.
+const OTHER_TOOLS: &[&str] = &["docker", "kubectl", "psql"];
+
+/// What `outboxd …` with `args` wrote on stderr.
+fn outboxd_stderr(args: &[String]) -> String {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_outboxd"))
+        .args(args)
+        .output()
+        .expect("run outboxd");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Every command the pages show in full parses as the binary reads it: `outboxd …`
+/// (optional parts in `[…]` included) fails only at reading its config file, which does
+/// not exist; `scripts/bench` takes the flags and scenarios shown; nothing else runs in a
+/// shell block but the scripts and the tools of [`OTHER_TOOLS`].
 #[test]
 fn every_documented_command_parses() {
     let missing = std::env::temp_dir().join("outboxd-docs-no-such-dir/config.toml");
     let bench_args = std::fs::read_to_string(root().join("bench/src/args.rs")).expect("args.rs");
+    // The bench's list of scenarios, as written: `KNOWN_SCENARIOS: &[&str] = &[ … ];`.
+    let known_scenarios = bench_args
+        .split_once("const KNOWN_SCENARIOS")
+        .and_then(|(_, rest)| rest.split_once("];"))
+        .map(|(list, _)| list)
+        .expect("KNOWN_SCENARIOS in bench/src/args.rs");
     let mut outboxd_commands = 0;
     for (at, words) in documented_command_lines() {
         match words[0].as_str() {
             "outboxd" => {
                 let mut args: Vec<String> = (words[1..].iter())
                     .map(|w| w.trim_start_matches('[').trim_end_matches(']').to_owned())
-                    .filter(|w| w != "…" && w != "|")
+                    .filter(|w| w != "…")
                     .collect();
                 let config = args.iter().position(|a| a == "--config");
                 let config = config.unwrap_or_else(|| panic!("{at}: no --config: {words:?}"));
                 args[config + 1] = missing.display().to_string();
-                let output = std::process::Command::new(env!("CARGO_BIN_EXE_outboxd"))
-                    .args(&args)
-                    .output()
-                    .expect("run outboxd");
-                let stderr = String::from_utf8_lossy(&output.stderr);
+                let stderr = outboxd_stderr(&args);
                 assert!(
                     stderr.contains("cannot read config file") && !stderr.contains("Usage:"),
                     "{at}: `outboxd {}` does not parse: {stderr}",
@@ -630,22 +678,99 @@ fn every_documented_command_parses() {
                 outboxd_commands += 1;
             }
             "scripts/bench" => {
-                for flag in words.iter().filter_map(|w| w.strip_prefix("--")) {
+                let mut words = words[1..].iter();
+                while let Some(word) = words.next() {
+                    let Some(flag) = word.strip_prefix("--") else {
+                        continue;
+                    };
                     let field = format!("pub(crate) {}:", flag.replace('-', "_"));
                     assert!(
                         flag == "help" || bench_args.contains(&field),
                         "{at}: scripts/bench has no flag --{flag}"
                     );
+                    if flag == "scenarios" {
+                        let names = words.next().expect("--scenarios takes names");
+                        for name in names.split(',') {
+                            assert!(
+                                known_scenarios.contains(&format!("\"{name}\"")),
+                                "{at}: scripts/bench has no scenario {name}"
+                            );
+                        }
+                    }
                 }
             }
             "scripts/demo" | "scripts/test" => {
                 assert!(root().join(&words[0]).is_file(), "{at}: {}", words[0]);
             }
-            _ => {}
+            tool => assert!(
+                OTHER_TOOLS.contains(&tool),
+                "{at}: a shell block runs `{tool}`, which this test does not check: check it \
+                 here, or add it to OTHER_TOOLS if it is not outboxd's"
+            ),
         }
     }
     assert!(
         outboxd_commands >= 15,
         "{outboxd_commands} outboxd commands found"
     );
+}
+
+/// `flag` stands in `help` as a whole flag (`--archive` is not `--archive-table`).
+fn names_flag(help: &str, flag: &str) -> bool {
+    help.match_indices(flag).any(|(at, _)| {
+        let next = help[at + flag.len()..].chars().next();
+        !next.is_some_and(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    })
+}
+
+/// Every command the prose names in code, `outboxd <subcommand> …` or `<subcommand>
+/// --flag …` (`janitor --archive-table`), names a subcommand that exists and only flags of
+/// it; `status|retry|park` names each.
+#[test]
+fn every_command_named_in_prose_exists_with_its_flags() {
+    let mut helps: BTreeMap<String, String> = BTreeMap::new();
+    let mut checked = 0;
+    for (page, text) in pages() {
+        for (number, line) in prose(&text) {
+            // Inline code: the odd pieces between backticks.
+            for span in line.split('`').skip(1).step_by(2) {
+                let mut words = shell_words(span);
+                let named = words.first().is_some_and(|w| w == "outboxd");
+                if named {
+                    words.remove(0);
+                }
+                let flags: Vec<String> = (words.iter().skip(1))
+                    .map(|w| w.trim_start_matches('[').trim_end_matches(']'))
+                    .filter(|w| w.starts_with("--"))
+                    .map(|w| w.split('=').next().unwrap_or(w).to_owned())
+                    .collect();
+                let Some(first) = words.first() else { continue };
+                let subcommands: Vec<&str> = first.split('|').collect();
+                let known = subcommands.iter().all(|s| SUBCOMMANDS.contains(s));
+                if !(named || (known && !flags.is_empty())) {
+                    continue;
+                }
+                let at = format!("{}:{number}", page.display());
+                for sub in subcommands {
+                    assert!(known, "{at}: `{span}`: outboxd has no subcommand {sub}");
+                    let help = helps.entry(sub.to_owned()).or_insert_with(|| {
+                        let out = std::process::Command::new(env!("CARGO_BIN_EXE_outboxd"))
+                            .args([sub, "--help"])
+                            .output()
+                            .expect("run outboxd");
+                        assert!(out.status.success(), "outboxd {sub} --help");
+                        String::from_utf8_lossy(&out.stdout).into_owned()
+                    });
+                    for flag in &flags {
+                        assert!(
+                            names_flag(help, flag),
+                            "{at}: `{span}`: `outboxd {sub}` has no flag {flag}"
+                        );
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked >= 50, "{checked} commands named in prose");
 }

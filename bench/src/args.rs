@@ -161,7 +161,46 @@ pub(crate) struct Args {
 /// What `scripts/bench` runs when no scenario is named.
 pub(crate) const DEFAULT_SCENARIOS: &str = "rate,idle,limits,backlog,max,eos,poll,mariadb,inbox";
 
+/// Every scenario `--scenarios` may name (the defaults and those run only when named).
+pub(crate) const KNOWN_SCENARIOS: &[&str] = &[
+    "rate",
+    "idle",
+    "limits",
+    "backlog",
+    "max",
+    "eos",
+    "poll",
+    "mariadb",
+    "inbox",
+    "pgrestart",
+    "kill9",
+    "ingress-flood",
+    "console",
+    "soak",
+    "http",
+    "http-drain",
+    "http-rate",
+    "http-stall",
+    "http-poll",
+];
+
 impl Args {
+    /// Refuses a `--scenarios` name the bench does not know: it would run nothing.
+    pub(crate) fn check_scenarios(&self) -> Result<(), String> {
+        let unknown: Vec<&str> = (self.scenarios.split(','))
+            .map(str::trim)
+            .filter(|s| !s.is_empty() && !KNOWN_SCENARIOS.contains(s))
+            .collect();
+        match unknown.is_empty() {
+            true => Ok(()),
+            false => Err(format!(
+                "unknown scenario(s) {}: --scenarios takes {}",
+                unknown.join(", "),
+                KNOWN_SCENARIOS.join(", ")
+            )),
+        }
+    }
+
     pub(crate) fn wants(&self, scenario: &str) -> bool {
         self.scenarios.split(',').any(|s| s.trim() == scenario)
     }
@@ -221,4 +260,21 @@ pub(crate) fn services_from_env() -> anyhow::Result<Services> {
         mysql_password: env_or("OUTBOXD_TEST_MYSQL_PASSWORD", "outboxd"),
         mysql_database: env_or("OUTBOXD_TEST_MYSQL_DATABASE", "outboxd"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_scenarios(scenarios: &str) -> Args {
+        Args::parse_from(["outboxd-bench", "--scenarios", scenarios])
+    }
+
+    #[test]
+    fn a_scenario_the_bench_does_not_know_is_refused() {
+        assert!(with_scenarios(DEFAULT_SCENARIOS).check_scenarios().is_ok());
+        assert!(with_scenarios("soak, http-rate").check_scenarios().is_ok());
+        let e = with_scenarios("rate,soka").check_scenarios().unwrap_err();
+        assert!(e.contains("soka"), "{e}");
+    }
 }

@@ -54,6 +54,7 @@ struct Bench {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    args.check_scenarios().map_err(anyhow::Error::msg)?;
     anyhow::ensure!(
         args.outboxd.exists(),
         "{} not found: build it with `cargo build --release` (scripts/bench does)",

@@ -56,7 +56,7 @@ impl MysqlOutboxStore {
         let rows = self.rows(&sql, "reading outboxd's own outbox rows").await?;
         let mut states = Vec::with_capacity(rows.len());
         for row in rows {
-            let cells = (0..6)
+            let cells = (0..row.len())
                 .map(|i| text(&row, i))
                 .collect::<Result<Vec<Option<String>>, _>>()?;
             let cells: Vec<Option<&str>> = cells.iter().map(Option::as_deref).collect();
