@@ -107,12 +107,7 @@ pub(super) fn complete(db: &Database, batch: ClaimedWriteBack<'_>) -> Result<u64
     let mut updated = 0;
     for (d, token) in batch.delivered {
         if let Some(row) = take_claim(&mut state.rows, d.id, token, &mut updated) {
-            row.status = "SUCCESS";
-            row.sent_at = Some(now);
-            row.partition = Some(d.partition);
-            row.offset = Some(d.offset);
-            row.last_error = None;
-            row.next_retry_time = None;
+            row.deliver(d.partition, d.offset, now);
         }
     }
     for (f, token) in batch.failed {

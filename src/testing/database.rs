@@ -117,6 +117,17 @@ impl Row {
         json.and_then(headers_from_json).unwrap_or_default()
     }
 
+    /// SUCCESS where the record landed, out of the rows in trouble (the write-back and the
+    /// claimed write-back alike).
+    pub(super) fn deliver(&mut self, partition: i32, offset: i64, now: SystemTime) {
+        self.status = "SUCCESS";
+        self.sent_at = Some(now);
+        self.partition = Some(partition);
+        self.offset = Some(offset);
+        self.last_error = None;
+        self.next_retry_time = None;
+    }
+
     /// The row as an event (the log's with the commit time, a claim's without).
     pub(super) fn event(&self, id: i64, commit_time: Option<SystemTime>) -> OutboxEvent {
         OutboxEvent {

@@ -178,12 +178,7 @@ impl OutboxStore for MemoryStore {
             };
             let resent = replace && row.status == "SUCCESS";
             if matches!(row.status, "INIT" | "FAILED" | "MANUAL_REQUIRED") || resent {
-                row.status = "SUCCESS";
-                row.sent_at = Some(now);
-                row.partition = Some(d.partition);
-                row.offset = Some(d.offset);
-                row.last_error = None;
-                row.next_retry_time = None;
+                row.deliver(d.partition, d.offset, now);
             }
         }
         // From INIT, and under exactly-once from SUCCESS too (an aborted window's
