@@ -16,8 +16,8 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, SystemTime};
 
 use outboxd_connector::{
-    last_error_text, ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack,
-    ConnectorError, ReapPolicy, ReapReport, RetrySchedule,
+    ClaimRequest, ClaimScope, ClaimToken, ClaimedEvent, ClaimedWriteBack, ConnectorError,
+    ReapPolicy, ReapReport, RetrySchedule,
 };
 
 use super::database::{uuid, Database, Row, State};
@@ -119,10 +119,7 @@ pub(super) fn complete(db: &Database, batch: ClaimedWriteBack<'_>) -> Result<u64
     let rejected = batch.rejected.iter().map(|r| (r, "MANUAL_REQUIRED"));
     for ((r, token), status) in released.chain(rejected) {
         if let Some(row) = take_claim(&mut state.rows, r.id, token, &mut updated) {
-            // No attempt counted; due now.
-            row.status = status;
-            row.next_retry_time = Some(now);
-            row.last_error = Some(last_error_text(&r.reason));
+            row.set_aside(status, &r.reason, now);
         }
     }
     Ok(updated)

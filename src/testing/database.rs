@@ -32,9 +32,10 @@ pub(super) const FIXTURE_CREATED_AT: &str = "2026-01-01T00:00:00Z";
 /// See [`FIXTURE_TYPE`].
 pub(super) const FIXTURE_MAX_RETRIES: i32 = 10;
 
-/// The statuses that hold a key back under strict ordering (with `next_retry_time` set,
-/// as every writer of them sets it: the engines' partial index of rows in trouble).
-pub(super) const BLOCKING: [&str; 3] = ["FAILED", "PROCESSING", "MANUAL_REQUIRED"];
+/// The statuses that hold a key back under strict ordering, the engines' own list (a row
+/// holds it with `next_retry_time` set, as every writer of them sets it: the engines'
+/// partial index of rows in trouble).
+pub(super) use outboxd_connector_kit::status::BLOCKING;
 
 /// The fix every lost or foreign position names.
 pub(super) const RECOVER: &str = "run `outboxd recover --config <file>`, which starts the log \
@@ -165,6 +166,15 @@ impl Row {
         };
         self.next_retry_time = Some(now + delay);
         self.last_error = Some(outboxd_connector::last_error_text(error));
+    }
+
+    /// Set aside as `status` with `reason`, due now and no attempt counted: a parked or
+    /// released row is retried once its key is free, a rejected one (MANUAL_REQUIRED)
+    /// holds its key until an operator acts.
+    pub(super) fn set_aside(&mut self, status: &'static str, reason: &str, now: SystemTime) {
+        self.status = status;
+        self.next_retry_time = Some(now);
+        self.last_error = Some(outboxd_connector::last_error_text(reason));
     }
 
     /// `sent_at`, `kafka_partition` and `kafka_offset` cleared: the row names no record.
@@ -347,19 +357,9 @@ fn missing(table: &str) -> ConnectorError {
 
 /// A fresh claim token: a random UUID (version 4) in text form, as the engines make.
 pub(super) fn uuid() -> String {
-    let n: u128 = rand::random();
-    // The version (4) in the 13th hex digit, the variant (binary 10) atop the 17th.
-    let n = (n & !(0xF << 76)) | (0x4 << 76);
-    let n = (n & !(0x3 << 62)) | (0x2 << 62);
-    let hex = format!("{n:032x}");
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..]
-    )
+    uuid::Builder::from_random_bytes(rand::random())
+        .into_uuid()
+        .to_string()
 }
 
 /// `t` as RFC 3339 in UTC with microseconds, as the twin renders `created_at`.

@@ -10,9 +10,9 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use outboxd_connector::{
-    last_error_text, ClaimRequest, ClaimedEvent, ClaimedWriteBack, ConnectorError, NewOutboxRow,
-    OutboxEvent, OutboxStore, OwnRowState, OwnRowsToDelete, Position, ReapPolicy, ReapReport,
-    RetrySchedule, RowId, TransactionEnd, WriteBack,
+    ClaimRequest, ClaimedEvent, ClaimedWriteBack, ConnectorError, NewOutboxRow, OutboxEvent,
+    OutboxStore, OwnRowState, OwnRowsToDelete, Position, ReapPolicy, ReapReport, RetrySchedule,
+    RowId, TransactionEnd, WriteBack,
 };
 
 use super::claims;
@@ -71,11 +71,7 @@ impl MemoryStore {
     /// A row shown SUCCESS at `offset`, as a write-back before a crash left it.
     pub(crate) fn set_delivered(&self, id: i64, offset: i64) {
         if let Some(row) = self.db.state().rows.get_mut(&id) {
-            row.status = "SUCCESS";
-            row.sent_at = Some(SystemTime::now());
-            row.partition = Some(0);
-            row.offset = Some(offset);
-            row.next_retry_time = None;
+            row.deliver(0, offset, SystemTime::now());
         }
     }
 
@@ -195,11 +191,7 @@ impl OutboxStore for MemoryStore {
         let rejected = batch.rejected.iter().map(|r| (r, "MANUAL_REQUIRED"));
         for (p, status) in parked.chain(rejected) {
             if let Some(row) = state.rows.get_mut(&p.id).filter(failable) {
-                // Due now, no attempt counted: a parked row is retried once its key is
-                // free; a rejected one holds its key until an operator acts.
-                row.status = status;
-                row.next_retry_time = Some(now);
-                row.last_error = Some(last_error_text(&p.reason));
+                row.set_aside(status, &p.reason, now);
                 row.unsend();
             }
         }
